@@ -1,0 +1,202 @@
+// Benchmark: commit N bytes of shards to one tier and restore them, against the raw limits of the
+// same machine measured in the same run (LIMITS.md: these VMs are noisy, so only ratios taken
+// side by side mean anything):
+//   memcpy      pre-faulted source to pre-faulted destination, one thread
+//   raw write   write(2) of the same bytes into a new file in the same directory, fsync, close
+//   raw read    read(2) of that file into the pre-faulted destination
+// ckptdb commit = put_shard of every tensor + commit (durable, fsynced, renamed, catalogued);
+// ckptdb restore = a fresh handle's restore of every tensor, each chunk checked against its xxh3.
+// Runs are interleaved (raw, ckptdb, raw, ckptdb, ...) and the median of each is reported.
+//
+// Usage: bench_commit_restore [--dir D] [--gib G] [--tensor-mib M] [--repeats R]
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+uint8_t* Allocate(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(2);
+  }
+  return static_cast<uint8_t*>(p);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Check(int rc, const char* what) {
+  if (rc != CKPTDB_OK) {
+    std::fprintf(stderr, "%s: %s: %s\n", what, ckptdb_status_name(rc), ckptdb_last_error());
+    std::exit(1);
+  }
+}
+
+double RawWrite(const std::string& path, const uint8_t* src, size_t bytes, size_t piece) {
+  auto t0 = Clock::now();
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::perror(path.c_str());
+    std::exit(2);
+  }
+  for (size_t off = 0; off < bytes;) {
+    ssize_t n = write(fd, src + off, std::min(piece, bytes - off));
+    if (n <= 0) {
+      std::perror("write");
+      std::exit(2);
+    }
+    off += static_cast<size_t>(n);
+  }
+  fsync(fd);
+  close(fd);
+  return Since(t0);
+}
+
+double RawRead(const std::string& path, uint8_t* dst, size_t bytes, size_t piece) {
+  auto t0 = Clock::now();
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  for (size_t off = 0; off < bytes;) {
+    ssize_t n = read(fd, dst + off, std::min(piece, bytes - off));
+    if (n <= 0) {
+      std::perror("read");
+      std::exit(2);
+    }
+    off += static_cast<size_t>(n);
+  }
+  close(fd);
+  return Since(t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir = "/dev/shm/ckptdb-bench";
+  double gib = 2.0;
+  size_t tensor_mib = 64;
+  int repeats = 3;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--dir") dir = next();
+    else if (a == "--gib") gib = std::stod(next());
+    else if (a == "--tensor-mib") tensor_mib = std::stoul(next());
+    else if (a == "--repeats") repeats = std::stoi(next());
+    else {
+      std::fprintf(stderr, "usage: %s [--dir D] [--gib G] [--tensor-mib M] [--repeats R]\n", argv[0]);
+      return 2;
+    }
+  }
+  const size_t tensor_bytes = tensor_mib << 20;
+  const size_t count = std::max<size_t>(1, static_cast<size_t>(gib * 1073741824.0) / tensor_bytes);
+  const size_t bytes = count * tensor_bytes;
+  namespace fs = std::filesystem;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+
+  uint8_t* src = Allocate(bytes);
+  uint8_t* dst = Allocate(bytes);
+  for (size_t i = 0; i < bytes / 8; ++i) {
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    std::memcpy(src + 8 * i, &z, 8);
+  }
+  std::printf("bench_commit_restore: %zu tensors x %zu MiB = %.2f GiB in %s, %d repeats\n", count,
+              tensor_mib, bytes / 1073741824.0, dir.c_str(), repeats);
+
+  const std::string raw_path = dir + "/raw.bin";
+  const std::string root = dir + "/store";
+  const std::string tiers = "tmpfs:" + dir + "/tier,keep=1";
+  // The tier kind only changes whether O_DIRECT is tried; name it by what the directory is.
+  std::string tier_spec = tiers;
+  if (dir.rfind("/dev/shm", 0) != 0) tier_spec = "disk:" + dir + "/tier,keep=1";
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.root = root.c_str();
+  o.tiers = tier_spec.c_str();
+  o.rank = 0;
+  o.world_size = 1;
+
+  std::vector<double> memcpy_s, write_s, read_s, commit_s, restore_s;
+  std::vector<std::string> names;
+  for (size_t t = 0; t < count; ++t) names.push_back("layer." + std::to_string(t) + ".weight");
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = Clock::now();
+    std::memcpy(dst, src, bytes);
+    memcpy_s.push_back(Since(t0));
+
+    fs::remove(raw_path);
+    write_s.push_back(RawWrite(raw_path, src, bytes, tensor_bytes));
+    read_s.push_back(RawRead(raw_path, dst, bytes, tensor_bytes));
+    fs::remove(raw_path);
+
+    ckptdb* db = nullptr;
+    Check(ckptdb_open(&o, &db), "open");
+    uint64_t version = static_cast<uint64_t>(r + 1);
+    t0 = Clock::now();
+    for (size_t t = 0; t < count; ++t) {
+      Check(ckptdb_put_shard(db, version, names[t].c_str(), src + t * tensor_bytes, tensor_bytes,
+                             nullptr, 0),
+            "put_shard");
+    }
+    Check(ckptdb_commit(db, version, 0), "commit");
+    commit_s.push_back(Since(t0));
+    Check(ckptdb_close(db), "close");
+
+    std::memset(dst, 0, bytes);
+    Check(ckptdb_open(&o, &db), "reopen");
+    t0 = Clock::now();
+    for (size_t t = 0; t < count; ++t) {
+      Check(ckptdb_restore(db, version, names[t].c_str(), dst + t * tensor_bytes, tensor_bytes, 0),
+            "restore");
+    }
+    restore_s.push_back(Since(t0));
+    Check(ckptdb_close(db), "close");
+    if (std::memcmp(src, dst, bytes) != 0) {
+      std::fprintf(stderr, "restored bytes differ from the source\n");
+      return 1;
+    }
+  }
+  fs::remove_all(dir);
+
+  auto gbps = [&](double s) { return bytes / s / 1e9; };
+  double mc = gbps(Median(memcpy_s)), rw = gbps(Median(write_s)), rr = gbps(Median(read_s));
+  double cm = gbps(Median(commit_s)), rs = gbps(Median(restore_s));
+  std::printf("\n%-34s %9s\n", "measurement (median)", "GB/s");
+  std::printf("%-34s %9.2f\n", "memcpy (limit)", mc);
+  std::printf("%-34s %9.2f\n", "raw write+fsync (limit)", rw);
+  std::printf("%-34s %9.2f\n", "raw read (limit)", rr);
+  std::printf("%-34s %9.2f\n", "ckptdb commit", cm);
+  std::printf("%-34s %9.2f\n", "ckptdb restore (xxh3-verified)", rs);
+  std::printf("\n%-34s %8.0f%%   (bar: 60%%)\n", "commit / raw write", 100 * cm / rw);
+  std::printf("%-34s %8.0f%%   (bar: 60%%)\n", "restore / raw read", 100 * rs / rr);
+  std::printf("%-34s %8.0f%%\n", "commit / memcpy", 100 * cm / mc);
+  return 0;
+}

@@ -1,0 +1,205 @@
+// The C API (include/ckptdb/ckptdb.h) over engine::Db: argument checks that need no state,
+// option defaults from the environment, and the thread-local last error.
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "ckptdb/ckptdb.h"
+#include "engine/db.h"
+#include "format/manifest.h"
+
+struct ckptdb {
+  std::unique_ptr<ckpt::engine::Db> db;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+int Fail(const ckpt::Status& st) {
+  t_last_error = st.message();
+  return st.code();
+}
+int Done(const ckpt::Status& st) {
+  if (st.ok()) return CKPTDB_OK;
+  return Fail(st);
+}
+int NullHandle(const char* call) {
+  t_last_error = std::string(call) + ": the ckptdb handle is NULL";
+  return CKPTDB_EINVAL;
+}
+
+// Environment fallbacks for unset options (DESIGN.md section 3: "env fills unset ones").
+const char* EnvOr(const char* value, const char* name) {
+  if (value != nullptr && value[0] != '\0') return value;
+  const char* e = std::getenv(name);
+  return (e != nullptr && e[0] != '\0') ? e : nullptr;
+}
+
+ckpt::Status EnvU32(uint32_t value, const char* name, uint32_t fallback, uint32_t* out) {
+  if (value != CKPTDB_UNSET) {
+    *out = value;
+    return ckpt::Status::Ok();
+  }
+  const char* e = std::getenv(name);
+  if (e == nullptr || e[0] == '\0') {
+    *out = fallback;
+    return ckpt::Status::Ok();
+  }
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(e, &end, 10);
+  if (errno != 0 || *end != '\0' || e[0] == '-' || v >= CKPTDB_UNSET) {
+    return ckpt::Status::Invalid(std::string("environment ") + name + "=\"" + e +
+                                   "\" is not a non-negative integer");
+  }
+  *out = static_cast<uint32_t>(v);
+  return ckpt::Status::Ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+size_t ckptdb_dtype_bytes(int dtype) {
+  return dtype < 0 ? 0 : ckpt::format::DTypeBytes(static_cast<uint32_t>(dtype));
+}
+
+const char* ckptdb_dtype_name(int dtype) {
+  static const char* const kNames[] = {"raw", "bool", "u8",  "i8",  "u16",     "i16",
+                                       "u32", "i32",  "u64", "i64", "f16",     "bf16",
+                                       "f32", "f64",  "f8_e4m3", "f8_e5m2"};
+  if (dtype < 0 || dtype >= CKPTDB_DTYPE_COUNT_) return "?";
+  return kNames[dtype];
+}
+
+const char* ckptdb_state_name(int state) {
+  switch (state) {
+    case CKPTDB_STATE_OPEN: return "OPEN";
+    case CKPTDB_STATE_CAPTURED: return "CAPTURED";
+    case CKPTDB_STATE_PREPARED: return "PREPARED";
+    case CKPTDB_STATE_COMMITTED: return "COMMITTED";
+    case CKPTDB_STATE_ABORTED: return "ABORTED";
+    case CKPTDB_STATE_RETIRED: return "RETIRED";
+    default: return "UNKNOWN";
+  }
+}
+
+const char* ckptdb_last_error(void) { return t_last_error.c_str(); }
+
+void ckptdb_options_init(ckptdb_options* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof *o);
+  o->rank = CKPTDB_UNSET;
+  o->world_size = CKPTDB_UNSET;
+  o->create_if_missing = 1;
+}
+
+int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
+  if (o == nullptr || out == nullptr) {
+    t_last_error = "ckptdb_open: options or out is NULL";
+    return CKPTDB_EINVAL;
+  }
+  *out = nullptr;
+  ckpt::engine::DbOptions d;
+  const char* root = EnvOr(o->root, "CKPTDB_ROOT");
+  if (root == nullptr) {
+    return Fail(ckpt::Status::Invalid("ckptdb_open: no root: set options.root or CKPTDB_ROOT"));
+  }
+  d.root = root;
+  if (const char* t = EnvOr(o->tiers, "CKPTDB_TIERS")) d.tiers = t;
+  ckpt::Status st = EnvU32(o->rank, "CKPTDB_RANK", 0, &d.rank);
+  if (st.ok()) st = EnvU32(o->world_size, "CKPTDB_WORLD_SIZE", 1, &d.world_size);
+  if (!st.ok()) return Fail(st);
+  if (const char* n = EnvOr(o->node_id, "CKPTDB_NODE_ID")) {
+    d.node_id = n;
+  } else {
+    char host[HOST_NAME_MAX + 1] = {};
+    if (gethostname(host, sizeof host - 1) == 0) d.node_id = host;
+  }
+  if (const char* r = EnvOr(o->redundancy, "CKPTDB_REDUNDANCY")) d.redundancy = r;
+  if (o->staging_bytes != 0) d.staging_bytes = o->staging_bytes;
+  if (o->chunk_bytes != 0) d.chunk_bytes = o->chunk_bytes;
+  if (o->queue_depth != 0) d.queue_depth = o->queue_depth;
+  d.read_only = o->read_only != 0;
+  d.create_if_missing = o->create_if_missing != 0;
+  auto h = std::make_unique<ckptdb>();
+  st = ckpt::engine::Db::Open(d, &h->db);
+  if (!st.ok()) return Fail(st);
+  *out = h.release();
+  return CKPTDB_OK;
+}
+
+int ckptdb_close(ckptdb* db) {
+  if (db == nullptr) return CKPTDB_OK;
+  ckpt::Status st = db->db->Close();
+  delete db;
+  return Done(st);
+}
+
+int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
+                     size_t nbytes, const ckptdb_tensor_info* info, unsigned flags) {
+  if (db == nullptr) return NullHandle("ckptdb_put_shard");
+  return Done(db->db->PutShard(version, name, data, nbytes, info, flags));
+}
+
+int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms) {
+  if (db == nullptr) return NullHandle("ckptdb_wait_capture");
+  return Done(db->db->WaitCapture(version, timeout_ms));
+}
+
+int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags) {
+  if (db == nullptr) return NullHandle("ckptdb_commit");
+  return Done(db->db->Commit(version, flags));
+}
+
+int ckptdb_wait_commit(ckptdb* db, uint64_t version, int timeout_ms) {
+  if (db == nullptr) return NullHandle("ckptdb_wait_commit");
+  return Done(db->db->WaitCommit(version, timeout_ms));
+}
+
+int ckptdb_abort(ckptdb* db, uint64_t version) {
+  if (db == nullptr) return NullHandle("ckptdb_abort");
+  return Done(db->db->Abort(version));
+}
+
+int ckptdb_latest(ckptdb* db, uint64_t* version) {
+  if (db == nullptr) return NullHandle("ckptdb_latest");
+  if (version == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_latest: version is NULL"));
+  return Done(db->db->Latest(version));
+}
+
+int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
+                   unsigned flags) {
+  if (db == nullptr) return NullHandle("ckptdb_restore");
+  return Done(db->db->Restore(version, name, dst, nbytes, flags));
+}
+
+int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg) {
+  if (db == nullptr) return NullHandle("ckptdb_list");
+  return Done(db->db->List(version, fn, arg));
+}
+
+int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg) {
+  if (db == nullptr) return NullHandle("ckptdb_list_versions");
+  return Done(db->db->ListVersions(fn, arg));
+}
+
+int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
+                  ckptdb_verify_report* out) {
+  if (db == nullptr) return NullHandle("ckptdb_verify");
+  return Done(db->db->Verify(version, tier, fn, arg, out));
+}
+
+int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out) {
+  if (db == nullptr) return NullHandle("ckptdb_stats");
+  if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_stats: out is NULL"));
+  return Done(db->db->Stats(out));
+}
+
+}  // extern "C"

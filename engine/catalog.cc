@@ -1,0 +1,287 @@
+#include "engine/catalog.h"
+
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+#include <cstring>
+
+#include "format/checksum.h"
+#include "format/segment_format.h"
+
+namespace ckpt::engine {
+namespace {
+
+constexpr uint8_t kRecordFormat = 1;
+constexpr size_t kMaxPathBytes = 4096;
+constexpr size_t kMaxTierNameBytes = 4096 + 16;
+
+// Appends and reads little-endian fields; Reader refuses to run past the end.
+class Writer {
+ public:
+  template <typename T>
+  void Put(T v) {
+    char b[sizeof(T)];
+    std::memcpy(b, &v, sizeof(T));
+    s_.append(b, sizeof(T));
+  }
+  void PutBytes(const std::string& v) {
+    Put<uint32_t>(static_cast<uint32_t>(v.size()));
+    s_.append(v);
+  }
+  std::string Finish() {
+    Put<uint64_t>(format::Xxh3(s_.data(), s_.size()));
+    return std::move(s_);
+  }
+
+ private:
+  std::string s_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (s_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetBytes(std::string* v, size_t max_bytes) {
+    uint32_t n;
+    if (!Get(&n) || n > max_bytes || s_.size() - pos_ < n) return false;
+    v->assign(s_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
+// Checks the trailing xxh3 and the record format byte; on success the reader is past the byte.
+Status CheckFrame(const std::string& v, const std::string& what) {
+  if (v.size() < 9) return Status::Corrupt("catalog record " + what + " is too short");
+  uint64_t stored;
+  std::memcpy(&stored, v.data() + v.size() - 8, 8);
+  uint64_t actual = format::Xxh3(v.data(), v.size() - 8);
+  if (stored != actual) {
+    return Status::Corrupt("catalog record " + what + " fails xxh3 (expected " +
+                           format::Hex64(stored) + ", got " + format::Hex64(actual) + ")");
+  }
+  if (static_cast<uint8_t>(v[0]) != kRecordFormat) {
+    return Status::NotSupported("catalog record " + what + " has format " +
+                                std::to_string(static_cast<uint8_t>(v[0])));
+  }
+  return Status::Ok();
+}
+
+std::string Be64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(v >> (56 - 8 * i));
+  return s;
+}
+uint64_t FromBe64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+std::string VersionKey(uint64_t v) { return "v/" + Be64(v); }
+std::string ResidencyPrefix(uint64_t v) { return "r/" + Be64(v) + "/"; }
+
+Status FromRocks(const rocksdb::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  if (s.IsNotFound()) return Status::NotFound(what + ": " + s.ToString());
+  if (s.IsCorruption()) return Status::Corrupt(what + ": " + s.ToString());
+  if (s.IsNoSpace()) return Status::NoSpace(what + ": " + s.ToString());
+  return Status::IoError(what + ": " + s.ToString());
+}
+
+bool ValidState(int s) { return s >= CKPTDB_STATE_OPEN && s <= CKPTDB_STATE_RETIRED; }
+bool ValidResidency(int s) { return s >= CKPTDB_RESIDENT_WRITING && s <= CKPTDB_RESIDENT_EVICTED; }
+
+}  // namespace
+
+Catalog::~Catalog() = default;
+
+Status Catalog::Open(const std::string& dir, bool read_only, bool create,
+                     std::unique_ptr<Catalog>* out) {
+  rocksdb::Options options;
+  options.create_if_missing = create && !read_only;
+  options.paranoid_checks = true;
+  // A catalog is small (a few records per version); keep RocksDB's footprint small too.
+  options.max_open_files = 64;
+  options.keep_log_file_num = 4;
+  options.max_log_file_size = 1 << 20;
+  options.write_buffer_size = 4 << 20;
+  auto c = std::unique_ptr<Catalog>(new Catalog());
+  c->dir_ = dir;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = read_only ? rocksdb::DB::OpenForReadOnly(options, dir, &db)
+                                : rocksdb::DB::Open(options, dir, &db);
+  if (!s.ok()) {
+    if (s.IsInvalidArgument() && s.ToString().find("does not exist") != std::string::npos) {
+      return Status::NotFound("no ckptdb catalog at " + dir);
+    }
+    if (s.IsIOError() && s.ToString().find("No such file") != std::string::npos) {
+      return Status::NotFound("no ckptdb catalog at " + dir);
+    }
+    return FromRocks(s, "opening catalog " + dir);
+  }
+  c->db_.reset(db);
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Status Catalog::GetIdentity(Identity* out) {
+  std::string v;
+  CKPTDB_RETURN_IF_ERROR(FromRocks(db_->Get(rocksdb::ReadOptions(), "meta/identity", &v),
+                                   "catalog " + dir_ + " identity"));
+  CKPTDB_RETURN_IF_ERROR(CheckFrame(v, "meta/identity"));
+  Reader r(v);
+  uint8_t fmt;
+  if (!r.Get(&fmt) || !r.Get(&out->job_id) || !r.Get(&out->rank) || !r.Get(&out->world_size) ||
+      !r.Get(&out->chunk_bytes) || !r.Get(&out->created_unix_ns) || r.pos() + 8 != v.size()) {
+    return Status::Corrupt("catalog record meta/identity has the wrong length");
+  }
+  return Status::Ok();
+}
+
+Status Catalog::PutIdentity(const Identity& id) {
+  Writer w;
+  w.Put<uint8_t>(kRecordFormat);
+  w.Put(id.job_id);
+  w.Put(id.rank);
+  w.Put(id.world_size);
+  w.Put(id.chunk_bytes);
+  w.Put(id.created_unix_ns);
+  rocksdb::WriteOptions o;
+  o.sync = true;
+  return FromRocks(db_->Put(o, "meta/identity", w.Finish()), "catalog " + dir_);
+}
+
+Status Catalog::GetTiers(std::string* spec) {
+  return FromRocks(db_->Get(rocksdb::ReadOptions(), "meta/tiers", spec), "catalog " + dir_ + " tiers");
+}
+
+Status Catalog::PutTiers(const std::string& spec) {
+  rocksdb::WriteOptions o;
+  o.sync = true;
+  return FromRocks(db_->Put(o, "meta/tiers", spec), "catalog " + dir_);
+}
+
+std::string Catalog::EncodeVersion(const VersionRecord& r) {
+  Writer w;
+  w.Put<uint8_t>(kRecordFormat);
+  w.Put(r.version);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.state));
+  w.Put(r.rank);
+  w.Put(r.data_bytes);
+  w.Put(r.tensor_count);
+  w.Put(r.chunk_count);
+  w.Put(r.created_unix_ns);
+  w.Put(r.committed_unix_ns);
+  w.Put(r.manifest_xxh3);
+  return w.Finish();
+}
+
+Status Catalog::DecodeVersion(const std::string& v, const std::string& what, VersionRecord* r) {
+  CKPTDB_RETURN_IF_ERROR(CheckFrame(v, what));
+  Reader rd(v);
+  uint8_t fmt, state;
+  if (!rd.Get(&fmt) || !rd.Get(&r->version) || !rd.Get(&state) || !rd.Get(&r->rank) ||
+      !rd.Get(&r->data_bytes) || !rd.Get(&r->tensor_count) || !rd.Get(&r->chunk_count) ||
+      !rd.Get(&r->created_unix_ns) || !rd.Get(&r->committed_unix_ns) ||
+      !rd.Get(&r->manifest_xxh3) || rd.pos() + 8 != v.size()) {
+    return Status::Corrupt("catalog record " + what + " has the wrong length");
+  }
+  if (!ValidState(state)) {
+    return Status::Corrupt("catalog record " + what + " has unknown state " + std::to_string(state));
+  }
+  r->state = state;
+  return Status::Ok();
+}
+
+std::string Catalog::EncodeResidency(const ResidencyRecord& r) {
+  Writer w;
+  w.Put<uint8_t>(kRecordFormat);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.state));
+  w.Put(r.file_bytes);
+  w.PutBytes(r.tier);
+  w.PutBytes(r.path);
+  return w.Finish();
+}
+
+Status Catalog::DecodeResidency(const std::string& v, const std::string& what,
+                                ResidencyRecord* r) {
+  CKPTDB_RETURN_IF_ERROR(CheckFrame(v, what));
+  Reader rd(v);
+  uint8_t fmt, state;
+  if (!rd.Get(&fmt) || !rd.Get(&state) || !rd.Get(&r->file_bytes) ||
+      !rd.GetBytes(&r->tier, kMaxTierNameBytes) || !rd.GetBytes(&r->path, kMaxPathBytes) ||
+      rd.pos() + 8 != v.size()) {
+    return Status::Corrupt("catalog record " + what + " has the wrong length");
+  }
+  if (!ValidResidency(state)) {
+    return Status::Corrupt("catalog record " + what + " has unknown residency state " +
+                           std::to_string(state));
+  }
+  r->state = state;
+  return Status::Ok();
+}
+
+Status Catalog::Apply(const CatalogBatch& batch, bool sync) {
+  rocksdb::WriteBatch wb;
+  for (uint64_t v : batch.delete_versions) {
+    wb.Delete(VersionKey(v));
+    std::string p = ResidencyPrefix(v);
+    std::string end = p;
+    end.back() = static_cast<char>('/' + 1);
+    wb.DeleteRange(p, end);
+  }
+  for (const VersionRecord& r : batch.put_versions) wb.Put(VersionKey(r.version), EncodeVersion(r));
+  for (const auto& [v, tier] : batch.delete_residency) wb.Delete(ResidencyPrefix(v) + tier);
+  for (const auto& [v, r] : batch.put_residency) wb.Put(ResidencyPrefix(v) + r.tier, EncodeResidency(r));
+  rocksdb::WriteOptions o;
+  o.sync = sync;
+  return FromRocks(db_->Write(o, &wb), "writing catalog " + dir_);
+}
+
+Status Catalog::LoadAll(std::map<uint64_t, VersionEntry>* out) {
+  out->clear();
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek("r/"); it->Valid() && it->key().starts_with("r/"); it->Next()) {
+    std::string key = it->key().ToString();
+    if (key.size() < 2 + 8 + 2) return Status::Corrupt("catalog key of bad length under r/");
+    uint64_t v = FromBe64(key.data() + 2);
+    ResidencyRecord r;
+    CKPTDB_RETURN_IF_ERROR(DecodeResidency(it->value().ToString(),
+                                           "r/" + std::to_string(v) + "/" + key.substr(11), &r));
+    (*out)[v].residency.push_back(std::move(r));
+  }
+  CKPTDB_RETURN_IF_ERROR(FromRocks(it->status(), "reading catalog " + dir_));
+  for (it->Seek("v/"); it->Valid() && it->key().starts_with("v/"); it->Next()) {
+    if (it->key().size() != 10) return Status::Corrupt("catalog key of bad length under v/");
+    uint64_t v = FromBe64(it->key().data() + 2);
+    VersionRecord r;
+    CKPTDB_RETURN_IF_ERROR(DecodeVersion(it->value().ToString(), "v/" + std::to_string(v), &r));
+    if (r.version != v) return Status::Corrupt("catalog record v/" + std::to_string(v) + " names version " + std::to_string(r.version));
+    (*out)[v].record = r;
+    (*out)[v].has_record = true;
+  }
+  CKPTDB_RETURN_IF_ERROR(FromRocks(it->status(), "reading catalog " + dir_));
+  // Residency without a version record cannot be produced by Apply; refuse it as damage.
+  for (const auto& [v, e] : *out) {
+    if (!e.has_record) {
+      return Status::Corrupt("catalog has residency for version " + std::to_string(v) +
+                             " but no version record");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt::engine

@@ -1,0 +1,98 @@
+// The catalog (DESIGN.md section 6): one RocksDB per rank holding the store's identity, every
+// version's state and every segment's residency per tier. Decisions that must survive a crash
+// (PREPARED, COMMITTED, ABORTED) are written with sync; the rest may be lost, because recovery
+// treats anything undecided as aborted (presumed abort).
+//
+// Keys (bytewise order):
+//   "meta/identity"                      -> Identity
+//   "meta/tiers"                         -> the tier spec of the last read-write open
+//   "v/" + be64(version)                 -> VersionRecord
+//   "r/" + be64(version) + "/" + tier    -> ResidencyRecord
+// Values are fixed little-endian layouts ending in their own xxh3, checked on every read.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "util/status.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace ckpt::engine {
+
+struct Identity {
+  uint64_t job_id = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t chunk_bytes = 0;
+  uint64_t created_unix_ns = 0;
+};
+
+struct VersionRecord {
+  uint64_t version = 0;
+  int state = CKPTDB_STATE_OPEN;
+  uint32_t rank = 0;
+  uint64_t data_bytes = 0;
+  uint32_t tensor_count = 0;
+  uint32_t chunk_count = 0;
+  uint64_t created_unix_ns = 0;
+  uint64_t committed_unix_ns = 0;
+  uint64_t manifest_xxh3 = 0;
+};
+
+struct ResidencyRecord {
+  std::string tier;  // the tier's canonical name
+  int state = CKPTDB_RESIDENT_WRITING;
+  std::string path;
+  uint64_t file_bytes = 0;
+};
+
+struct VersionEntry {
+  bool has_record = false;
+  VersionRecord record;
+  std::vector<ResidencyRecord> residency;
+};
+
+// A set of changes applied atomically.
+struct CatalogBatch {
+  std::vector<VersionRecord> put_versions;
+  std::vector<std::pair<uint64_t, ResidencyRecord>> put_residency;
+  std::vector<std::pair<uint64_t, std::string>> delete_residency;  // version, tier
+  std::vector<uint64_t> delete_versions;  // the record and all its residency
+};
+
+class Catalog {
+ public:
+  ~Catalog();
+  static Status Open(const std::string& dir, bool read_only, bool create,
+                     std::unique_ptr<Catalog>* out);
+
+  Status GetIdentity(Identity* out);  // NotFound on a new catalog
+  Status PutIdentity(const Identity& id);
+  Status GetTiers(std::string* spec);
+  Status PutTiers(const std::string& spec);
+
+  Status Apply(const CatalogBatch& batch, bool sync);
+  // Every version, with its residency, by version.
+  Status LoadAll(std::map<uint64_t, VersionEntry>* out);
+
+  // Encodings, public for the fuzz target and tests.
+  static std::string EncodeVersion(const VersionRecord& r);
+  static Status DecodeVersion(const std::string& value, const std::string& what, VersionRecord* r);
+  static std::string EncodeResidency(const ResidencyRecord& r);
+  static Status DecodeResidency(const std::string& value, const std::string& what,
+                                ResidencyRecord* r);
+
+ private:
+  Catalog() = default;
+  std::string dir_;
+  std::unique_ptr<rocksdb::DB> db_;
+};
+
+}  // namespace ckpt::engine

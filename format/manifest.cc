@@ -1,0 +1,179 @@
+#include "format/manifest.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "format/segment_format.h"
+#include "util/assert.h"
+
+namespace ckpt::format {
+namespace {
+
+constexpr size_t kDTypeBytes[] = {1, 1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1};
+constexpr size_t kMaxNameBytes = 1024;  // CKPTDB_MAX_NAME_BYTES
+constexpr uint32_t kMaxTensors = 1u << 24;
+
+std::string_view NameOf(const fb::Tensor& t) {
+  return std::string_view(t.name()->data(), t.name()->size());
+}
+
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+}  // namespace
+
+size_t DTypeBytes(uint32_t dtype) {
+  return dtype < std::size(kDTypeBytes) ? kDTypeBytes[dtype] : 0;
+}
+
+std::vector<uint8_t> BuildManifest(ManifestContents c) {
+  std::sort(c.tensors.begin(), c.tensors.end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
+  for (size_t i = 1; i < c.tensors.size(); ++i) {
+    CKPTDB_ASSERT(c.tensors[i - 1].name != c.tensors[i].name);
+  }
+  flatbuffers::FlatBufferBuilder b(1024 + c.tensors.size() * 128 + c.chunks.size() * 24);
+  std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
+  tensors.reserve(c.tensors.size());
+  uint64_t data_bytes = 0;
+  for (const TensorEntry& t : c.tensors) {
+    auto name = b.CreateString(t.name);
+    auto shape = b.CreateVector(t.shape);
+    auto gshape = b.CreateVector(t.global_shape);
+    auto goffset = b.CreateVector(t.global_offset);
+    tensors.push_back(fb::CreateTensor(b, name, static_cast<fb::DType>(t.dtype), shape, gshape,
+                                       goffset, t.bytes, t.first_chunk, t.chunk_count));
+    data_bytes += t.bytes;
+  }
+  auto tensor_vec = b.CreateVector(tensors);
+  std::vector<fb::Chunk> chunks;
+  chunks.reserve(c.chunks.size());
+  for (const ChunkEntry& ch : c.chunks) chunks.emplace_back(ch.record_offset, ch.payload_bytes, ch.xxh3);
+  auto chunk_vec = b.CreateVectorOfStructs(chunks);
+  auto redundancy = fb::CreateRedundancy(b, fb::RedundancyScheme::None);
+  auto prov = fb::CreateProvenance(b, c.job_id, c.rank, c.world_size, c.version,
+                                   b.CreateString(c.node_id), c.created_unix_ns,
+                                   b.CreateString(c.writer));
+  auto root = fb::CreateManifest(b, kFormatVersion, prov, tensor_vec, chunk_vec, redundancy,
+                                 data_bytes);
+  b.Finish(root, fb::ManifestIdentifier());
+  return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+}
+
+Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
+                          const std::string& what, ManifestView* out) {
+  auto bad = [&](const std::string& m) { return Status::Corrupt(what + ": manifest " + m); };
+  if (bytes.size() < 8 || !fb::ManifestBufferHasIdentifier(bytes.data())) {
+    return bad("is not a ckptdb manifest (no CKMF identifier)");
+  }
+  // Bounds for the verifier: depth and table count well above what a real manifest needs.
+  flatbuffers::Verifier verifier(bytes.data(), bytes.size(), /*max_depth=*/16,
+                                 /*max_tables=*/4 * kMaxTensors);
+  if (!fb::VerifyManifestBuffer(verifier)) return bad("fails FlatBuffers verification");
+  const fb::Manifest* m = fb::GetManifest(bytes.data());
+  if (m->format_version() != kFormatVersion) {
+    return bad("has format version " + std::to_string(m->format_version()));
+  }
+  uint32_t chunk_count = m->chunks() ? m->chunks()->size() : 0;
+  uint32_t tensor_count = m->tensors() ? m->tensors()->size() : 0;
+  if (chunk_count > kMaxChunksPerSegment || tensor_count > kMaxTensors) {
+    return bad("lists too many chunks or tensors");
+  }
+  // Chunks: in file order, non-overlapping, all before the manifest record.
+  uint64_t next = kBlockBytes;
+  for (uint32_t i = 0; i < chunk_count; ++i) {
+    const fb::Chunk* c = m->chunks()->Get(i);
+    if (c->record_offset() != next || c->payload_bytes() > kMaxChunkBytes ||
+        c->payload_bytes() > data_end) {
+      return bad("chunk " + std::to_string(i) + " at offset " + std::to_string(c->record_offset()) +
+                 " (" + std::to_string(c->payload_bytes()) + " bytes) is out of place; expected offset " +
+                 std::to_string(next));
+    }
+    next += RecordBytes(c->payload_bytes());
+    if (next > data_end) return bad("chunk " + std::to_string(i) + " runs past the data records");
+  }
+  if (next != data_end) return bad("chunks end at " + std::to_string(next) + ", records at " +
+                                   std::to_string(data_end));
+  // Tensors: sorted unique names, chunk ranges that tile the chunk list, consistent sizes.
+  uint64_t data_bytes = 0;
+  uint64_t expected_first = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  ranges.reserve(tensor_count);
+  for (uint32_t i = 0; i < tensor_count; ++i) {
+    const fb::Tensor* t = m->tensors()->Get(i);
+    std::string_view name = NameOf(*t);
+    std::string label = "tensor " + std::to_string(i);
+    if (name.empty() || name.size() > kMaxNameBytes || name.find('\0') != std::string_view::npos) {
+      return bad(label + " has an empty, overlong or NUL-containing name");
+    }
+    label = "tensor '" + std::string(name) + "'";
+    if (i > 0 && !(NameOf(*m->tensors()->Get(i - 1)) < name)) {
+      return bad(label + " is out of order or duplicated");
+    }
+    if (static_cast<uint32_t>(t->dtype()) >= std::size(kDTypeBytes)) {
+      return bad(label + " has unknown dtype " + std::to_string(static_cast<int>(t->dtype())));
+    }
+    uint32_t ndim = t->shape() ? t->shape()->size() : 0;
+    uint32_t gdim = t->global_shape() ? t->global_shape()->size() : 0;
+    uint32_t odim = t->global_offset() ? t->global_offset()->size() : 0;
+    if (ndim > kMaxDims || (gdim != 0 && gdim != ndim) || odim != gdim) {
+      return bad(label + " has inconsistent dimensions");
+    }
+    if (ndim > 0) {
+      uint64_t elements = 1;
+      for (uint32_t d = 0; d < ndim; ++d) {
+        if (MulOverflows(elements, t->shape()->Get(d), &elements)) return bad(label + " shape overflows");
+        if (gdim) {
+          uint64_t end;
+          if (__builtin_add_overflow(t->global_offset()->Get(d), t->shape()->Get(d), &end) ||
+              end > t->global_shape()->Get(d)) {
+            return bad(label + " lies outside its global shape in dimension " + std::to_string(d));
+          }
+        }
+      }
+      uint64_t shape_bytes;
+      if (MulOverflows(elements, DTypeBytes(static_cast<uint32_t>(t->dtype())), &shape_bytes) ||
+          shape_bytes != t->bytes()) {
+        return bad(label + " shape does not match its " + std::to_string(t->bytes()) + " bytes");
+      }
+    }
+    uint64_t end = uint64_t{t->first_chunk()} + t->chunk_count();
+    if (end > chunk_count) return bad(label + " names chunks beyond the chunk list");
+    uint64_t sum = 0;
+    for (uint32_t c = t->first_chunk(); c < end; ++c) {
+      uint64_t p = m->chunks()->Get(c)->payload_bytes();
+      if (p == 0) return bad(label + " has an empty chunk " + std::to_string(c));
+      sum += p;
+    }
+    if (sum != t->bytes()) {
+      return bad(label + " has " + std::to_string(t->bytes()) + " bytes but its chunks hold " +
+                 std::to_string(sum));
+    }
+    if (t->chunk_count() > 0) ranges.emplace_back(t->first_chunk(), t->chunk_count());
+    data_bytes += t->bytes();
+  }
+  // Every chunk belongs to exactly one tensor.
+  std::sort(ranges.begin(), ranges.end());
+  for (const auto& [first, count] : ranges) {
+    if (first != expected_first) return bad("chunk ranges of tensors overlap or leave gaps");
+    expected_first = first + count;
+  }
+  if (expected_first != chunk_count) return bad("some chunks belong to no tensor");
+  if (data_bytes != m->data_bytes()) return bad("data_bytes disagrees with its tensors");
+  out->root_ = m;
+  return Status::Ok();
+}
+
+const fb::Tensor* ManifestView::Find(std::string_view name) const {
+  if (!root_->tensors()) return nullptr;
+  const auto* v = root_->tensors();
+  uint32_t lo = 0, hi = v->size();
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    std::string_view n = NameOf(*v->Get(mid));
+    if (n == name) return v->Get(mid);
+    if (n < name) lo = mid + 1; else hi = mid;
+  }
+  return nullptr;
+}
+
+}  // namespace ckpt::format

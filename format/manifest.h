@@ -1,0 +1,74 @@
+// The manifest: a FlatBuffers table (format/manifest.fbs) built once at commit and read in place.
+// ManifestView::Open runs flatbuffers::Verifier and then the semantic checks a reader relies on
+// (names sorted and unique, chunk ranges in bounds and in file order, byte counts that add up,
+// shapes that match byte counts), so code holding a ManifestView never re-checks them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "format/manifest_generated.h"
+#include "util/status.h"
+
+namespace ckpt::format {
+
+inline constexpr uint32_t kMaxDims = 8;
+
+struct TensorEntry {
+  std::string name;
+  uint8_t dtype = 0;  // ckptdb_dtype
+  std::vector<uint64_t> shape;
+  std::vector<uint64_t> global_shape;
+  std::vector<uint64_t> global_offset;
+  uint64_t bytes = 0;
+  uint32_t first_chunk = 0;
+  uint32_t chunk_count = 0;
+};
+
+struct ChunkEntry {
+  uint64_t record_offset = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+struct ManifestContents {
+  uint64_t job_id = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t version = 0;
+  std::string node_id;
+  uint64_t created_unix_ns = 0;
+  std::string writer;
+  std::vector<TensorEntry> tensors;  // any order: Build sorts by name
+  std::vector<ChunkEntry> chunks;    // in file order
+};
+
+// Serializes contents (tensors sorted by name). Asserts that names are unique.
+std::vector<uint8_t> BuildManifest(ManifestContents contents);
+
+// Bytes per element of a ckptdb_dtype, 0 when out of range.
+size_t DTypeBytes(uint32_t dtype);
+
+class ManifestView {
+ public:
+  // Verifies `bytes` (which must outlive the view) as the manifest of a segment whose data
+  // records end at data_end (the manifest record's offset). `what` names the segment.
+  static Status Open(std::span<const uint8_t> bytes, uint64_t data_end, const std::string& what,
+                     ManifestView* out);
+
+  const fb::Manifest& root() const { return *root_; }
+  uint32_t tensor_count() const { return root_->tensors() ? root_->tensors()->size() : 0; }
+  uint32_t chunk_count() const { return root_->chunks() ? root_->chunks()->size() : 0; }
+  const fb::Tensor& tensor(uint32_t i) const { return *root_->tensors()->Get(i); }
+  const fb::Chunk& chunk(uint32_t i) const { return *root_->chunks()->Get(i); }
+  // Binary search by name; nullptr when absent.
+  const fb::Tensor* Find(std::string_view name) const;
+
+ private:
+  const fb::Manifest* root_ = nullptr;
+};
+
+}  // namespace ckpt::format

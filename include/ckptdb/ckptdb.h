@@ -1,0 +1,300 @@
+/* ckptdb: a checkpoint storage engine for large-model training.
+ *
+ * The only public header. Conventions (after LevelDB's c.h): opaque handles, pointer plus length,
+ * no C++ types. Every call returns an int status: CKPTDB_OK (0) or a negative CKPTDB_E* code.
+ * After a failed call, ckptdb_last_error() gives a thread-local message that names the object at
+ * fault (file, chunk, tensor, version). docs/api.md documents each call at length.
+ *
+ * Thread safety: one ckptdb handle may be used from several threads; calls on it are serialized.
+ * Different handles are independent. One process opens one handle per rank.
+ */
+#ifndef CKPTDB_CKPTDB_H_
+#define CKPTDB_CKPTDB_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKPTDB_VERSION_MAJOR 0
+#define CKPTDB_VERSION_MINOR 1
+#define CKPTDB_VERSION_PATCH 0
+
+/* ---- Status codes ------------------------------------------------------------------------- */
+#define CKPTDB_OK 0
+#define CKPTDB_EINVAL -1     /* a bad argument: NULL or empty name, bad options, bad tier spec */
+#define CKPTDB_ENOTFOUND -2  /* no such version, tensor or store */
+#define CKPTDB_EEXIST -3     /* a name already put in this version */
+#define CKPTDB_ESTATE -4     /* the call does not fit the version's state (put after commit, ...) */
+#define CKPTDB_ECORRUPT -5   /* a checksum or format check failed on every copy */
+#define CKPTDB_EIO -6        /* the operating system reported an I/O error */
+#define CKPTDB_ENOSPC -7     /* a tier is full */
+#define CKPTDB_ETIMEDOUT -8  /* a wait ran out of time */
+#define CKPTDB_ENOMEM -9     /* memory for staging or metadata could not be had */
+#define CKPTDB_ESIZE -10     /* a buffer's size does not match the stored tensor */
+#define CKPTDB_ENOTSUP -11   /* valid, but not supported by this build or configuration */
+#define CKPTDB_EBUSY -12     /* the store is locked by another process */
+#define CKPTDB_EINTERNAL -13 /* a bug in ckptdb: please report it with the message */
+
+/* A version value that means "every version" where a call accepts it. Not a valid version. */
+#define CKPTDB_ALL_VERSIONS UINT64_MAX
+/* An unset integer option: ckptdb_open fills it from the environment or a default. */
+#define CKPTDB_UNSET 0xFFFFFFFFu
+
+#define CKPTDB_MAX_DIMS 8
+#define CKPTDB_MAX_NAME_BYTES 1024
+#define CKPTDB_MAX_TIERS 8
+
+/* ---- Element types ------------------------------------------------------------------------ */
+typedef enum ckptdb_dtype {
+  CKPTDB_DTYPE_UNKNOWN = 0, /* raw bytes: shape, if given, counts bytes */
+  CKPTDB_DTYPE_BOOL = 1,
+  CKPTDB_DTYPE_U8 = 2,
+  CKPTDB_DTYPE_I8 = 3,
+  CKPTDB_DTYPE_U16 = 4,
+  CKPTDB_DTYPE_I16 = 5,
+  CKPTDB_DTYPE_U32 = 6,
+  CKPTDB_DTYPE_I32 = 7,
+  CKPTDB_DTYPE_U64 = 8,
+  CKPTDB_DTYPE_I64 = 9,
+  CKPTDB_DTYPE_F16 = 10,
+  CKPTDB_DTYPE_BF16 = 11,
+  CKPTDB_DTYPE_F32 = 12,
+  CKPTDB_DTYPE_F64 = 13,
+  CKPTDB_DTYPE_F8_E4M3 = 14,
+  CKPTDB_DTYPE_F8_E5M2 = 15,
+  CKPTDB_DTYPE_COUNT_ = 16
+} ckptdb_dtype;
+
+/* Bytes per element of a dtype (1 for UNKNOWN), 0 for a value out of range. */
+size_t ckptdb_dtype_bytes(int dtype);
+/* "f32", "bf16", ...; "?" for a value out of range. */
+const char *ckptdb_dtype_name(int dtype);
+
+/* Describes a shard as a tensor. ndim = 0 with dtype UNKNOWN means "raw bytes". When ndim > 0,
+ * the product of shape[] times the dtype's size must equal the shard's byte count. global_shape
+ * and global_offset place the shard in the full tensor (for resharding restores); all zero means
+ * "this shard is the whole tensor". */
+typedef struct ckptdb_tensor_info {
+  int dtype;
+  uint32_t ndim;
+  uint64_t shape[CKPTDB_MAX_DIMS];
+  uint64_t global_shape[CKPTDB_MAX_DIMS];
+  uint64_t global_offset[CKPTDB_MAX_DIMS];
+} ckptdb_tensor_info;
+
+/* ---- Options ------------------------------------------------------------------------------ */
+typedef struct ckptdb_options {
+  /* Directory holding this rank's catalog. Env: CKPTDB_ROOT. Required. */
+  const char *root;
+  /* Tier spec, fastest first, e.g. "tmpfs:/dev/shm/ck,keep=2;disk:/nvme/ck,every=10,keep=3".
+   * Env: CKPTDB_TIERS. Default: "disk:<root>/segments". See docs/api.md for the grammar. */
+  const char *tiers;
+  uint32_t rank;       /* Env: CKPTDB_RANK. Default 0. */
+  uint32_t world_size; /* Env: CKPTDB_WORLD_SIZE. Default 1. This build supports 1. */
+  const char *node_id; /* Env: CKPTDB_NODE_ID. Default: the host name. */
+  const char *coordinator; /* host:port. Env: CKPTDB_COORDINATOR. Unused when world_size = 1. */
+  const char *redundancy;  /* "none" (default). Env: CKPTDB_REDUNDANCY. */
+  const char *job_token;   /* Env: CKPTDB_JOB_TOKEN. Unused when world_size = 1. */
+  uint64_t staging_bytes;  /* Staging memory, allocated once at open. 0: 64 MiB. */
+  uint64_t chunk_bytes;    /* Checksummed chunk size, a multiple of 4096. 0: 4 MiB. */
+  uint32_t queue_depth;    /* io_uring submission queue entries. 0: 64. */
+  int read_only;           /* Open without recovery, locks or writes (inspect, verify). */
+  int create_if_missing;   /* Create root if it does not exist (default 1). */
+} ckptdb_options;
+
+void ckptdb_options_init(ckptdb_options *o);
+
+/* ---- Handles ------------------------------------------------------------------------------ */
+typedef struct ckptdb ckptdb;
+
+/* Opens (or creates) the store at o->root. Recovery: every version that was not committed is
+ * aborted and its files on every tier are deleted; tier files no catalog record accounts for
+ * are collected. Blocks on that recovery. Errors: EINVAL, ENOTFOUND (no store, read_only or
+ * create_if_missing = 0), EBUSY (another process holds it), ENOTSUP, EIO, ENOMEM, ECORRUPT. */
+int ckptdb_open(const ckptdb_options *o, ckptdb **out);
+
+/* Waits for in-flight writes, aborts versions that were put but not committed, releases
+ * everything. Committed data is never touched. NULL is a no-op. */
+int ckptdb_close(ckptdb *db);
+
+/* ---- Saving ------------------------------------------------------------------------------- */
+#define CKPTDB_PUT_COPY_NOW 0x1u /* copy before returning (this build always does) */
+#define CKPTDB_PUT_DEVICE 0x2u   /* data is device memory: ENOTSUP in a host-only build */
+
+/* Adds one shard (name, bytes) to `version` of this rank. The first put of a version opens it.
+ * Returns once the bytes are copied out of `data` (in this build), so the caller may reuse it.
+ * Errors: EINVAL (NULL/empty/too long name, NULL data with nbytes > 0, bad info, bad flags),
+ * ESTATE (version not above the last committed one, or already committing/committed/aborted),
+ * EEXIST (name already put in this version), EIO/ENOSPC (a tier write failed; the version is
+ * then aborted). */
+int ckptdb_put_shard(ckptdb *db, uint64_t version, const char *name, const void *data,
+                     size_t nbytes, const ckptdb_tensor_info *info, unsigned flags);
+
+/* Returns once every shard put so far for `version` is out of the caller's buffers.
+ * timeout_ms < 0 waits forever. Errors: ENOTFOUND (version never put), ETIMEDOUT. */
+int ckptdb_wait_capture(ckptdb *db, uint64_t version, int timeout_ms);
+
+#define CKPTDB_COMMIT_ASYNC 0x1u /* permission to return before the commit is durable */
+
+/* Makes `version` durable and visible, atomically: every segment is written, synced and renamed
+ * on every tier it goes to, PREPARED then COMMITTED are written synced to the catalog. After
+ * success, ckptdb_latest returns it and a crash cannot lose it. Older versions still open are
+ * aborted. Tier retention (keep=) runs after. Errors: ENOTFOUND (never put), ESTATE (already
+ * committed or aborted), EIO/ENOSPC (the version is aborted, nothing becomes visible). */
+int ckptdb_commit(ckptdb *db, uint64_t version, unsigned flags);
+
+/* Waits until `version` is committed. Errors: ENOTFOUND, ESTATE (aborted), ETIMEDOUT. */
+int ckptdb_wait_commit(ckptdb *db, uint64_t version, int timeout_ms);
+
+/* Drops an open version and deletes its files. Errors: ENOTFOUND, ESTATE (committed). */
+int ckptdb_abort(ckptdb *db, uint64_t version);
+
+/* ---- Restoring ---------------------------------------------------------------------------- */
+/* The newest committed version that some configured tier still holds whole.
+ * Errors: ENOTFOUND (nothing restorable). */
+int ckptdb_latest(ckptdb *db, uint64_t *version);
+
+/* Reads tensor `name` of committed `version` into dst, which must be exactly the tensor's size.
+ * Tiers are tried fastest first; each chunk is checked against its xxh3 and a failing chunk is
+ * read from the next tier. If no tier has a good copy the call fails with ECORRUPT and the
+ * failing chunks' bytes in dst are zeroed: never wrong bytes. Errors: ENOTFOUND (version or
+ * name), ESTATE (not committed), ESIZE (nbytes differs; the message gives the stored size),
+ * ECORRUPT, EIO. */
+int ckptdb_restore(ckptdb *db, uint64_t version, const char *name, void *dst, size_t nbytes,
+                   unsigned flags);
+
+/* ---- Listing and checking ----------------------------------------------------------------- */
+typedef struct ckptdb_tensor_desc {
+  const char *name;
+  int dtype;
+  uint32_t ndim;
+  const uint64_t *shape;         /* ndim entries */
+  const uint64_t *global_shape;  /* ndim entries */
+  const uint64_t *global_offset; /* ndim entries */
+  uint64_t nbytes;
+  uint32_t chunk_count;
+} ckptdb_tensor_desc;
+
+/* Return nonzero to stop the listing early. */
+typedef int (*ckptdb_list_fn)(void *arg, const ckptdb_tensor_desc *tensor);
+
+/* Calls fn for each tensor of committed `version`, in name order. Errors: ENOTFOUND, ESTATE,
+ * ECORRUPT (no tier has a readable manifest). */
+int ckptdb_list(ckptdb *db, uint64_t version, ckptdb_list_fn fn, void *arg);
+
+typedef enum ckptdb_version_state {
+  CKPTDB_STATE_OPEN = 1,
+  CKPTDB_STATE_CAPTURED = 2,
+  CKPTDB_STATE_PREPARED = 3,
+  CKPTDB_STATE_COMMITTED = 4,
+  CKPTDB_STATE_ABORTED = 5,
+  CKPTDB_STATE_RETIRED = 6
+} ckptdb_version_state;
+
+const char *ckptdb_state_name(int state);
+
+typedef enum ckptdb_residency_state {
+  CKPTDB_RESIDENT_WRITING = 1, /* being written; not yet durable */
+  CKPTDB_RESIDENT_DURABLE = 2, /* synced and renamed: readable */
+  CKPTDB_RESIDENT_MISSING = 3, /* recorded durable, but the file is gone (tmpfs after reboot) */
+  CKPTDB_RESIDENT_EVICTED = 4  /* deleted by retention */
+} ckptdb_residency_state;
+
+typedef struct ckptdb_residency {
+  const char *tier; /* the tier's spec name, e.g. "tmpfs:/dev/shm/ck" */
+  const char *path; /* the segment file */
+  int state;        /* ckptdb_residency_state */
+  int configured;   /* 1 when the tier is in this handle's tier spec */
+} ckptdb_residency;
+
+typedef struct ckptdb_version_info {
+  uint64_t version;
+  int state; /* ckptdb_version_state */
+  uint32_t rank;
+  uint64_t data_bytes; /* sum of tensor bytes */
+  uint32_t tensor_count;
+  uint32_t chunk_count;
+  uint64_t created_unix_ns;
+  uint64_t committed_unix_ns; /* 0 unless committed */
+  uint32_t residency_count;
+  const ckptdb_residency *residency;
+} ckptdb_version_info;
+
+typedef int (*ckptdb_version_fn)(void *arg, const ckptdb_version_info *info);
+
+/* Calls fn for every version the catalog knows, oldest first (aborted ones included). */
+int ckptdb_list_versions(ckptdb *db, ckptdb_version_fn fn, void *arg);
+
+typedef enum ckptdb_verify_kind {
+  CKPTDB_VERIFY_PROGRESS = 0, /* bytes_done / bytes_total advanced */
+  CKPTDB_VERIFY_OK = 1,       /* one segment checked clean */
+  CKPTDB_VERIFY_PROBLEM = 2   /* something is wrong: see message and the fields */
+} ckptdb_verify_kind;
+
+typedef struct ckptdb_verify_event {
+  int kind;
+  uint64_t version;
+  const char *tier;
+  const char *path;
+  int64_t chunk_index;  /* -1 when the problem is not one chunk's */
+  uint64_t file_offset; /* of the chunk record or the damaged structure */
+  uint64_t expected_xxh3;
+  uint64_t actual_xxh3;
+  const char *message; /* a full sentence naming all of the above */
+  uint64_t bytes_done;
+  uint64_t bytes_total;
+} ckptdb_verify_event;
+
+typedef void (*ckptdb_verify_fn)(void *arg, const ckptdb_verify_event *event);
+
+typedef struct ckptdb_verify_report {
+  uint64_t segments_checked;
+  uint64_t chunks_checked;
+  uint64_t bytes_checked;
+  uint64_t problems;
+} ckptdb_verify_report;
+
+/* Re-reads every chunk of `version` (or CKPTDB_ALL_VERSIONS committed ones) on `tier` (or every
+ * tier when NULL) and checks framing, manifest and every xxh3. Returns CKPTDB_OK when clean,
+ * ECORRUPT when any problem was found (each one reported through fn), ENOTFOUND for an unknown
+ * version or tier. fn may be NULL. out may be NULL. */
+int ckptdb_verify(ckptdb *db, uint64_t version, const char *tier, ckptdb_verify_fn fn, void *arg,
+                  ckptdb_verify_report *out);
+
+/* ---- Statistics --------------------------------------------------------------------------- */
+typedef struct ckptdb_stats_t {
+  uint64_t put_calls;
+  uint64_t put_bytes;
+  uint64_t put_blocked_ns;    /* time callers spent inside put_shard */
+  uint64_t commits;
+  uint64_t commit_blocked_ns; /* time callers spent inside commit */
+  uint64_t aborts;
+  uint64_t restore_calls;
+  uint64_t restore_bytes;
+  uint64_t restore_ns;
+  uint64_t checksum_failures; /* chunks that failed xxh3 on read (then fell back) */
+  uint32_t fixed_buffers;     /* 1 when staging is registered with io_uring */
+  uint32_t tier_count;
+  char tier_names[CKPTDB_MAX_TIERS][256];
+  uint32_t tier_direct_io[CKPTDB_MAX_TIERS]; /* 1 when the tier writes with O_DIRECT */
+  uint64_t tier_bytes_written[CKPTDB_MAX_TIERS];
+  uint64_t tier_bytes_read[CKPTDB_MAX_TIERS];
+  char last_restore_tier[256]; /* the tier that served the last restore's first chunk */
+} ckptdb_stats_t;
+
+int ckptdb_stats(ckptdb *db, ckptdb_stats_t *out);
+
+/* ---- Errors ------------------------------------------------------------------------------- */
+/* The message of this thread's last failed call ("" if none). Valid until the next call. */
+const char *ckptdb_last_error(void);
+/* "CKPTDB_OK", "CKPTDB_ECORRUPT", ... */
+const char *ckptdb_status_name(int status);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CKPTDB_CKPTDB_H_ */

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs, from Debian 12's archive only, whatever ckptdb's build, tests and fuzzers need and
+# this machine lacks. Safe to run repeatedly: it asks apt only when a package is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  liburing-dev            # io_uring engine (io/)
+  libflatbuffers-dev flatbuffers-compiler  # manifest schema + flatc (format/)
+  libxxhash-dev           # xxh3-64 chunk checksums (format/)
+  librocksdb-dev          # catalog (engine/)
+  libgtest-dev libgmock-dev  # tests
+  libcli11-dev            # the ckptdb command line (tools/)
+  nlohmann-json3-dev      # ckptdb inspect --json (tools/)
+  clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz/)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO=sudo
+else
+  SUDO=
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

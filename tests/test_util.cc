@@ -1,0 +1,91 @@
+#include "tests/test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace ckpt::test {
+
+TempDir::TempDir(const std::string& parent) {
+  std::string tmpl = parent + "/ckptdb-test-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) {
+    throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
+  }
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+void FillRandom(void* dst, size_t n, uint64_t seed) {
+  uint8_t* p = static_cast<uint8_t*>(dst);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  size_t i = 0;
+  auto next = [&x]() {
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = next();
+    std::memcpy(p + i, &v, 8);
+  }
+  if (i < n) {
+    uint64_t v = next();
+    std::memcpy(p + i, &v, n - i);
+  }
+}
+
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  FillRandom(v.data(), n, seed);
+  return v;
+}
+
+int RunCommand(const std::string& command, std::string* output) {
+  std::string full = command + " 2>&1";
+  FILE* f = popen(full.c_str(), "r");
+  if (f == nullptr) return -1;
+  output->clear();
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) output->append(buf, n);
+  int status = pclose(f);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteWholeFile(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+}
+
+void FlipByte(const std::string& path, uint64_t offset, uint8_t mask) {
+  FILE* f = std::fopen(path.c_str(), "r+b");
+  if (f == nullptr) throw std::runtime_error("open " + path);
+  std::fseek(f, static_cast<long>(offset), SEEK_SET);
+  int c = std::fgetc(f);
+  std::fseek(f, static_cast<long>(offset), SEEK_SET);
+  std::fputc(c ^ mask, f);
+  std::fclose(f);
+}
+
+}  // namespace ckpt::test

@@ -1,0 +1,38 @@
+// Helpers shared by the tests: temporary directories that clean up after themselves, and
+// deterministic test data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt::test {
+
+// A fresh directory under `parent` (/dev/shm for tmpfs, /var/tmp for a disk file system),
+// removed with everything in it when the object goes out of scope.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& parent = "/dev/shm");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Deterministic pseudo-random bytes (splitmix64 of seed and position).
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed);
+void FillRandom(void* dst, size_t n, uint64_t seed);
+
+// Runs a shell command, returns its exit status and stdout+stderr.
+int RunCommand(const std::string& command, std::string* output);
+
+std::string ReadWholeFile(const std::string& path);
+void WriteWholeFile(const std::string& path, const std::string& contents);
+// XORs one byte of a file in place with `mask`.
+void FlipByte(const std::string& path, uint64_t offset, uint8_t mask = 0x01);
+
+}  // namespace ckpt::test

@@ -1,0 +1,15 @@
+// The ckptdb command's subcommands. Each Add*Command registers one CLI11 subcommand whose
+// callback sets *exit_code. Subcommands use the public C API (and format/ for inspect's chunk
+// detail), never engine internals (DESIGN.md section 2).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace ckpt::tools {
+
+void AddInspectCommand(CLI::App& app, int* exit_code);
+void AddVerifyCommand(CLI::App& app, int* exit_code);
+void AddRestoreCommand(CLI::App& app, int* exit_code);
+void AddDemoCommand(CLI::App& app, int* exit_code);
+
+}  // namespace ckpt::tools
