@@ -1,0 +1,300 @@
+// Tier spec parsing (io/tier_spec.h). Grammar, after trimming ASCII whitespace around every
+// piece:
+//   spec   := tier (';' tier)* [';']
+//   tier   := KIND ':' PATH (',' option)*
+//   option := ("keep" | "every") '=' NUMBER        NUMBER := decimal digits, 1 .. 2^63
+// The parser does no I/O: whether a path exists or is on the right kind of file system is
+// checked when the tier is opened.
+#include "io/tier_spec.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "ckptdb/ckptdb.h"
+
+namespace ckpt::io {
+namespace {
+
+constexpr std::string_view kSupportedKinds = "tmpfs, disk";
+constexpr std::string_view kTierForm = "KIND:PATH[,keep=N][,every=N] with KIND one of tmpfs, disk";
+constexpr uint64_t kMaxOptionValue = uint64_t{1} << 63;
+// ckptdb_stats_t.tier_names holds 256 bytes per tier, NUL included: a longer name would reach
+// the user cut off, and two tiers could look the same.
+constexpr size_t kMaxNameBytes = 255;
+// Longer specs are not typed by people; the bound keeps error messages and parsing small.
+constexpr size_t kMaxSpecBytes = 64 * 1024;
+
+bool IsAsciiSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && IsAsciiSpace(s.front())) s.remove_prefix(1);
+  while (!s.empty() && IsAsciiSpace(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// Builds the one error form every malformed spec gets.
+class ErrorFormatter {
+ public:
+  explicit ErrorFormatter(std::string_view spec) : spec_(spec) {}
+
+  Status Invalid(size_t tier_number, std::string_view tier_text, const std::string& problem,
+                 std::string_view expected) const {
+    return Status::Invalid(Format(tier_number, tier_text, problem, expected));
+  }
+
+  std::string Format(size_t tier_number, std::string_view tier_text, const std::string& problem,
+                     std::string_view expected) const {
+    std::string m = "tier spec \"" + std::string(spec_) + "\": tier " +
+                    std::to_string(tier_number) + " \"" + std::string(tier_text) + "\": " + problem;
+    if (!expected.empty()) m += "; expected " + std::string(expected);
+    return m;
+  }
+
+ private:
+  std::string_view spec_;
+};
+
+// Parses NUMBER. Returns false with *problem set when text is not one.
+bool ParseNumber(std::string_view text, uint64_t* value, std::string* problem) {
+  if (text.empty()) {
+    *problem = "empty value";
+    return false;
+  }
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') {
+      *problem = "\"" + std::string(text) + "\" is not a plain decimal number";
+      return false;
+    }
+    const auto digit = static_cast<uint64_t>(c - '0');
+    // v * 10 + digit > kMaxOptionValue, without overflowing.
+    if (v > (kMaxOptionValue - digit) / 10) {
+      *problem = "\"" + std::string(text) + "\" is larger than 2^63";
+      return false;
+    }
+    v = v * 10 + digit;
+  }
+  if (v == 0) {
+    *problem = "\"" + std::string(text) + "\" is zero";
+    return false;
+  }
+  *value = v;
+  return true;
+}
+
+// True when `inner` is `outer` or lies below it. Both are absolute and lexically normal.
+bool SameOrInside(const std::string& inner, const std::string& outer) {
+  if (inner == outer) return true;
+  if (outer == "/") return true;
+  return inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+         inner[outer.size()] == '/';
+}
+
+Status ResolveBase(const std::string& base_dir, std::filesystem::path* base) {
+  if (!base_dir.empty() && base_dir.front() == '/') {
+    *base = base_dir;
+    return Status::Ok();
+  }
+  // getcwd into a fixed buffer: PATH_MAX bounds every path the kernel hands back.
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) == nullptr) {
+    return Status::FromErrno(errno,
+                             "tier spec: resolving relative tier paths against the "
+                             "working directory");
+  }
+  *base = std::filesystem::path(cwd) / base_dir;
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* TierKindName(TierKind kind) {
+  switch (kind) {
+    case TierKind::kTmpfs:
+      return "tmpfs";
+    case TierKind::kDisk:
+      return "disk";
+  }
+  return "unknown";
+}
+
+Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
+                      std::vector<TierSpec>* out) {
+  const ErrorFormatter error(spec);
+  if (spec.size() > kMaxSpecBytes) {
+    return Status::Invalid("tier spec of " + std::to_string(spec.size()) +
+                           " bytes is too long; expected at most " + std::to_string(kMaxSpecBytes) +
+                           " bytes");
+  }
+
+  // Split on ';'. Tiers are counted as they are found so the count check below can name the
+  // first tier too many without reading the rest.
+  std::vector<std::string_view> tier_texts;
+  for (size_t start = 0; start <= spec.size();) {
+    const size_t end = std::min(spec.find(';', start), spec.size());
+    tier_texts.push_back(Trim(spec.substr(start, end - start)));
+    start = end + 1;
+    if (tier_texts.size() > CKPTDB_MAX_TIERS + 1) break;
+  }
+  // A trailing ';' leaves an empty last piece: allowed, so a spec can be built by appending
+  // "tier;" pieces. An empty piece anywhere else is a typo.
+  if (tier_texts.size() > 1 && tier_texts.back().empty()) tier_texts.pop_back();
+  if (tier_texts.size() > CKPTDB_MAX_TIERS) {
+    return error.Invalid(
+        CKPTDB_MAX_TIERS + 1, tier_texts[CKPTDB_MAX_TIERS],
+        "more than " + std::to_string(CKPTDB_MAX_TIERS) + " tiers",
+        "at most " + std::to_string(CKPTDB_MAX_TIERS) + " tiers (CKPTDB_MAX_TIERS)");
+  }
+
+  std::filesystem::path base;
+  bool base_resolved = false;
+  std::vector<TierSpec> tiers;
+  tiers.reserve(tier_texts.size());
+  for (size_t i = 0; i < tier_texts.size(); ++i) {
+    const size_t number = i + 1;
+    const std::string_view text = tier_texts[i];
+    if (text.empty()) {
+      return error.Invalid(number, text,
+                           spec.find_first_not_of(" \t\n\r\f\v;") == std::string_view::npos
+                               ? "empty spec"
+                               : "empty tier",
+                           kTierForm);
+    }
+    const size_t colon = text.find(':');
+    if (colon == std::string_view::npos) {
+      return error.Invalid(number, text, "missing ':' after the kind", kTierForm);
+    }
+    const std::string_view kind_text = Trim(text.substr(0, colon));
+    TierSpec tier;
+    if (kind_text == "tmpfs") {
+      tier.kind = TierKind::kTmpfs;
+    } else if (kind_text == "disk") {
+      tier.kind = TierKind::kDisk;
+    } else if (kind_text == "ram" || kind_text == "nfs") {
+      return Status::NotSupported(
+          error.Format(number, text,
+                       "the " + std::string(kind_text) +
+                           " tier is not supported by this build yet (supported: " +
+                           std::string(kSupportedKinds) + ")",
+                       "a tier of a supported kind"));
+    } else if (kind_text.empty()) {
+      return error.Invalid(number, text, "empty kind before ':'", kTierForm);
+    } else {
+      return error.Invalid(number, text, "unknown kind \"" + std::string(kind_text) + "\"",
+                           "one of tmpfs, disk (ram, nfs: not supported by this build yet)");
+    }
+
+    // PATH runs to the first ','; a path cannot contain ',' or ';', they separate.
+    const std::string_view rest = text.substr(colon + 1);
+    const size_t comma = rest.find(',');
+    const std::string_view path_text = Trim(rest.substr(0, comma));
+    if (path_text.empty()) {
+      return error.Invalid(number, text, "empty path",
+                           "a directory path after \"" + std::string(kind_text) + ":\"");
+    }
+    if (path_text.find('\0') != std::string_view::npos) {
+      return error.Invalid(number, text, "the path contains a NUL byte", "a directory path");
+    }
+    std::filesystem::path path(path_text);
+    if (path.is_relative()) {
+      if (!base_resolved) {
+        CKPTDB_RETURN_IF_ERROR(ResolveBase(base_dir, &base));
+        base_resolved = true;
+      }
+      path = base / path;
+    }
+    std::string normal = path.lexically_normal().string();
+    while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+    tier.path = normal;
+
+    bool seen_keep = false;
+    bool seen_every = false;
+    // Options: each of keep and every at most once, so a third option is always an error and
+    // the loop ends within three rounds of finding one.
+    for (size_t start = comma; start != std::string_view::npos;) {
+      const size_t end = rest.find(',', start + 1);
+      const std::string_view option =
+          Trim(rest.substr(start + 1, end == std::string_view::npos ? end : end - start - 1));
+      start = end;
+      if (option.empty()) {
+        return error.Invalid(number, text, "empty option after ','",
+                             "keep=N or every=N after each ','");
+      }
+      const size_t equals = option.find('=');
+      if (equals == std::string_view::npos) {
+        return error.Invalid(number, text, "option \"" + std::string(option) + "\" has no '='",
+                             "keep=N or every=N");
+      }
+      const std::string_view key = Trim(option.substr(0, equals));
+      const std::string_view value_text = Trim(option.substr(equals + 1));
+      bool* seen = nullptr;
+      uint64_t* field = nullptr;
+      if (key == "keep") {
+        seen = &seen_keep;
+        field = &tier.keep;
+      } else if (key == "every") {
+        seen = &seen_every;
+        field = &tier.every;
+      } else {
+        return error.Invalid(number, text, "unknown option \"" + std::string(key) + "\"",
+                             "keep=N or every=N");
+      }
+      if (*seen) {
+        return error.Invalid(number, text, "option \"" + std::string(key) + "\" given twice",
+                             "each option at most once");
+      }
+      *seen = true;
+      std::string problem;
+      if (!ParseNumber(value_text, field, &problem)) {
+        return error.Invalid(number, text, "option \"" + std::string(key) + "\": " + problem,
+                             std::string(key) + "=N with N a decimal number from 1 to 2^63");
+      }
+    }
+    if (i == 0 && tier.every != 1) {
+      return error.Invalid(number, text,
+                           "every=" + std::to_string(tier.every) +
+                               " on the first tier, which is the commit tier and must take "
+                               "every version",
+                           "every=1 or no every option on the first tier");
+    }
+
+    tier.name = std::string(TierKindName(tier.kind)) + ":" + tier.path;
+    if (tier.name.size() > kMaxNameBytes) {
+      return error.Invalid(
+          number, text,
+          "the tier name \"" + tier.name + "\" is " + std::to_string(tier.name.size()) + " bytes",
+          "at most " + std::to_string(kMaxNameBytes) +
+              " bytes so it fits ckptdb_stats_t.tier_names");
+    }
+    // Tiers in one directory tree would see each other's files as their own (retention of one
+    // deleting the other's versions), so paths must be disjoint.
+    for (size_t j = 0; j < tiers.size(); ++j) {
+      const std::string& other = tiers[j].path;
+      std::string problem;
+      if (tier.path == other) {
+        problem = "path " + tier.path + " is the same as tier " + std::to_string(j + 1) + "'s";
+      } else if (SameOrInside(tier.path, other)) {
+        problem =
+            "path " + tier.path + " is inside tier " + std::to_string(j + 1) + "'s path " + other;
+      } else if (SameOrInside(other, tier.path)) {
+        problem =
+            "path " + tier.path + " contains tier " + std::to_string(j + 1) + "'s path " + other;
+      }
+      if (!problem.empty()) {
+        return error.Invalid(number, text, problem, "a directory of its own for each tier");
+      }
+    }
+    tiers.push_back(std::move(tier));
+  }
+  *out = std::move(tiers);
+  return Status::Ok();
+}
+
+}  // namespace ckpt::io

@@ -1,0 +1,222 @@
+// Tests of ParseTierSpecs (io/tier_spec.h): the accepted forms, and a table of malformed specs
+// that must each be refused with a status that names the offending piece.
+#include "io/tier_spec.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "gtest/gtest.h"
+
+namespace ckpt::io {
+namespace {
+
+TEST(TierSpecTest, SingleTierTakesDefaults) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("disk:/nvme/ckpt", "", &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), 1u);
+  EXPECT_EQ(tiers[0].kind, TierKind::kDisk);
+  EXPECT_EQ(tiers[0].path, "/nvme/ckpt");
+  EXPECT_EQ(tiers[0].keep, 0u);
+  EXPECT_EQ(tiers[0].every, 1u);
+  EXPECT_EQ(tiers[0].name, "disk:/nvme/ckpt");
+}
+
+TEST(TierSpecTest, TwoTiersWithOptions) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("tmpfs:/dev/shm/ck,keep=2;disk:/nvme/ck,every=10,keep=3", "", &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), 2u);
+  EXPECT_EQ(tiers[0].kind, TierKind::kTmpfs);
+  EXPECT_EQ(tiers[0].name, "tmpfs:/dev/shm/ck");
+  EXPECT_EQ(tiers[0].keep, 2u);
+  EXPECT_EQ(tiers[0].every, 1u);
+  EXPECT_EQ(tiers[1].kind, TierKind::kDisk);
+  EXPECT_EQ(tiers[1].name, "disk:/nvme/ck");
+  EXPECT_EQ(tiers[1].keep, 3u);
+  EXPECT_EQ(tiers[1].every, 10u);
+}
+
+TEST(TierSpecTest, WhitespaceAroundTiersAndOptionsIsIgnored) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("  tmpfs : /dev/shm/ck , keep = 2 ;\t disk:/nvme/ck ,every=10\n; ", "",
+                             &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), 2u);
+  EXPECT_EQ(tiers[0].name, "tmpfs:/dev/shm/ck");
+  EXPECT_EQ(tiers[0].keep, 2u);
+  EXPECT_EQ(tiers[1].name, "disk:/nvme/ck");
+  EXPECT_EQ(tiers[1].every, 10u);
+}
+
+TEST(TierSpecTest, TrailingSemicolonIsAllowed) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("disk:/a;", "", &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), 1u);
+  EXPECT_EQ(tiers[0].path, "/a");
+}
+
+TEST(TierSpecTest, RelativePathsResolveAgainstTheBaseDirectory) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("tmpfs:fast;disk:./slow/../cold/", "/srv/run1", &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), 2u);
+  EXPECT_EQ(tiers[0].path, "/srv/run1/fast");
+  EXPECT_EQ(tiers[1].path, "/srv/run1/cold");
+  EXPECT_EQ(tiers[1].name, "disk:/srv/run1/cold");
+}
+
+TEST(TierSpecTest, RelativePathsResolveAgainstTheWorkingDirectoryWithoutABase) {
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("disk:ckpt", "", &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), 1u);
+  const std::string expected = std::string(cwd) == "/" ? "/ckpt" : std::string(cwd) + "/ckpt";
+  EXPECT_EQ(tiers[0].path, expected);
+}
+
+TEST(TierSpecTest, AbsolutePathsAreNormalisedWithoutTrailingSlash) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("disk:/a//b/./c/", "/ignored", &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(tiers[0].path, "/a/b/c");
+}
+
+TEST(TierSpecTest, LargestNumbersAndMaxTiersAreAccepted) {
+  std::vector<TierSpec> tiers;
+  std::string spec = "disk:/t0,keep=9223372036854775808";
+  for (int i = 1; i < CKPTDB_MAX_TIERS; ++i) {
+    spec += ";disk:/t" + std::to_string(i) + ",every=" + std::to_string(i + 1);
+  }
+  Status st = ParseTierSpecs(spec, "", &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), static_cast<size_t>(CKPTDB_MAX_TIERS));
+  EXPECT_EQ(tiers[0].keep, uint64_t{1} << 63);
+  EXPECT_EQ(tiers[CKPTDB_MAX_TIERS - 1].every, static_cast<uint64_t>(CKPTDB_MAX_TIERS));
+}
+
+TEST(TierSpecTest, SiblingPathsWithACommonPrefixAreNotNested) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("tmpfs:/ck;disk:/ck2;disk:/ck-old", "", &tiers);
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
+TEST(TierSpecTest, KindNamesAreStable) {
+  EXPECT_STREQ(TierKindName(TierKind::kTmpfs), "tmpfs");
+  EXPECT_STREQ(TierKindName(TierKind::kDisk), "disk");
+}
+
+struct BadSpec {
+  const char* spec;
+  int code;
+  // Each must appear in the message: the offending piece, and what is wrong.
+  std::vector<std::string> mentions;
+};
+
+std::string NineTiers() {
+  std::string spec;
+  for (int i = 0; i <= CKPTDB_MAX_TIERS; ++i) spec += "disk:/t" + std::to_string(i) + ";";
+  return spec;
+}
+
+class MalformedTierSpecTest : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(MalformedTierSpecTest, IsRefusedNamingTheOffendingPiece) {
+  const BadSpec& bad = GetParam();
+  std::vector<TierSpec> tiers = {TierSpec{}};  // must be left alone on error
+  Status st = ParseTierSpecs(bad.spec, "/base", &tiers);
+  EXPECT_EQ(st.code(), bad.code) << bad.spec << " -> " << st.message();
+  EXPECT_EQ(tiers.size(), 1u);
+  EXPECT_EQ(st.message().rfind("tier spec \"" + std::string(bad.spec) + "\"", 0), 0u)
+      << st.message();
+  for (const std::string& piece : bad.mentions) {
+    EXPECT_NE(st.message().find(piece), std::string::npos)
+        << "spec " << bad.spec << ": message \"" << st.message() << "\" lacks \"" << piece << "\"";
+  }
+  if (bad.code == CKPTDB_EINVAL) {
+    EXPECT_NE(st.message().find("; expected "), std::string::npos) << st.message();
+  }
+}
+
+const int kInvalid = CKPTDB_EINVAL;
+const int kNotSupported = CKPTDB_ENOTSUP;
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, MalformedTierSpecTest,
+    ::testing::Values(
+        BadSpec{"", kInvalid, {"tier 1 \"\"", "empty spec"}},
+        BadSpec{"   ", kInvalid, {"empty spec"}}, BadSpec{";", kInvalid, {"tier 1"}},
+        BadSpec{"disk:/a;;disk:/b", kInvalid, {"tier 2 \"\"", "empty tier"}},
+        BadSpec{";disk:/a", kInvalid, {"tier 1 \"\"", "empty tier"}},
+        BadSpec{"disk", kInvalid, {"tier 1 \"disk\"", "missing ':'"}},
+        BadSpec{"disk:/a;tmpfs", kInvalid, {"tier 2 \"tmpfs\"", "missing ':'"}},
+        BadSpec{":/a", kInvalid, {"empty kind"}},
+        BadSpec{"ssd:/a", kInvalid, {"unknown kind \"ssd\"", "tmpfs, disk"}},
+        BadSpec{"DISK:/a", kInvalid, {"unknown kind \"DISK\""}},
+        BadSpec{"disk:/a;ram:8G",
+                kNotSupported,
+                {"tier 2 \"ram:8G\"", "the ram tier is not supported by this build yet",
+                 "supported: tmpfs, disk"}},
+        BadSpec{"nfs:/mnt/ck", kNotSupported, {"tier 1 \"nfs:/mnt/ck\"", "nfs tier"}},
+        BadSpec{"disk:", kInvalid, {"tier 1 \"disk:\"", "empty path"}},
+        BadSpec{"disk:   ,keep=1", kInvalid, {"empty path"}},
+        BadSpec{"disk:/a,", kInvalid, {"empty option"}},
+        BadSpec{"disk:/a,,keep=1", kInvalid, {"empty option"}},
+        BadSpec{"disk:/a,keep", kInvalid, {"option \"keep\" has no '='"}},
+        BadSpec{"disk:/a,size=5", kInvalid, {"unknown option \"size\"", "keep=N or every=N"}},
+        BadSpec{"disk:/a,keep=1,keep=2", kInvalid, {"option \"keep\" given twice"}},
+        BadSpec{"disk:/a;disk:/b,every=2,every=2",
+                kInvalid,
+                {"tier 2", "option \"every\" given twice"}},
+        BadSpec{"disk:/a,keep=", kInvalid, {"option \"keep\"", "empty value"}},
+        BadSpec{"disk:/a,keep=two", kInvalid, {"\"two\" is not a plain decimal number"}},
+        BadSpec{"disk:/a,keep=-1", kInvalid, {"\"-1\" is not a plain decimal number"}},
+        BadSpec{"disk:/a,keep=+1", kInvalid, {"\"+1\""}},
+        BadSpec{"disk:/a,keep=5G", kInvalid, {"\"5G\""}},
+        BadSpec{"disk:/a,keep=0x10", kInvalid, {"\"0x10\""}},
+        BadSpec{"disk:/a,keep=1.5", kInvalid, {"\"1.5\""}},
+        BadSpec{"disk:/a,keep=0", kInvalid, {"\"0\" is zero"}},
+        BadSpec{"disk:/a;disk:/b,every=0", kInvalid, {"tier 2", "\"0\" is zero"}},
+        BadSpec{"disk:/a,keep=9223372036854775809",
+                kInvalid,
+                {"\"9223372036854775809\" is larger than 2^63"}},
+        BadSpec{"disk:/a,keep=99999999999999999999999",
+                kInvalid,
+                {"\"99999999999999999999999\" is larger than 2^63"}},
+        BadSpec{"disk:/a,every=2", kInvalid, {"every=2", "first tier", "commit tier"}},
+        BadSpec{"tmpfs:/ck;disk:/ck", kInvalid, {"tier 2 \"disk:/ck\"", "same as tier 1"}},
+        BadSpec{"tmpfs:/ck;disk:/ck/", kInvalid, {"same as tier 1"}},
+        BadSpec{"tmpfs:rel;disk:/base/rel", kInvalid, {"tier 2", "same as tier 1"}},
+        BadSpec{"tmpfs:/ck;disk:/ck/deeper", kInvalid, {"/ck/deeper is inside tier 1's path /ck"}},
+        BadSpec{"tmpfs:/ck/deeper;disk:/ck", kInvalid, {"contains tier 1's path /ck/deeper"}},
+        BadSpec{"tmpfs:/;disk:/x", kInvalid, {"inside tier 1's path /"}}),
+    [](const ::testing::TestParamInfo<BadSpec>& info) {
+      return "Case" + std::to_string(info.index);
+    });
+
+TEST(TierSpecTest, MoreThanMaxTiersIsRefusedNamingTheFirstTierTooMany) {
+  std::vector<TierSpec> tiers;
+  const std::string spec = NineTiers();
+  Status st = ParseTierSpecs(spec, "", &tiers);
+  EXPECT_EQ(st.code(), CKPTDB_EINVAL);
+  EXPECT_NE(st.message().find("tier 9 \"disk:/t8\""), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("more than 8 tiers"), std::string::npos) << st.message();
+  EXPECT_TRUE(tiers.empty());
+}
+
+TEST(TierSpecTest, OverlongTierNameIsRefused) {
+  std::vector<TierSpec> tiers;
+  const std::string spec = "disk:/" + std::string(300, 'x');
+  Status st = ParseTierSpecs(spec, "", &tiers);
+  EXPECT_EQ(st.code(), CKPTDB_EINVAL);
+  EXPECT_NE(st.message().find("tier_names"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace ckpt::io
