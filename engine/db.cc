@@ -72,7 +72,17 @@ Db::~Db() { (void)Close(); }
 Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
   auto db = std::unique_ptr<Db>(new Db(options));
   Status st = db->OpenImpl();
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    // A store this call created and could not finish opening is removed again, so a failed
+    // first open leaves nothing behind.
+    bool created = db->created_root_;
+    (void)db->Close();
+    if (created) {
+      std::error_code ec;
+      std::filesystem::remove_all(options.root, ec);
+    }
+    return st;
+  }
   *out = std::move(db);
   return Status::Ok();
 }
@@ -108,6 +118,15 @@ Status Db::OpenImpl() {
                            " bytes plus their 4096-byte record headers");
   }
 
+  std::error_code ec;
+  std::string cwd = std::filesystem::current_path(ec).string();
+  std::vector<io::TierSpec> specs;
+  if (!o.read_only) {
+    // Bad input changes nothing: the spec is checked before the store is created.
+    std::string spec = o.tiers.empty() ? "disk:" + o.root + "/segments" : o.tiers;
+    CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, &specs));
+  }
+
   if (o.io != nullptr) {
     io_ = o.io;
   } else {
@@ -123,6 +142,7 @@ Status Db::OpenImpl() {
       return Status::NotFound("no ckptdb store at " + root);
     }
     CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(root));
+    created_root_ = true;
   }
   if (!o.read_only) {
     std::string lock_path = root + "/LOCK";
@@ -158,16 +178,16 @@ Status Db::OpenImpl() {
                            ", not rank " + std::to_string(o.rank));
   }
 
-  std::string spec = o.tiers;
-  if (spec.empty() && o.read_only) {
-    Status ts = catalog_->GetTiers(&spec);
-    if (!ts.ok() && ts.code() != CKPTDB_ENOTFOUND) return ts;
+  if (o.read_only) {
+    // Tools open with the tiers of the last read-write open unless told otherwise.
+    std::string spec = o.tiers;
+    if (spec.empty()) {
+      Status ts = catalog_->GetTiers(&spec);
+      if (!ts.ok() && ts.code() != CKPTDB_ENOTFOUND) return ts;
+    }
+    if (spec.empty()) spec = "disk:" + root + "/segments";
+    CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, &specs));
   }
-  if (spec.empty()) spec = "disk:" + root + "/segments";
-  std::vector<io::TierSpec> specs;
-  std::error_code ec;
-  std::string cwd = std::filesystem::current_path(ec).string();
-  CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, &specs));
   std::string canonical;
   for (const io::TierSpec& s : specs) {
     auto tier = std::make_unique<Tier>(io_, s);
@@ -252,7 +272,11 @@ Status Db::Recover() {
     } else if (r.state == CKPTDB_STATE_COMMITTED) {
       for (ResidencyRecord& res : e.residency) {
         if (res.state != CKPTDB_RESIDENT_DURABLE && res.state != CKPTDB_RESIDENT_MISSING) continue;
-        int want = FileDurable(res) ? CKPTDB_RESIDENT_DURABLE : CKPTDB_RESIDENT_MISSING;
+        // MISSING only when the file is gone (a tmpfs after reboot); a damaged file stays
+        // DURABLE so restore and verify report the damage instead of hiding it.
+        uint64_t bytes = 0;
+        int want = io_->PathSize(res.path, &bytes).ok() ? CKPTDB_RESIDENT_DURABLE
+                                                        : CKPTDB_RESIDENT_MISSING;
         if (want != res.state) {
           res.state = want;
           batch.put_residency.emplace_back(version, res);
@@ -1098,7 +1122,16 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     }
   }
   if (candidates.empty()) {
-    return Status::NotFound(what + ": no configured tier holds a copy of the version");
+    std::string where;
+    for (const ResidencyRecord& r : it->second.residency) {
+      where += (where.empty() ? "" : ", ") + r.tier + " " +
+               (r.state == CKPTDB_RESIDENT_MISSING ? "missing"
+                : r.state == CKPTDB_RESIDENT_EVICTED ? "evicted"
+                : TierIndex(r.tier) < 0             ? "not configured"
+                                                    : "not durable");
+    }
+    return Status::NotFound(what + ": no configured tier holds a copy of the version (" +
+                            (where.empty() ? "no copies recorded" : where) + ")");
   }
   last_problem_.clear();
   std::string errors;
@@ -1350,14 +1383,19 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       Status scan = format::ScanSegment(
           what, size, read,
           [&](const format::ScannedRecord& r) {
-            rep.chunks_checked++;
+            bool chunk = r.header.type == format::RecordType::kChunk;
+            if (chunk) {
+              rep.chunks_checked++;
+              rep.bytes_checked += r.header.payload_bytes;
+            }
             if (r.actual_xxh3 != r.header.payload_xxh3) {
-              emit(CKPTDB_VERIFY_PROBLEM, t, r.header.sequence, r.offset, r.header.payload_xxh3,
-                   r.actual_xxh3,
-                   what + ": chunk " + std::to_string(r.header.sequence) + " at offset " +
-                       std::to_string(r.offset) + " fails xxh3 (expected " +
-                       format::Hex64(r.header.payload_xxh3) + ", got " +
-                       format::Hex64(r.actual_xxh3) + ")");
+              std::string label = chunk ? "chunk " + std::to_string(r.header.sequence)
+                                        : std::string("manifest record");
+              emit(CKPTDB_VERIFY_PROBLEM, t, chunk ? r.header.sequence : -1, r.offset,
+                   r.header.payload_xxh3, r.actual_xxh3,
+                   what + ": " + label + " at offset " + std::to_string(r.offset) +
+                       " fails xxh3 (expected " + format::Hex64(r.header.payload_xxh3) +
+                       ", got " + format::Hex64(r.actual_xxh3) + ")");
             }
           },
           &scratch);

@@ -132,6 +132,7 @@ class Db {
   std::vector<std::unique_ptr<Tier>> tiers_;
   int lock_fd_ = -1;
   bool closed_ = false;
+  bool created_root_ = false;  // this Open created the root directory
 
   // Staging: slot_count slots of (4096 + chunk_bytes) bytes, one mapping, registered as one
   // io_uring fixed buffer when the kernel lets us.

@@ -42,8 +42,9 @@ Status Tier::Open(uint64_t job_id, bool read_only) {
         io_->WriteFileDurably(marker_path, Marker(job_id)).WithContext("tier " + spec_.name));
   }
   if (read_only) return Status::Ok();
-  // Probe O_DIRECT once: tmpfs refuses it and the tier falls back to buffered writes, which on
-  // a memory file system cost nothing extra (there is no page cache to bypass).
+  // Probe O_DIRECT once, on disk tiers only: a memory file system has no page cache to bypass
+  // (tmpfs accepts O_DIRECT since Linux 6.6 but gains nothing). Where a disk tier's file system
+  // refuses it, the tier falls back to buffered writes; fsync still makes them durable.
   std::string probe = spec_.path + "/.direct-probe";
   int fd = -1;
   io::OpenOptions o;

@@ -1,0 +1,413 @@
+// The C API for one rank: the happy path, every documented misuse, reopen, retention.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "tests/test_util.h"
+
+namespace ckpt {
+namespace {
+
+using test::RandomBytes;
+using test::TempDir;
+
+class ApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tiers_ = "tmpfs:" + mem_.Sub("t1") + ";disk:" + disk_.Sub("t2");
+    ckptdb_options_init(&o_);
+    o_.root = nullptr;
+    root_ = mem_.Sub("root");
+    o_.root = root_.c_str();
+    o_.tiers = tiers_.c_str();
+    o_.rank = 0;
+    o_.world_size = 1;
+    o_.chunk_bytes = 64 << 10;  // small chunks so small tensors span several
+    o_.staging_bytes = 1 << 20;
+  }
+  void TearDown() override {
+    if (db_ != nullptr) ckptdb_close(db_);
+  }
+  void Open() { ASSERT_EQ(ckptdb_open(&o_, &db_), CKPTDB_OK) << ckptdb_last_error(); }
+  void Reopen() {
+    ASSERT_EQ(ckptdb_close(db_), CKPTDB_OK) << ckptdb_last_error();
+    db_ = nullptr;
+    Open();
+  }
+  void Put(uint64_t v, const std::string& name, const std::vector<uint8_t>& data) {
+    ASSERT_EQ(ckptdb_put_shard(db_, v, name.c_str(), data.data(), data.size(), nullptr, 0),
+              CKPTDB_OK)
+        << ckptdb_last_error();
+  }
+  std::vector<uint8_t> Get(uint64_t v, const std::string& name, size_t n) {
+    std::vector<uint8_t> out(n);
+    EXPECT_EQ(ckptdb_restore(db_, v, name.c_str(), out.data(), n, 0), CKPTDB_OK)
+        << ckptdb_last_error();
+    return out;
+  }
+  static bool Mentions(const char* needle) {
+    return std::string(ckptdb_last_error()).find(needle) != std::string::npos;
+  }
+
+  TempDir mem_{"/dev/shm"};
+  TempDir disk_{"/var/tmp"};
+  std::string root_, tiers_;
+  ckptdb_options o_;
+  ckptdb* db_ = nullptr;
+};
+
+TEST_F(ApiTest, PutCommitRestoreRoundTripAcrossReopen) {
+  Open();
+  auto a = RandomBytes(300 << 10, 1), b = RandomBytes(17, 2), empty = std::vector<uint8_t>();
+  Put(10, "layers.0.w", a);
+  Put(10, "layers.0.b", b);
+  Put(10, "empty", empty);
+  ASSERT_EQ(ckptdb_commit(db_, 10, 0), CKPTDB_OK) << ckptdb_last_error();
+  Reopen();
+  uint64_t latest = 0;
+  ASSERT_EQ(ckptdb_latest(db_, &latest), CKPTDB_OK);
+  EXPECT_EQ(latest, 10u);
+  EXPECT_EQ(Get(10, "layers.0.w", a.size()), a);
+  EXPECT_EQ(Get(10, "layers.0.b", b.size()), b);
+  EXPECT_EQ(ckptdb_restore(db_, 10, "empty", nullptr, 0, 0), CKPTDB_OK) << ckptdb_last_error();
+  ckptdb_stats_t st;
+  ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
+  EXPECT_EQ(std::string(st.last_restore_tier), "tmpfs:" + mem_.Sub("t1"));
+}
+
+TEST_F(ApiTest, TensorInfoIsListedBackInNameOrder) {
+  Open();
+  auto w = RandomBytes(4 * 6 * 2, 3);
+  ckptdb_tensor_info info{};
+  info.dtype = CKPTDB_DTYPE_BF16;
+  info.ndim = 2;
+  info.shape[0] = 4;
+  info.shape[1] = 6;
+  info.global_shape[0] = 8;
+  info.global_shape[1] = 6;
+  info.global_offset[0] = 4;
+  ASSERT_EQ(ckptdb_put_shard(db_, 1, "z.w", w.data(), w.size(), &info, 0), CKPTDB_OK)
+      << ckptdb_last_error();
+  Put(1, "a.raw", RandomBytes(5, 4));
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK);
+  struct Seen {
+    std::vector<std::string> names;
+    std::vector<uint64_t> shape, global_shape, global_offset;
+    int dtype = -1;
+  } seen;
+  ASSERT_EQ(ckptdb_list(db_, 1,
+                        [](void* arg, const ckptdb_tensor_desc* t) {
+                          auto* s = static_cast<Seen*>(arg);
+                          s->names.push_back(t->name);
+                          if (std::string(t->name) == "z.w") {
+                            s->dtype = t->dtype;
+                            s->shape.assign(t->shape, t->shape + t->ndim);
+                            s->global_shape.assign(t->global_shape, t->global_shape + t->ndim);
+                            s->global_offset.assign(t->global_offset, t->global_offset + t->ndim);
+                          }
+                          return 0;
+                        },
+                        &seen),
+            CKPTDB_OK);
+  EXPECT_EQ(seen.names, (std::vector<std::string>{"a.raw", "z.w"}));
+  EXPECT_EQ(seen.dtype, CKPTDB_DTYPE_BF16);
+  EXPECT_EQ(seen.shape, (std::vector<uint64_t>{4, 6}));
+  EXPECT_EQ(seen.global_shape, (std::vector<uint64_t>{8, 6}));
+  EXPECT_EQ(seen.global_offset, (std::vector<uint64_t>{4, 0}));
+}
+
+TEST_F(ApiTest, MisuseReturnsDocumentedStatusAndChangesNothing) {
+  Open();
+  auto d = RandomBytes(100, 5);
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, nullptr, d.data(), d.size(), nullptr, 0), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("name is NULL"));
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "", d.data(), d.size(), nullptr, 0), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("name is empty"));
+  std::string long_name(CKPTDB_MAX_NAME_BYTES + 1, 'x');
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, long_name.c_str(), d.data(), d.size(), nullptr, 0),
+            CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "x", nullptr, 10, nullptr, 0), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("data is NULL"));
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "x", d.data(), d.size(), nullptr, 0x80), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "x", d.data(), d.size(), nullptr, CKPTDB_PUT_DEVICE),
+            CKPTDB_ENOTSUP);
+  EXPECT_EQ(ckptdb_put_shard(db_, CKPTDB_ALL_VERSIONS, "x", d.data(), d.size(), nullptr, 0),
+            CKPTDB_EINVAL);
+  ckptdb_tensor_info info{};
+  info.dtype = CKPTDB_DTYPE_F32;
+  info.ndim = 1;
+  info.shape[0] = 7;  // 28 bytes, not 100
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "x", d.data(), d.size(), &info, 0), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("28 bytes"));
+  info.shape[0] = 25;
+  info.global_shape[0] = 30;
+  info.global_offset[0] = 10;  // 10 + 25 > 30
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "x", d.data(), d.size(), &info, 0), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("outside global size"));
+  info.dtype = 99;
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "x", d.data(), d.size(), &info, 0), CKPTDB_EINVAL);
+  info = {};
+  info.ndim = CKPTDB_MAX_DIMS + 1;
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "x", d.data(), d.size(), &info, 0), CKPTDB_EINVAL);
+  // None of that opened version 1.
+  EXPECT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(ckptdb_wait_capture(db_, 1, 0), CKPTDB_ENOTFOUND);
+
+  Put(5, "x", d);
+  EXPECT_EQ(ckptdb_put_shard(db_, 5, "x", d.data(), d.size(), nullptr, 0), CKPTDB_EEXIST);
+  EXPECT_TRUE(Mentions("already put"));
+  EXPECT_EQ(ckptdb_wait_capture(db_, 5, -1), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_commit(db_, 5, 0x40), CKPTDB_EINVAL);
+  ASSERT_EQ(ckptdb_commit(db_, 5, 0), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_commit(db_, 5, 0), CKPTDB_ESTATE);
+  EXPECT_EQ(ckptdb_wait_commit(db_, 5, 0), CKPTDB_OK);
+  // Put after commit, and versions not above the last committed one.
+  EXPECT_EQ(ckptdb_put_shard(db_, 5, "y", d.data(), d.size(), nullptr, 0), CKPTDB_ESTATE);
+  EXPECT_EQ(ckptdb_put_shard(db_, 4, "y", d.data(), d.size(), nullptr, 0), CKPTDB_ESTATE);
+  EXPECT_TRUE(Mentions("not above the last committed version 5"));
+  EXPECT_EQ(ckptdb_abort(db_, 5), CKPTDB_ESTATE);
+  // Restore errors.
+  std::vector<uint8_t> out(d.size());
+  EXPECT_EQ(ckptdb_restore(db_, 5, "x", out.data(), out.size() - 1, 0), CKPTDB_ESIZE);
+  EXPECT_TRUE(Mentions("100 bytes"));
+  EXPECT_EQ(ckptdb_restore(db_, 5, "nope", out.data(), out.size(), 0), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(ckptdb_restore(db_, 6, "x", out.data(), out.size(), 0), CKPTDB_ENOTFOUND);
+  EXPECT_TRUE(Mentions("unknown version"));
+  EXPECT_EQ(ckptdb_restore(db_, 5, nullptr, out.data(), out.size(), 0), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_restore(db_, 5, "x", nullptr, out.size(), 0), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_restore(db_, 5, "x", out.data(), out.size(), 3), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_wait_commit(db_, 77, 0), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(ckptdb_abort(db_, 77), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(ckptdb_list(db_, 77, [](void*, const ckptdb_tensor_desc*) { return 0; }, nullptr),
+            CKPTDB_ENOTFOUND);
+  // A failed restore of the wrong size leaves the buffer untouched.
+  std::vector<uint8_t> sentinel(d.size() - 1, 0xAB);
+  EXPECT_EQ(ckptdb_restore(db_, 5, "x", sentinel.data(), sentinel.size(), 0), CKPTDB_ESIZE);
+  EXPECT_EQ(sentinel, std::vector<uint8_t>(d.size() - 1, 0xAB));
+  // NULL handles.
+  EXPECT_EQ(ckptdb_put_shard(nullptr, 1, "x", d.data(), 1, nullptr, 0), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_latest(nullptr, nullptr), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_close(nullptr), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_latest(db_, nullptr), CKPTDB_EINVAL);
+}
+
+TEST_F(ApiTest, UncommittedVersionIsInvisibleAndAbortedAtClose) {
+  Open();
+  Put(1, "x", RandomBytes(10, 1));
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK);
+  Put(2, "x", RandomBytes(10, 2));
+  std::vector<uint8_t> out(10);
+  EXPECT_EQ(ckptdb_restore(db_, 2, "x", out.data(), 10, 0), CKPTDB_ESTATE);
+  uint64_t latest = 0;
+  ASSERT_EQ(ckptdb_latest(db_, &latest), CKPTDB_OK);
+  EXPECT_EQ(latest, 1u);
+  Reopen();
+  ASSERT_EQ(ckptdb_latest(db_, &latest), CKPTDB_OK);
+  EXPECT_EQ(latest, 1u);
+  EXPECT_EQ(ckptdb_restore(db_, 2, "x", out.data(), 10, 0), CKPTDB_ESTATE);
+  // No file of version 2 is left on any tier.
+  for (const std::string& dir : {mem_.Sub("t1"), disk_.Sub("t2")}) {
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      EXPECT_EQ(e.path().filename().string().find("v00000000000000000002"), std::string::npos)
+          << e.path();
+    }
+  }
+  // An aborted version may be put again and committed.
+  auto again = RandomBytes(10, 3);
+  Put(2, "x", again);
+  ASSERT_EQ(ckptdb_commit(db_, 2, 0), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(Get(2, "x", 10), again);
+}
+
+TEST_F(ApiTest, AbortDeletesFilesAndCommitOfNewerAbortsOlderOpenVersions) {
+  Open();
+  Put(1, "x", RandomBytes(10, 1));
+  ASSERT_EQ(ckptdb_abort(db_, 1), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_abort(db_, 1), CKPTDB_OK);  // idempotent
+  EXPECT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_ESTATE);
+  EXPECT_EQ(ckptdb_wait_commit(db_, 1, 0), CKPTDB_ESTATE);
+  Put(3, "x", RandomBytes(10, 3));
+  Put(4, "x", RandomBytes(10, 4));
+  ASSERT_EQ(ckptdb_commit(db_, 4, 0), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_commit(db_, 3, 0), CKPTDB_ESTATE);
+  struct States {
+    std::vector<std::pair<uint64_t, int>> v;
+  } s;
+  ASSERT_EQ(ckptdb_list_versions(db_,
+                                 [](void* arg, const ckptdb_version_info* i) {
+                                   static_cast<States*>(arg)->v.emplace_back(i->version, i->state);
+                                   return 0;
+                                 },
+                                 &s),
+            CKPTDB_OK);
+  EXPECT_EQ(s.v, (std::vector<std::pair<uint64_t, int>>{{1, CKPTDB_STATE_ABORTED},
+                                                          {3, CKPTDB_STATE_ABORTED},
+                                                          {4, CKPTDB_STATE_COMMITTED}}));
+}
+
+TEST_F(ApiTest, RetentionKeepsNewestAndEveryThinsSlowTier) {
+  tiers_ = "tmpfs:" + mem_.Sub("t1") + ",keep=2;disk:" + disk_.Sub("t2") + ",every=3,keep=2";
+  o_.tiers = tiers_.c_str();
+  Open();
+  for (uint64_t v = 1; v <= 10; ++v) {
+    Put(v, "x", RandomBytes(1000, v));
+    ASSERT_EQ(ckptdb_commit(db_, v, 0), CKPTDB_OK) << ckptdb_last_error();
+  }
+  auto count = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      std::string n = e.path().filename().string();
+      if (n.ends_with(".seg")) names.push_back(n.substr(0, 21));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  EXPECT_EQ(count(mem_.Sub("t1")),
+            (std::vector<std::string>{"v00000000000000000009", "v00000000000000000010"}));
+  EXPECT_EQ(count(disk_.Sub("t2")),
+            (std::vector<std::string>{"v00000000000000000006", "v00000000000000000009"}));
+  // Version 6 is only on the disk tier now, and still restorable from there.
+  EXPECT_EQ(Get(6, "x", 1000), RandomBytes(1000, 6));
+  ckptdb_stats_t st;
+  ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
+  EXPECT_EQ(std::string(st.last_restore_tier), "disk:" + disk_.Sub("t2"));
+  // Version 5 is on no tier: retired.
+  std::vector<uint8_t> out(1000);
+  EXPECT_EQ(ckptdb_restore(db_, 5, "x", out.data(), 1000, 0), CKPTDB_ESTATE);
+  EXPECT_TRUE(Mentions("RETIRED"));
+}
+
+TEST_F(ApiTest, TmpfsTierLostAfterRebootFallsBackToDisk) {
+  Open();
+  auto a = RandomBytes(200 << 10, 9);
+  Put(1, "x", a);
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK);
+  ASSERT_EQ(ckptdb_close(db_), CKPTDB_OK);
+  db_ = nullptr;
+  // A reboot empties the tmpfs tier (marker included).
+  std::filesystem::remove_all(mem_.Sub("t1"));
+  Open();
+  uint64_t latest = 0;
+  ASSERT_EQ(ckptdb_latest(db_, &latest), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(latest, 1u);
+  EXPECT_EQ(Get(1, "x", a.size()), a);
+  ckptdb_stats_t st;
+  ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
+  EXPECT_EQ(std::string(st.last_restore_tier), "disk:" + disk_.Sub("t2"));
+}
+
+TEST_F(ApiTest, OpenRejectsBadOptionsClearly) {
+  ckptdb* db = nullptr;
+  ckptdb_options bad = o_;
+  bad.world_size = 4;
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_ENOTSUP);
+  EXPECT_TRUE(Mentions("world_size 4"));
+  bad = o_;
+  bad.chunk_bytes = 5000;
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("chunk_bytes 5000"));
+  bad = o_;
+  bad.staging_bytes = 4096;
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
+  bad = o_;
+  bad.tiers = "tape:/x";
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("tape"));
+  bad = o_;
+  bad.redundancy = "ec:4+2";
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_ENOTSUP);
+  bad = o_;
+  bad.root = "";
+  setenv("CKPTDB_ROOT", "", 1);
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
+  bad = o_;
+  bad.read_only = 1;
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(db, nullptr);
+  EXPECT_EQ(ckptdb_open(nullptr, &db), CKPTDB_EINVAL);
+}
+
+TEST_F(ApiTest, SecondWriterIsRefusedButReadOnlyToolsMayOpen) {
+  Open();
+  Put(1, "x", RandomBytes(10, 1));
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK);
+  ckptdb* other = nullptr;
+  EXPECT_EQ(ckptdb_open(&o_, &other), CKPTDB_EBUSY);
+  EXPECT_TRUE(Mentions("open in another process"));
+  ckptdb_options ro;
+  ckptdb_options_init(&ro);
+  ro.root = root_.c_str();
+  ro.read_only = 1;
+  ASSERT_EQ(ckptdb_open(&ro, &other), CKPTDB_OK) << ckptdb_last_error();
+  uint64_t latest = 0;
+  EXPECT_EQ(ckptdb_latest(other, &latest), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(latest, 1u);
+  auto d = RandomBytes(10, 1);
+  EXPECT_EQ(ckptdb_put_shard(other, 2, "x", d.data(), d.size(), nullptr, 0), CKPTDB_ESTATE);
+  EXPECT_TRUE(Mentions("read-only"));
+  EXPECT_EQ(ckptdb_close(other), CKPTDB_OK);
+}
+
+TEST_F(ApiTest, TierDirectoryOfAnotherStoreIsRefused) {
+  Open();
+  ASSERT_EQ(ckptdb_close(db_), CKPTDB_OK);
+  db_ = nullptr;
+  std::string other_root = mem_.Sub("other-root");
+  ckptdb_options o = o_;
+  o.root = other_root.c_str();
+  ckptdb* db = nullptr;
+  EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("belongs to another store"));
+}
+
+TEST_F(ApiTest, EnvironmentFillsUnsetOptions) {
+  setenv("CKPTDB_ROOT", root_.c_str(), 1);
+  setenv("CKPTDB_TIERS", tiers_.c_str(), 1);
+  setenv("CKPTDB_RANK", "0", 1);
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  ASSERT_EQ(ckptdb_open(&o, &db_), CKPTDB_OK) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_close(db_), CKPTDB_OK);
+  db_ = nullptr;
+  setenv("CKPTDB_RANK", "zero", 1);
+  EXPECT_EQ(ckptdb_open(&o, &db_), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("CKPTDB_RANK"));
+  unsetenv("CKPTDB_ROOT");
+  unsetenv("CKPTDB_TIERS");
+  unsetenv("CKPTDB_RANK");
+}
+
+TEST_F(ApiTest, ManyTensorsThroughATinyStagingArea) {
+  o_.staging_bytes = 2 * ((64 << 10) + 4096);  // exactly two slots
+  Open();
+  std::vector<std::vector<uint8_t>> data;
+  for (int i = 0; i < 200; ++i) {
+    data.push_back(RandomBytes(static_cast<size_t>(i * 997 % 150000), static_cast<uint64_t>(i)));
+    Put(1, "t" + std::to_string(i), data.back());
+  }
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+  Reopen();
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(Get(1, "t" + std::to_string(i), data[i].size()), data[i]) << i;
+  }
+  ckptdb_verify_report rep{};
+  EXPECT_EQ(ckptdb_verify(db_, 1, nullptr, nullptr, nullptr, &rep), CKPTDB_OK);
+  EXPECT_EQ(rep.segments_checked, 2u);
+  EXPECT_EQ(rep.problems, 0u);
+}
+
+TEST(ApiNames, StatusDtypeAndStateNames) {
+  EXPECT_STREQ(ckptdb_status_name(CKPTDB_ECORRUPT), "CKPTDB_ECORRUPT");
+  EXPECT_STREQ(ckptdb_status_name(-999), "CKPTDB_E?");
+  EXPECT_STREQ(ckptdb_dtype_name(CKPTDB_DTYPE_BF16), "bf16");
+  EXPECT_EQ(ckptdb_dtype_bytes(CKPTDB_DTYPE_F64), 8u);
+  EXPECT_EQ(ckptdb_dtype_bytes(-1), 0u);
+  EXPECT_STREQ(ckptdb_state_name(CKPTDB_STATE_PREPARED), "PREPARED");
+}
+
+}  // namespace
+}  // namespace ckpt
