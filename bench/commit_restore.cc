@@ -2,11 +2,20 @@
 // same machine measured in the same run (LIMITS.md: these VMs are noisy, so only ratios taken
 // side by side mean anything):
 //   memcpy      pre-faulted source to pre-faulted destination, one thread
-//   raw write   write(2) of the same bytes into a new file in the same directory, fsync, close
+//   raw write   write(2) of the same bytes into a new file in the same directory, fsync, close,
+//               then unlink the previous round's file: exactly what a commit with keep=1 does
+//               (new segment, then retention deletes the old one). Both sides so allocate new
+//               tmpfs pages while the old ones are still held; LIMITS.md's first-touch effect
+//               hits them alike.
 //   raw read    read(2) of that file into the pre-faulted destination
+// Before every read, raw or ckptdb, the files' clean pages are dropped from the page cache
+// (posix_fadvise DONTNEED) so a disk tier is read from the device on both sides; ckptdb writes
+// disk tiers with O_DIRECT and would otherwise be compared against a page-cache read. On tmpfs
+// the advice does nothing: the pages are the file.
 // ckptdb commit = put_shard of every tensor + commit (durable, fsynced, renamed, catalogued);
 // ckptdb restore = a fresh handle's restore of every tensor, each chunk checked against its xxh3.
-// Runs are interleaved (raw, ckptdb, raw, ckptdb, ...) and the median of each is reported.
+// Runs are interleaved (raw, ckptdb, raw, ckptdb, ...) after one untimed warm-up round, and the
+// median of each is reported.
 //
 // Usage: bench_commit_restore [--dir D] [--gib G] [--tensor-mib M] [--repeats R]
 #include <fcntl.h>
@@ -27,6 +36,7 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr size_t kPieceBytes = 4 << 20;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -54,7 +64,8 @@ void Check(int rc, const char* what) {
   }
 }
 
-double RawWrite(const std::string& path, const uint8_t* src, size_t bytes, size_t piece) {
+double RawWrite(const std::string& path, const std::string& previous, const uint8_t* src,
+                size_t bytes, size_t piece) {
   auto t0 = Clock::now();
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -71,7 +82,19 @@ double RawWrite(const std::string& path, const uint8_t* src, size_t bytes, size_
   }
   fsync(fd);
   close(fd);
+  unlink(previous.c_str());
   return Since(t0);
+}
+
+// Drops the page cache of every file under dir (see the header comment).
+void DropCache(const std::string& dir) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    int fd = open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
 }
 
 double RawRead(const std::string& path, uint8_t* dst, size_t bytes, size_t piece) {
@@ -131,7 +154,6 @@ int main(int argc, char** argv) {
   std::printf("bench_commit_restore: %zu tensors x %zu MiB = %.2f GiB in %s, %d repeats\n", count,
               tensor_mib, bytes / 1073741824.0, dir.c_str(), repeats);
 
-  const std::string raw_path = dir + "/raw.bin";
   const std::string root = dir + "/store";
   const std::string tiers = "tmpfs:" + dir + "/tier,keep=1";
   // The tier kind only changes whether O_DIRECT is tried; name it by what the directory is.
@@ -147,15 +169,22 @@ int main(int argc, char** argv) {
   std::vector<double> memcpy_s, write_s, read_s, commit_s, restore_s;
   std::vector<std::string> names;
   for (size_t t = 0; t < count; ++t) names.push_back("layer." + std::to_string(t) + ".weight");
-  for (int r = 0; r < repeats; ++r) {
+  for (int r = 0; r <= repeats; ++r) {  // round 0 is the untimed warm-up
+    bool timed = r > 0;
     auto t0 = Clock::now();
     std::memcpy(dst, src, bytes);
-    memcpy_s.push_back(Since(t0));
+    if (timed) memcpy_s.push_back(Since(t0));
 
-    fs::remove(raw_path);
-    write_s.push_back(RawWrite(raw_path, src, bytes, tensor_bytes));
-    read_s.push_back(RawRead(raw_path, dst, bytes, tensor_bytes));
-    fs::remove(raw_path);
+    std::string raw_path = dir + "/raw" + std::to_string(r) + ".bin";
+    std::string previous = dir + "/raw" + std::to_string(r - 1) + ".bin";
+    // In pieces of ckptdb's default chunk size, so both sides make the same size of system call.
+    double w = RawWrite(raw_path, previous, src, bytes, kPieceBytes);
+    DropCache(dir);
+    double rd = RawRead(raw_path, dst, bytes, kPieceBytes);
+    if (timed) {
+      write_s.push_back(w);
+      read_s.push_back(rd);
+    }
 
     ckptdb* db = nullptr;
     Check(ckptdb_open(&o, &db), "open");
@@ -167,17 +196,18 @@ int main(int argc, char** argv) {
             "put_shard");
     }
     Check(ckptdb_commit(db, version, 0), "commit");
-    commit_s.push_back(Since(t0));
+    if (timed) commit_s.push_back(Since(t0));
     Check(ckptdb_close(db), "close");
 
     std::memset(dst, 0, bytes);
+    DropCache(dir);
     Check(ckptdb_open(&o, &db), "reopen");
     t0 = Clock::now();
     for (size_t t = 0; t < count; ++t) {
       Check(ckptdb_restore(db, version, names[t].c_str(), dst + t * tensor_bytes, tensor_bytes, 0),
             "restore");
     }
-    restore_s.push_back(Since(t0));
+    if (timed) restore_s.push_back(Since(t0));
     Check(ckptdb_close(db), "close");
     if (std::memcmp(src, dst, bytes) != 0) {
       std::fprintf(stderr, "restored bytes differ from the source\n");

@@ -6,7 +6,9 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "ckptdb/ckptdb.h"
@@ -29,6 +31,24 @@ int Done(const ckpt::Status& st) {
   if (st.ok()) return CKPTDB_OK;
   return Fail(st);
 }
+// No C++ exception may cross the C boundary: allocation failure becomes CKPTDB_ENOMEM, anything
+// else CKPTDB_EINTERNAL with its message.
+template <typename F>
+int Guard(const char* call, F body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    t_last_error = std::string(call) + ": out of memory";
+    return CKPTDB_ENOMEM;
+  } catch (const std::exception& e) {
+    t_last_error = std::string(call) + ": internal error: " + e.what();
+    return CKPTDB_EINTERNAL;
+  } catch (...) {
+    t_last_error = std::string(call) + ": internal error";
+    return CKPTDB_EINTERNAL;
+  }
+}
+
 int NullHandle(const char* call) {
   t_last_error = std::string(call) + ": the ckptdb handle is NULL";
   return CKPTDB_EINVAL;
@@ -123,83 +143,89 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
     if (gethostname(host, sizeof host - 1) == 0) d.node_id = host;
   }
   if (const char* r = EnvOr(o->redundancy, "CKPTDB_REDUNDANCY")) d.redundancy = r;
+  if (const char* c = EnvOr(o->coordinator, "CKPTDB_COORDINATOR")) d.coordinator = c;
+  if (const char* j = EnvOr(o->job_token, "CKPTDB_JOB_TOKEN")) d.job_token = j;
   if (o->staging_bytes != 0) d.staging_bytes = o->staging_bytes;
   if (o->chunk_bytes != 0) d.chunk_bytes = o->chunk_bytes;
   if (o->queue_depth != 0) d.queue_depth = o->queue_depth;
   d.read_only = o->read_only != 0;
   d.create_if_missing = o->create_if_missing != 0;
-  auto h = std::make_unique<ckptdb>();
-  st = ckpt::engine::Db::Open(d, &h->db);
-  if (!st.ok()) return Fail(st);
-  *out = h.release();
-  return CKPTDB_OK;
+  return Guard("ckptdb_open", [&] {
+    auto h = std::make_unique<ckptdb>();
+    ckpt::Status open = ckpt::engine::Db::Open(d, &h->db);
+    if (!open.ok()) return Fail(open);
+    *out = h.release();
+    return CKPTDB_OK;
+  });
 }
 
 int ckptdb_close(ckptdb* db) {
   if (db == nullptr) return CKPTDB_OK;
-  ckpt::Status st = db->db->Close();
-  delete db;
-  return Done(st);
+  return Guard("ckptdb_close", [&] {
+    ckpt::Status st = db->db->Close();
+    delete db;
+    return Done(st);
+  });
 }
 
 int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
                      size_t nbytes, const ckptdb_tensor_info* info, unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_put_shard");
-  return Done(db->db->PutShard(version, name, data, nbytes, info, flags));
+  return Guard("ckptdb_put_shard", [&] { return Done(db->db->PutShard(version, name, data, nbytes, info, flags)); });
 }
 
 int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_capture");
-  return Done(db->db->WaitCapture(version, timeout_ms));
+  return Guard("ckptdb_wait_capture", [&] { return Done(db->db->WaitCapture(version, timeout_ms)); });
 }
 
 int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_commit");
-  return Done(db->db->Commit(version, flags));
+  return Guard("ckptdb_commit", [&] { return Done(db->db->Commit(version, flags)); });
 }
 
 int ckptdb_wait_commit(ckptdb* db, uint64_t version, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_commit");
-  return Done(db->db->WaitCommit(version, timeout_ms));
+  return Guard("ckptdb_wait_commit", [&] { return Done(db->db->WaitCommit(version, timeout_ms)); });
 }
 
 int ckptdb_abort(ckptdb* db, uint64_t version) {
   if (db == nullptr) return NullHandle("ckptdb_abort");
-  return Done(db->db->Abort(version));
+  return Guard("ckptdb_abort", [&] { return Done(db->db->Abort(version)); });
 }
 
 int ckptdb_latest(ckptdb* db, uint64_t* version) {
   if (db == nullptr) return NullHandle("ckptdb_latest");
   if (version == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_latest: version is NULL"));
-  return Done(db->db->Latest(version));
+  return Guard("ckptdb_latest", [&] { return Done(db->db->Latest(version)); });
 }
 
 int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_restore");
-  return Done(db->db->Restore(version, name, dst, nbytes, flags));
+  return Guard("ckptdb_restore", [&] { return Done(db->db->Restore(version, name, dst, nbytes, flags)); });
 }
 
 int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg) {
   if (db == nullptr) return NullHandle("ckptdb_list");
-  return Done(db->db->List(version, fn, arg));
+  return Guard("ckptdb_list", [&] { return Done(db->db->List(version, fn, arg)); });
 }
 
 int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg) {
   if (db == nullptr) return NullHandle("ckptdb_list_versions");
-  return Done(db->db->ListVersions(fn, arg));
+  return Guard("ckptdb_list_versions", [&] { return Done(db->db->ListVersions(fn, arg)); });
 }
 
 int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                   ckptdb_verify_report* out) {
   if (db == nullptr) return NullHandle("ckptdb_verify");
-  return Done(db->db->Verify(version, tier, fn, arg, out));
+  return Guard("ckptdb_verify", [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
 }
 
 int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out) {
   if (db == nullptr) return NullHandle("ckptdb_stats");
   if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_stats: out is NULL"));
-  return Done(db->db->Stats(out));
+  return Guard("ckptdb_stats", [&] { return Done(db->db->Stats(out)); });
 }
 
 }  // extern "C"

@@ -76,8 +76,14 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
     // A store this call created and could not finish opening is removed again, so a failed
     // first open leaves nothing behind.
     bool created = db->created_root_;
+    std::vector<std::string> markers = db->markers_written_;
+    io::Io* io = db->io_;
+    std::unique_ptr<io::Io> owned = std::move(db->owned_io_);
     (void)db->Close();
     if (created) {
+      // The store's identity dies with its root, so the tier markers naming it must go too or
+      // every later open would find the tiers "owned by another store".
+      for (const std::string& m : markers) (void)io->Remove(m);
       std::error_code ec;
       std::filesystem::remove_all(options.root, ec);
     }
@@ -143,6 +149,10 @@ Status Db::OpenImpl() {
     }
     CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(root));
     created_root_ = true;
+  } else if (o.read_only || !o.create_if_missing) {
+    // Refuse a directory that is not a store before touching it (no LOCK, no catalog files).
+    Status is_store = io_->PathSize(root + "/catalog/CURRENT", &ignored);
+    if (!is_store.ok()) return Status::NotFound("no ckptdb store at " + root + " (no catalog)");
   }
   if (!o.read_only) {
     std::string lock_path = root + "/LOCK";
@@ -154,8 +164,9 @@ Status Db::OpenImpl() {
       lock_fd_ = -1;
       if (err == EWOULDBLOCK) {
         return Status::Busy("store " + root +
-                            " is open in another process; close it there first (read-only tools "
-                            "such as ckptdb inspect may run alongside)");
+                            " is open read-write by another handle (in this or another process); "
+                            "close it there first (read-only tools such as ckptdb inspect may "
+                            "run alongside)");
       }
       return Status::FromErrno(err, "locking " + lock_path);
     }
@@ -191,7 +202,9 @@ Status Db::OpenImpl() {
   std::string canonical;
   for (const io::TierSpec& s : specs) {
     auto tier = std::make_unique<Tier>(io_, s);
-    CKPTDB_RETURN_IF_ERROR(tier->Open(identity_.job_id, o.read_only));
+    Status ts = tier->Open(identity_.job_id, o.read_only);
+    if (tier->wrote_marker()) markers_written_.push_back(s.path + "/" + Tier::kMarkerName);
+    CKPTDB_RETURN_IF_ERROR(ts);
     canonical += (canonical.empty() ? "" : ";") + s.name;
     if (s.keep) canonical += ",keep=" + std::to_string(s.keep);
     if (s.every != 1) canonical += ",every=" + std::to_string(s.every);
@@ -317,6 +330,7 @@ Status Db::Recover() {
 
 Status Db::CheckNotClosed() const {
   if (closed_) return Status::State("the store is closed");
+  if (!poisoned_.ok()) return Status::State(poisoned_.message());
   return Status::Ok();
 }
 
@@ -646,9 +660,24 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
       return Status::Exists(what + ": the name was already put in this version");
     }
     if (!existing->second.error.ok()) {
-      return Status::State(what + ": the version failed earlier (" +
-                           existing->second.error.message() + "); abort it");
+      // A write of this version failed while another call was running: abort it now and
+      // report that failure, as if this put had met it.
+      Status err = existing->second.error;
+      (void)AbortOpen(version, err.message());
+      return err.WithContext(what + " (the version was aborted)");
     }
+  }
+  // Limits the reader enforces are checked before anything is written, so a put that would
+  // make the version unreadable is refused and changes nothing.
+  uint64_t chunks_before = existing != open_.end() ? existing->second.chunks.size() : 0;
+  uint64_t tensors_before = existing != open_.end() ? existing->second.tensors.size() : 0;
+  uint64_t chunks_needed = (nbytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
+  if (chunks_before + chunks_needed > format::kMaxChunksPerSegment ||
+      tensors_before + 1 > format::kMaxTensorsPerSegment) {
+    return Status::Invalid(what + ": the version would exceed " +
+                           std::to_string(format::kMaxChunksPerSegment) + " chunks or " +
+                           std::to_string(format::kMaxTensorsPerSegment) +
+                           " tensors; use a larger chunk_bytes or fewer shards");
   }
   OpenVersion* v = nullptr;
   CKPTDB_RETURN_IF_ERROR(OpenVersionFor(version, &v));
@@ -656,11 +685,6 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   const uint8_t* src = static_cast<const uint8_t*>(data);
   Status st;
   for (uint64_t off = 0; off < nbytes && st.ok(); off += options_.chunk_bytes) {
-    if (v->chunks.size() >= format::kMaxChunksPerSegment) {
-      st = Status::Invalid(what + ": the version exceeds " +
-                           std::to_string(format::kMaxChunksPerSegment) + " chunks");
-      break;
-    }
     st = WriteChunk(v, src + off, std::min<uint64_t>(options_.chunk_bytes, nbytes - off));
   }
   if (st.ok() && !v->error.ok()) st = v->error;
@@ -683,8 +707,13 @@ Status Db::WaitCapture(uint64_t version, int timeout_ms) {
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   // put_shard copies before it returns in this build, so every accepted byte is already out of
   // the caller's buffers; the call only checks that the version exists.
-  if (open_.count(version) || versions_.count(version)) return Status::Ok();
-  return Status::NotFound(V(version) + " has no shards put");
+  if (open_.count(version)) return Status::Ok();
+  auto it = versions_.find(version);
+  if (it == versions_.end()) return Status::NotFound("wait_capture " + V(version) + ": no shards were put");
+  if (it->second.record.state == CKPTDB_STATE_ABORTED) {
+    return Status::State("wait_capture " + V(version) + ": the version was aborted");
+  }
+  return Status::Ok();
 }
 
 Status Db::DrainVersion(OpenVersion* v) {
@@ -824,8 +853,9 @@ Status Db::Commit(uint64_t version, unsigned flags) {
     // The decision may or may not be durable; the next open decides from the catalog. Until
     // then this handle must not claim either outcome.
     open_.erase(version);
-    closed_ = true;
-    return st.WithContext(what + ": writing COMMITTED failed; reopen the store to learn the outcome");
+    poisoned_ = st.WithContext(what + ": writing COMMITTED failed; close and reopen the store to "
+                                      "learn the outcome");
+    return poisoned_;
   }
   CrashPoint("commit:after_committed");
   VersionEntry& e = versions_[version];
@@ -935,6 +965,10 @@ Status Db::ApplyRetention() {
     }
   }
   // Retire versions with no copy left, and bound the history of retired and aborted records.
+  std::optional<uint64_t> newest_committed;
+  for (auto it = versions_.rbegin(); it != versions_.rend() && !newest_committed; ++it) {
+    if (it->second.record.state == CKPTDB_STATE_COMMITTED) newest_committed = it->first;
+  }
   size_t history = 0;
   for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
     VersionEntry& e = it->second;
@@ -942,7 +976,7 @@ Status Db::ApplyRetention() {
       bool any = std::any_of(e.residency.begin(), e.residency.end(), [](const ResidencyRecord& r) {
         return r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING;
       });
-      if (!any && it != versions_.rbegin()) {
+      if (!any && it->first != newest_committed) {
         e.record.state = CKPTDB_STATE_RETIRED;
         batch.put_versions.push_back(e.record);
       }
@@ -1063,12 +1097,22 @@ Status Db::ReadChunksInto(OpenSegment* seg, const std::vector<uint32_t>& chunks,
       r.tag = next;
       ++next;
     }
+    Status st;
     if (n > 0) {
-      CKPTDB_RETURN_IF_ERROR(read_queue_->Submit(std::span<const io::IoRequest>(reqs, n)));
-      in_flight += n;
+      st = read_queue_->Submit(std::span<const io::IoRequest>(reqs, n));
+      if (st.ok()) in_flight += n;
     }
     done.clear();
-    CKPTDB_RETURN_IF_ERROR(read_queue_->Reap(1, &done, -1));
+    if (st.ok()) st = read_queue_->Reap(1, &done, -1);
+    if (!st.ok()) {
+      // The kernel may still be writing into the caller's buffer: wait for every read that was
+      // submitted (bounded by the queue depth) before handing the buffer back.
+      std::vector<io::IoCompletion> rest;
+      if (in_flight > done.size()) {
+        (void)read_queue_->Reap(in_flight - done.size(), &rest, -1);
+      }
+      return st;
+    }
     for (const io::IoCompletion& cp : done) {
       --in_flight;
       size_t k = cp.tag;
@@ -1166,7 +1210,12 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
       continue;
     }
     std::vector<uint32_t> failed;
-    CKPTDB_RETURN_IF_ERROR(ReadChunksInto(seg, pending, first, out, ti, &failed));
+    Status rs = ReadChunksInto(seg, pending, first, out, ti, &failed);
+    if (!rs.ok()) {
+      // Nothing in the buffer can be vouched for after a queue failure.
+      if (nbytes > 0) std::memset(out, 0, nbytes);
+      return rs.WithContext(what + " (the buffer is zeroed)");
+    }
     if (served_by.empty() && failed.size() < pending.size()) served_by = tiers_[ti]->name();
     pending = std::move(failed);
     if (pending.empty()) break;
@@ -1231,12 +1280,14 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
                          ckptdb_state_name(it->second.record.state));
   }
   std::string errors;
+  bool any_copy = false;
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
     bool resident = false;
     for (const ResidencyRecord& r : it->second.residency) {
       resident |= r.tier == tiers_[ti]->name() && r.state == CKPTDB_RESIDENT_DURABLE;
     }
     if (!resident) continue;
+    any_copy = true;
     OpenSegment* seg = nullptr;
     Status st = ReadSegment(version, ti, &seg);
     if (!st.ok()) {
@@ -1259,6 +1310,9 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
       if (fn(arg, &d) != 0) break;
     }
     return Status::Ok();
+  }
+  if (!any_copy) {
+    return Status::NotFound("list " + V(version) + ": no configured tier holds a copy of the version");
   }
   return Status::Corrupt("list " + V(version) + ": no tier has a readable manifest" +
                          (errors.empty() ? "" : ": " + errors));
@@ -1295,7 +1349,18 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
   std::lock_guard<std::mutex> lock(mu_);
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   ckptdb_verify_report rep{};
+  std::string tier_name;
   if (tier != nullptr) {
+    // Accept any spelling of a tier that parses to the same canonical name ("disk:/x/" is
+    // "disk:/x"); options such as keep= are ignored for matching.
+    tier_name = tier;
+    std::vector<io::TierSpec> parsed;
+    std::error_code ec;
+    if (io::ParseTierSpecs(tier, std::filesystem::current_path(ec).string(), &parsed).ok() &&
+        parsed.size() == 1) {
+      tier_name = parsed[0].name;
+    }
+    tier = tier_name.c_str();
     bool known = TierIndex(tier) >= 0;
     for (const auto& [v, e] : versions_) {
       for (const ResidencyRecord& r : e.residency) known |= r.tier == tier;

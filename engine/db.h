@@ -36,6 +36,8 @@ struct DbOptions {
   uint32_t world_size = 1;
   std::string node_id;
   std::string redundancy = "none";
+  std::string coordinator;  // host:port; unused while world_size = 1
+  std::string job_token;    // unused while world_size = 1
   uint64_t staging_bytes = 64ull << 20;
   uint64_t chunk_bytes = 4ull << 20;
   uint32_t queue_depth = 64;
@@ -133,6 +135,8 @@ class Db {
   int lock_fd_ = -1;
   bool closed_ = false;
   bool created_root_ = false;  // this Open created the root directory
+  std::vector<std::string> markers_written_;  // tier markers this Open created
+  Status poisoned_;  // set when the outcome of a commit is unknown: only Close is allowed
 
   // Staging: slot_count slots of (4096 + chunk_bytes) bytes, one mapping, registered as one
   // io_uring fixed buffer when the kernel lets us.

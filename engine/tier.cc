@@ -40,6 +40,7 @@ Status Tier::Open(uint64_t job_id, bool read_only) {
     }
     CKPTDB_RETURN_IF_ERROR(
         io_->WriteFileDurably(marker_path, Marker(job_id)).WithContext("tier " + spec_.name));
+    wrote_marker_ = true;
   }
   if (read_only) return Status::Ok();
   // Probe O_DIRECT once, on disk tiers only: a memory file system has no page cache to bypass

@@ -32,6 +32,7 @@ class Tier {
   const io::TierSpec& spec() const { return spec_; }
   const std::string& name() const { return spec_.name; }
   bool direct() const { return direct_; }
+  bool wrote_marker() const { return wrote_marker_; }  // Open created the marker
   bool TakesVersion(uint64_t version) const { return version % spec_.every == 0; }
 
   std::string SegmentPath(uint64_t version, uint32_t rank) const;
@@ -54,6 +55,7 @@ class Tier {
   io::Io* io_;
   io::TierSpec spec_;
   bool direct_ = false;
+  bool wrote_marker_ = false;
 };
 
 }  // namespace ckpt::engine

@@ -16,6 +16,7 @@
 namespace ckpt::format {
 
 inline constexpr uint32_t kMaxDims = 8;
+inline constexpr uint32_t kMaxTensorsPerSegment = 1u << 24;
 
 struct TensorEntry {
   std::string name;

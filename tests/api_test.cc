@@ -337,7 +337,7 @@ TEST_F(ApiTest, SecondWriterIsRefusedButReadOnlyToolsMayOpen) {
   ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK);
   ckptdb* other = nullptr;
   EXPECT_EQ(ckptdb_open(&o_, &other), CKPTDB_EBUSY);
-  EXPECT_TRUE(Mentions("open in another process"));
+  EXPECT_TRUE(Mentions("open read-write by another handle"));
   ckptdb_options ro;
   ckptdb_options_init(&ro);
   ro.root = root_.c_str();
@@ -398,6 +398,51 @@ TEST_F(ApiTest, ManyTensorsThroughATinyStagingArea) {
   EXPECT_EQ(ckptdb_verify(db_, 1, nullptr, nullptr, nullptr, &rep), CKPTDB_OK);
   EXPECT_EQ(rep.segments_checked, 2u);
   EXPECT_EQ(rep.problems, 0u);
+}
+
+TEST_F(ApiTest, FailedFirstOpenLeavesNothingBehind) {
+  // The second tier belongs to another store: the first open fails after it created the root
+  // and wrote the first tier's marker. Both must be gone, and a corrected open must work.
+  std::string foreign = disk_.Sub("foreign");
+  std::filesystem::create_directories(foreign);
+  test::WriteWholeFile(foreign + "/CKPTDB-TIER", "ckptdb tier\njob_id=0000000000000001\n");
+  std::string spec = "tmpfs:" + mem_.Sub("t1") + ";disk:" + foreign;
+  o_.tiers = spec.c_str();
+  ckptdb* db = nullptr;
+  EXPECT_EQ(ckptdb_open(&o_, &db), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("belongs to another store"));
+  EXPECT_FALSE(std::filesystem::exists(root_));
+  EXPECT_FALSE(std::filesystem::exists(mem_.Sub("t1") + "/CKPTDB-TIER"));
+  o_.tiers = tiers_.c_str();
+  Open();
+}
+
+TEST_F(ApiTest, ExistingDirectoryThatIsNoStoreIsRefusedUntouched) {
+  std::string plain = mem_.Sub("plain");
+  std::filesystem::create_directories(plain);
+  ckptdb_options o = o_;
+  o.root = plain.c_str();
+  o.create_if_missing = 0;
+  ckptdb* db = nullptr;
+  EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_ENOTFOUND);
+  o.create_if_missing = 1;
+  o.read_only = 1;
+  EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_ENOTFOUND);
+  EXPECT_TRUE(std::filesystem::is_empty(plain)) << "a refused open must not create files";
+}
+
+TEST_F(ApiTest, WaitCaptureOfAbortedVersionAndVerifyByAnySpellingOfTheTier) {
+  Open();
+  Put(1, "x", RandomBytes(10, 1));
+  ASSERT_EQ(ckptdb_abort(db_, 1), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_wait_capture(db_, 1, 0), CKPTDB_ESTATE);
+  Put(2, "x", RandomBytes(10, 2));
+  ASSERT_EQ(ckptdb_commit(db_, 2, 0), CKPTDB_OK);
+  std::string spelled = "disk:" + disk_.Sub("t2") + "/./,keep=4";
+  ckptdb_verify_report rep{};
+  EXPECT_EQ(ckptdb_verify(db_, 2, spelled.c_str(), nullptr, nullptr, &rep), CKPTDB_OK)
+      << ckptdb_last_error();
+  EXPECT_EQ(rep.segments_checked, 1u);
 }
 
 TEST(ApiNames, StatusDtypeAndStateNames) {

@@ -36,7 +36,7 @@ extern "C" {
 #define CKPTDB_ESIZE -10     /* a buffer's size does not match the stored tensor */
 #define CKPTDB_ENOTSUP -11   /* valid, but not supported by this build or configuration */
 #define CKPTDB_EBUSY -12     /* the store is locked by another process */
-#define CKPTDB_EINTERNAL -13 /* a bug in ckptdb: please report it with the message */
+#define CKPTDB_EINTERNAL -13 /* an unexpected exception inside ckptdb: please report it */
 
 /* A version value that means "every version" where a call accepts it. Not a valid version. */
 #define CKPTDB_ALL_VERSIONS UINT64_MAX
@@ -73,7 +73,8 @@ size_t ckptdb_dtype_bytes(int dtype);
 /* "f32", "bf16", ...; "?" for a value out of range. */
 const char *ckptdb_dtype_name(int dtype);
 
-/* Describes a shard as a tensor. ndim = 0 with dtype UNKNOWN means "raw bytes". When ndim > 0,
+/* Describes a shard as a tensor. ndim = 0 with dtype UNKNOWN means "raw bytes" of any length;
+ * ndim = 0 with another dtype is a scalar (nbytes must equal the dtype's size). When ndim > 0,
  * the product of shape[] times the dtype's size must equal the shard's byte count. global_shape
  * and global_offset place the shard in the full tensor (for resharding restores); all zero means
  * "this shard is the whole tensor". */
@@ -95,9 +96,10 @@ typedef struct ckptdb_options {
   uint32_t rank;       /* Env: CKPTDB_RANK. Default 0. */
   uint32_t world_size; /* Env: CKPTDB_WORLD_SIZE. Default 1. This build supports 1. */
   const char *node_id; /* Env: CKPTDB_NODE_ID. Default: the host name. */
-  const char *coordinator; /* host:port. Env: CKPTDB_COORDINATOR. Unused when world_size = 1. */
-  const char *redundancy;  /* "none" (default). Env: CKPTDB_REDUNDANCY. */
-  const char *job_token;   /* Env: CKPTDB_JOB_TOKEN. Unused when world_size = 1. */
+  const char *coordinator; /* host:port. Env: CKPTDB_COORDINATOR. Read, but unused while
+                              world_size = 1. */
+  const char *redundancy;  /* "none" (default). Env: CKPTDB_REDUNDANCY. Others: ENOTSUP. */
+  const char *job_token;   /* Env: CKPTDB_JOB_TOKEN. Read, but unused while world_size = 1. */
   uint64_t staging_bytes;  /* Staging memory, allocated once at open. 0: 64 MiB. */
   uint64_t chunk_bytes;    /* Checksummed chunk size, a multiple of 4096. 0: 4 MiB. */
   uint32_t queue_depth;    /* io_uring submission queue entries. 0: 64. */
@@ -117,7 +119,9 @@ typedef struct ckptdb ckptdb;
 int ckptdb_open(const ckptdb_options *o, ckptdb **out);
 
 /* Waits for in-flight writes, aborts versions that were put but not committed, releases
- * everything. Committed data is never touched. NULL is a no-op. */
+ * everything (also after a failed commit left the handle unusable). Committed data is never
+ * touched. NULL is a no-op. Errors: EIO when deleting an open version's files failed; the
+ * handle is released anyway. */
 int ckptdb_close(ckptdb *db);
 
 /* ---- Saving ------------------------------------------------------------------------------- */
@@ -134,10 +138,13 @@ int ckptdb_put_shard(ckptdb *db, uint64_t version, const char *name, const void 
                      size_t nbytes, const ckptdb_tensor_info *info, unsigned flags);
 
 /* Returns once every shard put so far for `version` is out of the caller's buffers.
- * timeout_ms < 0 waits forever. Errors: ENOTFOUND (version never put), ETIMEDOUT. */
+ * timeout_ms < 0 waits forever. In this build put_shard copies before it returns, so this only
+ * checks the version and never times out. Errors: ENOTFOUND (version never put), ESTATE
+ * (aborted). */
 int ckptdb_wait_capture(ckptdb *db, uint64_t version, int timeout_ms);
 
-#define CKPTDB_COMMIT_ASYNC 0x1u /* permission to return before the commit is durable */
+#define CKPTDB_COMMIT_ASYNC 0x1u /* permission to return before the commit is durable (this
+                                    build still completes the commit before returning) */
 
 /* Makes `version` durable and visible, atomically: every segment is written, synced and renamed
  * on every tier it goes to, PREPARED then COMMITTED are written synced to the catalog. After
@@ -146,10 +153,13 @@ int ckptdb_wait_capture(ckptdb *db, uint64_t version, int timeout_ms);
  * committed or aborted), EIO/ENOSPC (the version is aborted, nothing becomes visible). */
 int ckptdb_commit(ckptdb *db, uint64_t version, unsigned flags);
 
-/* Waits until `version` is committed. Errors: ENOTFOUND, ESTATE (aborted), ETIMEDOUT. */
+/* Waits until `version` is committed. In this build a commit is complete when ckptdb_commit
+ * returns, so this returns at once: OK when committed, ENOTFOUND for an unknown version, ESTATE
+ * when it is aborted or still open (not yet committed). */
 int ckptdb_wait_commit(ckptdb *db, uint64_t version, int timeout_ms);
 
-/* Drops an open version and deletes its files. Errors: ENOTFOUND, ESTATE (committed). */
+/* Drops an open version and deletes its files; OK for a version already aborted.
+ * Errors: ENOTFOUND, ESTATE (committed or retired). */
 int ckptdb_abort(ckptdb *db, uint64_t version);
 
 /* ---- Restoring ---------------------------------------------------------------------------- */
@@ -172,8 +182,8 @@ typedef struct ckptdb_tensor_desc {
   int dtype;
   uint32_t ndim;
   const uint64_t *shape;         /* ndim entries */
-  const uint64_t *global_shape;  /* ndim entries */
-  const uint64_t *global_offset; /* ndim entries */
+  const uint64_t *global_shape;  /* ndim entries, or NULL when the shard is the whole tensor */
+  const uint64_t *global_offset; /* ndim entries, or NULL when the shard is the whole tensor */
   uint64_t nbytes;
   uint32_t chunk_count;
 } ckptdb_tensor_desc;
@@ -181,8 +191,10 @@ typedef struct ckptdb_tensor_desc {
 /* Return nonzero to stop the listing early. */
 typedef int (*ckptdb_list_fn)(void *arg, const ckptdb_tensor_desc *tensor);
 
-/* Calls fn for each tensor of committed `version`, in name order. Errors: ENOTFOUND, ESTATE,
- * ECORRUPT (no tier has a readable manifest). */
+/* Calls fn for each tensor of committed `version`, in name order. The descriptor's pointers are
+ * valid only during the call. Errors: EINVAL (fn NULL), ENOTFOUND (unknown version, or no
+ * configured tier holds a copy), ESTATE (not committed), ECORRUPT (no copy has a readable
+ * manifest). Callbacks run under the handle's lock: do not call back into the same handle. */
 int ckptdb_list(ckptdb *db, uint64_t version, ckptdb_list_fn fn, void *arg);
 
 typedef enum ckptdb_version_state {
@@ -258,9 +270,10 @@ typedef struct ckptdb_verify_report {
 } ckptdb_verify_report;
 
 /* Re-reads every chunk of `version` (or CKPTDB_ALL_VERSIONS committed ones) on `tier` (or every
- * tier when NULL) and checks framing, manifest and every xxh3. Returns CKPTDB_OK when clean,
- * ECORRUPT when any problem was found (each one reported through fn), ENOTFOUND for an unknown
- * version or tier. fn may be NULL. out may be NULL. */
+ * tier when NULL; any spelling that parses to the tier's name) and checks framing, manifest and
+ * every xxh3. Returns CKPTDB_OK when clean, ECORRUPT when any problem was found (each one
+ * reported through fn), ENOTFOUND for an unknown version or tier, ESTATE for a version that is
+ * not committed. fn may be NULL. out may be NULL. */
 int ckptdb_verify(ckptdb *db, uint64_t version, const char *tier, ckptdb_verify_fn fn, void *arg,
                   ckptdb_verify_report *out);
 
@@ -268,27 +281,28 @@ int ckptdb_verify(ckptdb *db, uint64_t version, const char *tier, ckptdb_verify_
 typedef struct ckptdb_stats_t {
   uint64_t put_calls;
   uint64_t put_bytes;
-  uint64_t put_blocked_ns;    /* time callers spent inside put_shard */
+  uint64_t put_blocked_ns;    /* time callers spent inside successful put_shard calls */
   uint64_t commits;
-  uint64_t commit_blocked_ns; /* time callers spent inside commit */
+  uint64_t commit_blocked_ns; /* time callers spent inside successful commits */
   uint64_t aborts;
   uint64_t restore_calls;
   uint64_t restore_bytes;
   uint64_t restore_ns;
-  uint64_t checksum_failures; /* chunks that failed xxh3 on read (then fell back) */
+  uint64_t checksum_failures; /* chunk reads that failed (xxh3 mismatch, short or failed read) */
   uint32_t fixed_buffers;     /* 1 when staging is registered with io_uring */
   uint32_t tier_count;
   char tier_names[CKPTDB_MAX_TIERS][256];
   uint32_t tier_direct_io[CKPTDB_MAX_TIERS]; /* 1 when the tier writes with O_DIRECT */
   uint64_t tier_bytes_written[CKPTDB_MAX_TIERS];
   uint64_t tier_bytes_read[CKPTDB_MAX_TIERS];
-  char last_restore_tier[256]; /* the tier that served the last restore's first chunk */
+  char last_restore_tier[256]; /* the fastest tier that served any chunk of the last restore */
 } ckptdb_stats_t;
 
 int ckptdb_stats(ckptdb *db, ckptdb_stats_t *out);
 
 /* ---- Errors ------------------------------------------------------------------------------- */
-/* The message of this thread's last failed call ("" if none). Valid until the next call. */
+/* The message of this thread's last failed call ("" if none). Successful calls leave it as it
+ * is; valid until the next failing call on this thread. */
 const char *ckptdb_last_error(void);
 /* "CKPTDB_OK", "CKPTDB_ECORRUPT", ... */
 const char *ckptdb_status_name(int status);
