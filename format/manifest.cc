@@ -1,6 +1,7 @@
 #include "format/manifest.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "format/segment_format.h"
@@ -11,13 +12,21 @@ namespace {
 
 constexpr size_t kDTypeBytes[] = {1, 1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8, 1, 1};
 constexpr size_t kMaxNameBytes = 1024;  // CKPTDB_MAX_NAME_BYTES
-constexpr uint32_t kMaxTensors = 1u << 24;
+constexpr uint32_t kMaxTensors = kMaxTensorsPerSegment;
 
 std::string_view NameOf(const fb::Tensor& t) {
   return std::string_view(t.name()->data(), t.name()->size());
 }
 
 bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+// flatbuffers 2.0.8's Verifier checks only the 4-byte alignment of a vector's length field, not
+// the 8-byte alignment that ulong elements and Chunk structs need, and reading a misaligned one is
+// undefined behaviour (fuzz_manifest found this). A writer's vectors are always aligned.
+template <typename V>
+bool ElementsAligned(const V* v) {
+  return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
+}
 
 }  // namespace
 
@@ -78,6 +87,7 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
   if (chunk_count > kMaxChunksPerSegment || tensor_count > kMaxTensors) {
     return bad("lists too many chunks or tensors");
   }
+  if (!ElementsAligned(m->chunks())) return bad("chunk list is not 8-byte aligned");
   // Chunks: in file order, non-overlapping, all before the manifest record.
   uint64_t next = kBlockBytes;
   for (uint32_t i = 0; i < chunk_count; ++i) {
@@ -111,6 +121,10 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     }
     if (static_cast<uint32_t>(t->dtype()) >= std::size(kDTypeBytes)) {
       return bad(label + " has unknown dtype " + std::to_string(static_cast<int>(t->dtype())));
+    }
+    if (!ElementsAligned(t->shape()) || !ElementsAligned(t->global_shape()) ||
+        !ElementsAligned(t->global_offset())) {
+      return bad(label + " has a shape vector that is not 8-byte aligned");
     }
     uint32_t ndim = t->shape() ? t->shape()->size() : 0;
     uint32_t gdim = t->global_shape() ? t->global_shape()->size() : 0;

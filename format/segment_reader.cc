@@ -56,6 +56,7 @@ Status SegmentReader::Open(const std::string& what, uint64_t file_bytes, ReadAtF
   const fb::Manifest& m = r->manifest_.root();
   const fb::Provenance* p = m.provenance();
   if (p->version() != h.version || p->rank() != h.rank || p->job_id() != h.job_id ||
+      p->world_size() != h.world_size || p->created_unix_ns() != h.created_unix_ns ||
       r->manifest_.chunk_count() != f.chunk_count) {
     return Status::Corrupt(what + ": manifest provenance or chunk count disagrees with the header");
   }
@@ -111,15 +112,31 @@ Status ScanSegment(const std::string& what, uint64_t file_bytes, const ReadAtFn&
   CKPTDB_RETURN_IF_ERROR(read(0, block, sizeof block).WithContext(what));
   CKPTDB_RETURN_IF_ERROR(DecodeSegmentHeader(std::span<const uint8_t, 64>(block), what, &h));
   uint64_t offset = kBlockBytes;
+  uint32_t chunks_seen = 0;
+  uint64_t manifest_offset = 0;
+  bool manifest_seen = false;
   // Bounded: each step advances at least one block.
   while (offset + kBlockBytes <= file_bytes) {
     std::string at = what + ": offset " + std::to_string(offset);
-    CKPTDB_RETURN_IF_ERROR(read(offset, block, sizeof block).WithContext(at));
     if (offset + kBlockBytes == file_bytes) {
+      // The footer is the last 64 bytes of the footer block, not its first.
+      CKPTDB_RETURN_IF_ERROR(read(file_bytes - kFooterBytes, block, sizeof block).WithContext(at));
       SegmentFooter f;
       CKPTDB_RETURN_IF_ERROR(DecodeFooter(std::span<const uint8_t, 64>(block), what, &f));
+      // The footer must describe what the scan walked: the same chunk count, a manifest record
+      // last, right where the footer says.
+      if (!manifest_seen || f.manifest_offset != manifest_offset || f.chunk_count != chunks_seen) {
+        return Status::Corrupt(what + ": the footer (" + std::to_string(f.chunk_count) +
+                               " chunks, manifest at " + std::to_string(f.manifest_offset) +
+                               ") disagrees with the records found (" +
+                               std::to_string(chunks_seen) + " chunks" +
+                               (manifest_seen ? ", manifest at " + std::to_string(manifest_offset)
+                                              : ", no manifest") +
+                               ")");
+      }
       return Status::Ok();
     }
+    CKPTDB_RETURN_IF_ERROR(read(offset, block, sizeof block).WithContext(at));
     ScannedRecord rec;
     rec.offset = offset;
     Status st = DecodeRecordHeader(std::span<const uint8_t, 64>(block), at, &rec.header);
@@ -139,6 +156,19 @@ Status ScanSegment(const std::string& what, uint64_t file_bytes, const ReadAtFn&
     CKPTDB_RETURN_IF_ERROR(
         read(offset + kBlockBytes, scratch->data(), scratch->size()).WithContext(at));
     rec.actual_xxh3 = Xxh3(scratch->data(), scratch->size());
+    if (manifest_seen) {
+      return Status::Corrupt(at + ": a record follows the manifest record: the segment is damaged");
+    }
+    if (rec.header.type == RecordType::kChunk) {
+      if (rec.header.sequence != chunks_seen) {
+        return Status::Corrupt(at + ": chunk record " + std::to_string(rec.header.sequence) +
+                               " where chunk " + std::to_string(chunks_seen) + " belongs");
+      }
+      ++chunks_seen;
+    } else {
+      manifest_seen = true;
+      manifest_offset = offset;
+    }
     on_record(rec);
     offset = next;
   }

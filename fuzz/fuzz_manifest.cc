@@ -1,0 +1,140 @@
+// libFuzzer target: any bytes as a manifest record's payload (docs/format.md, "The manifest").
+// ManifestView::Open must answer Ok or Corrupt for every input, and a view it opens must hold
+// every invariant that docs/format.md promises, because code holding a ManifestView never
+// re-checks them. The walk below re-derives each one and traps when one is broken, so a
+// violated promise is a finding just like a sanitizer report.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "format/manifest.h"
+#include "format/segment_format.h"
+
+namespace ckpt::format {
+namespace {
+
+void Check(bool invariant) {
+  if (!invariant) __builtin_trap();
+}
+
+// Where the data records end for the chunk list in `bytes`, when it passes the FlatBuffers
+// verifier: what a valid segment would pass, so that valid-looking inputs reach the semantic
+// checks instead of stopping at "chunks end at ...". One block (no chunks) otherwise.
+uint64_t DerivedDataEnd(std::span<const uint8_t> bytes) {
+  if (bytes.size() < 8) return kBlockBytes;
+  flatbuffers::Verifier verifier(bytes.data(), bytes.size(), /*max_depth=*/16,
+                                 /*max_tables=*/1u << 20);
+  if (!fb::VerifyManifestBuffer(verifier)) return kBlockBytes;
+  const fb::Manifest* m = fb::GetManifest(bytes.data());
+  uint64_t end = kBlockBytes;
+  // The verifier does not check the 8-byte alignment of the chunk structs; Open refuses those.
+  if (m->chunks() == nullptr || reinterpret_cast<uintptr_t>(m->chunks()->Data()) % 8 != 0) {
+    return end;
+  }
+  // Bounded: the verifier proved the vector lies inside the input, so at most size/24 chunks,
+  // and clamping each payload keeps the sum far from overflow.
+  for (const fb::Chunk* c : *m->chunks()) {
+    end += RecordBytes(c->payload_bytes() < kMaxChunkBytes ? c->payload_bytes() : kMaxChunkBytes);
+  }
+  return end;
+}
+
+std::vector<uint64_t> ToVector(const flatbuffers::Vector<uint64_t>* v) {
+  return v ? std::vector<uint64_t>(v->begin(), v->end()) : std::vector<uint64_t>();
+}
+
+// Everything ManifestView::Open promises about a manifest it accepts (docs/format.md).
+void Walk(const ManifestView& view, uint64_t data_end) {
+  const fb::Manifest& m = view.root();
+  Check(m.format_version() == kFormatVersion);
+  Check(m.provenance() != nullptr);
+  uint32_t chunk_count = view.chunk_count();
+  Check(chunk_count <= kMaxChunksPerSegment);
+  uint64_t next = kBlockBytes;
+  for (uint32_t i = 0; i < chunk_count; ++i) {
+    const fb::Chunk& c = view.chunk(i);
+    Check(c.record_offset() == next);
+    Check(c.payload_bytes() <= kMaxChunkBytes);
+    next += RecordBytes(c.payload_bytes());
+  }
+  Check(next == data_end);
+
+  std::vector<uint8_t> owner_count(chunk_count, 0);
+  uint64_t data_bytes = 0;
+  for (uint32_t i = 0; i < view.tensor_count(); ++i) {
+    const fb::Tensor& t = view.tensor(i);
+    Check(t.name() != nullptr);
+    std::string_view name(t.name()->data(), t.name()->size());
+    Check(!name.empty() && name.size() <= 1024 && name.find('\0') == std::string_view::npos);
+    if (i > 0) {
+      const flatbuffers::String* prev = view.tensor(i - 1).name();
+      Check(std::string_view(prev->data(), prev->size()) < name);
+    }
+    Check(view.Find(name) == &t);
+    Check(DTypeBytes(static_cast<uint32_t>(t.dtype())) > 0);
+    std::vector<uint64_t> shape = ToVector(t.shape());
+    std::vector<uint64_t> global_shape = ToVector(t.global_shape());
+    std::vector<uint64_t> global_offset = ToVector(t.global_offset());
+    Check(shape.size() <= kMaxDims);
+    Check(global_shape.empty() || global_shape.size() == shape.size());
+    Check(global_offset.size() == global_shape.size());
+    if (!shape.empty()) {
+      unsigned __int128 elements = 1;
+      for (size_t d = 0; d < shape.size(); ++d) {
+        elements *= shape[d];
+        Check(elements <= UINT64_MAX);
+        if (!global_shape.empty()) {
+          Check(global_offset[d] <= global_shape[d] &&
+                shape[d] <= global_shape[d] - global_offset[d]);
+        }
+      }
+      Check(elements * DTypeBytes(static_cast<uint32_t>(t.dtype())) == t.bytes());
+    }
+    Check(uint64_t{t.first_chunk()} + t.chunk_count() <= chunk_count);
+    uint64_t sum = 0;
+    for (uint32_t c = t.first_chunk(); c < t.first_chunk() + t.chunk_count(); ++c) {
+      Check(view.chunk(c).payload_bytes() > 0);
+      sum += view.chunk(c).payload_bytes();
+      Check(owner_count[c] == 0);
+      owner_count[c] = 1;
+    }
+    Check(sum == t.bytes());
+    data_bytes += t.bytes();
+  }
+  for (uint8_t owners : owner_count) Check(owners == 1);
+  Check(data_bytes == m.data_bytes());
+
+  // Lookups of names that are not there: before the first, after the last, near each one.
+  Check(view.Find("") == nullptr);
+  for (uint32_t i = 0; i < view.tensor_count(); ++i) {
+    std::string near(view.tensor(i).name()->str());
+    near.push_back('\0');  // no accepted name holds a NUL, so this one is absent
+    Check(view.Find(near) == nullptr);
+  }
+}
+
+void FuzzManifest(const uint8_t* data, size_t size) {
+  std::span<const uint8_t> bytes(data, size);
+  // Twice: with the data end the chunk list implies (reaches the tensor checks) and with a fixed
+  // one (exercises the chunk placement checks against a disagreeing segment).
+  for (uint64_t data_end : {DerivedDataEnd(bytes), kBlockBytes}) {
+    ManifestView view;
+    Status st = ManifestView::Open(bytes, data_end, "fuzz", &view);
+    if (!st.ok()) {
+      Check(st.code() == CKPTDB_ECORRUPT && st.message().starts_with("fuzz: manifest "));
+      continue;
+    }
+    Walk(view, data_end);
+  }
+}
+
+}  // namespace
+}  // namespace ckpt::format
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ckpt::format::FuzzManifest(data, size);
+  return 0;
+}

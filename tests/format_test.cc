@@ -1,0 +1,1489 @@
+// The on-disk format, byte by byte (docs/format.md): the 64-byte header, record header and footer
+// codecs, the manifest's FlatBuffers and semantic checks, whole segments assembled in memory
+// exactly as engine/db.cc writes them, torn and damaged files, and the golden v1 segment that
+// pins the format (tests/data/README.md).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/checksum.h"
+#include "format/manifest.h"
+#include "format/segment_format.h"
+#include "format/segment_reader.h"
+#include "tests/test_util.h"
+
+namespace ckpt::format {
+namespace {
+
+using test::RandomBytes;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+// ---- helpers --------------------------------------------------------------------------------
+
+using Block64 = std::span<uint8_t, 64>;
+using ConstBlock64 = std::span<const uint8_t, 64>;
+
+uint64_t GetU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// Reads from a file image in memory; a read past its end is an error, as a short pread is.
+ReadAtFn MemoryRead(const std::vector<uint8_t>* file) {
+  return [file](uint64_t offset, void* buffer, size_t length) -> Status {
+    if (offset > file->size() || length > file->size() - offset) {
+      return Status::IoError("read of " + std::to_string(length) + " bytes at offset " +
+                             std::to_string(offset) + " runs past the end of the " +
+                             std::to_string(file->size()) + "-byte file");
+    }
+    if (length > 0) std::memcpy(buffer, file->data() + offset, length);
+    return Status::Ok();
+  };
+}
+
+// One tensor to put: its bytes are test::RandomBytes(bytes, seed).
+struct TensorSpec {
+  std::string name;
+  fb::DType dtype = fb::DType::U8;
+  std::vector<uint64_t> shape;
+  std::vector<uint64_t> global_shape;
+  std::vector<uint64_t> global_offset;
+  uint64_t bytes = 0;
+  uint64_t seed = 0;
+};
+
+struct SegmentSpec {
+  uint64_t job_id = 7;
+  uint64_t version = 3;
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  uint64_t chunk_bytes = 4096;
+  uint64_t created_unix_ns = 1;
+  std::string node_id = "node-a";
+  std::string writer = "ckptdb 0.1.0";
+  std::vector<TensorSpec> tensors;  // in put order, which is file order
+};
+
+struct BuiltSegment {
+  std::vector<uint8_t> file;
+  std::vector<uint8_t> manifest;      // the manifest record's payload
+  std::vector<ChunkEntry> chunks;     // in file order
+  std::vector<uint64_t> record_ends;  // offset just past each record (chunks, then manifest)
+  uint64_t manifest_offset = 0;
+};
+
+// Assembles a segment exactly as Db::OpenVersionFor, Db::WriteChunk and Db::FinishSegments write
+// one: header block, one record per chunk of at most chunk_bytes (header block, payload, zeros to
+// the next 4096), the manifest record, the footer block. Kept independent of engine/ so that the
+// format tests need no I/O.
+BuiltSegment BuildSegment(const SegmentSpec& s) {
+  BuiltSegment out;
+  std::vector<uint8_t>& f = out.file;
+  f.assign(kBlockBytes, 0);
+  SegmentHeader h;
+  h.job_id = s.job_id;
+  h.version = s.version;
+  h.rank = s.rank;
+  h.world_size = s.world_size;
+  h.chunk_bytes = s.chunk_bytes;
+  h.created_unix_ns = s.created_unix_ns;
+  EncodeSegmentHeader(h, Block64(f.data(), 64));
+
+  ManifestContents mc;
+  mc.job_id = s.job_id;
+  mc.rank = s.rank;
+  mc.world_size = s.world_size;
+  mc.version = s.version;
+  mc.node_id = s.node_id;
+  mc.created_unix_ns = s.created_unix_ns;
+  mc.writer = s.writer;
+  for (const TensorSpec& t : s.tensors) {
+    std::vector<uint8_t> data = RandomBytes(t.bytes, t.seed);
+    TensorEntry e;
+    e.name = t.name;
+    e.dtype = static_cast<uint8_t>(t.dtype);
+    e.shape = t.shape;
+    e.global_shape = t.global_shape;
+    e.global_offset = t.global_offset;
+    e.bytes = t.bytes;
+    e.first_chunk = static_cast<uint32_t>(out.chunks.size());
+    for (uint64_t off = 0; off < t.bytes; off += s.chunk_bytes) {
+      uint64_t n = std::min(s.chunk_bytes, t.bytes - off);
+      uint64_t at = f.size();
+      RecordHeader rh;
+      rh.type = RecordType::kChunk;
+      rh.payload_bytes = n;
+      rh.payload_xxh3 = Xxh3(data.data() + off, n);
+      rh.record_offset = at;
+      rh.version = s.version;
+      rh.rank = s.rank;
+      rh.sequence = static_cast<uint32_t>(out.chunks.size());
+      f.resize(at + RecordBytes(n), 0);
+      EncodeRecordHeader(rh, Block64(f.data() + at, 64));
+      std::memcpy(f.data() + at + kBlockBytes, data.data() + off, n);
+      out.chunks.push_back({at, n, rh.payload_xxh3});
+      out.record_ends.push_back(f.size());
+    }
+    e.chunk_count = static_cast<uint32_t>(out.chunks.size()) - e.first_chunk;
+    mc.tensors.push_back(std::move(e));
+  }
+  mc.chunks = out.chunks;
+  out.manifest = BuildManifest(std::move(mc));
+
+  out.manifest_offset = f.size();
+  RecordHeader rh;
+  rh.type = RecordType::kManifest;
+  rh.payload_bytes = out.manifest.size();
+  rh.payload_xxh3 = Xxh3(out.manifest.data(), out.manifest.size());
+  rh.record_offset = out.manifest_offset;
+  rh.version = s.version;
+  rh.rank = s.rank;
+  rh.sequence = static_cast<uint32_t>(out.chunks.size());
+  f.resize(out.manifest_offset + RecordBytes(out.manifest.size()) + kBlockBytes, 0);
+  EncodeRecordHeader(rh, Block64(f.data() + out.manifest_offset, 64));
+  std::memcpy(f.data() + out.manifest_offset + kBlockBytes, out.manifest.data(),
+              out.manifest.size());
+  out.record_ends.push_back(out.manifest_offset + RecordBytes(out.manifest.size()));
+
+  SegmentFooter ft;
+  ft.manifest_offset = out.manifest_offset;
+  ft.manifest_bytes = out.manifest.size();
+  ft.manifest_xxh3 = rh.payload_xxh3;
+  ft.version = s.version;
+  ft.rank = s.rank;
+  ft.chunk_count = static_cast<uint32_t>(out.chunks.size());
+  ft.file_bytes = f.size();
+  EncodeFooter(ft, Block64(f.data() + f.size() - 64, 64));
+  return out;
+}
+
+// A small segment with a multi-chunk tensor, an exact-multiple tensor, a 1-byte tensor and an
+// empty one, in an order that differs from name order.
+SegmentSpec SmallSpec() {
+  SegmentSpec s;
+  s.tensors.push_back({"w", fb::DType::F32, {3, 1000}, {}, {}, 12000, 11});
+  s.tensors.push_back({"b", fb::DType::U8, {8192}, {}, {}, 8192, 12});
+  s.tensors.push_back({"a", fb::DType::Bool, {1}, {}, {}, 1, 13});
+  s.tensors.push_back({"z", fb::DType::F64, {0}, {}, {}, 0, 14});
+  return s;
+}
+
+std::unique_ptr<SegmentReader> OpenOk(const std::vector<uint8_t>& file) {
+  std::unique_ptr<SegmentReader> r;
+  Status st = SegmentReader::Open("seg-test", file.size(), MemoryRead(&file), &r);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return r;
+}
+
+Status OpenStatus(const std::vector<uint8_t>& file) {
+  std::unique_ptr<SegmentReader> r;
+  return SegmentReader::Open("seg-test", file.size(), MemoryRead(&file), &r);
+}
+
+Status Scan(const std::vector<uint8_t>& file, std::vector<ScannedRecord>* records) {
+  std::vector<uint8_t> scratch;
+  return ScanSegment(
+      "seg-test", file.size(), MemoryRead(&file),
+      [records](const ScannedRecord& r) { records->push_back(r); }, &scratch);
+}
+
+// Rewrites the footer (or header) of a built file with one field changed and a valid checksum,
+// to reach the checks that come after the checksum.
+template <typename Edit>
+void EditFooter(std::vector<uint8_t>* file, Edit edit) {
+  SegmentFooter f;
+  uint8_t* p = file->data() + file->size() - 64;
+  ASSERT_TRUE(DecodeFooter(ConstBlock64(p, 64), "edit", &f).ok());
+  edit(&f);
+  EncodeFooter(f, Block64(p, 64));
+}
+template <typename Edit>
+void EditHeader(std::vector<uint8_t>* file, Edit edit) {
+  SegmentHeader h;
+  ASSERT_TRUE(DecodeSegmentHeader(ConstBlock64(file->data(), 64), "edit", &h).ok());
+  edit(&h);
+  EncodeSegmentHeader(h, Block64(file->data(), 64));
+}
+template <typename Edit>
+void EditRecord(std::vector<uint8_t>* file, uint64_t offset, Edit edit) {
+  RecordHeader rh;
+  ASSERT_TRUE(DecodeRecordHeader(ConstBlock64(file->data() + offset, 64), "edit", &rh).ok());
+  edit(&rh);
+  EncodeRecordHeader(rh, Block64(file->data() + offset, 64));
+}
+
+// ---- checksum -------------------------------------------------------------------------------
+
+TEST(Checksum, IsXxh3SeedZero) {
+  // The published XXH3_64bits("") (seed 0): a different seed or variant changes this value.
+  EXPECT_EQ(Xxh3("", 0), 0x2D06800538D394C2ull);
+  EXPECT_EQ(Hex64(0x2D06800538D394C2ull), "0x2d06800538d394c2");
+}
+
+TEST(Checksum, StreamMatchesOneShotForAnySplit) {
+  std::vector<uint8_t> data = RandomBytes(10000, 5);
+  uint64_t whole = Xxh3(data.data(), data.size());
+  for (size_t piece : {1, 7, 64, 240, 241, 4096, 9999, 10000}) {
+    Xxh3Stream s;
+    for (size_t off = 0; off < data.size(); off += piece) {
+      s.Update(data.data() + off, std::min(piece, data.size() - off));
+    }
+    EXPECT_EQ(s.Digest(), whole) << "piece " << piece;
+    s.Reset();
+    EXPECT_EQ(s.Digest(), Xxh3("", 0));
+  }
+}
+
+// ---- segment header -------------------------------------------------------------------------
+
+SegmentHeader SampleHeader() {
+  SegmentHeader h;
+  h.job_id = 0x0123456789ABCDEFull;
+  h.version = 0xFEDCBA9876543210ull;
+  h.rank = 6;
+  h.world_size = 7;
+  h.chunk_bytes = 64 << 20;
+  h.created_unix_ns = 1700000000123456789ull;
+  return h;
+}
+
+TEST(SegmentHeaderCodec, RoundTrip) {
+  SegmentHeader h = SampleHeader();
+  uint8_t b[64];
+  EncodeSegmentHeader(h, b);
+  EXPECT_EQ(std::memcmp(b, "CKPTSEG1", 8), 0);
+  EXPECT_EQ(GetU64(b + 56), Xxh3(b, 56));
+  SegmentHeader d;
+  ASSERT_TRUE(DecodeSegmentHeader(b, "seg", &d).ok());
+  EXPECT_EQ(d.format_version, kFormatVersion);
+  EXPECT_EQ(d.job_id, h.job_id);
+  EXPECT_EQ(d.version, h.version);
+  EXPECT_EQ(d.rank, h.rank);
+  EXPECT_EQ(d.world_size, h.world_size);
+  EXPECT_EQ(d.chunk_bytes, h.chunk_bytes);
+  EXPECT_EQ(d.created_unix_ns, h.created_unix_ns);
+}
+
+TEST(SegmentHeaderCodec, RejectsEveryFlippedBit) {
+  uint8_t good[64];
+  EncodeSegmentHeader(SampleHeader(), good);
+  for (size_t i = 0; i < 64; ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      uint8_t b[64];
+      std::memcpy(b, good, 64);
+      b[i] ^= static_cast<uint8_t>(1u << bit);
+      SegmentHeader d;
+      Status st = DecodeSegmentHeader(b, "seg-x", &d);
+      ASSERT_EQ(st.code(), CKPTDB_ECORRUPT) << "byte " << i << " bit " << bit;
+      // Bytes 0-7 are the magic, 8-55 the checksummed fields, 56-63 the checksum itself.
+      EXPECT_THAT(st.message(), HasSubstr(i < 8 ? "seg-x: not a ckptdb segment (bad magic"
+                                                : "seg-x: segment header at offset 0 fails xxh3"))
+          << "byte " << i;
+    }
+  }
+}
+
+TEST(SegmentHeaderCodec, RejectsBadMagicAndBadChecksum) {
+  uint8_t b[64];
+  EncodeSegmentHeader(SampleHeader(), b);
+  uint64_t stored = GetU64(b + 56);
+  b[56] ^= 0xFF;
+  SegmentHeader d;
+  Status st = DecodeSegmentHeader(b, "seg-x", &d);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(),
+              HasSubstr("expected " + Hex64(GetU64(b + 56)) + ", got " + Hex64(stored) + ")"));
+  std::memcpy(b, "CKPTSEG2", 8);
+  st = DecodeSegmentHeader(b, "seg-x", &d);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("bad magic at offset 0"));
+}
+
+TEST(SegmentHeaderCodec, RefusesOtherFormatVersions) {
+  for (uint32_t v : {0u, 2u, 0xFFFFFFFFu}) {
+    SegmentHeader h = SampleHeader();
+    h.format_version = v;
+    uint8_t b[64];
+    EncodeSegmentHeader(h, b);  // a valid checksum: only the version is wrong
+    SegmentHeader d;
+    Status st = DecodeSegmentHeader(b, "seg-x", &d);
+    EXPECT_EQ(st.code(), CKPTDB_ENOTSUP);
+    EXPECT_THAT(st.message(), HasSubstr("seg-x: segment format version " + std::to_string(v) +
+                                        ", this build reads 1"));
+  }
+}
+
+TEST(SegmentHeaderCodec, RejectsBadBlockSizeWithValidChecksum) {
+  uint8_t b[64];
+  EncodeSegmentHeader(SampleHeader(), b);
+  uint32_t block = 8192;
+  std::memcpy(b + 12, &block, 4);
+  uint64_t sum = Xxh3(b, 56);
+  std::memcpy(b + 56, &sum, 8);
+  SegmentHeader d;
+  Status st = DecodeSegmentHeader(b, "seg-x", &d);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("segment block size 8192, expected 4096"));
+}
+
+TEST(SegmentHeaderCodec, RejectsOutOfRangeFields) {
+  struct Case {
+    uint32_t rank, world_size;
+    uint64_t chunk_bytes;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {0, 0, 4096, "names rank 0 of world size 0"},
+      {4, 4, 4096, "names rank 4 of world size 4"},
+      {0, 1, 0, "chunk size 0 is not a multiple of 4096"},
+      {0, 1, 4095, "chunk size 4095 is not"},
+      {0, 1, 4097, "chunk size 4097 is not"},
+      {0, 1, kMaxChunkBytes + 4096, "in [4096, 1 GiB]"},
+  };
+  for (const Case& c : cases) {
+    SegmentHeader h = SampleHeader();
+    h.rank = c.rank;
+    h.world_size = c.world_size;
+    h.chunk_bytes = c.chunk_bytes;
+    uint8_t b[64];
+    EncodeSegmentHeader(h, b);
+    SegmentHeader d;
+    Status st = DecodeSegmentHeader(b, "seg-x", &d);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << c.needle;
+    EXPECT_THAT(st.message(), HasSubstr(c.needle));
+  }
+  // The bounds themselves are accepted.
+  SegmentHeader h = SampleHeader();
+  h.chunk_bytes = kMaxChunkBytes;
+  h.rank = h.world_size - 1;
+  uint8_t b[64];
+  EncodeSegmentHeader(h, b);
+  SegmentHeader d;
+  EXPECT_TRUE(DecodeSegmentHeader(b, "seg-x", &d).ok());
+}
+
+// ---- record header --------------------------------------------------------------------------
+
+RecordHeader SampleRecord(RecordType type) {
+  RecordHeader r;
+  r.type = type;
+  r.payload_bytes = 123457;
+  r.payload_xxh3 = 0x1122334455667788ull;
+  r.record_offset = 4096 * 77;
+  r.version = 0x8000000000000001ull;
+  r.rank = 0xABCDEF;
+  r.sequence = 0x10203;
+  return r;
+}
+
+TEST(RecordHeaderCodec, RoundTripBothTypes) {
+  for (RecordType type : {RecordType::kChunk, RecordType::kManifest}) {
+    RecordHeader r = SampleRecord(type);
+    uint8_t b[64];
+    EncodeRecordHeader(r, b);
+    EXPECT_EQ(std::memcmp(b, "CKRC", 4), 0);
+    EXPECT_EQ(GetU64(b + 48), 0u);  // reserved
+    EXPECT_EQ(GetU64(b + 56), Xxh3(b, 56));
+    RecordHeader d;
+    ASSERT_TRUE(DecodeRecordHeader(b, "rec", &d).ok());
+    EXPECT_EQ(d.type, r.type);
+    EXPECT_EQ(d.payload_bytes, r.payload_bytes);
+    EXPECT_EQ(d.payload_xxh3, r.payload_xxh3);
+    EXPECT_EQ(d.record_offset, r.record_offset);
+    EXPECT_EQ(d.version, r.version);
+    EXPECT_EQ(d.rank, r.rank);
+    EXPECT_EQ(d.sequence, r.sequence);
+  }
+}
+
+TEST(RecordHeaderCodec, RejectsEveryFlippedBit) {
+  uint8_t good[64];
+  EncodeRecordHeader(SampleRecord(RecordType::kChunk), good);
+  for (size_t i = 0; i < 64; ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      uint8_t b[64];
+      std::memcpy(b, good, 64);
+      b[i] ^= static_cast<uint8_t>(1u << bit);
+      RecordHeader d;
+      Status st = DecodeRecordHeader(b, "seg-x: record at offset 315392", &d);
+      ASSERT_EQ(st.code(), CKPTDB_ECORRUPT) << "byte " << i << " bit " << bit;
+      EXPECT_THAT(st.message(), HasSubstr(i < 4 ? "record at offset 315392: no record header"
+                                                : "record at offset 315392: record header fails"))
+          << "byte " << i;
+    }
+  }
+}
+
+TEST(RecordHeaderCodec, RejectsBadChecksumWithBothValues) {
+  uint8_t b[64];
+  EncodeRecordHeader(SampleRecord(RecordType::kChunk), b);
+  uint64_t good = GetU64(b + 56);
+  uint64_t bad = good ^ 1;
+  std::memcpy(b + 56, &bad, 8);
+  RecordHeader d;
+  Status st = DecodeRecordHeader(b, "rec", &d);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(),
+              HasSubstr("fails xxh3 (expected " + Hex64(bad) + ", got " + Hex64(good) + ")"));
+}
+
+TEST(RecordHeaderCodec, RejectsUnknownTypeAndOutOfRangeFields) {
+  for (uint16_t type : {0, 3, 0xFFFF}) {
+    RecordHeader r = SampleRecord(RecordType::kChunk);
+    r.type = static_cast<RecordType>(type);
+    uint8_t b[64];
+    EncodeRecordHeader(r, b);
+    RecordHeader d;
+    Status st = DecodeRecordHeader(b, "rec", &d);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+    EXPECT_THAT(st.message(), HasSubstr("unknown record type " + std::to_string(type)));
+  }
+  for (RecordType type : {RecordType::kChunk, RecordType::kManifest}) {
+    RecordHeader r = SampleRecord(type);
+    r.payload_bytes = uint64_t{1} << 30;  // the limit itself is fine
+    uint8_t b[64];
+    EncodeRecordHeader(r, b);
+    RecordHeader d;
+    EXPECT_TRUE(DecodeRecordHeader(b, "rec", &d).ok());
+    r.payload_bytes += 1;
+    EncodeRecordHeader(r, b);
+    Status st = DecodeRecordHeader(b, "rec", &d);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+    EXPECT_THAT(st.message(), HasSubstr("record payload of 1073741825 bytes exceeds the limit"));
+  }
+  RecordHeader r = SampleRecord(RecordType::kChunk);
+  r.record_offset = 4096 * 3 + 512;
+  uint8_t b[64];
+  EncodeRecordHeader(r, b);
+  RecordHeader d;
+  Status st = DecodeRecordHeader(b, "rec", &d);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("record offset 12800 is not 4096-aligned"));
+}
+
+// ---- footer ---------------------------------------------------------------------------------
+
+SegmentFooter SampleFooter() {
+  SegmentFooter f;
+  f.manifest_offset = 4096 * 10;
+  f.manifest_bytes = 5000;  // two blocks of payload
+  f.manifest_xxh3 = 0x0102030405060708ull;
+  f.version = 99;
+  f.rank = 3;
+  f.chunk_count = 4;
+  f.file_bytes = 4096 * 10 + 4096 + 8192 + 4096;
+  return f;
+}
+
+TEST(FooterCodec, RoundTrip) {
+  SegmentFooter f = SampleFooter();
+  uint8_t b[64];
+  EncodeFooter(f, b);
+  EXPECT_EQ(std::memcmp(b + 56, "CKPTEND1", 8), 0);
+  EXPECT_EQ(GetU64(b + 48), Xxh3(b, 48));
+  SegmentFooter d;
+  Status st = DecodeFooter(b, "foot", &d);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(d.manifest_offset, f.manifest_offset);
+  EXPECT_EQ(d.manifest_bytes, f.manifest_bytes);
+  EXPECT_EQ(d.manifest_xxh3, f.manifest_xxh3);
+  EXPECT_EQ(d.version, f.version);
+  EXPECT_EQ(d.rank, f.rank);
+  EXPECT_EQ(d.chunk_count, f.chunk_count);
+  EXPECT_EQ(d.file_bytes, f.file_bytes);
+}
+
+TEST(FooterCodec, RejectsEveryFlippedBit) {
+  uint8_t good[64];
+  EncodeFooter(SampleFooter(), good);
+  for (size_t i = 0; i < 64; ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      uint8_t b[64];
+      std::memcpy(b, good, 64);
+      b[i] ^= static_cast<uint8_t>(1u << bit);
+      SegmentFooter d;
+      Status st = DecodeFooter(b, "seg-x", &d);
+      ASSERT_EQ(st.code(), CKPTDB_ECORRUPT) << "byte " << i << " bit " << bit;
+      // Bytes 0-47 are checksummed fields, 48-55 the checksum, 56-63 the magic.
+      EXPECT_THAT(st.message(), HasSubstr(i >= 56 ? "seg-x: no segment footer (bad magic"
+                                                  : "seg-x: segment footer fails xxh3"))
+          << "byte " << i;
+    }
+  }
+}
+
+TEST(FooterCodec, RejectsBadMagicAndChecksum) {
+  uint8_t b[64];
+  EncodeFooter(SampleFooter(), b);
+  uint64_t good = GetU64(b + 48);
+  b[48] ^= 0x80;
+  SegmentFooter d;
+  Status st = DecodeFooter(b, "seg-x", &d);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(),
+              HasSubstr("(expected " + Hex64(GetU64(b + 48)) + ", got " + Hex64(good) + ")"));
+  std::memset(b, 0, 64);  // a torn file often ends in zeros
+  st = DecodeFooter(b, "seg-x", &d);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("truncated or was never finished"));
+}
+
+TEST(FooterCodec, RejectsInconsistentFields) {
+  struct Case {
+    const char* name;
+    void (*edit)(SegmentFooter*);
+  };
+  const Case cases[] = {
+      {"manifest bytes over 1 GiB", [](SegmentFooter* f) { f->manifest_bytes = (1ull << 30) + 1; }},
+      {"too many chunks", [](SegmentFooter* f) { f->chunk_count = (1u << 24) + 1; }},
+      {"unaligned manifest offset", [](SegmentFooter* f) { f->manifest_offset += 8; }},
+      {"unaligned file size", [](SegmentFooter* f) { f->file_bytes += 1; }},
+      {"file under 3 blocks",
+       [](SegmentFooter* f) {
+         f->manifest_offset = 0;
+         f->manifest_bytes = 0;
+         f->file_bytes = 8192;
+       }},
+      {"file over 2^62 bytes",
+       [](SegmentFooter* f) {
+         f->file_bytes = (1ull << 62) + 8192;
+         f->manifest_offset = (1ull << 62);
+         f->manifest_bytes = 1;
+       }},
+      {"manifest in the header block",
+       [](SegmentFooter* f) {
+         f->manifest_offset = 0;
+         f->file_bytes = 4096 + 8192 + 4096;
+       }},
+      {"manifest past the file",
+       [](SegmentFooter* f) { f->manifest_offset = f->file_bytes + 4096; }},
+      {"manifest does not end at the footer", [](SegmentFooter* f) { f->file_bytes += 4096; }},
+      {"manifest longer than its record", [](SegmentFooter* f) { f->manifest_bytes = 8193; }},
+      {"manifest shorter than its record", [](SegmentFooter* f) { f->manifest_bytes = 4096; }},
+  };
+  for (const Case& c : cases) {
+    SegmentFooter f = SampleFooter();
+    c.edit(&f);
+    uint8_t b[64];
+    EncodeFooter(f, b);
+    SegmentFooter d;
+    Status st = DecodeFooter(b, "seg-x", &d);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << c.name;
+    EXPECT_THAT(st.message(), HasSubstr("seg-x: segment footer is inconsistent (manifest at "))
+        << c.name;
+  }
+  // An empty manifest is consistent framing; ManifestView::Open rejects it later (no CKMF).
+  SegmentFooter f = SampleFooter();
+  f.manifest_bytes = 0;
+  f.file_bytes = f.manifest_offset + 4096 + 4096;
+  uint8_t b[64];
+  EncodeFooter(f, b);
+  SegmentFooter d;
+  EXPECT_TRUE(DecodeFooter(b, "seg-x", &d).ok());
+}
+
+// ---- manifest: BuildManifest + ManifestView -------------------------------------------------
+
+TEST(Manifest, RoundTripSortsAndFinds) {
+  ManifestContents c;
+  c.job_id = 0xAB;
+  c.rank = 2;
+  c.world_size = 8;
+  c.version = 1234;
+  c.node_id = "node-17";
+  c.created_unix_ns = 1700000000000000000ull;
+  c.writer = "ckptdb 0.1.0";
+  // Chunks in file order: 0-1 belong to "w", 2 to "emb", 3 to "b".
+  uint64_t at = kBlockBytes;
+  for (uint64_t bytes : {4096ull, 904ull, 512ull, 8ull}) {
+    c.chunks.push_back({at, bytes, 0x1000 + bytes});
+    at += RecordBytes(bytes);
+  }
+  TensorEntry w{"w", 12, {10, 125}, {}, {}, 5000, 0, 2};
+  TensorEntry emb{"emb", 11, {16, 16}, {64, 32}, {16, 16}, 512, 2, 1};
+  TensorEntry bias{"b", 9, {1}, {}, {}, 8, 3, 1};
+  TensorEntry empty{"empty", 2, {0}, {}, {}, 0, 4, 0};
+  c.tensors = {w, emb, empty, bias};
+  std::vector<uint8_t> bytes = BuildManifest(c);
+
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, at, "seg", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(v.root().format_version(), kFormatVersion);
+  EXPECT_EQ(v.root().data_bytes(), 5000u + 512 + 8);
+  const fb::Provenance* p = v.root().provenance();
+  EXPECT_EQ(p->job_id(), 0xABu);
+  EXPECT_EQ(p->rank(), 2u);
+  EXPECT_EQ(p->world_size(), 8u);
+  EXPECT_EQ(p->version(), 1234u);
+  EXPECT_EQ(p->node_id()->str(), "node-17");
+  EXPECT_EQ(p->created_unix_ns(), 1700000000000000000ull);
+  EXPECT_EQ(p->writer()->str(), "ckptdb 0.1.0");
+  ASSERT_NE(v.root().redundancy(), nullptr);
+  EXPECT_EQ(v.root().redundancy()->scheme(), fb::RedundancyScheme::None);
+
+  ASSERT_EQ(v.tensor_count(), 4u);
+  std::vector<TensorEntry> sorted = {bias, emb, empty, w};
+  for (uint32_t i = 0; i < 4; ++i) {
+    const TensorEntry& e = sorted[i];
+    const fb::Tensor& t = v.tensor(i);
+    EXPECT_EQ(t.name()->str(), e.name);
+    EXPECT_EQ(static_cast<uint8_t>(t.dtype()), e.dtype);
+    EXPECT_EQ(std::vector<uint64_t>(t.shape()->begin(), t.shape()->end()), e.shape);
+    EXPECT_EQ(std::vector<uint64_t>(t.global_shape()->begin(), t.global_shape()->end()),
+              e.global_shape);
+    EXPECT_EQ(std::vector<uint64_t>(t.global_offset()->begin(), t.global_offset()->end()),
+              e.global_offset);
+    EXPECT_EQ(t.bytes(), e.bytes);
+    EXPECT_EQ(t.first_chunk(), e.first_chunk);
+    EXPECT_EQ(t.chunk_count(), e.chunk_count);
+    EXPECT_EQ(v.Find(e.name), &t);
+  }
+  EXPECT_EQ(v.Find(""), nullptr);
+  EXPECT_EQ(v.Find("a"), nullptr);
+  EXPECT_EQ(v.Find("emb "), nullptr);
+  EXPECT_EQ(v.Find("zzz"), nullptr);
+  ASSERT_EQ(v.chunk_count(), 4u);
+  for (uint32_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(v.chunk(i).record_offset(), c.chunks[i].record_offset);
+    EXPECT_EQ(v.chunk(i).payload_bytes(), c.chunks[i].payload_bytes);
+    EXPECT_EQ(v.chunk(i).xxh3(), c.chunks[i].xxh3);
+  }
+}
+
+TEST(Manifest, EmptyManifestOpens) {
+  ManifestContents c;
+  std::vector<uint8_t> bytes = BuildManifest(c);
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, kBlockBytes, "seg", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(v.tensor_count(), 0u);
+  EXPECT_EQ(v.chunk_count(), 0u);
+  EXPECT_EQ(v.Find("x"), nullptr);
+}
+
+// A manifest written field by field with the generated Create* functions, nothing sorted or
+// checked, to reach each semantic check of ManifestView::Open.
+struct RawTensor {
+  std::string name;
+  fb::DType dtype = fb::DType::U8;
+  std::vector<uint64_t> shape;
+  std::vector<uint64_t> global_shape;
+  std::vector<uint64_t> global_offset;
+  uint64_t bytes = 0;
+  uint32_t first_chunk = 0;
+  uint32_t chunk_count = 0;
+};
+
+struct RawManifest {
+  uint32_t format_version = kFormatVersion;
+  std::vector<RawTensor> tensors;
+  std::vector<fb::Chunk> chunks;
+  std::optional<uint64_t> data_bytes;  // the sum of the tensors' bytes when unset
+
+  // Where the data records end when the chunks are laid out back to back from block 1.
+  uint64_t DataEnd() const {
+    uint64_t end = kBlockBytes;
+    for (const fb::Chunk& c : chunks) end += RecordBytes(c.payload_bytes());
+    return end;
+  }
+
+  std::vector<uint8_t> Build() const {
+    flatbuffers::FlatBufferBuilder b;
+    std::vector<flatbuffers::Offset<fb::Tensor>> ts;
+    uint64_t sum = 0;
+    for (const RawTensor& t : tensors) {
+      ts.push_back(fb::CreateTensor(b, b.CreateString(t.name), t.dtype, b.CreateVector(t.shape),
+                                    b.CreateVector(t.global_shape), b.CreateVector(t.global_offset),
+                                    t.bytes, t.first_chunk, t.chunk_count));
+      sum += t.bytes;
+    }
+    auto tv = b.CreateVector(ts);
+    auto cv = b.CreateVectorOfStructs(chunks);
+    auto prov = fb::CreateProvenance(b, 1, 0, 1, 1, b.CreateString("n"), 1, b.CreateString("w"));
+    auto root = fb::CreateManifest(b, format_version, prov, tv, cv, 0, data_bytes.value_or(sum));
+    b.Finish(root, fb::ManifestIdentifier());
+    return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
+  }
+};
+
+// Two tensors over three chunks laid out back to back: "a" = chunks 0-1, "b" = chunk 2.
+RawManifest ValidRaw() {
+  RawManifest m;
+  m.chunks.emplace_back(4096, 4096, 1);
+  m.chunks.emplace_back(4096 + 8192, 100, 2);
+  m.chunks.emplace_back(4096 + 8192 + 8192, 16, 3);
+  m.tensors.push_back({"a", fb::DType::U8, {4196}, {}, {}, 4196, 0, 2});
+  m.tensors.push_back({"b", fb::DType::F32, {2, 2}, {4, 2}, {2, 0}, 16, 2, 1});
+  return m;
+}
+
+Status OpenRaw(const RawManifest& m, uint64_t data_end) {
+  std::vector<uint8_t> bytes = m.Build();
+  ManifestView v;
+  return ManifestView::Open(bytes, data_end, "seg-x", &v);
+}
+
+void ExpectRejected(const RawManifest& m, const std::string& needle) {
+  Status st = OpenRaw(m, m.DataEnd());
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << needle;
+  EXPECT_THAT(st.message(), HasSubstr("seg-x: manifest "));
+  EXPECT_THAT(st.message(), HasSubstr(needle));
+}
+
+TEST(ManifestSemantics, BaselineIsValid) {
+  RawManifest m = ValidRaw();
+  Status st = OpenRaw(m, m.DataEnd());
+  EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+TEST(ManifestSemantics, RejectsUnsortedAndDuplicateNames) {
+  RawManifest m = ValidRaw();
+  std::swap(m.tensors[0].name, m.tensors[1].name);
+  ExpectRejected(m, "tensor 'a' is out of order or duplicated");
+  m = ValidRaw();
+  m.tensors[1].name = "a";
+  ExpectRejected(m, "tensor 'a' is out of order or duplicated");
+}
+
+TEST(ManifestSemantics, RejectsBadNames) {
+  RawManifest m = ValidRaw();
+  m.tensors[0].name = "";
+  ExpectRejected(m, "tensor 0 has an empty, overlong or NUL-containing name");
+  m = ValidRaw();
+  m.tensors[0].name = std::string("a\0b", 3);
+  ExpectRejected(m, "tensor 0 has an empty, overlong or NUL-containing name");
+  m = ValidRaw();
+  m.tensors[0].name = std::string(1025, 'a');
+  ExpectRejected(m, "tensor 0 has an empty, overlong or NUL-containing name");
+  m.tensors[0].name = std::string(1024, 'a');  // the limit itself
+  EXPECT_TRUE(OpenRaw(m, m.DataEnd()).ok());
+}
+
+TEST(ManifestSemantics, RejectsChunksOutOfPlace) {
+  RawManifest m = ValidRaw();
+  m.chunks[1] = fb::Chunk(4096 + 4096, 100, 2);  // overlaps chunk 0's payload
+  ExpectRejected(m, "chunk 1 at offset 8192 (100 bytes) is out of place; expected offset 12288");
+  m = ValidRaw();
+  m.chunks[0] = fb::Chunk(0, 4096, 1);  // in the header block
+  ExpectRejected(m, "chunk 0 at offset 0 (4096 bytes) is out of place");
+  m = ValidRaw();
+  m.chunks[2] = fb::Chunk(4096 + 8192 + 8192, kMaxChunkBytes + 1, 3);
+  ExpectRejected(m, "chunk 2 at offset 20480 (1073741825 bytes) is out of place");
+  // Past the data records, and short of them.
+  m = ValidRaw();
+  Status st = OpenRaw(m, m.DataEnd() - 4096);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("chunk 2 runs past the data records"));
+  st = OpenRaw(m, m.DataEnd() + 4096);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("chunks end at 28672, records at 32768"));
+}
+
+TEST(ManifestSemantics, RejectsTensorBytesThatDisagreeWithChunks) {
+  RawManifest m = ValidRaw();
+  m.tensors[0].bytes = 4195;
+  m.tensors[0].shape = {4195};
+  ExpectRejected(m, "tensor 'a' has 4195 bytes but its chunks hold 4196");
+  m = ValidRaw();
+  m.data_bytes = 1;
+  ExpectRejected(m, "data_bytes disagrees with its tensors");
+}
+
+TEST(ManifestSemantics, RejectsShapeThatDisagreesWithBytes) {
+  RawManifest m = ValidRaw();
+  m.tensors[1].shape = {2, 3};
+  m.tensors[1].global_shape = {4, 3};
+  m.tensors[1].global_offset = {0, 0};
+  ExpectRejected(m, "tensor 'b' shape does not match its 16 bytes");
+  m = ValidRaw();
+  m.tensors[1].dtype = fb::DType::F64;  // 2x2 of 8 bytes is 32
+  ExpectRejected(m, "tensor 'b' shape does not match its 16 bytes");
+  m = ValidRaw();
+  m.tensors[0].shape = {1ull << 32, 1ull << 32};
+  ExpectRejected(m, "tensor 'a' shape overflows");
+  m = ValidRaw();
+  m.tensors[0].dtype = static_cast<fb::DType>(16);
+  ExpectRejected(m, "tensor 'a' has unknown dtype 16");
+}
+
+TEST(ManifestSemantics, RejectsInconsistentDimensions) {
+  RawManifest m = ValidRaw();
+  m.tensors[1].global_offset = {};
+  ExpectRejected(m, "tensor 'b' has inconsistent dimensions");
+  m = ValidRaw();
+  m.tensors[1].global_shape = {4, 2, 1};
+  m.tensors[1].global_offset = {0, 0, 0};
+  ExpectRejected(m, "tensor 'b' has inconsistent dimensions");
+  m = ValidRaw();
+  m.tensors[0].shape = {1, 1, 1, 1, 1, 1, 1, 1, 4196};  // 9 > kMaxDims
+  ExpectRejected(m, "tensor 'a' has inconsistent dimensions");
+  m.tensors[0].shape = {1, 1, 1, 1, 1, 1, 1, 4196};  // 8 is the limit
+  EXPECT_TRUE(OpenRaw(m, m.DataEnd()).ok());
+}
+
+TEST(ManifestSemantics, RejectsGlobalOffsetOutsideGlobalShape) {
+  RawManifest m = ValidRaw();
+  m.tensors[1].global_offset = {2, 1};  // [1, 3) in a dimension of 2
+  ExpectRejected(m, "tensor 'b' lies outside its global shape in dimension 1");
+  m = ValidRaw();
+  m.tensors[1].global_offset = {~0ull, 0};  // offset + shape overflows
+  ExpectRejected(m, "tensor 'b' lies outside its global shape in dimension 0");
+  m = ValidRaw();
+  m.tensors[1].global_offset = {3, 0};  // [3, 5) in a dimension of 4
+  ExpectRejected(m, "tensor 'b' lies outside its global shape in dimension 0");
+}
+
+TEST(ManifestSemantics, RejectsChunkOwnershipErrors) {
+  RawManifest m = ValidRaw();
+  m.tensors[1].chunk_count = 0;  // chunk 2 owned by nobody
+  m.tensors[1].bytes = 0;
+  m.tensors[1].shape = {0, 2};
+  ExpectRejected(m, "some chunks belong to no tensor");
+  m = ValidRaw();
+  m.tensors[1].first_chunk = 1;  // a: 0-1, b: 1 -> overlap
+  m.tensors[1].bytes = 100;
+  m.tensors[1].shape = {25};
+  m.tensors[1].global_shape = {};
+  m.tensors[1].global_offset = {};
+  m.chunks[2] = fb::Chunk(20480, 16, 3);
+  ExpectRejected(m, "chunk ranges of tensors overlap or leave gaps");
+  m = ValidRaw();
+  m.tensors[1].first_chunk = 3;  // beyond the list
+  ExpectRejected(m, "tensor 'b' names chunks beyond the chunk list");
+  m = ValidRaw();
+  m.tensors[1].first_chunk = 0xFFFFFFFFu;  // first + count must not wrap
+  ExpectRejected(m, "tensor 'b' names chunks beyond the chunk list");
+  m = ValidRaw();
+  m.chunks[2] = fb::Chunk(20480, 0, 3);
+  m.tensors[1].bytes = 0;
+  m.tensors[1].shape = {0, 2};
+  ExpectRejected(m, "tensor 'b' has an empty chunk 2");
+}
+
+TEST(ManifestSemantics, RejectsOtherVersionsAndNonManifests) {
+  RawManifest m = ValidRaw();
+  m.format_version = 2;
+  ExpectRejected(m, "has format version 2");
+  ManifestView v;
+  std::vector<uint8_t> junk = RandomBytes(200, 1);
+  Status st = ManifestView::Open(junk, 4096, "seg-x", &v);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("seg-x: manifest is not a ckptdb manifest (no CKMF"));
+  st = ManifestView::Open({}, 4096, "seg-x", &v);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  std::memcpy(junk.data() + 4, "CKMF", 4);
+  st = ManifestView::Open(junk, 4096, "seg-x", &v);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("fails FlatBuffers verification"));
+}
+
+std::string CorpusDir(const std::string& target) {
+  return std::string(CKPTDB_TEST_DATA_DIR) + "/../../fuzz/corpus/" + target;
+}
+
+std::vector<uint8_t> ReadBytes(const std::string& path) {
+  std::string raw = test::ReadWholeFile(path);
+  return std::vector<uint8_t>(raw.begin(), raw.end());
+}
+
+TEST(ManifestSemantics, RejectsMisalignedVectors) {
+  // Found by fuzz_manifest: a chunk list whose 4-byte length is aligned but whose 8-byte structs
+  // are not. flatbuffers' Verifier accepts it; reading it would be undefined behaviour.
+  std::vector<uint8_t> bytes = ReadBytes(CorpusDir("manifest") + "/regress-misaligned-chunks.ckmf");
+  ASSERT_FALSE(bytes.empty());
+  flatbuffers::Verifier verifier(bytes.data(), bytes.size());
+  ASSERT_TRUE(fb::VerifyManifestBuffer(verifier));
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, kBlockBytes, "seg-x", &v);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("seg-x: manifest chunk list is not 8-byte aligned"));
+}
+
+TEST(ManifestSemantics, EveryTruncationAndByteFlipFailsCleanly) {
+  RawManifest m = ValidRaw();
+  std::vector<uint8_t> good = m.Build();
+  for (size_t n = 0; n < good.size(); ++n) {
+    // Copied so that the sanitizers see reads past a truncated buffer.
+    std::vector<uint8_t> cut(good.begin(), good.begin() + static_cast<ptrdiff_t>(n));
+    ManifestView v;
+    Status st = ManifestView::Open(cut, m.DataEnd(), "seg-x", &v);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << "truncated to " << n;
+  }
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::vector<uint8_t> bad = good;
+    bad[i] ^= 0xFF;
+    ManifestView v;
+    Status st = ManifestView::Open(bad, m.DataEnd(), "seg-x", &v);
+    // Some flips land in padding or in a checksum field and are legal; the rest are Corrupt.
+    EXPECT_TRUE(st.ok() || st.code() == CKPTDB_ECORRUPT) << st.ToString();
+    if (st.ok()) {
+      for (uint32_t t = 0; t < v.tensor_count(); ++t) {
+        EXPECT_EQ(v.Find(v.tensor(t).name()->string_view()), &v.tensor(t));
+      }
+    }
+  }
+}
+
+// ---- whole segments -------------------------------------------------------------------------
+
+TEST(Segment, ReadsBackEveryChunk) {
+  SegmentSpec spec = SmallSpec();
+  BuiltSegment seg = BuildSegment(spec);
+  auto r = OpenOk(seg.file);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->what(), "seg-test");
+  EXPECT_EQ(r->header().job_id, spec.job_id);
+  EXPECT_EQ(r->header().version, spec.version);
+  EXPECT_EQ(r->footer().file_bytes, seg.file.size());
+  EXPECT_EQ(r->footer().manifest_offset, seg.manifest_offset);
+  EXPECT_EQ(r->footer().chunk_count, seg.chunks.size());
+  // w: 12000 bytes = 4096 + 4096 + 3808; b: 8192 = 2 x 4096; a: 1; z: none.
+  ASSERT_EQ(r->manifest().chunk_count(), 6u);
+  ASSERT_EQ(r->manifest().tensor_count(), 4u);
+  EXPECT_EQ(r->manifest().tensor(0).name()->str(), "a");
+  EXPECT_EQ(r->manifest().tensor(3).name()->str(), "z");
+
+  std::vector<uint8_t> scratch;
+  for (const TensorSpec& ts : spec.tensors) {
+    const fb::Tensor* t = r->manifest().Find(ts.name);
+    ASSERT_NE(t, nullptr) << ts.name;
+    EXPECT_EQ(t->bytes(), ts.bytes);
+    std::vector<uint8_t> want = RandomBytes(ts.bytes, ts.seed);
+    std::vector<uint8_t> got;
+    for (uint32_t c = t->first_chunk(); c < t->first_chunk() + t->chunk_count(); ++c) {
+      ChunkProblem problem;
+      Status st = r->CheckChunk(c, &scratch, &problem);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      ASSERT_EQ(scratch.size(), kBlockBytes + r->manifest().chunk(c).payload_bytes());
+      got.insert(got.end(), scratch.begin() + kBlockBytes, scratch.end());
+    }
+    EXPECT_EQ(got, want) << ts.name;
+  }
+  ChunkProblem problem;
+  Status st = r->CheckChunk(6, &scratch, &problem);
+  EXPECT_EQ(st.code(), CKPTDB_ENOTFOUND);
+  EXPECT_THAT(st.message(), HasSubstr("seg-test: no chunk 6"));
+
+  std::vector<ScannedRecord> records;
+  st = Scan(seg.file, &records);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(records.size(), 7u);  // six chunks and the manifest
+  for (size_t i = 0; i < records.size(); ++i) {
+    const ScannedRecord& rec = records[i];
+    EXPECT_EQ(rec.offset, rec.header.record_offset);
+    EXPECT_EQ(rec.actual_xxh3, rec.header.payload_xxh3);
+    EXPECT_EQ(rec.header.sequence, i < 6 ? i : 6u);
+    EXPECT_EQ(rec.header.type, i < 6 ? RecordType::kChunk : RecordType::kManifest);
+    EXPECT_EQ(rec.offset + RecordBytes(rec.header.payload_bytes), seg.record_ends[i]);
+  }
+}
+
+TEST(Segment, NoChunksIsThreeBlocksPlusManifest) {
+  SegmentSpec spec;
+  spec.tensors.push_back({"nothing", fb::DType::F32, {0}, {}, {}, 0, 1});
+  BuiltSegment seg = BuildSegment(spec);
+  // Header block, manifest record, footer block.
+  EXPECT_EQ(seg.file.size(), kBlockBytes + RecordBytes(seg.manifest.size()) + kBlockBytes);
+  auto r = OpenOk(seg.file);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->manifest().chunk_count(), 0u);
+  EXPECT_EQ(r->footer().manifest_offset, kBlockBytes);
+  std::vector<ScannedRecord> records;
+  EXPECT_TRUE(Scan(seg.file, &records).ok());
+  EXPECT_EQ(records.size(), 1u);
+}
+
+TEST(Segment, FlippedPayloadByteNamesChunkOffsetAndChecksums) {
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  const ChunkEntry& c = seg.chunks[1];
+  seg.file[c.record_offset + kBlockBytes + 1234] ^= 0x20;
+  auto r = OpenOk(seg.file);  // the manifest does not cover payloads: it still opens
+  ASSERT_NE(r, nullptr);
+  std::vector<uint8_t> scratch;
+  for (uint32_t i = 0; i < r->manifest().chunk_count(); ++i) {
+    ChunkProblem problem;
+    Status st = r->CheckChunk(i, &scratch, &problem);
+    if (i != 1) {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      continue;
+    }
+    uint64_t actual = Xxh3(seg.file.data() + c.record_offset + kBlockBytes, c.payload_bytes);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+    EXPECT_EQ(problem.chunk_index, 1);
+    EXPECT_EQ(problem.file_offset, c.record_offset);
+    EXPECT_EQ(problem.expected_xxh3, c.xxh3);
+    EXPECT_EQ(problem.actual_xxh3, actual);
+    EXPECT_NE(actual, c.xxh3);
+    EXPECT_EQ(st.message(), "seg-test: chunk 1 at offset " + std::to_string(c.record_offset) +
+                                " fails xxh3 (expected " + Hex64(c.xxh3) + ", got " +
+                                Hex64(actual) + ")");
+  }
+  // Framing still holds: the scan reaches the footer and reports the bad payload's checksum.
+  std::vector<ScannedRecord> records;
+  ASSERT_TRUE(Scan(seg.file, &records).ok());
+  ASSERT_EQ(records.size(), seg.chunks.size() + 1);
+  for (size_t i = 0; i < records.size(); ++i) {
+    EXPECT_EQ(records[i].actual_xxh3 == records[i].header.payload_xxh3, i != 1) << i;
+  }
+}
+
+TEST(Segment, PaddingIsNotChecksummed) {
+  // Writers zero the padding; readers ignore it (docs/format.md), so a flip there is harmless.
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  seg.file[seg.chunks[2].record_offset + kBlockBytes + seg.chunks[2].payload_bytes] ^= 1;
+  seg.file[seg.chunks[2].record_offset + 100] ^= 1;  // record header block, past its 64 bytes
+  seg.file[100] ^= 1;                                // file header block, past its 64 bytes
+  auto r = OpenOk(seg.file);
+  ASSERT_NE(r, nullptr);
+  std::vector<uint8_t> scratch;
+  ChunkProblem problem;
+  EXPECT_TRUE(r->CheckChunk(2, &scratch, &problem).ok());
+}
+
+TEST(Segment, DamagedRecordHeaderFailsCheckChunk) {
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  seg.file[seg.chunks[3].record_offset + 9] ^= 1;  // payload_bytes
+  auto r = OpenOk(seg.file);
+  ASSERT_NE(r, nullptr);
+  std::vector<uint8_t> scratch;
+  ChunkProblem problem;
+  Status st = r->CheckChunk(3, &scratch, &problem);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("seg-test: chunk 3 at offset " +
+                                      std::to_string(seg.chunks[3].record_offset) +
+                                      ": record header fails xxh3"));
+  EXPECT_EQ(problem.chunk_index, 3);
+  EXPECT_EQ(problem.actual_xxh3, 0u);  // the payload was never hashed
+}
+
+TEST(Segment, MisplacedRecordFailsCheckChunk) {
+  // Chunk 0's record copied over chunk 1's: both frame, but the copy names the wrong place.
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  std::copy_n(seg.file.begin() + static_cast<ptrdiff_t>(seg.chunks[0].record_offset),
+              RecordBytes(4096),
+              seg.file.begin() + static_cast<ptrdiff_t>(seg.chunks[1].record_offset));
+  auto r = OpenOk(seg.file);
+  ASSERT_NE(r, nullptr);
+  std::vector<uint8_t> scratch;
+  ChunkProblem problem;
+  Status st = r->CheckChunk(1, &scratch, &problem);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("chunk 1 at offset 12288: record header disagrees with the "
+                                      "manifest"));
+  std::vector<ScannedRecord> records;
+  st = Scan(seg.file, &records);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(),
+              HasSubstr("offset 12288: record header belongs elsewhere (offset 4096"));
+  EXPECT_EQ(records.size(), 1u);
+}
+
+TEST(Segment, OpenRejectsDisagreements) {
+  BuiltSegment good = BuildSegment(SmallSpec());
+  struct Case {
+    std::string needle;
+    std::function<void(std::vector<uint8_t>*)> damage;
+  };
+  uint64_t mo = good.manifest_offset;
+  const Case cases[] = {
+      {"footer (version 4, rank 0) disagrees with header (version 3, rank 0)",
+       [](auto* f) { EditFooter(f, [](SegmentFooter* x) { x->version = 4; }); }},
+      {"footer (version 3, rank 1) disagrees",
+       [](auto* f) { EditFooter(f, [](SegmentFooter* x) { x->rank = 1; }); }},
+      {"manifest record header disagrees with the footer",
+       [](auto* f) { EditFooter(f, [](SegmentFooter* x) { x->chunk_count = 5; }); }},
+      {"manifest record header disagrees with the footer",
+       [](auto* f) { EditFooter(f, [](SegmentFooter* x) { x->manifest_xxh3 ^= 1; }); }},
+      {"manifest record header disagrees with the footer",
+       [mo](auto* f) { EditRecord(f, mo, [](RecordHeader* x) { x->type = RecordType::kChunk; }); }},
+      {"manifest record header disagrees with the footer",
+       [mo](auto* f) { EditRecord(f, mo, [](RecordHeader* x) { x->version = 9; }); }},
+      {"record at offset " + std::to_string(mo) + ": record header fails xxh3",
+       [mo](auto* f) { (*f)[mo + 40] ^= 1; }},
+      {"manifest at offset " + std::to_string(mo) + " fails xxh3 (expected ",
+       [mo](auto* f) { (*f)[mo + kBlockBytes + 20] ^= 1; }},
+      {"manifest provenance or chunk count disagrees with the header",
+       [](auto* f) { EditHeader(f, [](SegmentHeader* x) { x->job_id = 8; }); }},
+      {"footer (version 3, rank 0) disagrees with header (version 3, rank 2)",
+       [](auto* f) {
+         EditHeader(f, [](SegmentHeader* x) {
+           x->rank = 2;
+           x->world_size = 3;
+         });
+       }},
+      {"segment header at offset 0 fails xxh3", [](auto* f) { (*f)[20] ^= 4; }},
+      // The footer block repeated at the end: a valid footer for a shorter file.
+      {"footer says the file is " + std::to_string(good.file.size()) + " bytes but it is " +
+           std::to_string(good.file.size() + kBlockBytes),
+       [](auto* f) {
+         std::vector<uint8_t> last(f->end() - kBlockBytes, f->end());
+         f->insert(f->end(), last.begin(), last.end());
+       }},
+  };
+  for (const Case& c : cases) {
+    std::vector<uint8_t> file = good.file;
+    c.damage(&file);
+    Status st = OpenStatus(file);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << c.needle;
+    EXPECT_THAT(st.message(), HasSubstr(c.needle));
+    EXPECT_THAT(st.message(), HasSubstr("seg-test"));
+  }
+}
+
+TEST(Segment, ChunkLargerThanHeaderChunkSizeIsRejected) {
+  SegmentSpec spec = SmallSpec();
+  spec.chunk_bytes = 8192;
+  BuiltSegment seg = BuildSegment(spec);
+  EditHeader(&seg.file, [](SegmentHeader* h) { h->chunk_bytes = 4096; });
+  Status st = OpenStatus(seg.file);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  EXPECT_THAT(st.message(), HasSubstr("chunk 0 is larger than the segment's chunk size"));
+}
+
+TEST(Segment, NewerFormatVersionIsNotSupported) {
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  EditHeader(&seg.file, [](SegmentHeader* h) { h->format_version = 2; });
+  Status st = OpenStatus(seg.file);
+  EXPECT_EQ(st.code(), CKPTDB_ENOTSUP) << st.ToString();
+  std::vector<ScannedRecord> records;
+  EXPECT_EQ(Scan(seg.file, &records).code(), CKPTDB_ENOTSUP);
+  EXPECT_TRUE(records.empty());
+}
+
+// Messages that tell the user the file is torn, truncated or not a segment at all.
+auto TornMessage() {
+  return AnyOf(HasSubstr("truncated"), HasSubstr("torn"), HasSubstr("never finished"),
+               HasSubstr("not a whole number of 4096-byte blocks"));
+}
+
+TEST(Segment, TornTailsAreCorruptNeverACrash) {
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  const uint64_t size = seg.file.size();
+  std::vector<uint64_t> cuts;
+  for (uint64_t n = 0; n < size; n += kBlockBytes) cuts.push_back(n);
+  const uint64_t odd_sizes[] = {1,     63,          64,        65,        4095,     4097,    8191,
+                                12289, size - 4095, size - 64, size - 63, size - 8, size - 1};
+  cuts.insert(cuts.end(), std::begin(odd_sizes), std::end(odd_sizes));
+  for (uint64_t n : cuts) {
+    SCOPED_TRACE("truncated to " + std::to_string(n));
+    std::vector<uint8_t> cut(seg.file.begin(), seg.file.begin() + static_cast<ptrdiff_t>(n));
+    Status st = OpenStatus(cut);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.ToString();
+    EXPECT_THAT(st.message(), HasSubstr("seg-test"));
+    EXPECT_THAT(st.message(), TornMessage());
+
+    std::vector<ScannedRecord> records;
+    st = Scan(cut, &records);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.ToString();
+    EXPECT_THAT(st.message(), TornMessage());
+    // At a block boundary the scan reports exactly the records that end a block or more before
+    // the cut (the last block of a whole file is its footer).
+    if (IsAligned(n) && n >= kBlockBytes) {
+      size_t expected = 0;
+      while (expected < seg.record_ends.size() && seg.record_ends[expected] + kBlockBytes <= n) {
+        ++expected;
+      }
+      EXPECT_EQ(records.size(), expected);
+      for (const ScannedRecord& rec : records) {
+        EXPECT_EQ(rec.actual_xxh3, rec.header.payload_xxh3);
+      }
+    }
+  }
+}
+
+TEST(Segment, ZeroedTailIsTorn) {
+  // A crash after the file was extended but before the tail reached the disk reads as zeros.
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  for (uint64_t from = kBlockBytes; from < seg.file.size(); from += kBlockBytes) {
+    SCOPED_TRACE("zeros from " + std::to_string(from));
+    std::vector<uint8_t> file = seg.file;
+    std::fill(file.begin() + static_cast<ptrdiff_t>(from), file.end(), 0);
+    Status st = OpenStatus(file);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+    EXPECT_THAT(st.message(), HasSubstr("truncated or was never finished"));
+    std::vector<ScannedRecord> records;
+    st = Scan(file, &records);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+  }
+}
+
+TEST(Segment, RandomBytesAreCorrupt) {
+  for (uint64_t size : {0ull, 100ull, 4096ull, 3 * 4096ull, 5 * 4096ull, 16 * 4096ull}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      std::vector<uint8_t> file = RandomBytes(size, seed * 1000 + size);
+      Status st = OpenStatus(file);
+      EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << size << ": " << st.ToString();
+      EXPECT_THAT(st.message(), HasSubstr("seg-test"));
+      std::vector<ScannedRecord> records;
+      st = Scan(file, &records);
+      EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << size << ": " << st.ToString();
+      EXPECT_TRUE(records.empty());
+    }
+  }
+}
+
+TEST(Segment, EveryBlockFlipFailsCleanly) {
+  // One flipped byte at the start of every block and in the middle of each header: each read
+  // path either succeeds or returns an error; the sanitizers catch anything worse.
+  BuiltSegment seg = BuildSegment(SmallSpec());
+  std::vector<uint8_t> scratch;
+  for (uint64_t at = 0; at < seg.file.size(); at += 512) {
+    std::vector<uint8_t> file = seg.file;
+    file[at] ^= 0x41;
+    std::unique_ptr<SegmentReader> r;
+    Status st = SegmentReader::Open("seg-test", file.size(), MemoryRead(&file), &r);
+    if (st.ok()) {
+      for (uint32_t i = 0; i < r->manifest().chunk_count(); ++i) {
+        ChunkProblem problem;
+        Status c = r->CheckChunk(i, &scratch, &problem);
+        EXPECT_TRUE(c.ok() || c.code() == CKPTDB_ECORRUPT) << c.ToString();
+      }
+    } else {
+      EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << at << ": " << st.ToString();
+    }
+    std::vector<ScannedRecord> records;
+    st = Scan(file, &records);
+    EXPECT_TRUE(st.ok() || st.code() == CKPTDB_ECORRUPT) << st.ToString();
+  }
+}
+
+TEST(Segment, FuzzCorporaReadCleanly) {
+  // Every seed and regression input of the fuzzers, in the ordinary build: a reader bug that a
+  // fuzzer once found stays found without clang (docs/format.md, "Fuzzing").
+  std::vector<uint8_t> scratch;
+  size_t manifests = 0, segments = 0, opened = 0;
+  for (const auto& e : std::filesystem::directory_iterator(CorpusDir("manifest"))) {
+    std::vector<uint8_t> bytes = ReadBytes(e.path());
+    for (uint64_t data_end : {kBlockBytes, uint64_t{1} << 20}) {
+      ManifestView v;
+      Status st = ManifestView::Open(bytes, data_end, "seed", &v);
+      EXPECT_TRUE(st.ok() || st.code() == CKPTDB_ECORRUPT) << e.path() << ": " << st.ToString();
+    }
+    ++manifests;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(CorpusDir("segment_reader"))) {
+    std::vector<uint8_t> file = ReadBytes(e.path());
+    std::unique_ptr<SegmentReader> r;
+    Status st = SegmentReader::Open("seed", file.size(), MemoryRead(&file), &r);
+    EXPECT_TRUE(st.ok() || st.code() == CKPTDB_ECORRUPT || st.code() == CKPTDB_ENOTSUP)
+        << e.path() << ": " << st.ToString();
+    if (st.ok()) {
+      ++opened;
+      for (uint32_t i = 0; i < r->manifest().chunk_count(); ++i) {
+        ChunkProblem problem;
+        Status c = r->CheckChunk(i, &scratch, &problem);
+        EXPECT_TRUE(c.ok() || c.code() == CKPTDB_ECORRUPT) << e.path() << ": " << c.ToString();
+      }
+    }
+    std::vector<ScannedRecord> records;
+    st = Scan(file, &records);
+    EXPECT_TRUE(st.ok() || st.code() == CKPTDB_ECORRUPT || st.code() == CKPTDB_ENOTSUP)
+        << e.path() << ": " << st.ToString();
+    ++segments;
+  }
+  EXPECT_GE(manifests, 6u);
+  EXPECT_GE(segments, 6u);
+  EXPECT_GE(opened, 3u);  // golden-v1, no-tensors, one-chunk, flipped-payload
+}
+
+// ---- the golden v1 segment ------------------------------------------------------------------
+
+// What tests/data/golden-v1.seg holds. Changing anything here, in BuildSegment or in the format
+// code changes the file: see tests/data/README.md before regenerating it.
+SegmentSpec GoldenSpec() {
+  SegmentSpec s;
+  s.job_id = 0x0123456789ABCDEFull;
+  s.version = 42;
+  s.rank = 1;
+  s.world_size = 4;
+  s.chunk_bytes = 4096;
+  s.created_unix_ns = 1700000000123456789ull;
+  s.node_id = "golden-node";
+  s.writer = "ckptdb 0.1.0";
+  // Put order (file order): 3 chunks, then 1 chunk, then none; name order differs.
+  s.tensors.push_back({"model.layers.0.weight", fb::DType::F16, {48, 100}, {}, {}, 9600, 101});
+  s.tensors.push_back({"model.embed.shard", fb::DType::F32, {4, 8}, {16, 8}, {4, 0}, 128, 102});
+  s.tensors.push_back({"optimizer.empty", fb::DType::I64, {0}, {}, {}, 0, 103});
+  return s;
+}
+
+std::string GoldenPath() { return std::string(CKPTDB_TEST_DATA_DIR) + "/golden-v1.seg"; }
+// XXH3-64 of the whole golden file; printed by FormatGolden.DISABLED_Regenerate.
+constexpr uint64_t kGoldenFileXxh3 = 0xa3473661d5fa12fbull;
+constexpr uint64_t kGoldenFileBytes = 49152;
+constexpr uint64_t kGoldenManifestOffset = 36864;
+constexpr uint64_t kGoldenManifestBytes = 648;
+
+TEST(FormatGolden, DISABLED_Regenerate) {
+  BuiltSegment seg = BuildSegment(GoldenSpec());
+  test::WriteWholeFile(GoldenPath(), std::string(seg.file.begin(), seg.file.end()));
+  std::printf("wrote %s: %zu bytes, manifest %zu bytes at %llu, whole-file xxh3 %s\n",
+              GoldenPath().c_str(), seg.file.size(), seg.manifest.size(),
+              static_cast<unsigned long long>(seg.manifest_offset),
+              Hex64(Xxh3(seg.file.data(), seg.file.size())).c_str());
+}
+
+TEST(FormatGolden, ReadsV1) {
+  std::string raw = test::ReadWholeFile(GoldenPath());
+  ASSERT_EQ(raw.size(), kGoldenFileBytes) << GoldenPath();
+  std::vector<uint8_t> file(raw.begin(), raw.end());
+  // Any change to the bytes (format, writer, FlatBuffers layout) shows here first.
+  EXPECT_EQ(Hex64(Xxh3(file.data(), file.size())), Hex64(kGoldenFileXxh3));
+  EXPECT_EQ(std::memcmp(file.data(), "CKPTSEG1", 8), 0);
+  EXPECT_EQ(std::memcmp(file.data() + 4096, "CKRC", 4), 0);
+  EXPECT_EQ(std::memcmp(file.data() + file.size() - 8, "CKPTEND1", 8), 0);
+
+  std::unique_ptr<SegmentReader> r;
+  Status st = SegmentReader::Open("golden-v1.seg", file.size(), MemoryRead(&file), &r);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const SegmentHeader& h = r->header();
+  EXPECT_EQ(h.format_version, 1u);
+  EXPECT_EQ(h.job_id, 0x0123456789ABCDEFull);
+  EXPECT_EQ(h.version, 42u);
+  EXPECT_EQ(h.rank, 1u);
+  EXPECT_EQ(h.world_size, 4u);
+  EXPECT_EQ(h.chunk_bytes, 4096u);
+  EXPECT_EQ(h.created_unix_ns, 1700000000123456789ull);
+  const SegmentFooter& f = r->footer();
+  EXPECT_EQ(f.manifest_offset, kGoldenManifestOffset);
+  EXPECT_EQ(f.manifest_bytes, kGoldenManifestBytes);
+  EXPECT_EQ(f.manifest_xxh3,
+            Xxh3(file.data() + kGoldenManifestOffset + 4096, kGoldenManifestBytes));
+  EXPECT_EQ(f.version, 42u);
+  EXPECT_EQ(f.rank, 1u);
+  EXPECT_EQ(f.chunk_count, 4u);
+  EXPECT_EQ(f.file_bytes, kGoldenFileBytes);
+
+  const ManifestView& m = r->manifest();
+  EXPECT_EQ(m.root().format_version(), 1u);
+  EXPECT_EQ(m.root().data_bytes(), 9600u + 128);
+  const fb::Provenance* p = m.root().provenance();
+  EXPECT_EQ(p->job_id(), 0x0123456789ABCDEFull);
+  EXPECT_EQ(p->rank(), 1u);
+  EXPECT_EQ(p->world_size(), 4u);
+  EXPECT_EQ(p->version(), 42u);
+  EXPECT_EQ(p->node_id()->str(), "golden-node");
+  EXPECT_EQ(p->created_unix_ns(), 1700000000123456789ull);
+  EXPECT_EQ(p->writer()->str(), "ckptdb 0.1.0");
+  ASSERT_NE(m.root().redundancy(), nullptr);
+  EXPECT_EQ(m.root().redundancy()->scheme(), fb::RedundancyScheme::None);
+
+  // Chunks in file order: weight (4096, 4096, 1408), then the embedding shard (128).
+  const uint64_t offsets[] = {4096, 12288, 20480, 28672};
+  const uint64_t sizes[] = {4096, 4096, 1408, 128};
+  ASSERT_EQ(m.chunk_count(), 4u);
+  for (uint32_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(m.chunk(i).record_offset(), offsets[i]);
+    EXPECT_EQ(m.chunk(i).payload_bytes(), sizes[i]);
+  }
+
+  struct Want {
+    const char* name;
+    fb::DType dtype;
+    std::vector<uint64_t> shape, global_shape, global_offset;
+    uint64_t bytes, seed;
+    uint32_t first_chunk, chunk_count;
+  };
+  const Want want[] = {
+      {"model.embed.shard", fb::DType::F32, {4, 8}, {16, 8}, {4, 0}, 128, 102, 3, 1},
+      {"model.layers.0.weight", fb::DType::F16, {48, 100}, {}, {}, 9600, 101, 0, 3},
+      {"optimizer.empty", fb::DType::I64, {0}, {}, {}, 0, 103, 4, 0},
+  };
+  ASSERT_EQ(m.tensor_count(), 3u);
+  std::vector<uint8_t> scratch;
+  for (uint32_t i = 0; i < 3; ++i) {
+    const Want& w = want[i];
+    SCOPED_TRACE(w.name);
+    const fb::Tensor& t = m.tensor(i);
+    EXPECT_EQ(t.name()->str(), w.name);
+    EXPECT_EQ(m.Find(w.name), &t);
+    EXPECT_EQ(t.dtype(), w.dtype);
+    EXPECT_EQ(std::vector<uint64_t>(t.shape()->begin(), t.shape()->end()), w.shape);
+    EXPECT_EQ(std::vector<uint64_t>(t.global_shape()->begin(), t.global_shape()->end()),
+              w.global_shape);
+    EXPECT_EQ(std::vector<uint64_t>(t.global_offset()->begin(), t.global_offset()->end()),
+              w.global_offset);
+    EXPECT_EQ(t.bytes(), w.bytes);
+    EXPECT_EQ(t.first_chunk(), w.first_chunk);
+    EXPECT_EQ(t.chunk_count(), w.chunk_count);
+    std::vector<uint8_t> expected = RandomBytes(w.bytes, w.seed);
+    std::vector<uint8_t> got;
+    for (uint32_t c = t.first_chunk(); c < t.first_chunk() + t.chunk_count(); ++c) {
+      ChunkProblem problem;
+      Status cs = r->CheckChunk(c, &scratch, &problem);
+      ASSERT_TRUE(cs.ok()) << cs.ToString();
+      EXPECT_EQ(m.chunk(c).xxh3(), Xxh3(scratch.data() + kBlockBytes, m.chunk(c).payload_bytes()));
+      got.insert(got.end(), scratch.begin() + kBlockBytes, scratch.end());
+      // Padding after the payload is zero, as the writer leaves it.
+      uint64_t end = offsets[c] + RecordBytes(sizes[c]);
+      EXPECT_TRUE(std::all_of(file.begin() + static_cast<ptrdiff_t>(offsets[c] + 4096 + sizes[c]),
+                              file.begin() + static_cast<ptrdiff_t>(end),
+                              [](uint8_t b) { return b == 0; }));
+    }
+    EXPECT_EQ(got, expected);
+  }
+  EXPECT_EQ(m.Find("model.embed"), nullptr);
+
+  std::vector<ScannedRecord> records;
+  st = Scan(file, &records);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(records.size(), 5u);
+  EXPECT_EQ(records[4].header.type, RecordType::kManifest);
+  EXPECT_EQ(records[4].offset, kGoldenManifestOffset);
+  EXPECT_EQ(records[4].header.sequence, 4u);
+}
+
+// The fuzzers' seed inputs (fuzz/corpus/): valid segments and manifests and a few damaged ones,
+// each under 64 KiB. Regenerate them freely; unlike the golden file they pin nothing.
+TEST(FuzzSeeds, DISABLED_Regenerate) {
+  const std::string root = std::string(CKPTDB_TEST_DATA_DIR) + "/../../fuzz/corpus";
+  auto write = [&](const std::string& name, const std::vector<uint8_t>& bytes) {
+    ASSERT_LT(bytes.size(), 64u << 10) << name;
+    test::WriteWholeFile(root + "/" + name, std::string(bytes.begin(), bytes.end()));
+  };
+  BuiltSegment golden = BuildSegment(GoldenSpec());
+  SegmentSpec empty;
+  BuiltSegment none = BuildSegment(empty);
+  SegmentSpec one;
+  one.tensors.push_back({"x", fb::DType::U8, {}, {}, {}, 100, 1});
+  BuiltSegment single = BuildSegment(one);
+
+  write("segment_reader/golden-v1.seg", golden.file);
+  write("segment_reader/no-tensors.seg", none.file);
+  write("segment_reader/one-chunk.seg", single.file);
+  std::vector<uint8_t> bad = golden.file;
+  bad[golden.chunks[1].record_offset + kBlockBytes + 7] ^= 1;
+  write("segment_reader/flipped-payload.seg", bad);
+  bad = golden.file;
+  bad.resize(golden.manifest_offset + kBlockBytes);
+  write("segment_reader/torn-at-manifest.seg", bad);
+  bad = golden.file;
+  bad[golden.manifest_offset + kBlockBytes + 40] ^= 0x10;
+  write("segment_reader/flipped-manifest.seg", bad);
+
+  write("manifest/golden-v1.ckmf", golden.manifest);
+  write("manifest/no-tensors.ckmf", none.manifest);
+  write("manifest/one-chunk.ckmf", single.manifest);
+  write("manifest/two-tensors.ckmf", ValidRaw().Build());
+  RawManifest unsorted = ValidRaw();
+  std::swap(unsorted.tensors[0].name, unsorted.tensors[1].name);
+  write("manifest/unsorted.ckmf", unsorted.Build());
+  bad = golden.manifest;
+  bad.resize(bad.size() / 2);
+  write("manifest/truncated.ckmf", bad);
+}
+
+}  // namespace
+}  // namespace ckpt::format
