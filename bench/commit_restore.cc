@@ -43,8 +43,8 @@ double Since(Clock::time_point t0) {
 }
 
 uint8_t* Allocate(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
   if (p == MAP_FAILED) {
     std::perror("mmap");
     std::exit(2);
@@ -128,12 +128,17 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--dir") dir = next();
-    else if (a == "--gib") gib = std::stod(next());
-    else if (a == "--tensor-mib") tensor_mib = std::stoul(next());
-    else if (a == "--repeats") repeats = std::stoi(next());
+    if (a == "--dir")
+      dir = next();
+    else if (a == "--gib")
+      gib = std::stod(next());
+    else if (a == "--tensor-mib")
+      tensor_mib = std::stoul(next());
+    else if (a == "--repeats")
+      repeats = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: %s [--dir D] [--gib G] [--tensor-mib M] [--repeats R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--dir D] [--gib G] [--tensor-mib M] [--repeats R]\n",
+                   argv[0]);
       return 2;
     }
   }

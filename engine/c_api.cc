@@ -76,7 +76,7 @@ ckpt::Status EnvU32(uint32_t value, const char* name, uint32_t fallback, uint32_
   unsigned long long v = std::strtoull(e, &end, 10);
   if (errno != 0 || *end != '\0' || e[0] == '-' || v >= CKPTDB_UNSET) {
     return ckpt::Status::Invalid(std::string("environment ") + name + "=\"" + e +
-                                   "\" is not a non-negative integer");
+                                 "\" is not a non-negative integer");
   }
   *out = static_cast<uint32_t>(v);
   return ckpt::Status::Ok();
@@ -91,8 +91,8 @@ size_t ckptdb_dtype_bytes(int dtype) {
 }
 
 const char* ckptdb_dtype_name(int dtype) {
-  static const char* const kNames[] = {"raw", "bool", "u8",  "i8",  "u16",     "i16",
-                                       "u32", "i32",  "u64", "i64", "f16",     "bf16",
+  static const char* const kNames[] = {"raw", "bool", "u8",      "i8",     "u16", "i16",
+                                       "u32", "i32",  "u64",     "i64",    "f16", "bf16",
                                        "f32", "f64",  "f8_e4m3", "f8_e5m2"};
   if (dtype < 0 || dtype >= CKPTDB_DTYPE_COUNT_) return "?";
   return kNames[dtype];
@@ -100,13 +100,20 @@ const char* ckptdb_dtype_name(int dtype) {
 
 const char* ckptdb_state_name(int state) {
   switch (state) {
-    case CKPTDB_STATE_OPEN: return "OPEN";
-    case CKPTDB_STATE_CAPTURED: return "CAPTURED";
-    case CKPTDB_STATE_PREPARED: return "PREPARED";
-    case CKPTDB_STATE_COMMITTED: return "COMMITTED";
-    case CKPTDB_STATE_ABORTED: return "ABORTED";
-    case CKPTDB_STATE_RETIRED: return "RETIRED";
-    default: return "UNKNOWN";
+    case CKPTDB_STATE_OPEN:
+      return "OPEN";
+    case CKPTDB_STATE_CAPTURED:
+      return "CAPTURED";
+    case CKPTDB_STATE_PREPARED:
+      return "PREPARED";
+    case CKPTDB_STATE_COMMITTED:
+      return "COMMITTED";
+    case CKPTDB_STATE_ABORTED:
+      return "ABORTED";
+    case CKPTDB_STATE_RETIRED:
+      return "RETIRED";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -171,12 +178,14 @@ int ckptdb_close(ckptdb* db) {
 int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
                      size_t nbytes, const ckptdb_tensor_info* info, unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_put_shard");
-  return Guard("ckptdb_put_shard", [&] { return Done(db->db->PutShard(version, name, data, nbytes, info, flags)); });
+  return Guard("ckptdb_put_shard",
+               [&] { return Done(db->db->PutShard(version, name, data, nbytes, info, flags)); });
 }
 
 int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_capture");
-  return Guard("ckptdb_wait_capture", [&] { return Done(db->db->WaitCapture(version, timeout_ms)); });
+  return Guard("ckptdb_wait_capture",
+               [&] { return Done(db->db->WaitCapture(version, timeout_ms)); });
 }
 
 int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags) {
@@ -203,7 +212,8 @@ int ckptdb_latest(ckptdb* db, uint64_t* version) {
 int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_restore");
-  return Guard("ckptdb_restore", [&] { return Done(db->db->Restore(version, name, dst, nbytes, flags)); });
+  return Guard("ckptdb_restore",
+               [&] { return Done(db->db->Restore(version, name, dst, nbytes, flags)); });
 }
 
 int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg) {

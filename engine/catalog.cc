@@ -165,7 +165,8 @@ Status Catalog::PutIdentity(const Identity& id) {
 }
 
 Status Catalog::GetTiers(std::string* spec) {
-  return FromRocks(db_->Get(rocksdb::ReadOptions(), "meta/tiers", spec), "catalog " + dir_ + " tiers");
+  return FromRocks(db_->Get(rocksdb::ReadOptions(), "meta/tiers", spec),
+                   "catalog " + dir_ + " tiers");
 }
 
 Status Catalog::PutTiers(const std::string& spec) {
@@ -200,7 +201,8 @@ Status Catalog::DecodeVersion(const std::string& v, const std::string& what, Ver
     return Status::Corrupt("catalog record " + what + " has the wrong length");
   }
   if (!ValidState(state)) {
-    return Status::Corrupt("catalog record " + what + " has unknown state " + std::to_string(state));
+    return Status::Corrupt("catalog record " + what + " has unknown state " +
+                           std::to_string(state));
   }
   r->state = state;
   return Status::Ok();
@@ -216,8 +218,7 @@ std::string Catalog::EncodeResidency(const ResidencyRecord& r) {
   return w.Finish();
 }
 
-Status Catalog::DecodeResidency(const std::string& v, const std::string& what,
-                                ResidencyRecord* r) {
+Status Catalog::DecodeResidency(const std::string& v, const std::string& what, ResidencyRecord* r) {
   CKPTDB_RETURN_IF_ERROR(CheckFrame(v, what));
   Reader rd(v);
   uint8_t fmt, state;
@@ -245,7 +246,8 @@ Status Catalog::Apply(const CatalogBatch& batch, bool sync) {
   }
   for (const VersionRecord& r : batch.put_versions) wb.Put(VersionKey(r.version), EncodeVersion(r));
   for (const auto& [v, tier] : batch.delete_residency) wb.Delete(ResidencyPrefix(v) + tier);
-  for (const auto& [v, r] : batch.put_residency) wb.Put(ResidencyPrefix(v) + r.tier, EncodeResidency(r));
+  for (const auto& [v, r] : batch.put_residency)
+    wb.Put(ResidencyPrefix(v) + r.tier, EncodeResidency(r));
   rocksdb::WriteOptions o;
   o.sync = sync;
   return FromRocks(db_->Write(o, &wb), "writing catalog " + dir_);
@@ -269,7 +271,9 @@ Status Catalog::LoadAll(std::map<uint64_t, VersionEntry>* out) {
     uint64_t v = FromBe64(it->key().data() + 2);
     VersionRecord r;
     CKPTDB_RETURN_IF_ERROR(DecodeVersion(it->value().ToString(), "v/" + std::to_string(v), &r));
-    if (r.version != v) return Status::Corrupt("catalog record v/" + std::to_string(v) + " names version " + std::to_string(r.version));
+    if (r.version != v)
+      return Status::Corrupt("catalog record v/" + std::to_string(v) + " names version " +
+                             std::to_string(r.version));
     (*out)[v].record = r;
     (*out)[v].has_record = true;
   }

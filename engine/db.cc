@@ -224,8 +224,8 @@ Status Db::OpenImpl() {
     void* p = ::mmap(nullptr, staging_bytes_, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) {
-      return Status::FromErrno(errno, "allocating " + std::to_string(staging_bytes_) +
-                                          " bytes of staging");
+      return Status::FromErrno(
+          errno, "allocating " + std::to_string(staging_bytes_) + " bytes of staging");
     }
     staging_ = static_cast<uint8_t*>(p);
     (void)::mlock(staging_, staging_bytes_);  // best effort: unprivileged limits are small
@@ -397,9 +397,10 @@ Status Db::Pump(size_t min_completions) {
     --v.writes_in_flight;
     if (c.result < 0) {
       if (v.error.ok()) {
-        v.error = Status::FromErrno(static_cast<int>(-c.result),
-                                    "writing " + V(version) + " to tier " + tiers_[tier]->name() +
-                                        " (" + tiers_[tier]->TempPath(version, identity_.rank) + ")");
+        v.error =
+            Status::FromErrno(static_cast<int>(-c.result),
+                              "writing " + V(version) + " to tier " + tiers_[tier]->name() + " (" +
+                                  tiers_[tier]->TempPath(version, identity_.rank) + ")");
       }
     } else if (c.result > 0) {
       stats_.tier_bytes_written[tier] += static_cast<uint64_t>(c.result);
@@ -434,7 +435,8 @@ Status Db::SubmitWrites(OpenVersion* v, size_t slot, uint64_t offset, const void
     r.buffer = const_cast<void*>(buf);
     r.length = length;
     r.buffer_index = (from_slot && fixed_buffers_) ? 0 : -1;
-    r.tag = from_slot ? MakeTag(kTagSlot, w.tier_index, slot) : MakeTag(kTagCommit, w.tier_index, 0);
+    r.tag =
+        from_slot ? MakeTag(kTagSlot, w.tier_index, slot) : MakeTag(kTagCommit, w.tier_index, 0);
   }
   if (from_slot) {
     slot_pending_[slot] = static_cast<uint32_t>(n);
@@ -592,7 +594,8 @@ Status ValidateTensorInfo(const ckptdb_tensor_info* info, const std::string& wha
   if (scalar_or_shaped &&
       (__builtin_mul_overflow(elements, element_bytes, &expected) || expected != nbytes)) {
     std::string shape;
-    for (uint32_t d = 0; d < info->ndim; ++d) shape += (d ? "x" : "") + std::to_string(info->shape[d]);
+    for (uint32_t d = 0; d < info->ndim; ++d)
+      shape += (d ? "x" : "") + std::to_string(info->shape[d]);
     return Status::Invalid(what + ": shape [" + shape + "] of " + ckptdb_dtype_name(info->dtype) +
                            " is " + std::to_string(expected) + " bytes, but nbytes is " +
                            std::to_string(nbytes));
@@ -709,7 +712,8 @@ Status Db::WaitCapture(uint64_t version, int timeout_ms) {
   // the caller's buffers; the call only checks that the version exists.
   if (open_.count(version)) return Status::Ok();
   auto it = versions_.find(version);
-  if (it == versions_.end()) return Status::NotFound("wait_capture " + V(version) + ": no shards were put");
+  if (it == versions_.end())
+    return Status::NotFound("wait_capture " + V(version) + ": no shards were put");
   if (it->second.record.state == CKPTDB_STATE_ABORTED) {
     return Status::State("wait_capture " + V(version) + ": the version was aborted");
   }
@@ -853,8 +857,9 @@ Status Db::Commit(uint64_t version, unsigned flags) {
     // The decision may or may not be durable; the next open decides from the catalog. Until
     // then this handle must not claim either outcome.
     open_.erase(version);
-    poisoned_ = st.WithContext(what + ": writing COMMITTED failed; close and reopen the store to "
-                                      "learn the outcome");
+    poisoned_ = st.WithContext(what +
+                               ": writing COMMITTED failed; close and reopen the store to "
+                               "learn the outcome");
     return poisoned_;
   }
   CrashPoint("commit:after_committed");
@@ -930,7 +935,8 @@ Status Db::WaitCommit(uint64_t version, int timeout_ms) {
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   // Commit is complete when ckptdb_commit returns in this build, so nothing is ever pending.
   auto it = versions_.find(version);
-  if (it == versions_.end()) return Status::NotFound("wait_commit " + V(version) + ": unknown version");
+  if (it == versions_.end())
+    return Status::NotFound("wait_commit " + V(version) + ": unknown version");
   int s = it->second.record.state;
   if (s == CKPTDB_STATE_COMMITTED || s == CKPTDB_STATE_RETIRED) return Status::Ok();
   if (s == CKPTDB_STATE_ABORTED) return Status::State("wait_commit " + V(version) + ": aborted");
@@ -1022,7 +1028,8 @@ Status Db::ReadSegment(uint64_t version, size_t tier_index, OpenSegment** out) {
   for (const ResidencyRecord& r : e.residency) {
     if (r.tier == tiers_[tier_index]->name()) res = &r;
   }
-  if (res == nullptr) return Status::NotFound(V(version) + " is not on tier " + tiers_[tier_index]->name());
+  if (res == nullptr)
+    return Status::NotFound(V(version) + " is not on tier " + tiers_[tier_index]->name());
   std::string what = "segment " + res->path + " (tier " + res->tier + ")";
   OpenSegment seg;
   io::OpenOptions o;
@@ -1128,13 +1135,15 @@ Status Db::ReadChunksInto(OpenSegment* seg, const std::vector<uint32_t>& chunks,
         stats_.checksum_failures++;
         failed->push_back(chunks[k]);
         if (last_problem_.empty()) {
-          last_problem_ = "chunk " + std::to_string(chunks[k]) + " at offset " +
-                          std::to_string(c.record_offset()) + " of " + seg->reader->what() +
-                          (cp.result < 0 ? " cannot be read: " + std::string(std::strerror(static_cast<int>(-cp.result)))
-                                         : cp.result != static_cast<int64_t>(c.payload_bytes())
-                                               ? " is cut short"
-                                               : " fails xxh3 (expected " + format::Hex64(c.xxh3()) +
-                                                     ", got " + format::Hex64(actual) + ")");
+          last_problem_ =
+              "chunk " + std::to_string(chunks[k]) + " at offset " +
+              std::to_string(c.record_offset()) + " of " + seg->reader->what() +
+              (cp.result < 0
+                   ? " cannot be read: " + std::string(std::strerror(static_cast<int>(-cp.result)))
+               : cp.result != static_cast<int64_t>(c.payload_bytes())
+                   ? " is cut short"
+                   : " fails xxh3 (expected " + format::Hex64(c.xxh3()) + ", got " +
+                         format::Hex64(actual) + ")");
         }
       }
     }
@@ -1162,17 +1171,18 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   std::vector<size_t> candidates;
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
     for (const ResidencyRecord& r : it->second.residency) {
-      if (r.tier == tiers_[ti]->name() && r.state == CKPTDB_RESIDENT_DURABLE) candidates.push_back(ti);
+      if (r.tier == tiers_[ti]->name() && r.state == CKPTDB_RESIDENT_DURABLE)
+        candidates.push_back(ti);
     }
   }
   if (candidates.empty()) {
     std::string where;
     for (const ResidencyRecord& r : it->second.residency) {
       where += (where.empty() ? "" : ", ") + r.tier + " " +
-               (r.state == CKPTDB_RESIDENT_MISSING ? "missing"
+               (r.state == CKPTDB_RESIDENT_MISSING   ? "missing"
                 : r.state == CKPTDB_RESIDENT_EVICTED ? "evicted"
-                : TierIndex(r.tier) < 0             ? "not configured"
-                                                    : "not durable");
+                : TierIndex(r.tier) < 0              ? "not configured"
+                                                     : "not durable");
     }
     return Status::NotFound(what + ": no configured tier holds a copy of the version (" +
                             (where.empty() ? "no copies recorded" : where) + ")");
@@ -1206,7 +1216,8 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
       for (uint32_t c = first; c < first + count; ++c) pending.push_back(c);
     } else if (t == nullptr || t->first_chunk() != first || t->chunk_count() != count ||
                t->bytes() != bytes) {
-      errors += (errors.empty() ? "" : "; ") + seg->reader->what() + " lays the tensor out differently";
+      errors +=
+          (errors.empty() ? "" : "; ") + seg->reader->what() + " lays the tensor out differently";
       continue;
     }
     std::vector<uint32_t> failed;
@@ -1303,8 +1314,10 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
       d.dtype = static_cast<int>(t.dtype());
       d.ndim = t.shape() ? t.shape()->size() : 0;
       d.shape = t.shape() ? t.shape()->data() : nullptr;
-      d.global_shape = (t.global_shape() && t.global_shape()->size()) ? t.global_shape()->data() : nullptr;
-      d.global_offset = (t.global_offset() && t.global_offset()->size()) ? t.global_offset()->data() : nullptr;
+      d.global_shape =
+          (t.global_shape() && t.global_shape()->size()) ? t.global_shape()->data() : nullptr;
+      d.global_offset =
+          (t.global_offset() && t.global_offset()->size()) ? t.global_offset()->data() : nullptr;
       d.nbytes = t.bytes();
       d.chunk_count = t.chunk_count();
       if (fn(arg, &d) != 0) break;
@@ -1312,7 +1325,8 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
     return Status::Ok();
   }
   if (!any_copy) {
-    return Status::NotFound("list " + V(version) + ": no configured tier holds a copy of the version");
+    return Status::NotFound("list " + V(version) +
+                            ": no configured tier holds a copy of the version");
   }
   return Status::Corrupt("list " + V(version) + ": no tier has a readable manifest" +
                          (errors.empty() ? "" : ": " + errors));
@@ -1326,7 +1340,8 @@ Status Db::ListVersions(ckptdb_version_fn fn, void* arg) {
     if (!e.has_record) continue;
     std::vector<ckptdb_residency> res;
     for (const ResidencyRecord& r : e.residency) {
-      res.push_back(ckptdb_residency{r.tier.c_str(), r.path.c_str(), r.state, TierIndex(r.tier) >= 0});
+      res.push_back(
+          ckptdb_residency{r.tier.c_str(), r.path.c_str(), r.state, TierIndex(r.tier) >= 0});
     }
     ckptdb_version_info info{};
     info.version = version;
@@ -1368,7 +1383,8 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
     if (!known) {
       std::string names;
       for (const auto& t : tiers_) names += (names.empty() ? "" : ", ") + t->name();
-      return Status::NotFound(std::string("verify: no tier named '") + tier + "' (tiers: " + names + ")");
+      return Status::NotFound(std::string("verify: no tier named '") + tier + "' (tiers: " + names +
+                              ")");
     }
   }
   struct Target {
@@ -1384,7 +1400,8 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
     }
     if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
       return Status::State("verify " + V(version) + ": the version is " +
-                           ckptdb_state_name(it->second.record.state) + "; only committed versions have segments to check");
+                           ckptdb_state_name(it->second.record.state) +
+                           "; only committed versions have segments to check");
     }
   }
   uint64_t total = 0;
@@ -1459,8 +1476,8 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
               emit(CKPTDB_VERIFY_PROBLEM, t, chunk ? r.header.sequence : -1, r.offset,
                    r.header.payload_xxh3, r.actual_xxh3,
                    what + ": " + label + " at offset " + std::to_string(r.offset) +
-                       " fails xxh3 (expected " + format::Hex64(r.header.payload_xxh3) +
-                       ", got " + format::Hex64(r.actual_xxh3) + ")");
+                       " fails xxh3 (expected " + format::Hex64(r.header.payload_xxh3) + ", got " +
+                       format::Hex64(r.actual_xxh3) + ")");
             }
           },
           &scratch);

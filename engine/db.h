@@ -134,7 +134,7 @@ class Db {
   std::vector<std::unique_ptr<Tier>> tiers_;
   int lock_fd_ = -1;
   bool closed_ = false;
-  bool created_root_ = false;  // this Open created the root directory
+  bool created_root_ = false;                 // this Open created the root directory
   std::vector<std::string> markers_written_;  // tier markers this Open created
   Status poisoned_;  // set when the outcome of a commit is unknown: only Close is allowed
 
@@ -145,8 +145,8 @@ class Db {
   size_t slot_bytes_ = 0;
   size_t slot_count_ = 0;
   bool fixed_buffers_ = false;
-  std::vector<uint32_t> slot_pending_;   // writes in flight from each slot
-  std::vector<uint64_t> slot_version_;   // the version each busy slot belongs to
+  std::vector<uint32_t> slot_pending_;  // writes in flight from each slot
+  std::vector<uint64_t> slot_version_;  // the version each busy slot belongs to
   std::vector<size_t> free_slots_;
 
   std::map<uint64_t, OpenVersion> open_;

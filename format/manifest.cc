@@ -18,7 +18,9 @@ std::string_view NameOf(const fb::Tensor& t) {
   return std::string_view(t.name()->data(), t.name()->size());
 }
 
-bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+bool MulOverflows(uint64_t a, uint64_t b, uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 
 // flatbuffers 2.0.8's Verifier checks only the 4-byte alignment of a vector's length field, not
 // the 8-byte alignment that ulong elements and Chunk structs need, and reading a misaligned one is
@@ -56,14 +58,15 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
   auto tensor_vec = b.CreateVector(tensors);
   std::vector<fb::Chunk> chunks;
   chunks.reserve(c.chunks.size());
-  for (const ChunkEntry& ch : c.chunks) chunks.emplace_back(ch.record_offset, ch.payload_bytes, ch.xxh3);
+  for (const ChunkEntry& ch : c.chunks)
+    chunks.emplace_back(ch.record_offset, ch.payload_bytes, ch.xxh3);
   auto chunk_vec = b.CreateVectorOfStructs(chunks);
   auto redundancy = fb::CreateRedundancy(b, fb::RedundancyScheme::None);
-  auto prov = fb::CreateProvenance(b, c.job_id, c.rank, c.world_size, c.version,
-                                   b.CreateString(c.node_id), c.created_unix_ns,
-                                   b.CreateString(c.writer));
-  auto root = fb::CreateManifest(b, kFormatVersion, prov, tensor_vec, chunk_vec, redundancy,
-                                 data_bytes);
+  auto prov =
+      fb::CreateProvenance(b, c.job_id, c.rank, c.world_size, c.version, b.CreateString(c.node_id),
+                           c.created_unix_ns, b.CreateString(c.writer));
+  auto root =
+      fb::CreateManifest(b, kFormatVersion, prov, tensor_vec, chunk_vec, redundancy, data_bytes);
   b.Finish(root, fb::ManifestIdentifier());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -95,14 +98,15 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     if (c->record_offset() != next || c->payload_bytes() > kMaxChunkBytes ||
         c->payload_bytes() > data_end) {
       return bad("chunk " + std::to_string(i) + " at offset " + std::to_string(c->record_offset()) +
-                 " (" + std::to_string(c->payload_bytes()) + " bytes) is out of place; expected offset " +
-                 std::to_string(next));
+                 " (" + std::to_string(c->payload_bytes()) +
+                 " bytes) is out of place; expected offset " + std::to_string(next));
     }
     next += RecordBytes(c->payload_bytes());
     if (next > data_end) return bad("chunk " + std::to_string(i) + " runs past the data records");
   }
-  if (next != data_end) return bad("chunks end at " + std::to_string(next) + ", records at " +
-                                   std::to_string(data_end));
+  if (next != data_end)
+    return bad("chunks end at " + std::to_string(next) + ", records at " +
+               std::to_string(data_end));
   // Tensors: sorted unique names, chunk ranges that tile the chunk list, consistent sizes.
   uint64_t data_bytes = 0;
   uint64_t expected_first = 0;
@@ -135,7 +139,8 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     if (ndim > 0) {
       uint64_t elements = 1;
       for (uint32_t d = 0; d < ndim; ++d) {
-        if (MulOverflows(elements, t->shape()->Get(d), &elements)) return bad(label + " shape overflows");
+        if (MulOverflows(elements, t->shape()->Get(d), &elements))
+          return bad(label + " shape overflows");
         if (gdim) {
           uint64_t end;
           if (__builtin_add_overflow(t->global_offset()->Get(d), t->shape()->Get(d), &end) ||
@@ -185,7 +190,10 @@ const fb::Tensor* ManifestView::Find(std::string_view name) const {
     uint32_t mid = lo + (hi - lo) / 2;
     std::string_view n = NameOf(*v->Get(mid));
     if (n == name) return v->Get(mid);
-    if (n < name) lo = mid + 1; else hi = mid;
+    if (n < name)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return nullptr;
 }

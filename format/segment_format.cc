@@ -165,8 +165,9 @@ void EncodeFooter(const SegmentFooter& f, std::span<uint8_t, 64> out) {
 Status DecodeFooter(std::span<const uint8_t, 64> in, const std::string& what, SegmentFooter* f) {
   const uint8_t* p = in.data();
   if (Get<uint64_t>(p, 56) != Magic(kFooterMagic)) {
-    return Status::Corrupt(what + ": no segment footer (bad magic in the last 8 bytes): the "
-                                  "segment is truncated or was never finished");
+    return Status::Corrupt(what +
+                           ": no segment footer (bad magic in the last 8 bytes): the "
+                           "segment is truncated or was never finished");
   }
   uint64_t expected = Get<uint64_t>(p, 48);
   uint64_t actual = Xxh3(p, kFooterChecked);

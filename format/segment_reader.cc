@@ -16,9 +16,10 @@ Status SegmentReader::Open(const std::string& what, uint64_t file_bytes, ReadAtF
   r->read_ = std::move(read);
   uint8_t block[64];
   CKPTDB_RETURN_IF_ERROR(r->read_(0, block, sizeof block).WithContext(what + ": reading header"));
-  CKPTDB_RETURN_IF_ERROR(DecodeSegmentHeader(std::span<const uint8_t, 64>(block), what, &r->header_));
   CKPTDB_RETURN_IF_ERROR(
-      r->read_(file_bytes - kFooterBytes, block, sizeof block).WithContext(what + ": reading footer"));
+      DecodeSegmentHeader(std::span<const uint8_t, 64>(block), what, &r->header_));
+  CKPTDB_RETURN_IF_ERROR(r->read_(file_bytes - kFooterBytes, block, sizeof block)
+                             .WithContext(what + ": reading footer"));
   CKPTDB_RETURN_IF_ERROR(DecodeFooter(std::span<const uint8_t, 64>(block), what, &r->footer_));
   const SegmentHeader& h = r->header_;
   const SegmentFooter& f = r->footer_;
@@ -42,9 +43,9 @@ Status SegmentReader::Open(const std::string& what, uint64_t file_bytes, ReadAtF
     return Status::Corrupt(at + ": manifest record header disagrees with the footer");
   }
   r->manifest_bytes_.resize(f.manifest_bytes);
-  CKPTDB_RETURN_IF_ERROR(r->read_(f.manifest_offset + kBlockBytes, r->manifest_bytes_.data(),
-                                  f.manifest_bytes)
-                             .WithContext(what + ": reading manifest"));
+  CKPTDB_RETURN_IF_ERROR(
+      r->read_(f.manifest_offset + kBlockBytes, r->manifest_bytes_.data(), f.manifest_bytes)
+          .WithContext(what + ": reading manifest"));
   uint64_t actual = Xxh3(r->manifest_bytes_.data(), r->manifest_bytes_.size());
   if (actual != f.manifest_xxh3) {
     return Status::Corrupt(what + ": manifest at offset " + std::to_string(f.manifest_offset) +
@@ -83,7 +84,8 @@ Status SegmentReader::CheckChunk(uint32_t index, std::vector<uint8_t>* scratch,
   std::string at = what_ + ": chunk " + std::to_string(index) + " at offset " +
                    std::to_string(c.record_offset());
   scratch->resize(kBlockBytes + c.payload_bytes());
-  CKPTDB_RETURN_IF_ERROR(read_(c.record_offset(), scratch->data(), scratch->size()).WithContext(at));
+  CKPTDB_RETURN_IF_ERROR(
+      read_(c.record_offset(), scratch->data(), scratch->size()).WithContext(at));
   RecordHeader rh;
   CKPTDB_RETURN_IF_ERROR(
       DecodeRecordHeader(std::span<const uint8_t, 64>(scratch->data(), 64), at, &rh));
@@ -126,13 +128,12 @@ Status ScanSegment(const std::string& what, uint64_t file_bytes, const ReadAtFn&
       // The footer must describe what the scan walked: the same chunk count, a manifest record
       // last, right where the footer says.
       if (!manifest_seen || f.manifest_offset != manifest_offset || f.chunk_count != chunks_seen) {
-        return Status::Corrupt(what + ": the footer (" + std::to_string(f.chunk_count) +
-                               " chunks, manifest at " + std::to_string(f.manifest_offset) +
-                               ") disagrees with the records found (" +
-                               std::to_string(chunks_seen) + " chunks" +
-                               (manifest_seen ? ", manifest at " + std::to_string(manifest_offset)
-                                              : ", no manifest") +
-                               ")");
+        return Status::Corrupt(
+            what + ": the footer (" + std::to_string(f.chunk_count) + " chunks, manifest at " +
+            std::to_string(f.manifest_offset) + ") disagrees with the records found (" +
+            std::to_string(chunks_seen) + " chunks" +
+            (manifest_seen ? ", manifest at " + std::to_string(manifest_offset) : ", no manifest") +
+            ")");
       }
       return Status::Ok();
     }

@@ -70,7 +70,8 @@ struct OpenOptions {
   enum class Mode : uint8_t { kRead, kCreateWrite /* create or truncate, write only */ };
   Mode mode = Mode::kRead;
   // Ask for O_DIRECT. If the file system refuses it (EINVAL: ramfs, procfs, tmpfs before Linux
-  // 6.6), the file is opened buffered and *direct_out (if given) is false. Callers align offsets, lengths and buffers to 4096.
+  // 6.6), the file is opened buffered and *direct_out (if given) is false. Callers align offsets,
+  // lengths and buffers to 4096.
   bool direct = false;
 };
 

@@ -20,7 +20,7 @@ enum class TierKind : uint8_t { kTmpfs, kDisk };
 
 struct TierSpec {
   TierKind kind = TierKind::kDisk;
-  std::string path;  // as written, made absolute by ParseTierSpecs' base
+  std::string path;   // as written, made absolute by ParseTierSpecs' base
   uint64_t keep = 0;  // 0 = keep every committed version
   uint64_t every = 1;
   std::string name;  // canonical "kind:path", used as the tier's identity in the catalog

@@ -99,19 +99,20 @@ TEST_F(ApiTest, TensorInfoIsListedBackInNameOrder) {
     std::vector<uint64_t> shape, global_shape, global_offset;
     int dtype = -1;
   } seen;
-  ASSERT_EQ(ckptdb_list(db_, 1,
-                        [](void* arg, const ckptdb_tensor_desc* t) {
-                          auto* s = static_cast<Seen*>(arg);
-                          s->names.push_back(t->name);
-                          if (std::string(t->name) == "z.w") {
-                            s->dtype = t->dtype;
-                            s->shape.assign(t->shape, t->shape + t->ndim);
-                            s->global_shape.assign(t->global_shape, t->global_shape + t->ndim);
-                            s->global_offset.assign(t->global_offset, t->global_offset + t->ndim);
-                          }
-                          return 0;
-                        },
-                        &seen),
+  ASSERT_EQ(ckptdb_list(
+                db_, 1,
+                [](void* arg, const ckptdb_tensor_desc* t) {
+                  auto* s = static_cast<Seen*>(arg);
+                  s->names.push_back(t->name);
+                  if (std::string(t->name) == "z.w") {
+                    s->dtype = t->dtype;
+                    s->shape.assign(t->shape, t->shape + t->ndim);
+                    s->global_shape.assign(t->global_shape, t->global_shape + t->ndim);
+                    s->global_offset.assign(t->global_offset, t->global_offset + t->ndim);
+                  }
+                  return 0;
+                },
+                &seen),
             CKPTDB_OK);
   EXPECT_EQ(seen.names, (std::vector<std::string>{"a.raw", "z.w"}));
   EXPECT_EQ(seen.dtype, CKPTDB_DTYPE_BF16);
@@ -182,7 +183,8 @@ TEST_F(ApiTest, MisuseReturnsDocumentedStatusAndChangesNothing) {
   EXPECT_EQ(ckptdb_restore(db_, 5, "x", out.data(), out.size(), 3), CKPTDB_EINVAL);
   EXPECT_EQ(ckptdb_wait_commit(db_, 77, 0), CKPTDB_ENOTFOUND);
   EXPECT_EQ(ckptdb_abort(db_, 77), CKPTDB_ENOTFOUND);
-  EXPECT_EQ(ckptdb_list(db_, 77, [](void*, const ckptdb_tensor_desc*) { return 0; }, nullptr),
+  EXPECT_EQ(ckptdb_list(
+                db_, 77, [](void*, const ckptdb_tensor_desc*) { return 0; }, nullptr),
             CKPTDB_ENOTFOUND);
   // A failed restore of the wrong size leaves the buffer untouched.
   std::vector<uint8_t> sentinel(d.size() - 1, 0xAB);
@@ -237,16 +239,17 @@ TEST_F(ApiTest, AbortDeletesFilesAndCommitOfNewerAbortsOlderOpenVersions) {
   struct States {
     std::vector<std::pair<uint64_t, int>> v;
   } s;
-  ASSERT_EQ(ckptdb_list_versions(db_,
-                                 [](void* arg, const ckptdb_version_info* i) {
-                                   static_cast<States*>(arg)->v.emplace_back(i->version, i->state);
-                                   return 0;
-                                 },
-                                 &s),
+  ASSERT_EQ(ckptdb_list_versions(
+                db_,
+                [](void* arg, const ckptdb_version_info* i) {
+                  static_cast<States*>(arg)->v.emplace_back(i->version, i->state);
+                  return 0;
+                },
+                &s),
             CKPTDB_OK);
-  EXPECT_EQ(s.v, (std::vector<std::pair<uint64_t, int>>{{1, CKPTDB_STATE_ABORTED},
-                                                          {3, CKPTDB_STATE_ABORTED},
-                                                          {4, CKPTDB_STATE_COMMITTED}}));
+  EXPECT_EQ(
+      s.v, (std::vector<std::pair<uint64_t, int>>{
+               {1, CKPTDB_STATE_ABORTED}, {3, CKPTDB_STATE_ABORTED}, {4, CKPTDB_STATE_COMMITTED}}));
 }
 
 TEST_F(ApiTest, RetentionKeepsNewestAndEveryThinsSlowTier) {

@@ -143,7 +143,8 @@ TEST_F(CorruptionTest, TruncatedSegmentIsReportedAndBypassed) {
   Events ev;
   EXPECT_EQ(ckptdb_verify(db_, 7, nullptr, Collect, &ev, nullptr), CKPTDB_ECORRUPT);
   ASSERT_FALSE(ev.messages.empty());
-  EXPECT_NE(ev.messages[0].find("bytes, the catalog recorded"), std::string::npos) << ev.messages[0];
+  EXPECT_NE(ev.messages[0].find("bytes, the catalog recorded"), std::string::npos)
+      << ev.messages[0];
   // Both copies truncated: a clear error, never partial data as if whole.
   ASSERT_EQ(ckptdb_close(db_), CKPTDB_OK);
   db_ = nullptr;
@@ -167,7 +168,8 @@ TEST_F(CorruptionTest, RandomBytesInPlaceOfASegmentGiveClearErrors) {
   Events ev;
   EXPECT_EQ(ckptdb_verify(db_, 7, nullptr, Collect, &ev, nullptr), CKPTDB_ECORRUPT);
   EXPECT_GE(ev.problems.size(), 2u);
-  EXPECT_EQ(ckptdb_list(db_, 7, [](void*, const ckptdb_tensor_desc*) { return 0; }, nullptr),
+  EXPECT_EQ(ckptdb_list(
+                db_, 7, [](void*, const ckptdb_tensor_desc*) { return 0; }, nullptr),
             CKPTDB_ECORRUPT);
 }
 

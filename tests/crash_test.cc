@@ -1,10 +1,9 @@
 // Crashes at named points of the commit sequence (DESIGN.md section 6): a forked child runs the
 // commit and _exits at the point, as a SIGKILL would leave it (nothing flushed, no destructors);
 // the parent reopens the store and checks what must and must not be visible.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>

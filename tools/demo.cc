@@ -32,7 +32,7 @@ struct Tensor {
   int dtype;
   std::vector<uint64_t> shape;
   size_t bytes = 0;
-  uint8_t* data = nullptr;     // the live training state
+  uint8_t* data = nullptr;      // the live training state
   uint8_t* restored = nullptr;  // where the restarted trainer restores into
 };
 
@@ -90,7 +90,8 @@ void Step(Tensor& t, uint64_t iteration) {
   size_t words = t.bytes / 8;
   auto* w = reinterpret_cast<uint64_t*>(t.data);
   for (size_t i = 0; i < words; ++i) w[i] = w[i] * 6364136223846793005ull + iteration;
-  for (size_t i = words * 8; i < t.bytes; ++i) t.data[i] = static_cast<uint8_t>(t.data[i] + iteration);
+  for (size_t i = words * 8; i < t.bytes; ++i)
+    t.data[i] = static_cast<uint8_t>(t.data[i] + iteration);
 }
 
 void Seed(Tensor& t, uint64_t seed) {
@@ -122,7 +123,8 @@ int Fail(const char* what, int status) {
 std::string TierPath(const std::string& spec_tier) {
   size_t colon = spec_tier.find(':');
   size_t comma = spec_tier.find(',');
-  return spec_tier.substr(colon + 1, comma == std::string::npos ? std::string::npos : comma - colon - 1);
+  return spec_tier.substr(colon + 1,
+                          comma == std::string::npos ? std::string::npos : comma - colon - 1);
 }
 
 int RunDemo(const DemoArgs& a) {
@@ -133,7 +135,8 @@ int RunDemo(const DemoArgs& a) {
   std::vector<std::string> tier_dirs;
   for (size_t start = 0; start < a.tiers.size();) {
     size_t end = a.tiers.find(';', start);
-    std::string t = a.tiers.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string t =
+        a.tiers.substr(start, end == std::string::npos ? std::string::npos : end - start);
     if (!t.empty()) tier_dirs.push_back(TierPath(t));
     if (end == std::string::npos) break;
     start = end + 1;
@@ -167,8 +170,8 @@ int RunDemo(const DemoArgs& a) {
   int rc = ckptdb_open(&o, &db);
   if (rc != CKPTDB_OK) return Fail("open", rc);
 
-  std::printf("%5s %8s %11s %9s %10s %8s\n", "iter", "version", "blocked_ms", "put_ms",
-              "commit_ms", "GB/s");
+  std::printf("%5s %8s %11s %9s %10s %8s\n", "iter", "version", "blocked_ms", "put_ms", "commit_ms",
+              "GB/s");
   double sum_blocked = 0;
   for (int it = 1; it <= a.iterations; ++it) {
     for (Tensor& t : model) Step(t, static_cast<uint64_t>(it));
@@ -237,7 +240,8 @@ int RunDemo(const DemoArgs& a) {
     // Free the memory the tmpfs tier holds; the disk tier and the catalog stay for inspection
     // (ckptdb inspect ./ckptdb-demo will show the tmpfs copies as missing, as after a reboot).
     for (size_t i = 0; i < tier_dirs.size(); ++i) {
-      if (a.tiers.find("tmpfs:" + tier_dirs[i]) != std::string::npos) fs::remove_all(tier_dirs[i], ec);
+      if (a.tiers.find("tmpfs:" + tier_dirs[i]) != std::string::npos)
+        fs::remove_all(tier_dirs[i], ec);
     }
   }
   for (Tensor& t : model) {
@@ -245,7 +249,8 @@ int RunDemo(const DemoArgs& a) {
     munmap(t.restored, (t.bytes + 4095) & ~size_t{4095});
   }
   if (mismatches != 0 || latest != expected_version) {
-    std::fprintf(stderr, "ckptdb demo: FAILED: restored state is not the state of version %" PRIu64 "\n",
+    std::fprintf(stderr,
+                 "ckptdb demo: FAILED: restored state is not the state of version %" PRIu64 "\n",
                  expected_version);
     return 1;
   }
@@ -258,8 +263,9 @@ int RunDemo(const DemoArgs& a) {
 void AddDemoCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "demo", "Train a synthetic model (>= 512 MiB, mixed dtypes), checkpoint every iteration, "
-              "restart, restore the latest version and check it bit for bit");
+      "demo",
+      "Train a synthetic model (>= 512 MiB, mixed dtypes), checkpoint every iteration, "
+      "restart, restore the latest version and check it bit for bit");
   cmd->add_option("--root", args->root, "Store directory (removed and recreated)")
       ->capture_default_str();
   cmd->add_option("--tiers", args->tiers, "Tier spec, fastest first")->capture_default_str();

@@ -5,11 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CKPTDB_ASSERT(cond)                                                              \
-  do {                                                                                   \
-    if (__builtin_expect(!(cond), 0)) {                                                  \
-      std::fprintf(stderr, "ckptdb: assertion failed at %s:%d: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                               \
-      std::abort();                                                                      \
-    }                                                                                    \
+#define CKPTDB_ASSERT(cond)                                                                       \
+  do {                                                                                            \
+    if (__builtin_expect(!(cond), 0)) {                                                           \
+      std::fprintf(stderr, "ckptdb: assertion failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                               \
+    }                                                                                             \
   } while (0)

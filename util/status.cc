@@ -48,20 +48,35 @@ Status Status::WithContext(const std::string& context) const {
 // Part of the C API, defined here so every layer (and the fuzzers) can name a status.
 extern "C" const char* ckptdb_status_name(int status) {
   switch (status) {
-    case CKPTDB_OK: return "CKPTDB_OK";
-    case CKPTDB_EINVAL: return "CKPTDB_EINVAL";
-    case CKPTDB_ENOTFOUND: return "CKPTDB_ENOTFOUND";
-    case CKPTDB_EEXIST: return "CKPTDB_EEXIST";
-    case CKPTDB_ESTATE: return "CKPTDB_ESTATE";
-    case CKPTDB_ECORRUPT: return "CKPTDB_ECORRUPT";
-    case CKPTDB_EIO: return "CKPTDB_EIO";
-    case CKPTDB_ENOSPC: return "CKPTDB_ENOSPC";
-    case CKPTDB_ETIMEDOUT: return "CKPTDB_ETIMEDOUT";
-    case CKPTDB_ENOMEM: return "CKPTDB_ENOMEM";
-    case CKPTDB_ESIZE: return "CKPTDB_ESIZE";
-    case CKPTDB_ENOTSUP: return "CKPTDB_ENOTSUP";
-    case CKPTDB_EBUSY: return "CKPTDB_EBUSY";
-    case CKPTDB_EINTERNAL: return "CKPTDB_EINTERNAL";
-    default: return "CKPTDB_E?";
+    case CKPTDB_OK:
+      return "CKPTDB_OK";
+    case CKPTDB_EINVAL:
+      return "CKPTDB_EINVAL";
+    case CKPTDB_ENOTFOUND:
+      return "CKPTDB_ENOTFOUND";
+    case CKPTDB_EEXIST:
+      return "CKPTDB_EEXIST";
+    case CKPTDB_ESTATE:
+      return "CKPTDB_ESTATE";
+    case CKPTDB_ECORRUPT:
+      return "CKPTDB_ECORRUPT";
+    case CKPTDB_EIO:
+      return "CKPTDB_EIO";
+    case CKPTDB_ENOSPC:
+      return "CKPTDB_ENOSPC";
+    case CKPTDB_ETIMEDOUT:
+      return "CKPTDB_ETIMEDOUT";
+    case CKPTDB_ENOMEM:
+      return "CKPTDB_ENOMEM";
+    case CKPTDB_ESIZE:
+      return "CKPTDB_ESIZE";
+    case CKPTDB_ENOTSUP:
+      return "CKPTDB_ENOTSUP";
+    case CKPTDB_EBUSY:
+      return "CKPTDB_EBUSY";
+    case CKPTDB_EINTERNAL:
+      return "CKPTDB_EINTERNAL";
+    default:
+      return "CKPTDB_E?";
   }
 }

@@ -45,8 +45,8 @@ class [[nodiscard]] Status {
 
 }  // namespace ckpt
 
-#define CKPTDB_RETURN_IF_ERROR(expr)      \
-  do {                                    \
-    ::ckpt::Status _st = (expr);        \
-    if (!_st.ok()) return _st;            \
+#define CKPTDB_RETURN_IF_ERROR(expr) \
+  do {                               \
+    ::ckpt::Status _st = (expr);     \
+    if (!_st.ok()) return _st;       \
   } while (0)

@@ -71,7 +71,7 @@ typedef enum ckptdb_dtype {
 /* Bytes per element of a dtype (1 for UNKNOWN), 0 for a value out of range. */
 size_t ckptdb_dtype_bytes(int dtype);
 /* "f32", "bf16", ...; "?" for a value out of range. */
-const char *ckptdb_dtype_name(int dtype);
+const char* ckptdb_dtype_name(int dtype);
 
 /* Describes a shard as a tensor. ndim = 0 with dtype UNKNOWN means "raw bytes" of any length;
  * ndim = 0 with another dtype is a scalar (nbytes must equal the dtype's size). When ndim > 0,
@@ -89,17 +89,17 @@ typedef struct ckptdb_tensor_info {
 /* ---- Options ------------------------------------------------------------------------------ */
 typedef struct ckptdb_options {
   /* Directory holding this rank's catalog. Env: CKPTDB_ROOT. Required. */
-  const char *root;
+  const char* root;
   /* Tier spec, fastest first, e.g. "tmpfs:/dev/shm/ck,keep=2;disk:/nvme/ck,every=10,keep=3".
    * Env: CKPTDB_TIERS. Default: "disk:<root>/segments". See docs/api.md for the grammar. */
-  const char *tiers;
-  uint32_t rank;       /* Env: CKPTDB_RANK. Default 0. */
-  uint32_t world_size; /* Env: CKPTDB_WORLD_SIZE. Default 1. This build supports 1. */
-  const char *node_id; /* Env: CKPTDB_NODE_ID. Default: the host name. */
-  const char *coordinator; /* host:port. Env: CKPTDB_COORDINATOR. Read, but unused while
+  const char* tiers;
+  uint32_t rank;           /* Env: CKPTDB_RANK. Default 0. */
+  uint32_t world_size;     /* Env: CKPTDB_WORLD_SIZE. Default 1. This build supports 1. */
+  const char* node_id;     /* Env: CKPTDB_NODE_ID. Default: the host name. */
+  const char* coordinator; /* host:port. Env: CKPTDB_COORDINATOR. Read, but unused while
                               world_size = 1. */
-  const char *redundancy;  /* "none" (default). Env: CKPTDB_REDUNDANCY. Others: ENOTSUP. */
-  const char *job_token;   /* Env: CKPTDB_JOB_TOKEN. Read, but unused while world_size = 1. */
+  const char* redundancy;  /* "none" (default). Env: CKPTDB_REDUNDANCY. Others: ENOTSUP. */
+  const char* job_token;   /* Env: CKPTDB_JOB_TOKEN. Read, but unused while world_size = 1. */
   uint64_t staging_bytes;  /* Staging memory, allocated once at open. 0: 64 MiB. */
   uint64_t chunk_bytes;    /* Checksummed chunk size, a multiple of 4096. 0: 4 MiB. */
   uint32_t queue_depth;    /* io_uring submission queue entries. 0: 64. */
@@ -107,7 +107,7 @@ typedef struct ckptdb_options {
   int create_if_missing;   /* Create root if it does not exist (default 1). */
 } ckptdb_options;
 
-void ckptdb_options_init(ckptdb_options *o);
+void ckptdb_options_init(ckptdb_options* o);
 
 /* ---- Handles ------------------------------------------------------------------------------ */
 typedef struct ckptdb ckptdb;
@@ -116,13 +116,13 @@ typedef struct ckptdb ckptdb;
  * aborted and its files on every tier are deleted; tier files no catalog record accounts for
  * are collected. Blocks on that recovery. Errors: EINVAL, ENOTFOUND (no store, read_only or
  * create_if_missing = 0), EBUSY (another process holds it), ENOTSUP, EIO, ENOMEM, ECORRUPT. */
-int ckptdb_open(const ckptdb_options *o, ckptdb **out);
+int ckptdb_open(const ckptdb_options* o, ckptdb** out);
 
 /* Waits for in-flight writes, aborts versions that were put but not committed, releases
  * everything (also after a failed commit left the handle unusable). Committed data is never
  * touched. NULL is a no-op. Errors: EIO when deleting an open version's files failed; the
  * handle is released anyway. */
-int ckptdb_close(ckptdb *db);
+int ckptdb_close(ckptdb* db);
 
 /* ---- Saving ------------------------------------------------------------------------------- */
 #define CKPTDB_PUT_COPY_NOW 0x1u /* copy before returning (this build always does) */
@@ -134,38 +134,39 @@ int ckptdb_close(ckptdb *db);
  * ESTATE (version not above the last committed one, or already committing/committed/aborted),
  * EEXIST (name already put in this version), EIO/ENOSPC (a tier write failed; the version is
  * then aborted). */
-int ckptdb_put_shard(ckptdb *db, uint64_t version, const char *name, const void *data,
-                     size_t nbytes, const ckptdb_tensor_info *info, unsigned flags);
+int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
+                     size_t nbytes, const ckptdb_tensor_info* info, unsigned flags);
 
 /* Returns once every shard put so far for `version` is out of the caller's buffers.
  * timeout_ms < 0 waits forever. In this build put_shard copies before it returns, so this only
  * checks the version and never times out. Errors: ENOTFOUND (version never put), ESTATE
  * (aborted). */
-int ckptdb_wait_capture(ckptdb *db, uint64_t version, int timeout_ms);
+int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms);
 
-#define CKPTDB_COMMIT_ASYNC 0x1u /* permission to return before the commit is durable (this
-                                    build still completes the commit before returning) */
+#define CKPTDB_COMMIT_ASYNC                                       \
+  0x1u /* permission to return before the commit is durable (this \
+          build still completes the commit before returning) */
 
 /* Makes `version` durable and visible, atomically: every segment is written, synced and renamed
  * on every tier it goes to, PREPARED then COMMITTED are written synced to the catalog. After
  * success, ckptdb_latest returns it and a crash cannot lose it. Older versions still open are
  * aborted. Tier retention (keep=) runs after. Errors: ENOTFOUND (never put), ESTATE (already
  * committed or aborted), EIO/ENOSPC (the version is aborted, nothing becomes visible). */
-int ckptdb_commit(ckptdb *db, uint64_t version, unsigned flags);
+int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags);
 
 /* Waits until `version` is committed. In this build a commit is complete when ckptdb_commit
  * returns, so this returns at once: OK when committed, ENOTFOUND for an unknown version, ESTATE
  * when it is aborted or still open (not yet committed). */
-int ckptdb_wait_commit(ckptdb *db, uint64_t version, int timeout_ms);
+int ckptdb_wait_commit(ckptdb* db, uint64_t version, int timeout_ms);
 
 /* Drops an open version and deletes its files; OK for a version already aborted.
  * Errors: ENOTFOUND, ESTATE (committed or retired). */
-int ckptdb_abort(ckptdb *db, uint64_t version);
+int ckptdb_abort(ckptdb* db, uint64_t version);
 
 /* ---- Restoring ---------------------------------------------------------------------------- */
 /* The newest committed version that some configured tier still holds whole.
  * Errors: ENOTFOUND (nothing restorable). */
-int ckptdb_latest(ckptdb *db, uint64_t *version);
+int ckptdb_latest(ckptdb* db, uint64_t* version);
 
 /* Reads tensor `name` of committed `version` into dst, which must be exactly the tensor's size.
  * Tiers are tried fastest first; each chunk is checked against its xxh3 and a failing chunk is
@@ -173,29 +174,29 @@ int ckptdb_latest(ckptdb *db, uint64_t *version);
  * failing chunks' bytes in dst are zeroed: never wrong bytes. Errors: ENOTFOUND (version or
  * name), ESTATE (not committed), ESIZE (nbytes differs; the message gives the stored size),
  * ECORRUPT, EIO. */
-int ckptdb_restore(ckptdb *db, uint64_t version, const char *name, void *dst, size_t nbytes,
+int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags);
 
 /* ---- Listing and checking ----------------------------------------------------------------- */
 typedef struct ckptdb_tensor_desc {
-  const char *name;
+  const char* name;
   int dtype;
   uint32_t ndim;
-  const uint64_t *shape;         /* ndim entries */
-  const uint64_t *global_shape;  /* ndim entries, or NULL when the shard is the whole tensor */
-  const uint64_t *global_offset; /* ndim entries, or NULL when the shard is the whole tensor */
+  const uint64_t* shape;         /* ndim entries */
+  const uint64_t* global_shape;  /* ndim entries, or NULL when the shard is the whole tensor */
+  const uint64_t* global_offset; /* ndim entries, or NULL when the shard is the whole tensor */
   uint64_t nbytes;
   uint32_t chunk_count;
 } ckptdb_tensor_desc;
 
 /* Return nonzero to stop the listing early. */
-typedef int (*ckptdb_list_fn)(void *arg, const ckptdb_tensor_desc *tensor);
+typedef int (*ckptdb_list_fn)(void* arg, const ckptdb_tensor_desc* tensor);
 
 /* Calls fn for each tensor of committed `version`, in name order. The descriptor's pointers are
  * valid only during the call. Errors: EINVAL (fn NULL), ENOTFOUND (unknown version, or no
  * configured tier holds a copy), ESTATE (not committed), ECORRUPT (no copy has a readable
  * manifest). Callbacks run under the handle's lock: do not call back into the same handle. */
-int ckptdb_list(ckptdb *db, uint64_t version, ckptdb_list_fn fn, void *arg);
+int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg);
 
 typedef enum ckptdb_version_state {
   CKPTDB_STATE_OPEN = 1,
@@ -206,7 +207,7 @@ typedef enum ckptdb_version_state {
   CKPTDB_STATE_RETIRED = 6
 } ckptdb_version_state;
 
-const char *ckptdb_state_name(int state);
+const char* ckptdb_state_name(int state);
 
 typedef enum ckptdb_residency_state {
   CKPTDB_RESIDENT_WRITING = 1, /* being written; not yet durable */
@@ -216,8 +217,8 @@ typedef enum ckptdb_residency_state {
 } ckptdb_residency_state;
 
 typedef struct ckptdb_residency {
-  const char *tier; /* the tier's spec name, e.g. "tmpfs:/dev/shm/ck" */
-  const char *path; /* the segment file */
+  const char* tier; /* the tier's spec name, e.g. "tmpfs:/dev/shm/ck" */
+  const char* path; /* the segment file */
   int state;        /* ckptdb_residency_state */
   int configured;   /* 1 when the tier is in this handle's tier spec */
 } ckptdb_residency;
@@ -232,13 +233,13 @@ typedef struct ckptdb_version_info {
   uint64_t created_unix_ns;
   uint64_t committed_unix_ns; /* 0 unless committed */
   uint32_t residency_count;
-  const ckptdb_residency *residency;
+  const ckptdb_residency* residency;
 } ckptdb_version_info;
 
-typedef int (*ckptdb_version_fn)(void *arg, const ckptdb_version_info *info);
+typedef int (*ckptdb_version_fn)(void* arg, const ckptdb_version_info* info);
 
 /* Calls fn for every version the catalog knows, oldest first (aborted ones included). */
-int ckptdb_list_versions(ckptdb *db, ckptdb_version_fn fn, void *arg);
+int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg);
 
 typedef enum ckptdb_verify_kind {
   CKPTDB_VERIFY_PROGRESS = 0, /* bytes_done / bytes_total advanced */
@@ -249,18 +250,18 @@ typedef enum ckptdb_verify_kind {
 typedef struct ckptdb_verify_event {
   int kind;
   uint64_t version;
-  const char *tier;
-  const char *path;
+  const char* tier;
+  const char* path;
   int64_t chunk_index;  /* -1 when the problem is not one chunk's */
   uint64_t file_offset; /* of the chunk record or the damaged structure */
   uint64_t expected_xxh3;
   uint64_t actual_xxh3;
-  const char *message; /* a full sentence naming all of the above */
+  const char* message; /* a full sentence naming all of the above */
   uint64_t bytes_done;
   uint64_t bytes_total;
 } ckptdb_verify_event;
 
-typedef void (*ckptdb_verify_fn)(void *arg, const ckptdb_verify_event *event);
+typedef void (*ckptdb_verify_fn)(void* arg, const ckptdb_verify_event* event);
 
 typedef struct ckptdb_verify_report {
   uint64_t segments_checked;
@@ -274,14 +275,14 @@ typedef struct ckptdb_verify_report {
  * every xxh3. Returns CKPTDB_OK when clean, ECORRUPT when any problem was found (each one
  * reported through fn), ENOTFOUND for an unknown version or tier, ESTATE for a version that is
  * not committed. fn may be NULL. out may be NULL. */
-int ckptdb_verify(ckptdb *db, uint64_t version, const char *tier, ckptdb_verify_fn fn, void *arg,
-                  ckptdb_verify_report *out);
+int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
+                  ckptdb_verify_report* out);
 
 /* ---- Statistics --------------------------------------------------------------------------- */
 typedef struct ckptdb_stats_t {
   uint64_t put_calls;
   uint64_t put_bytes;
-  uint64_t put_blocked_ns;    /* time callers spent inside successful put_shard calls */
+  uint64_t put_blocked_ns; /* time callers spent inside successful put_shard calls */
   uint64_t commits;
   uint64_t commit_blocked_ns; /* time callers spent inside successful commits */
   uint64_t aborts;
@@ -298,14 +299,14 @@ typedef struct ckptdb_stats_t {
   char last_restore_tier[256]; /* the fastest tier that served any chunk of the last restore */
 } ckptdb_stats_t;
 
-int ckptdb_stats(ckptdb *db, ckptdb_stats_t *out);
+int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out);
 
 /* ---- Errors ------------------------------------------------------------------------------- */
 /* The message of this thread's last failed call ("" if none). Successful calls leave it as it
  * is; valid until the next failing call on this thread. */
-const char *ckptdb_last_error(void);
+const char* ckptdb_last_error(void);
 /* "CKPTDB_OK", "CKPTDB_ECORRUPT", ... */
-const char *ckptdb_status_name(int status);
+const char* ckptdb_status_name(int status);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -3,16 +3,16 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    int rc_ = (call);                                                                    \
-    if (rc_ != CKPTDB_OK) {                                                              \
+#define CHECK(call)                                                                         \
+  do {                                                                                      \
+    int rc_ = (call);                                                                       \
+    if (rc_ != CKPTDB_OK) {                                                                 \
       fprintf(stderr, "%s: %s: %s\n", #call, ckptdb_status_name(rc_), ckptdb_last_error()); \
-      return 1;                                                                          \
-    }                                                                                    \
+      return 1;                                                                             \
+    }                                                                                       \
   } while (0)
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc != 2) return 2;
   char tiers[4096];
   snprintf(tiers, sizeof tiers, "disk:%s/tier", argv[1]);
@@ -22,7 +22,7 @@ int main(int argc, char **argv) {
   o.tiers = tiers;
   o.rank = 0;
   o.world_size = 1;
-  ckptdb *db = NULL;
+  ckptdb* db = NULL;
   float w[1000];
   for (int i = 0; i < 1000; ++i) w[i] = (float)i * 0.5f;
   ckptdb_tensor_info info;
