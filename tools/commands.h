@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace ckpt::tools {
 
@@ -11,5 +12,9 @@ void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddVerifyCommand(CLI::App& app, int* exit_code);
 void AddRestoreCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
+
+// The file name `ckptdb restore` writes tensor `name` to (one safe path component; see
+// tools/restore.cc and docs/cli.md).
+std::string RestoreFileName(const std::string& name);
 
 }  // namespace ckpt::tools

@@ -1,0 +1,325 @@
+// The ckptdb command as a user runs it: inspect (text and JSON), verify (clean, then a flipped
+// byte named exactly), restore (bit-exact files, hostile tensor names kept inside --out, nothing
+// overwritten or followed), --help on every subcommand, and the exit codes of docs/cli.md.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "tests/test_util.h"
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using test::RandomBytes;
+using test::ReadWholeFile;
+using test::RunCommand;
+using test::TempDir;
+
+constexpr uint64_t kChunkBytes = 64 << 10;
+
+// Single-quotes `s` for /bin/sh.
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+// Runs the ckptdb command with `args` (already quoted); stdout and stderr together.
+Result Cli(const std::string& args) {
+  Result r;
+  r.code = RunCommand(std::string(CKPTDB_CLI) + " " + args, &r.output);
+  return r;
+}
+
+struct Shard {
+  std::string name;
+  std::vector<uint8_t> data;
+  int dtype = CKPTDB_DTYPE_UNKNOWN;
+};
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = mem_.Sub("store");
+    t1_ = mem_.Sub("tmpfs-tier");
+    t2_ = disk_.Sub("disk-tier");
+    tiers_ = "tmpfs:" + t1_ + ";disk:" + t2_;
+    // Version 5: two ordinary tensors. Version 9: names chosen to escape a naive restore.
+    v5_ = {{"model.weight", RandomBytes(3 * kChunkBytes + 100, 1), CKPTDB_DTYPE_U8},
+           {"opt.step", RandomBytes(8, 2), CKPTDB_DTYPE_I64}};
+    v9_ = v5_;
+    for (const char* hostile : {"../../escape", "/etc/passwd-abs", "a/b/c", "..", ".",
+                                "sp ace%and\xc3\xbc", "index.json"}) {
+      v9_.push_back({hostile, RandomBytes(100 + v9_.size(), v9_.size())});
+    }
+    v9_.push_back({std::string(400, 'x') + "/long", RandomBytes(50, 77)});
+    v9_.push_back({std::string(400, 'x') + "/lonG", RandomBytes(60, 78)});
+    Write(5, v5_);
+    Write(9, v9_);
+  }
+
+  void Write(uint64_t version, const std::vector<Shard>& shards) {
+    ckptdb_options o;
+    ckptdb_options_init(&o);
+    o.root = root_.c_str();
+    o.tiers = tiers_.c_str();
+    o.chunk_bytes = kChunkBytes;
+    o.staging_bytes = 1 << 20;
+    ckptdb* db = nullptr;
+    ASSERT_EQ(ckptdb_open(&o, &db), CKPTDB_OK) << ckptdb_last_error();
+    for (const Shard& s : shards) {
+      ckptdb_tensor_info info{};
+      info.dtype = s.dtype;
+      info.ndim = 1;
+      info.shape[0] = s.data.size() / ckptdb_dtype_bytes(s.dtype);
+      ASSERT_EQ(
+          ckptdb_put_shard(db, version, s.name.c_str(), s.data.data(), s.data.size(), &info, 0),
+          CKPTDB_OK)
+          << ckptdb_last_error();
+    }
+    ASSERT_EQ(ckptdb_commit(db, version, 0), CKPTDB_OK) << ckptdb_last_error();
+    ASSERT_EQ(ckptdb_close(db), CKPTDB_OK);
+  }
+
+  nlohmann::json InspectJson(const std::string& extra) {
+    Result r = Cli("inspect " + Quote(root_) + " --json " + extra);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  }
+
+  std::string Segment(const std::string& dir, uint64_t version) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/v%020llu-r00000.seg",
+                  static_cast<unsigned long long>(version));
+    return dir + name;
+  }
+
+  TempDir mem_{"/dev/shm"};
+  TempDir disk_{"/var/tmp"};
+  std::string root_, t1_, t2_, tiers_;
+  std::vector<Shard> v5_, v9_;
+};
+
+TEST_F(CliTest, HelpOnEverySubcommandExitsZero) {
+  for (const char* args :
+       {"--help", "inspect --help", "verify --help", "restore --help", "demo --help"}) {
+    Result r = Cli(args);
+    EXPECT_EQ(r.code, 0) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << args << ": " << r.output;
+  }
+}
+
+TEST_F(CliTest, BadUsageExitsTwoAndNamesTheProblem) {
+  EXPECT_EQ(Cli("").code, 2);
+  EXPECT_EQ(Cli("frobnicate").code, 2);
+  EXPECT_EQ(Cli("inspect").code, 2);
+  EXPECT_EQ(Cli("inspect " + Quote(root_) + " --no-such-flag").code, 2);
+  EXPECT_EQ(Cli("restore " + Quote(root_)).code, 2);  // --out is required
+  Result r = Cli("inspect " + Quote(root_) + " --version 12abc");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("12abc"), std::string::npos) << r.output;
+  r = Cli("verify " + Quote(root_) + " --version 18446744073709551616");
+  EXPECT_EQ(r.code, 2) << r.output;
+}
+
+TEST_F(CliTest, MissingStoreExitsTwoAndCreatesNothing) {
+  std::string missing = mem_.Sub("no-store-here");
+  for (const char* cmd : {"inspect", "verify"}) {
+    Result r = Cli(std::string(cmd) + " " + Quote(missing));
+    EXPECT_EQ(r.code, 2) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
+  }
+  Result r = Cli("restore " + Quote(missing) + " --out " + Quote(mem_.Sub("out")));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_FALSE(fs::exists(missing));
+  EXPECT_FALSE(fs::exists(mem_.Sub("out")));
+}
+
+TEST_F(CliTest, InspectTextListsVersionsTiersAndTensors) {
+  Result r = Cli("inspect " + Quote(root_));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 version(s), 2 committed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tmpfs:" + t1_), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("disk:" + t2_), std::string::npos) << r.output;
+  r = Cli("inspect " + Quote(root_) + " --version 5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("model.weight"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("opt.step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("i64"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(Segment(t1_, 5)), std::string::npos) << r.output;
+  r = Cli("inspect " + Quote(root_) + " --version 6");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("no version 6"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTest, InspectJsonIsTheDocumentedSchema) {
+  nlohmann::json j = InspectJson("--chunks");
+  EXPECT_EQ(j["format"], "ckptdb-inspect");
+  EXPECT_EQ(j["format_version"], 1);
+  ASSERT_EQ(j["versions"].size(), 2u);
+  const nlohmann::json& v5 = j["versions"][0];
+  EXPECT_EQ(v5["version"], 5);
+  EXPECT_EQ(v5["state"], "COMMITTED");
+  EXPECT_EQ(v5["rank"], 0);
+  EXPECT_EQ(v5["tensor_count"], 2);
+  EXPECT_EQ(v5["data_bytes"], v5_[0].data.size() + v5_[1].data.size());
+  EXPECT_GT(v5["committed_unix_ns"].get<uint64_t>(), 0u);
+  ASSERT_EQ(v5["residency"].size(), 2u);
+  std::set<std::string> tiers;
+  for (const auto& res : v5["residency"]) {
+    tiers.insert(res["tier"]);
+    EXPECT_EQ(res["state"], "DURABLE");
+    EXPECT_EQ(res["configured"], true);
+    EXPECT_TRUE(fs::exists(res["path"].get<std::string>()));
+  }
+  EXPECT_EQ(tiers, (std::set<std::string>{"tmpfs:" + t1_, "disk:" + t2_}));
+  ASSERT_EQ(v5["tensors"].size(), 2u);
+  const nlohmann::json& w = v5["tensors"][0];
+  EXPECT_EQ(w["name"], "model.weight");
+  EXPECT_EQ(w["dtype"], "u8");
+  EXPECT_EQ(w["shape"], nlohmann::json::array({v5_[0].data.size()}));
+  EXPECT_EQ(w["bytes"], v5_[0].data.size());
+  EXPECT_EQ(w["chunk_count"], 4);
+  ASSERT_EQ(w["chunks"].size(), 4u);
+  uint64_t sum = 0;
+  for (const auto& c : w["chunks"]) {
+    sum += c["payload_bytes"].get<uint64_t>();
+    EXPECT_EQ(c["payload_offset"].get<uint64_t>(), c["record_offset"].get<uint64_t>() + 4096);
+    EXPECT_EQ(c["xxh3"].get<std::string>().rfind("0x", 0), 0u);
+    EXPECT_EQ(c["xxh3"].get<std::string>().size(), 18u);
+  }
+  EXPECT_EQ(sum, v5_[0].data.size());
+  // Without --chunks there are no chunk entries; the schema is otherwise the same.
+  nlohmann::json plain = InspectJson("--version 9");
+  ASSERT_EQ(plain["versions"].size(), 1u);
+  EXPECT_EQ(plain["versions"][0]["tensors"].size(), v9_.size());
+  EXPECT_FALSE(plain["versions"][0]["tensors"][0].contains("chunks"));
+}
+
+TEST_F(CliTest, VerifyIsCleanThenNamesAFlippedByte) {
+  Result r = Cli("verify " + Quote(root_));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("verified 4 segment(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("clean"), std::string::npos) << r.output;
+
+  // Flip one byte inside chunk 2 of model.weight on the tmpfs tier.
+  nlohmann::json j = InspectJson("--version 5 --chunks");
+  const nlohmann::json& chunk = j["versions"][0]["tensors"][0]["chunks"][2];
+  uint64_t record = chunk["record_offset"];
+  std::string expected = chunk["xxh3"];
+  test::FlipByte(Segment(t1_, 5), chunk["payload_offset"].get<uint64_t>() + 77, 0x40);
+
+  r = Cli("verify " + Quote(root_));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("tier tmpfs:" + t1_), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(Segment(t1_, 5)), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("chunk 2 at offset " + std::to_string(record)), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("expected " + expected), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 problem(s)"), std::string::npos) << r.output;
+  // The disk tier's copy is still clean, and so is version 9.
+  EXPECT_EQ(Cli("verify " + Quote(root_) + " --tier " + Quote("disk:" + t2_)).code, 0);
+  EXPECT_EQ(Cli("verify " + Quote(root_) + " --version 9").code, 0);
+  r = Cli("verify " + Quote(root_) + " --tier " + Quote("nfs:/nowhere"));
+  EXPECT_EQ(r.code, 2) << r.output;
+}
+
+TEST_F(CliTest, RestoreWritesEveryTensorBitExactInsideOut) {
+  std::string parent = mem_.Sub("restored");
+  std::string out = parent + "/out";
+  Result r = Cli("restore " + Quote(root_) + " --out " + Quote(out));  // latest: version 9
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("of version 9"), std::string::npos) << r.output;
+  // Nothing was written outside --out: its parent holds only it, the store is as it was.
+  std::vector<std::string> outside;
+  for (const auto& e : fs::directory_iterator(parent)) outside.push_back(e.path().string());
+  EXPECT_EQ(outside, std::vector<std::string>{out});
+  EXPECT_FALSE(fs::exists(mem_.Sub("escape")));
+
+  nlohmann::json index = nlohmann::json::parse(ReadWholeFile(out + "/index.json"));
+  EXPECT_EQ(index["format"], "ckptdb-restore");
+  EXPECT_EQ(index["version"], 9);
+  EXPECT_TRUE(index["failed"].empty());
+  ASSERT_EQ(index["tensors"].size(), v9_.size());
+  std::map<std::string, std::string> files;
+  for (const auto& t : index["tensors"]) files[t["name"]] = t["file"];
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_TRUE(e.is_regular_file()) << e.path();
+    entries++;
+  }
+  EXPECT_EQ(entries, v9_.size() + 1);  // one file per tensor and index.json
+  for (const Shard& s : v9_) {
+    ASSERT_TRUE(files.count(s.name)) << s.name;
+    const std::string& file = files[s.name];
+    EXPECT_EQ(file.find('/'), std::string::npos) << file;
+    EXPECT_LE(file.size(), 255u) << file;
+    EXPECT_NE(file, "index.json");
+    std::string bytes = ReadWholeFile(out + "/" + file);
+    EXPECT_EQ(bytes, std::string(s.data.begin(), s.data.end())) << s.name;
+  }
+}
+
+TEST_F(CliTest, RestoreSelectsByNameAndVersion) {
+  std::string out = mem_.Sub("out");
+  Result r = Cli("restore " + Quote(root_) + " --version 5 --name opt.step --out " + Quote(out));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(ReadWholeFile(out + "/opt.step.bin"),
+            std::string(v5_[1].data.begin(), v5_[1].data.end()));
+  EXPECT_FALSE(fs::exists(out + "/model.weight.bin"));
+  r = Cli("restore " + Quote(root_) + " --name nope --out " + Quote(mem_.Sub("o2")));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("'nope'"), std::string::npos) << r.output;
+  r = Cli("restore " + Quote(root_) + " --version 6 --out " + Quote(mem_.Sub("o3")));
+  EXPECT_EQ(r.code, 2) << r.output;
+}
+
+TEST_F(CliTest, RestoreNeverOverwritesOrFollowsALink) {
+  std::string out = mem_.Sub("out");
+  std::string victim = mem_.Sub("victim");
+  test::WriteWholeFile(victim, "precious");
+  fs::create_directories(out);
+  fs::create_symlink(victim, out + "/opt.step.bin");
+  Result r = Cli("restore " + Quote(root_) + " --version 5 --out " + Quote(out));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("opt.step.bin already exists"), std::string::npos) << r.output;
+  EXPECT_EQ(ReadWholeFile(victim), "precious");
+  EXPECT_FALSE(fs::exists(out + "/model.weight.bin"));  // nothing was written
+  EXPECT_FALSE(fs::exists(out + "/index.json"));
+}
+
+TEST_F(CliTest, RestoreOfATensorDamagedOnEveryTierWritesNoFile) {
+  nlohmann::json j = InspectJson("--version 5 --chunks");
+  uint64_t payload = j["versions"][0]["tensors"][0]["chunks"][1]["payload_offset"];
+  test::FlipByte(Segment(t1_, 5), payload + 5);
+  test::FlipByte(Segment(t2_, 5), payload + 5);
+  std::string out = mem_.Sub("out");
+  Result r = Cli("restore " + Quote(root_) + " --version 5 --out " + Quote(out));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("'model.weight' not restored"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("CKPTDB_ECORRUPT"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/model.weight.bin"));
+  EXPECT_EQ(ReadWholeFile(out + "/opt.step.bin"),
+            std::string(v5_[1].data.begin(), v5_[1].data.end()));
+  nlohmann::json index = nlohmann::json::parse(ReadWholeFile(out + "/index.json"));
+  ASSERT_EQ(index["failed"].size(), 1u);
+  EXPECT_EQ(index["failed"][0]["name"], "model.weight");
+  EXPECT_EQ(index["tensors"].size(), 1u);
+}
+
+}  // namespace
+}  // namespace ckpt

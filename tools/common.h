@@ -1,0 +1,74 @@
+// What the ckptdb subcommands share: exit codes, opening a store read-only, listing versions
+// into owned records, and the small formatting helpers of their text output.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+
+namespace ckpt::tools {
+
+// Exit codes of every subcommand (docs/cli.md).
+inline constexpr int kExitOk = 0;       // done, nothing wrong
+inline constexpr int kExitProblem = 1;  // ran, and found or hit a problem with the data
+inline constexpr int kExitUsage = 2;    // bad arguments, or no store to work on
+
+struct CloseDb {
+  void operator()(ckptdb* db) const { ckptdb_close(db); }
+};
+using DbHandle = std::unique_ptr<ckptdb, CloseDb>;
+
+// "CKPTDB_ENOTFOUND: <ckptdb_last_error()>".
+std::string ErrorText(int status);
+
+// Opens the store at `root` read-only (no recovery, no lock, no writes: safe beside a running
+// trainer). On failure prints the reason to stderr and returns kExitUsage.
+int OpenReadOnly(const std::string& root, DbHandle* out);
+
+struct Residency {
+  std::string tier;
+  std::string path;
+  int state = 0;
+  bool configured = false;
+};
+
+struct VersionRecord {
+  uint64_t version = 0;
+  int state = 0;
+  uint32_t rank = 0;
+  uint64_t data_bytes = 0;
+  uint32_t tensor_count = 0;
+  uint32_t chunk_count = 0;
+  uint64_t created_unix_ns = 0;
+  uint64_t committed_unix_ns = 0;
+  std::vector<Residency> residency;
+};
+
+// Every version the catalog knows, oldest first. Returns a ckptdb status.
+int ListVersions(ckptdb* db, std::vector<VersionRecord>* out);
+
+struct TensorRecord {
+  std::string name;
+  int dtype = 0;
+  std::vector<uint64_t> shape;
+  std::vector<uint64_t> global_shape;   // empty when the shard is the whole tensor
+  std::vector<uint64_t> global_offset;  // empty when the shard is the whole tensor
+  uint64_t bytes = 0;
+  uint32_t chunk_count = 0;
+};
+
+// The tensors of committed `version`, in name order. Returns a ckptdb status.
+int ListTensors(ckptdb* db, uint64_t version, std::vector<TensorRecord>* out);
+
+// Parses a version number given on the command line ("17"); false for anything else.
+bool ParseVersion(const std::string& text, uint64_t* out);
+
+std::string HumanBytes(uint64_t bytes);                   // "552.6 MiB"
+std::string FormatShape(const std::vector<uint64_t>& s);  // "[32000, 1024]"
+std::string FormatUnixNs(uint64_t unix_ns);               // "2026-11-22T14:01:02Z", "-" for 0
+const char* ResidencyName(int state);                     // "DURABLE", ...
+
+}  // namespace ckpt::tools

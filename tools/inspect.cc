@@ -1,0 +1,327 @@
+// ckptdb inspect ROOT [--version V] [--all] [--chunks] [--json]: the versions a store holds, their
+// states and the tiers that hold them; per version its tensors and, with --chunks, each chunk's
+// place and checksum as the segment's manifest records them. Read-only: safe beside a trainer.
+// The JSON schema ("format": "ckptdb-inspect", "format_version": 1) is documented in docs/cli.md
+// and only grows: keys are added, never renamed or removed, within a format_version.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/segment_reader.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+#include "util/status.h"
+
+namespace ckpt::tools {
+namespace {
+
+struct InspectArgs {
+  std::string root;
+  std::string version;
+  bool all = false;
+  bool chunks = false;
+  bool json = false;
+};
+
+struct ChunkRecord {
+  uint64_t record_offset = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+// A version's detail: its tensors and, when asked, the chunks of each (from one durable copy).
+struct Detail {
+  bool listed = false;     // the tensor list could be read
+  std::string list_error;  // why not, when it could not
+  std::vector<TensorRecord> tensors;
+  bool chunked = false;  // chunk entries were read from `chunk_source`
+  std::string chunk_source;
+  std::string chunk_error;
+  std::vector<std::vector<ChunkRecord>> chunks;  // per tensor, parallel to `tensors`
+};
+
+std::string Hex64(uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof text, "0x%016" PRIx64, value);
+  return text;
+}
+
+// Reads the chunk table of one segment file through format::SegmentReader, which verifies the
+// header, footer and manifest before anything is believed.
+Status ReadChunks(const Residency& res, const std::vector<TensorRecord>& tensors,
+                  std::vector<std::vector<ChunkRecord>>* out) {
+  std::string what = res.tier + " segment " + res.path;
+  int fd = open(res.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + what);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    Status s = Status::FromErrno(errno, "stat " + what);
+    close(fd);
+    return s;
+  }
+  format::ReadAtFn read = [fd, what](uint64_t offset, void* buffer, size_t length) -> Status {
+    size_t done = 0;
+    while (done < length) {
+      ssize_t n = pread(fd, static_cast<uint8_t*>(buffer) + done, length - done,
+                        static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::FromErrno(errno, "read " + what);
+      if (n == 0) {
+        return Status::Corrupt(what + ": short read at offset " + std::to_string(offset + done));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  };
+  std::unique_ptr<format::SegmentReader> reader;
+  Status s = format::SegmentReader::Open(what, static_cast<uint64_t>(st.st_size), read, &reader);
+  if (s.ok()) {
+    const format::ManifestView& m = reader->manifest();
+    out->assign(tensors.size(), {});
+    for (size_t i = 0; i < tensors.size(); i++) {
+      const fb::Tensor* t = m.Find(tensors[i].name);
+      if (t == nullptr) {
+        s = Status::Corrupt(what + ": the manifest has no tensor '" + tensors[i].name + "'");
+        break;
+      }
+      for (uint32_t c = 0; c < t->chunk_count(); c++) {
+        const fb::Chunk& chunk = m.chunk(t->first_chunk() + c);
+        (*out)[i].push_back({chunk.record_offset(), chunk.payload_bytes(), chunk.xxh3()});
+      }
+    }
+  }
+  close(fd);
+  return s;
+}
+
+Detail ReadDetail(ckptdb* db, const VersionRecord& v, bool want_chunks) {
+  Detail d;
+  if (v.state != CKPTDB_STATE_COMMITTED) return d;
+  int rc = ListTensors(db, v.version, &d.tensors);
+  if (rc != CKPTDB_OK) {
+    d.list_error = ErrorText(rc);
+    return d;
+  }
+  d.listed = true;
+  if (!want_chunks) return d;
+  for (const Residency& res : v.residency) {
+    if (res.state != CKPTDB_RESIDENT_DURABLE) continue;
+    Status s = ReadChunks(res, d.tensors, &d.chunks);
+    if (s.ok()) {
+      d.chunked = true;
+      d.chunk_source = res.path;
+      d.chunk_error.clear();
+      return d;
+    }
+    d.chunk_error += (d.chunk_error.empty() ? "" : "; ") + s.message();
+  }
+  if (d.chunk_error.empty()) d.chunk_error = "no durable copy to read chunks from";
+  return d;
+}
+
+nlohmann::ordered_json VersionJson(const VersionRecord& v, const Detail* d) {
+  nlohmann::ordered_json j;
+  j["version"] = v.version;
+  j["state"] = ckptdb_state_name(v.state);
+  j["rank"] = v.rank;
+  j["data_bytes"] = v.data_bytes;
+  j["tensor_count"] = v.tensor_count;
+  j["chunk_count"] = v.chunk_count;
+  j["created_unix_ns"] = v.created_unix_ns;
+  j["committed_unix_ns"] = v.committed_unix_ns;
+  j["residency"] = nlohmann::ordered_json::array();
+  for (const Residency& r : v.residency) {
+    j["residency"].push_back({{"tier", r.tier},
+                              {"path", r.path},
+                              {"state", ResidencyName(r.state)},
+                              {"configured", r.configured}});
+  }
+  if (d == nullptr || v.state != CKPTDB_STATE_COMMITTED) return j;
+  if (!d->listed) {
+    j["error"] = d->list_error;
+    return j;
+  }
+  if (!d->chunk_error.empty() && !d->chunked) j["chunks_error"] = d->chunk_error;
+  if (d->chunked) j["chunks_source"] = d->chunk_source;
+  j["tensors"] = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < d->tensors.size(); i++) {
+    const TensorRecord& t = d->tensors[i];
+    nlohmann::ordered_json tj;
+    tj["name"] = t.name;
+    tj["dtype"] = ckptdb_dtype_name(t.dtype);
+    tj["shape"] = t.shape;
+    tj["global_shape"] = t.global_shape;
+    tj["global_offset"] = t.global_offset;
+    tj["bytes"] = t.bytes;
+    tj["chunk_count"] = t.chunk_count;
+    if (d->chunked) {
+      tj["chunks"] = nlohmann::ordered_json::array();
+      for (const ChunkRecord& c : d->chunks[i]) {
+        tj["chunks"].push_back({{"record_offset", c.record_offset},
+                                {"payload_offset", c.record_offset + format::kBlockBytes},
+                                {"payload_bytes", c.payload_bytes},
+                                {"xxh3", Hex64(c.xxh3)}});
+      }
+    }
+    j["tensors"].push_back(std::move(tj));
+  }
+  return j;
+}
+
+void PrintSummary(const std::string& root, const std::vector<VersionRecord>& versions) {
+  size_t committed = 0;
+  for (const VersionRecord& v : versions) committed += v.state == CKPTDB_STATE_COMMITTED;
+  std::printf("store %s: %zu version(s), %zu committed\n", root.c_str(), versions.size(),
+              committed);
+  if (versions.empty()) return;
+  std::printf("%10s  %-9s  %4s  %11s  %7s  %6s  %-20s  %s\n", "VERSION", "STATE", "RANK", "BYTES",
+              "TENSORS", "CHUNKS", "COMMITTED", "TIERS");
+  for (const VersionRecord& v : versions) {
+    std::string tiers;
+    for (const Residency& r : v.residency) {
+      if (!tiers.empty()) tiers += ", ";
+      tiers +=
+          r.tier + " (" + ResidencyName(r.state) + (r.configured ? "" : ", not configured") + ")";
+    }
+    std::printf("%10" PRIu64 "  %-9s  %4u  %11s  %7u  %6u  %-20s  %s\n", v.version,
+                ckptdb_state_name(v.state), v.rank, HumanBytes(v.data_bytes).c_str(),
+                v.tensor_count, v.chunk_count, FormatUnixNs(v.committed_unix_ns).c_str(),
+                tiers.empty() ? "-" : tiers.c_str());
+  }
+}
+
+void PrintDetail(const VersionRecord& v, const Detail& d) {
+  std::printf("\nversion %" PRIu64 ": %s, rank %u, %s in %u tensor(s), %u chunk(s)\n", v.version,
+              ckptdb_state_name(v.state), v.rank, HumanBytes(v.data_bytes).c_str(), v.tensor_count,
+              v.chunk_count);
+  std::printf("  created %s, committed %s\n", FormatUnixNs(v.created_unix_ns).c_str(),
+              FormatUnixNs(v.committed_unix_ns).c_str());
+  for (const Residency& r : v.residency) {
+    std::printf("  %-8s %s%s\n           %s\n", ResidencyName(r.state), r.tier.c_str(),
+                r.configured ? "" : " (not in the tier spec)", r.path.c_str());
+  }
+  if (v.state != CKPTDB_STATE_COMMITTED) return;
+  if (!d.listed) {
+    std::printf("  tensors: cannot be listed: %s\n", d.list_error.c_str());
+    return;
+  }
+  size_t width = 4;
+  for (const TensorRecord& t : d.tensors) width = std::max(width, t.name.size());
+  width = std::min<size_t>(width, 60);
+  std::printf("  %-*s  %-7s  %-24s  %11s  %6s\n", static_cast<int>(width), "NAME", "DTYPE", "SHAPE",
+              "BYTES", "CHUNKS");
+  for (size_t i = 0; i < d.tensors.size(); i++) {
+    const TensorRecord& t = d.tensors[i];
+    std::printf("  %-*s  %-7s  %-24s  %11s  %6u\n", static_cast<int>(width), t.name.c_str(),
+                ckptdb_dtype_name(t.dtype), FormatShape(t.shape).c_str(),
+                HumanBytes(t.bytes).c_str(), t.chunk_count);
+    if (!t.global_shape.empty()) {
+      std::printf("  %-*s  shard at %s of global %s\n", static_cast<int>(width), "",
+                  FormatShape(t.global_offset).c_str(), FormatShape(t.global_shape).c_str());
+    }
+    if (d.chunked) {
+      for (size_t c = 0; c < d.chunks[i].size(); c++) {
+        const ChunkRecord& chunk = d.chunks[i][c];
+        std::printf("  %-*s    chunk %zu: record at %" PRIu64 ", %" PRIu64 " bytes, xxh3 %s\n",
+                    static_cast<int>(width), "", c, chunk.record_offset, chunk.payload_bytes,
+                    Hex64(chunk.xxh3).c_str());
+      }
+    }
+  }
+  if (d.chunked) std::printf("  chunks as recorded in %s\n", d.chunk_source.c_str());
+  if (!d.chunked && !d.chunk_error.empty()) {
+    std::printf("  chunks: cannot be read: %s\n", d.chunk_error.c_str());
+  }
+}
+
+int RunInspect(const InspectArgs& args) {
+  std::optional<uint64_t> only;
+  if (!args.version.empty()) {
+    uint64_t v = 0;
+    if (!ParseVersion(args.version, &v)) {
+      std::fprintf(stderr, "ckptdb inspect: --version '%s' is not a version number\n",
+                   args.version.c_str());
+      return kExitUsage;
+    }
+    only = v;
+  }
+  DbHandle db;
+  if (int rc = OpenReadOnly(args.root, &db); rc != kExitOk) return rc;
+  std::vector<VersionRecord> versions;
+  if (int rc = ListVersions(db.get(), &versions); rc != CKPTDB_OK) {
+    std::fprintf(stderr, "ckptdb inspect: %s\n", ErrorText(rc).c_str());
+    return kExitProblem;
+  }
+  if (only) {
+    std::vector<VersionRecord> selected;
+    for (VersionRecord& v : versions) {
+      if (v.version == *only) selected.push_back(std::move(v));
+    }
+    if (selected.empty()) {
+      std::fprintf(stderr, "ckptdb inspect: store %s has no version %" PRIu64 "\n",
+                   args.root.c_str(), *only);
+      return kExitUsage;
+    }
+    versions = std::move(selected);
+  }
+  // Details (tensors, chunks) for the selected version, or for every version with --all or
+  // --json. A committed version whose tensors cannot be listed makes the exit status 1.
+  bool detailed = only.has_value() || args.all || args.json;
+  std::vector<Detail> details(versions.size());
+  int exit_code = kExitOk;
+  if (detailed) {
+    for (size_t i = 0; i < versions.size(); i++) {
+      details[i] = ReadDetail(db.get(), versions[i], args.chunks);
+      if (versions[i].state == CKPTDB_STATE_COMMITTED &&
+          (!details[i].listed || (args.chunks && !details[i].chunked))) {
+        exit_code = kExitProblem;
+      }
+    }
+  }
+  if (args.json) {
+    nlohmann::ordered_json out;
+    out["format"] = "ckptdb-inspect";
+    out["format_version"] = 1;
+    out["root"] = args.root;
+    out["versions"] = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < versions.size(); i++) {
+      out["versions"].push_back(VersionJson(versions[i], &details[i]));
+    }
+    // Names are bytes: invalid UTF-8 is replaced rather than failing the whole report.
+    std::string text = out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    std::printf("%s\n", text.c_str());
+    return exit_code;
+  }
+  if (!only) PrintSummary(args.root, versions);
+  if (detailed) {
+    for (size_t i = 0; i < versions.size(); i++) PrintDetail(versions[i], details[i]);
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+void AddInspectCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "List a store's versions, their states and tiers; per version its tensors");
+  cmd->add_option("root", args->root, "The store's root directory")->required();
+  cmd->add_option("--version,-v", args->version, "Show only this version, with its tensors");
+  cmd->add_flag("--all,-a", args->all, "Show the tensors of every committed version");
+  cmd->add_flag("--chunks", args->chunks,
+                "Also show each chunk's file offset, size and xxh3 (reads the manifest)");
+  cmd->add_flag("--json", args->json,
+                "Print one JSON document (schema in docs/cli.md), every version in detail");
+  cmd->callback([args, exit_code] { *exit_code = RunInspect(*args); });
+}
+
+}  // namespace ckpt::tools

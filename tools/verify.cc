@@ -1,0 +1,137 @@
+// ckptdb verify ROOT [--version V] [--tier T] [--quiet]: re-reads every chunk of every committed
+// version (or one) on every tier (or one) and checks framing, manifest and each xxh3. Exit 0 when
+// clean, 1 when anything is wrong (each problem printed with its tier, segment, chunk index, file
+// offset, expected and actual xxh3), 2 for bad arguments or no store. A progress bar is drawn on
+// stderr when it is a terminal.
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace ckpt::tools {
+namespace {
+
+struct VerifyArgs {
+  std::string root;
+  std::string version;
+  std::string tier;
+  bool quiet = false;
+};
+
+class Progress {
+ public:
+  explicit Progress(bool enabled) : enabled_(enabled) {}
+
+  void Update(uint64_t done, uint64_t total) {
+    if (!enabled_ || total == 0) return;
+    auto now = std::chrono::steady_clock::now();
+    if (drawn_ && done < total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    drawn_ = true;
+    constexpr int kWidth = 30;
+    int filled = static_cast<int>(kWidth * static_cast<double>(done) / static_cast<double>(total));
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(kWidth, ' ');
+    std::fprintf(stderr, "\r[%s] %3d%%  %s / %s", bar.c_str(),
+                 static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total)),
+                 HumanBytes(done).c_str(), HumanBytes(total).c_str());
+    std::fflush(stderr);
+  }
+
+  // Clears the bar's line so that a message can be printed on a clean line.
+  void Clear() {
+    if (!drawn_) return;
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    drawn_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+struct VerifyState {
+  Progress* progress;
+  bool quiet;
+};
+
+void OnEvent(void* arg, const ckptdb_verify_event* e) {
+  auto* state = static_cast<VerifyState*>(arg);
+  switch (e->kind) {
+    case CKPTDB_VERIFY_PROGRESS:
+      state->progress->Update(e->bytes_done, e->bytes_total);
+      break;
+    case CKPTDB_VERIFY_OK:
+      if (!state->quiet) {
+        state->progress->Clear();
+        std::printf("ok       version %" PRIu64 " on %s: %s\n", e->version, e->tier, e->path);
+        std::fflush(stdout);
+      }
+      state->progress->Update(e->bytes_done, e->bytes_total);
+      break;
+    case CKPTDB_VERIFY_PROBLEM:
+      state->progress->Clear();
+      std::printf("PROBLEM  %s\n", e->message);
+      std::fflush(stdout);
+      break;
+  }
+}
+
+int RunVerify(const VerifyArgs& args) {
+  uint64_t version = CKPTDB_ALL_VERSIONS;
+  if (!args.version.empty() && !ParseVersion(args.version, &version)) {
+    std::fprintf(stderr, "ckptdb verify: --version '%s' is not a version number\n",
+                 args.version.c_str());
+    return kExitUsage;
+  }
+  DbHandle db;
+  if (int rc = OpenReadOnly(args.root, &db); rc != kExitOk) return rc;
+  Progress progress(isatty(STDERR_FILENO) == 1 && !args.quiet);
+  VerifyState state{&progress, args.quiet};
+  ckptdb_verify_report report{};
+  int rc = ckptdb_verify(db.get(), version, args.tier.empty() ? nullptr : args.tier.c_str(),
+                         OnEvent, &state, &report);
+  progress.Clear();
+  if (rc == CKPTDB_ENOTFOUND || rc == CKPTDB_ESTATE || rc == CKPTDB_EINVAL) {
+    std::fprintf(stderr, "ckptdb verify: %s\n", ErrorText(rc).c_str());
+    return kExitUsage;
+  }
+  std::printf(
+      "verified %" PRIu64 " segment(s), %" PRIu64 " chunk(s), %s: ", report.segments_checked,
+      report.chunks_checked, HumanBytes(report.bytes_checked).c_str());
+  if (rc == CKPTDB_OK) {
+    std::printf(report.segments_checked == 0 ? "nothing to check\n" : "clean\n");
+    return kExitOk;
+  }
+  if (report.problems > 0) {
+    std::printf("%" PRIu64 " problem(s)\n", report.problems);
+  } else {
+    std::printf("failed\n");
+  }
+  if (rc != CKPTDB_ECORRUPT) std::fprintf(stderr, "ckptdb verify: %s\n", ErrorText(rc).c_str());
+  return kExitProblem;
+}
+
+}  // namespace
+
+void AddVerifyCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<VerifyArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "verify", "Re-read every chunk on every tier and check it; exit 1 when anything is wrong");
+  cmd->add_option("root", args->root, "The store's root directory")->required();
+  cmd->add_option("--version,-v", args->version,
+                  "Check only this committed version (default: every committed version)");
+  cmd->add_option("--tier,-t", args->tier,
+                  "Check only this tier, e.g. disk:/nvme/ck (default: every tier)");
+  cmd->add_flag("--quiet,-q", args->quiet, "Print only problems and the summary");
+  cmd->callback([args, exit_code] { *exit_code = RunVerify(*args); });
+}
+
+}  // namespace ckpt::tools
