@@ -216,7 +216,9 @@ Status Db::OpenImpl() {
   CKPTDB_RETURN_IF_ERROR(io_->NewQueue(qo, &read_queue_));
   if (!o.read_only) {
     CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(canonical));
-    CKPTDB_RETURN_IF_ERROR(io_->NewQueue(qo, &write_queue_));
+    io::QueueOptions wqo = qo;
+    wqo.offload_writes = true;  // the kernel copies into tmpfs while put_shard stages the next chunk
+    CKPTDB_RETURN_IF_ERROR(io_->NewQueue(wqo, &write_queue_));
     // Staging is allocated and faulted in once (LIMITS.md: first touch runs at 0.3 GB/s here),
     // never per checkpoint.
     slot_count_ = std::min<size_t>(o.staging_bytes / slot_bytes_, 1u << 20);

@@ -42,6 +42,11 @@ struct IoCompletion {
 
 struct QueueOptions {
   uint32_t queue_depth = 64;  // submission queue entries; bounded in-flight requests
+  // Hand every write to a kernel worker (io_uring's IOSQE_ASYNC) instead of trying it inline at
+  // submission. A buffered write (tmpfs) otherwise runs its copy on the submitting thread;
+  // offloaded, the kernel copies one chunk on another core while the caller copies and hashes
+  // the next. docs/performance.md has the measurement that chose it for the engine's writes.
+  bool offload_writes = false;
 };
 
 class IoQueue {

@@ -71,8 +71,9 @@ int64_t NowNs() {
 
 class UringQueue final : public IoQueue {
  public:
-  explicit UringQueue(uint32_t queue_depth)
+  UringQueue(uint32_t queue_depth, bool offload_writes)
       : queue_depth_(queue_depth),
+        offload_writes_(offload_writes),
         backlog_capacity_(size_t{queue_depth} * kUringBacklogPerSlot),
         slots_(queue_depth) {
     free_slots_.reserve(queue_depth);
@@ -123,6 +124,7 @@ class UringQueue final : public IoQueue {
   void Release(uint32_t index);
 
   const uint32_t queue_depth_;
+  const bool offload_writes_;
   const size_t backlog_capacity_;
   io_uring ring_{};
   bool ring_ready_ = false;
@@ -354,6 +356,7 @@ int UringQueue::PrepareSqe(uint32_t index) {
       io_uring_prep_write(sqe, request.fd, address, length, offset);
     }
     slot.asked_bytes = length;
+    if (request.op == IoRequest::Op::kWrite && offload_writes_) sqe->flags |= IOSQE_ASYNC;
   }
   io_uring_sqe_set_data64(sqe, UserData(index, slot.generation));
   return 0;
@@ -574,7 +577,7 @@ Status NewUringQueue(const QueueOptions& options, const UringQueueOptions& uring
                            " is out of range; expected 1 to " +
                            std::to_string(kUringMaxQueueDepth));
   }
-  auto queue = std::make_unique<UringQueue>(options.queue_depth);
+  auto queue = std::make_unique<UringQueue>(options.queue_depth, options.offload_writes);
   CKPTDB_RETURN_IF_ERROR(queue->Init(uring_options));
   *out = std::move(queue);
   return Status::Ok();

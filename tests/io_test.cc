@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,10 +81,11 @@ void FillPattern(char* data, size_t bytes, uint32_t seed) {
   for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<char>((i * 131 + seed * 7 + i / 4096));
 }
 
-std::unique_ptr<IoQueue> MakeQueue(uint32_t queue_depth) {
+std::unique_ptr<IoQueue> MakeQueue(uint32_t queue_depth, bool offload_writes = false) {
   std::unique_ptr<IoQueue> queue;
   QueueOptions options;
   options.queue_depth = queue_depth;
+  options.offload_writes = offload_writes;
   Status st = NewUringQueue(options, &queue);
   EXPECT_TRUE(st.ok()) << st.message();
   return queue;
@@ -597,6 +599,47 @@ TEST(UringQueueTest, WriteToADescriptorOpenedReadOnlyCompletesWithEbadf) {
   done = RunOne(*queue, Read(fd, 0, back, 9, 12));
   EXPECT_EQ(done.result, 9);
   EXPECT_EQ(std::string(back, 9), "read only");
+  ASSERT_TRUE(io->Close(fd).ok());
+}
+
+// offload_writes hands writes to kernel workers (IOSQE_ASYNC): they may finish in any order,
+// but each must land at its own offset, and errors must still come back with their tags.
+TEST(UringQueueTest, OffloadedWritesLandAtTheirOffsetsAndReportErrors) {
+  TempDir dir("/dev/shm");
+  ASSERT_TRUE(dir.ok());
+  std::unique_ptr<Io> io = NewPosixIo();
+  constexpr size_t kChunkBytes = 256 * 1024;
+  constexpr size_t kChunks = 24;
+  AlignedBuffer source(kChunkBytes * kChunks);
+  AlignedBuffer target(kChunkBytes * kChunks);
+  FillPattern(source.data(), source.size_bytes(), 9);
+  OpenOptions write_options;
+  write_options.mode = OpenOptions::Mode::kCreateWrite;
+  int fd = -1;
+  ASSERT_TRUE(io->Open(dir.File("data"), write_options, &fd, nullptr).ok());
+  std::unique_ptr<IoQueue> queue = MakeQueue(8, /*offload_writes=*/true);
+  std::vector<IoRequest> writes;
+  for (size_t i = 0; i < kChunks; ++i) {
+    writes.push_back(
+        Write(fd, i * kChunkBytes, source.data() + i * kChunkBytes, kChunkBytes, 500 + i));
+  }
+  std::vector<IoCompletion> done = RunAll(*queue, writes);
+  ASSERT_EQ(done.size(), kChunks);
+  std::set<uint64_t> tags;
+  for (const IoCompletion& c : done) {
+    EXPECT_EQ(c.result, static_cast<int64_t>(kChunkBytes)) << "tag " << c.tag;
+    tags.insert(c.tag);
+  }
+  EXPECT_EQ(tags.size(), kChunks);
+  ASSERT_TRUE(io->Close(fd).ok());
+  ASSERT_TRUE(io->Open(dir.File("data"), OpenOptions{}, &fd, nullptr).ok());
+  ASSERT_EQ(pread(fd, target.data(), target.size_bytes(), 0),
+            static_cast<ssize_t>(target.size_bytes()));
+  EXPECT_EQ(std::memcmp(source.data(), target.data(), source.size_bytes()), 0);
+  // The descriptor is read-only now: an offloaded write fails with EBADF, under its own tag.
+  IoCompletion failed = RunOne(*queue, Write(fd, 0, source.data(), 4096, 77));
+  EXPECT_EQ(failed.tag, 77u);
+  EXPECT_EQ(failed.result, -EBADF);
   ASSERT_TRUE(io->Close(fd).ok());
 }
 
