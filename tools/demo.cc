@@ -24,7 +24,7 @@ struct DemoArgs {
   std::string tiers = "tmpfs:/dev/shm/ckptdb-demo,keep=2;disk:./ckptdb-demo/disk,keep=3";
   int iterations = 20;
   int layers = 2;
-  bool keep_tmpfs = false;
+  bool remove_tmpfs = false;
 };
 
 struct Tensor {
@@ -236,13 +236,22 @@ int RunDemo(const DemoArgs& a) {
   std::printf("%-28s %s\n", "bit-exact",
               mismatches == 0 && latest == expected_version ? "yes" : "NO");
   ckptdb_close(db);
-  if (!a.keep_tmpfs) {
-    // Free the memory the tmpfs tier holds; the disk tier and the catalog stay for inspection
-    // (ckptdb inspect ./ckptdb-demo will show the tmpfs copies as missing, as after a reboot).
-    for (size_t i = 0; i < tier_dirs.size(); ++i) {
-      if (a.tiers.find("tmpfs:" + tier_dirs[i]) != std::string::npos)
-        fs::remove_all(tier_dirs[i], ec);
+  // The store is left whole, so that `ckptdb inspect` and `ckptdb verify` find it consistent.
+  // Its tmpfs tier holds memory: say how much and how to free it (the next demo replaces it).
+  for (size_t i = 0; i < tier_dirs.size(); ++i) {
+    if (a.tiers.find("tmpfs:" + tier_dirs[i]) == std::string::npos) continue;
+    if (a.remove_tmpfs) {
+      // As after a reboot: verify will report these copies as missing; restore uses the disk.
+      fs::remove_all(tier_dirs[i], ec);
+      std::printf("\nremoved the tmpfs tier %s (--remove-tmpfs)\n", tier_dirs[i].c_str());
+      continue;
     }
+    uint64_t held = 0;
+    for (const auto& e : fs::directory_iterator(tier_dirs[i], ec)) {
+      if (e.is_regular_file(ec)) held += e.file_size(ec);
+    }
+    std::printf("\nthe tmpfs tier %s holds %.1f MiB of memory; rm -rf it to free it\n",
+                tier_dirs[i].c_str(), static_cast<double>(held) / (1 << 20));
   }
   for (Tensor& t : model) {
     munmap(t.data, (t.bytes + 4095) & ~size_t{4095});
@@ -275,8 +284,9 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--layers", args->layers, "Transformer layers (each adds about 120 MiB)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
-  cmd->add_flag("--keep-tmpfs", args->keep_tmpfs,
-                "Leave the tmpfs tier's files in place at the end (they hold memory)");
+  cmd->add_flag("--remove-tmpfs", args->remove_tmpfs,
+                "Delete the tmpfs tier's files at the end, as a reboot would (verify then "
+                "reports those copies missing)");
   cmd->callback([args, exit_code]() { *exit_code = RunDemo(*args); });
 }
 
