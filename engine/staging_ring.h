@@ -1,0 +1,63 @@
+// The staging ring's allocator (DESIGN.md section 5): hands out regions of a fixed-size byte
+// range for chunks on their way from a caller's buffer to the tiers, and takes them back in any
+// order. It never hands out a region that overlaps a live one: the live regions are the state,
+// kept in an ordered map, and every allocation is checked against them, never derived from
+// head/tail arithmetic (DataStates-LLM's public allocator returned [0,7) over a live [4,8) that
+// way; tests/staging_ring_test.cc replays that trace and checks against a byte-level model).
+//
+// Placement is first fit starting where the last allocation ended, wrapping once to the start:
+// in steady state (frees roughly in allocation order) that is a ring, and it still finds any
+// free run of the requested size when frees come out of order. Allocate fails only when no such
+// run exists; the caller then applies its back-pressure policy.
+//
+// Not thread-safe: the capture pipeline serializes calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+
+namespace ckpt {
+
+class StagingRing {
+ public:
+  struct Region {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;  // a multiple of the ring's alignment, > 0
+  };
+
+  // capacity and alignment must be > 0, alignment a power of two dividing capacity.
+  StagingRing(uint64_t capacity, uint64_t alignment);
+
+  // Rounds `bytes` up to the alignment. False when 0 < bytes and no free run that long exists
+  // now (bytes larger than the capacity never fit); bytes == 0 is a caller's bug (asserted).
+  bool Allocate(uint64_t bytes, Region* out);
+
+  // Returns a region Allocate handed out and that is still live, in any order. Asserts that it
+  // is exactly such a region.
+  void Free(const Region& region);
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t alignment() const { return alignment_; }
+  uint64_t live_bytes() const { return live_bytes_; }
+  size_t live_regions() const { return live_.size(); }
+  uint64_t high_water_bytes() const { return high_water_bytes_; }
+  // The longest run Allocate could hand out now.
+  uint64_t LargestFreeRun() const;
+
+ private:
+  // True when [offset, offset + bytes) is inside the ring and overlaps no live region.
+  bool IsFree(uint64_t offset, uint64_t bytes) const;
+  void CheckInvariants() const;
+
+  static constexpr size_t kFullCheckRegions = 256;
+
+  const uint64_t capacity_;
+  const uint64_t alignment_;
+  std::map<uint64_t, uint64_t> live_;  // offset -> bytes, disjoint
+  uint64_t cursor_ = 0;                // where the last allocation ended
+  uint64_t live_bytes_ = 0;
+  uint64_t high_water_bytes_ = 0;
+};
+
+}  // namespace ckpt
