@@ -125,6 +125,7 @@ void ckptdb_options_init(ckptdb_options* o) {
   o->rank = CKPTDB_UNSET;
   o->world_size = CKPTDB_UNSET;
   o->create_if_missing = 1;
+  o->drain_on_close = 1;
 }
 
 int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
@@ -152,11 +153,18 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
   if (const char* r = EnvOr(o->redundancy, "CKPTDB_REDUNDANCY")) d.redundancy = r;
   if (const char* c = EnvOr(o->coordinator, "CKPTDB_COORDINATOR")) d.coordinator = c;
   if (const char* j = EnvOr(o->job_token, "CKPTDB_JOB_TOKEN")) d.job_token = j;
+  if (const char* c = EnvOr(o->commit_tier, "CKPTDB_COMMIT_TIER")) d.commit_tier = c;
+  if (const char* b = EnvOr(o->backpressure, "CKPTDB_BACKPRESSURE")) {
+    st = ckpt::engine::ParseBackpressure(b, &d.backpressure);
+    if (!st.ok()) return Fail(st);
+  }
   if (o->staging_bytes != 0) d.staging_bytes = o->staging_bytes;
   if (o->chunk_bytes != 0) d.chunk_bytes = o->chunk_bytes;
   if (o->queue_depth != 0) d.queue_depth = o->queue_depth;
+  if (o->capture_threads != 0) d.capture_threads = o->capture_threads;
   d.read_only = o->read_only != 0;
   d.create_if_missing = o->create_if_missing != 0;
+  d.drain_on_close = o->drain_on_close != 0;
   return Guard("ckptdb_open", [&] {
     auto h = std::make_unique<ckptdb>();
     ckpt::Status open = ckpt::engine::Db::Open(d, &h->db);
@@ -193,9 +201,10 @@ int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags) {
   return Guard("ckptdb_commit", [&] { return Done(db->db->Commit(version, flags)); });
 }
 
-int ckptdb_wait_commit(ckptdb* db, uint64_t version, int timeout_ms) {
+int ckptdb_wait_commit(ckptdb* db, uint64_t version, const char* tier, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_commit");
-  return Guard("ckptdb_wait_commit", [&] { return Done(db->db->WaitCommit(version, timeout_ms)); });
+  return Guard("ckptdb_wait_commit",
+               [&] { return Done(db->db->WaitCommit(version, tier, timeout_ms)); });
 }
 
 int ckptdb_abort(ckptdb* db, uint64_t version) {
@@ -236,6 +245,12 @@ int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out) {
   if (db == nullptr) return NullHandle("ckptdb_stats");
   if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_stats: out is NULL"));
   return Guard("ckptdb_stats", [&] { return Done(db->db->Stats(out)); });
+}
+
+int ckptdb_version_stats(ckptdb* db, uint64_t version, ckptdb_version_stats_t* out) {
+  if (db == nullptr) return NullHandle("ckptdb_version_stats");
+  if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_version_stats: out is NULL"));
+  return Guard("ckptdb_version_stats", [&] { return Done(db->db->GetVersionStats(version, out)); });
 }
 
 }  // extern "C"

@@ -13,6 +13,9 @@ namespace ckpt::engine {
 namespace {
 
 constexpr uint8_t kRecordFormat = 1;
+// Residency records of format 2 add the ram tier's locator (generation, index offset and size);
+// format 1 records (written before the ram tier existed) are still read.
+constexpr uint8_t kResidencyFormat = 2;
 constexpr size_t kMaxPathBytes = 4096;
 constexpr size_t kMaxTierNameBytes = 4096 + 16;
 
@@ -62,8 +65,9 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// Checks the trailing xxh3 and the record format byte; on success the reader is past the byte.
-Status CheckFrame(const std::string& v, const std::string& what) {
+// Checks the trailing xxh3 and the record format byte (one of [min_format, max_format]).
+Status CheckFrame(const std::string& v, const std::string& what, uint8_t min_format = kRecordFormat,
+                  uint8_t max_format = kRecordFormat) {
   if (v.size() < 9) return Status::Corrupt("catalog record " + what + " is too short");
   uint64_t stored;
   std::memcpy(&stored, v.data() + v.size() - 8, 8);
@@ -72,7 +76,8 @@ Status CheckFrame(const std::string& v, const std::string& what) {
     return Status::Corrupt("catalog record " + what + " fails xxh3 (expected " +
                            format::Hex64(stored) + ", got " + format::Hex64(actual) + ")");
   }
-  if (static_cast<uint8_t>(v[0]) != kRecordFormat) {
+  const auto format = static_cast<uint8_t>(v[0]);
+  if (format < min_format || format > max_format) {
     return Status::NotSupported("catalog record " + what + " has format " +
                                 std::to_string(static_cast<uint8_t>(v[0])));
   }
@@ -92,6 +97,7 @@ uint64_t FromBe64(const char* p) {
 
 std::string VersionKey(uint64_t v) { return "v/" + Be64(v); }
 std::string ResidencyPrefix(uint64_t v) { return "r/" + Be64(v) + "/"; }
+std::string StatsKey(uint64_t v) { return "s/" + Be64(v); }
 
 Status FromRocks(const rocksdb::Status& s, const std::string& what) {
   if (s.ok()) return Status::Ok();
@@ -210,21 +216,27 @@ Status Catalog::DecodeVersion(const std::string& v, const std::string& what, Ver
 
 std::string Catalog::EncodeResidency(const ResidencyRecord& r) {
   Writer w;
-  w.Put<uint8_t>(kRecordFormat);
+  w.Put<uint8_t>(kResidencyFormat);
   w.Put<uint8_t>(static_cast<uint8_t>(r.state));
   w.Put(r.file_bytes);
   w.PutBytes(r.tier);
   w.PutBytes(r.path);
+  w.Put(r.ram_generation);
+  w.Put(r.ram_index_offset);
+  w.Put(r.ram_index_bytes);
   return w.Finish();
 }
 
 Status Catalog::DecodeResidency(const std::string& v, const std::string& what, ResidencyRecord* r) {
-  CKPTDB_RETURN_IF_ERROR(CheckFrame(v, what));
+  CKPTDB_RETURN_IF_ERROR(CheckFrame(v, what, kRecordFormat, kResidencyFormat));
   Reader rd(v);
   uint8_t fmt, state;
-  if (!rd.Get(&fmt) || !rd.Get(&state) || !rd.Get(&r->file_bytes) ||
-      !rd.GetBytes(&r->tier, kMaxTierNameBytes) || !rd.GetBytes(&r->path, kMaxPathBytes) ||
-      rd.pos() + 8 != v.size()) {
+  bool ok = rd.Get(&fmt) && rd.Get(&state) && rd.Get(&r->file_bytes) &&
+            rd.GetBytes(&r->tier, kMaxTierNameBytes) && rd.GetBytes(&r->path, kMaxPathBytes);
+  if (ok && fmt >= 2) {
+    ok = rd.Get(&r->ram_generation) && rd.Get(&r->ram_index_offset) && rd.Get(&r->ram_index_bytes);
+  }
+  if (!ok || rd.pos() + 8 != v.size()) {
     return Status::Corrupt("catalog record " + what + " has the wrong length");
   }
   if (!ValidResidency(state)) {
@@ -235,10 +247,54 @@ Status Catalog::DecodeResidency(const std::string& v, const std::string& what, R
   return Status::Ok();
 }
 
+std::string Catalog::EncodeStats(const VersionStatsRecord& r) {
+  Writer w;
+  w.Put<uint8_t>(kRecordFormat);
+  for (uint64_t f :
+       {r.bytes, r.put_calls, r.put_blocked_ns, r.wait_capture_blocked_ns, r.commit_blocked_ns,
+        r.capture_ns, r.commit_ns, r.backpressure_waits, r.backpressure_wait_ns, r.direct_chunks,
+        r.staging_high_water_bytes, r.fsyncs}) {
+    w.Put(f);
+  }
+  w.Put<uint32_t>(static_cast<uint32_t>(r.tiers.size()));
+  for (const VersionStatsRecord::Tier& t : r.tiers) {
+    w.PutBytes(t.name);
+    w.Put(t.bytes_written);
+    w.Put(t.write_ns);
+  }
+  return w.Finish();
+}
+
+Status Catalog::DecodeStats(const std::string& v, const std::string& what, VersionStatsRecord* r) {
+  CKPTDB_RETURN_IF_ERROR(CheckFrame(v, what));
+  Reader rd(v);
+  uint8_t fmt;
+  uint32_t tiers = 0;
+  bool ok = rd.Get(&fmt);
+  for (uint64_t* f :
+       {&r->bytes, &r->put_calls, &r->put_blocked_ns, &r->wait_capture_blocked_ns,
+        &r->commit_blocked_ns, &r->capture_ns, &r->commit_ns, &r->backpressure_waits,
+        &r->backpressure_wait_ns, &r->direct_chunks, &r->staging_high_water_bytes, &r->fsyncs}) {
+    ok = ok && rd.Get(f);
+  }
+  ok = ok && rd.Get(&tiers) && tiers <= CKPTDB_MAX_TIERS;
+  r->tiers.clear();
+  for (uint32_t i = 0; ok && i < tiers; ++i) {
+    VersionStatsRecord::Tier t;
+    ok = rd.GetBytes(&t.name, kMaxTierNameBytes) && rd.Get(&t.bytes_written) && rd.Get(&t.write_ns);
+    r->tiers.push_back(std::move(t));
+  }
+  if (!ok || rd.pos() + 8 != v.size()) {
+    return Status::Corrupt("catalog record " + what + " has the wrong length");
+  }
+  return Status::Ok();
+}
+
 Status Catalog::Apply(const CatalogBatch& batch, bool sync) {
   rocksdb::WriteBatch wb;
   for (uint64_t v : batch.delete_versions) {
     wb.Delete(VersionKey(v));
+    wb.Delete(StatsKey(v));
     std::string p = ResidencyPrefix(v);
     std::string end = p;
     end.back() = static_cast<char>('/' + 1);
@@ -248,6 +304,7 @@ Status Catalog::Apply(const CatalogBatch& batch, bool sync) {
   for (const auto& [v, tier] : batch.delete_residency) wb.Delete(ResidencyPrefix(v) + tier);
   for (const auto& [v, r] : batch.put_residency)
     wb.Put(ResidencyPrefix(v) + r.tier, EncodeResidency(r));
+  for (const auto& [v, r] : batch.put_stats) wb.Put(StatsKey(v), EncodeStats(r));
   rocksdb::WriteOptions o;
   o.sync = sync;
   return FromRocks(db_->Write(o, &wb), "writing catalog " + dir_);
@@ -276,6 +333,18 @@ Status Catalog::LoadAll(std::map<uint64_t, VersionEntry>* out) {
                              std::to_string(r.version));
     (*out)[v].record = r;
     (*out)[v].has_record = true;
+  }
+  CKPTDB_RETURN_IF_ERROR(FromRocks(it->status(), "reading catalog " + dir_));
+  for (it->Seek("s/"); it->Valid() && it->key().starts_with("s/"); it->Next()) {
+    if (it->key().size() != 10) return Status::Corrupt("catalog key of bad length under s/");
+    uint64_t v = FromBe64(it->key().data() + 2);
+    auto e = out->find(v);
+    // Figures are put and deleted in the same batches as their version record, so one without
+    // its record is damage; it affects nothing restorable, so it is skipped, not refused.
+    if (e == out->end() || !e->second.has_record) continue;
+    CKPTDB_RETURN_IF_ERROR(
+        DecodeStats(it->value().ToString(), "s/" + std::to_string(v), &e->second.stats));
+    e->second.has_stats = true;
   }
   CKPTDB_RETURN_IF_ERROR(FromRocks(it->status(), "reading catalog " + dir_));
   // Residency without a version record cannot be produced by Apply; refuse it as damage.

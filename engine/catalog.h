@@ -8,6 +8,7 @@
 //   "meta/tiers"                         -> the tier spec of the last read-write open
 //   "v/" + be64(version)                 -> VersionRecord
 //   "r/" + be64(version) + "/" + tier    -> ResidencyRecord
+//   "s/" + be64(version)                 -> VersionStatsRecord (figures for ckptdb_version_stats)
 // Values are fixed little-endian layouts ending in their own xxh3, checked on every read.
 #pragma once
 
@@ -49,14 +50,43 @@ struct VersionRecord {
 struct ResidencyRecord {
   std::string tier;  // the tier's canonical name
   int state = CKPTDB_RESIDENT_WRITING;
-  std::string path;
-  uint64_t file_bytes = 0;
+  std::string path;         // the segment file; the ram tier: its arena file
+  uint64_t file_bytes = 0;  // the segment's size (ram: of the image the index describes)
+  // The ram tier only: where the copy's index lies in the arena, and the arena's generation
+  // (a new arena file, after a reboot, has another, so old records read as missing).
+  uint64_t ram_generation = 0;
+  uint64_t ram_index_offset = 0;
+  uint64_t ram_index_bytes = 0;
+};
+
+// What one version cost, kept so that the tools can show it (ckptdb inspect --stats).
+struct VersionStatsRecord {
+  uint64_t bytes = 0;
+  uint64_t put_calls = 0;
+  uint64_t put_blocked_ns = 0;
+  uint64_t wait_capture_blocked_ns = 0;
+  uint64_t commit_blocked_ns = 0;
+  uint64_t capture_ns = 0;
+  uint64_t commit_ns = 0;
+  uint64_t backpressure_waits = 0;
+  uint64_t backpressure_wait_ns = 0;
+  uint64_t direct_chunks = 0;
+  uint64_t staging_high_water_bytes = 0;
+  uint64_t fsyncs = 0;
+  struct Tier {
+    std::string name;
+    uint64_t bytes_written = 0;
+    uint64_t write_ns = 0;
+  };
+  std::vector<Tier> tiers;  // at most CKPTDB_MAX_TIERS
 };
 
 struct VersionEntry {
   bool has_record = false;
   VersionRecord record;
   std::vector<ResidencyRecord> residency;
+  bool has_stats = false;
+  VersionStatsRecord stats;
 };
 
 // A set of changes applied atomically.
@@ -64,7 +94,8 @@ struct CatalogBatch {
   std::vector<VersionRecord> put_versions;
   std::vector<std::pair<uint64_t, ResidencyRecord>> put_residency;
   std::vector<std::pair<uint64_t, std::string>> delete_residency;  // version, tier
-  std::vector<uint64_t> delete_versions;  // the record and all its residency
+  std::vector<uint64_t> delete_versions;  // the record, all its residency and its stats
+  std::vector<std::pair<uint64_t, VersionStatsRecord>> put_stats;
 };
 
 class Catalog {
@@ -88,6 +119,9 @@ class Catalog {
   static std::string EncodeResidency(const ResidencyRecord& r);
   static Status DecodeResidency(const std::string& value, const std::string& what,
                                 ResidencyRecord* r);
+  static std::string EncodeStats(const VersionStatsRecord& r);
+  static Status DecodeStats(const std::string& value, const std::string& what,
+                            VersionStatsRecord* r);
 
  private:
   Catalog() = default;

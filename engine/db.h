@@ -1,33 +1,54 @@
 // Db: one rank's store (DESIGN.md sections 3-6). The only place that knows what a version is.
 //
-// Write path (this build copies synchronously in put_shard; the asynchronous pipeline replaces
-// the copy loop, not the layout): each chunk is copied into a slot of a pre-allocated staging
-// area, hashed while hot, framed as a record and written with io_uring to the temporary segment
-// file of every tier that takes the version. Commit appends the manifest and footer, fsyncs,
-// renames, fsyncs the directory, then records PREPARED and COMMITTED, synced, in the catalog.
+// Threads (docs/architecture.md draws them):
+//   - callers: put_shard validates and queues a shard's chunks and returns (lazy capture,
+//     DataStates-LLM); wait_capture waits until no chunk of the version is still read from the
+//     caller's buffers; commit asks for the commit and, unless ASYNC, waits for its outcome.
+//   - capture workers (options.capture_threads): copy each queued chunk from the caller's buffer
+//     into staging memory, hashing it while it is in cache. Staging is the ram tier's arena when
+//     the first tier is ram (the copy is then already the ram copy), else the staging ring, from
+//     which the manager writes the chunk to the first tier's file. When staging is full the
+//     back-pressure policy decides: block, direct (write from the caller's buffer) or skip.
+//   - the tier manager (one thread): owns the io_uring write queue and every change to files and
+//     to the catalog. It opens versions on the first tier, writes ring chunks, runs commits
+//     (tail, fsync, rename, PREPARED, COMMITTED), demotes committed versions to slower tiers
+//     re-verifying each chunk, and evicts copies the tier policy no longer wants.
+//   - readers (restore, list, verify; serialized by read_mu_): read the fastest tier holding a
+//     copy, check every chunk, fall back chunk by chunk. A ram copy being read is pinned so the
+//     manager does not evict it meanwhile.
 //
-// Read path: restore reads a tensor's chunks straight into the caller's buffer from the fastest
-// tier holding a durable copy, checks each chunk's xxh3 and re-reads a failing chunk from the
-// next tier; what no tier can supply is zeroed and reported, never returned as data.
+// Locking: mu_ guards every field below it that is not marked otherwise, and is held only for
+// bookkeeping, never across a copy, a system call or a catalog write. read_mu_ is taken before
+// mu_ when both are held.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
 #include "engine/catalog.h"
+#include "engine/ram_tier.h"
+#include "engine/staging_ring.h"
 #include "engine/tier.h"
+#include "format/manifest.h"
 #include "format/segment_reader.h"
 #include "io/io.h"
 #include "util/status.h"
 
 namespace ckpt::engine {
+
+enum class Backpressure : uint8_t { kBlock, kDirect, kSkip };
 
 struct DbOptions {
   std::string root;
@@ -38,16 +59,23 @@ struct DbOptions {
   std::string redundancy = "none";
   std::string coordinator;  // host:port; unused while world_size = 1
   std::string job_token;    // unused while world_size = 1
+  std::string commit_tier;  // a tier name or kind; empty: the first tier
+  Backpressure backpressure = Backpressure::kBlock;
   uint64_t staging_bytes = 64ull << 20;
   uint64_t chunk_bytes = 4ull << 20;
   uint32_t queue_depth = 64;
+  uint32_t capture_threads = 2;
   bool read_only = false;
   bool create_if_missing = true;
+  bool drain_on_close = true;
   io::Io* io = nullptr;  // nullptr: the real POSIX + io_uring Io
 };
 
-// Named points in the commit and recovery sequence where tests may stop the process.
-// A hook that returns makes the point a no-op.
+// Parses "block", "direct", "skip".
+Status ParseBackpressure(const std::string& text, Backpressure* out);
+
+// Named points in the commit, demotion and recovery sequences where tests may stop the process.
+// A hook that returns makes the point a no-op. Called from whichever thread reaches the point.
 using CrashHook = void (*)(const char* point);
 void SetCrashHookForTesting(CrashHook hook);
 
@@ -64,7 +92,7 @@ class Db {
                   const ckptdb_tensor_info* info, unsigned flags);
   Status WaitCapture(uint64_t version, int timeout_ms);
   Status Commit(uint64_t version, unsigned flags);
-  Status WaitCommit(uint64_t version, int timeout_ms);
+  Status WaitCommit(uint64_t version, const char* tier, int timeout_ms);
   Status Abort(uint64_t version);
 
   Status Latest(uint64_t* version);
@@ -74,90 +102,298 @@ class Db {
   Status Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                 ckptdb_verify_report* report);
   Status Stats(ckptdb_stats_t* out);
-
-  const std::vector<std::unique_ptr<Tier>>& tiers() const { return tiers_; }
+  Status GetVersionStats(uint64_t version, ckptdb_version_stats_t* out);
 
  private:
-  struct TierWriter {
-    size_t tier_index = 0;
-    int fd = -1;
-    bool published = false;
+  // ---- Tiers -----------------------------------------------------------------------------------
+  struct TierState {
+    explicit TierState(io::TierSpec s) : spec(std::move(s)) {}
+    io::TierSpec spec;
+    std::unique_ptr<Tier> dir;     // tmpfs and disk tiers
+    std::unique_ptr<RamTier> ram;  // the ram tier (index 0 when present)
+    bool is_ram() const { return ram != nullptr; }
+    const std::string& name() const { return spec.name; }
+    bool Takes(uint64_t version) const { return version % spec.every == 0; }
+    // Counters for ckptdb_stats (mu_).
+    uint64_t bytes_written = 0;
+    uint64_t write_ns = 0;
+    uint64_t bytes_read = 0;
+    uint64_t fsyncs = 0;
+    uint32_t demotions = 0;
+    uint32_t evictions = 0;
+    uint32_t demotion_failures = 0;
   };
-  // A version being put: its segment files are open on every tier that takes it.
-  struct OpenVersion {
+
+  // ---- A version between its first put and its commit or abort (mu_) ---------------------------
+  enum class Home : uint8_t {
+    kQueued,   // waiting for a capture worker; its bytes are still in the caller's buffer
+    kCopying,  // a worker is copying it into its staging region
+    kStaged,   // copied and hashed: in the arena (ram) or in a ring region awaiting its write
+    kDirect,   // being written to the first tier straight from the caller's buffer
+    kWriting,  // its write from a ring region is in flight
+    kDone,     // on the first tier (ram: in the arena; directory: written to the file)
+    kDropped,  // the version failed or was skipped; nothing of it is kept
+  };
+  struct ChunkSlot {
+    uint64_t record_offset = 0;  // in the segment file (and the ram image)
+    uint64_t payload_bytes = 0;
+    uint64_t xxh3 = 0;
+    const uint8_t* src = nullptr;        // the caller's bytes
+    StagingRing::Region region{};        // arena or ring region, when it has one
+    uint32_t header_block = UINT32_MAX;  // kDirect: its header block in direct_headers_
+    uint8_t direct_writes = 0;           // kDirect: its writes still in flight
+    Home home = Home::kQueued;
+  };
+  enum class CommitPhase : uint8_t {
+    kNone,
+    kTail,    // directory capture: the manifest record and footer are being written
+    kSync,    // directory capture: the file is being fsynced
+    kDemote,  // the commit tier is slower than tier 0: demoting to the tiers up to it
+    kDecide,  // safe on the commit tier: PREPARED and COMMITTED are next
+  };
+  struct LiveVersion {
     uint64_t version = 0;
     uint64_t created_unix_ns = 0;
-    std::vector<TierWriter> writers;
-    uint64_t next_offset = 0;  // where the next record goes (the same on every tier)
+    uint64_t first_put_mono_ns = 0;
+    bool ram = false;      // captured into the ram arena; otherwise through the ring to tier 0
+    bool opened = false;   // the manager created its file (or header region) and OPEN record
+    int fd = -1;           // tier 0's temporary file (directory capture)
+    int buffered_fd = -1;  // the same file without O_DIRECT, for unaligned direct writes
+    bool fd_direct = false;
+    StagingRing::Region header_region{};  // ram: the segment header block
+    uint64_t next_offset = 0;             // where the next record goes
     std::vector<format::TensorEntry> tensors;
     std::set<std::string, std::less<>> names;
-    std::vector<format::ChunkEntry> chunks;
+    std::deque<ChunkSlot> chunks;  // a deque: workers hold references while puts append
     uint64_t data_bytes = 0;
-    uint32_t writes_in_flight = 0;
-    Status error;  // the first failed write: the version can only be aborted
+    uint64_t uncaptured = 0;         // chunks kQueued, kCopying or kDirect: callers' bytes in use
+    uint64_t unwritten = 0;          // directory capture: chunks not yet kDone
+    std::vector<uint32_t> to_write;  // kStaged ring chunks and kDirect chunks for the manager
+    uint32_t writes_in_flight = 0;   // the manager's requests for this version
+    Status error;                    // the first failure: the version can only be aborted
+    bool skipped = false;            // back-pressure policy skip dropped it
+    bool abort_requested = false;    // abort, close, a failure, or a newer commit
+    bool commit_requested = false;
+    CommitPhase phase = CommitPhase::kNone;
+    uint64_t commit_requested_mono_ns = 0;
+    uint64_t space_waiting = 0;  // this version's chunks waiting for staging memory
+    // Commit state (the manager).
+    std::vector<uint8_t> manifest;
+    uint64_t manifest_xxh3 = 0;
+    std::unique_ptr<uint8_t, void (*)(void*)> tail{nullptr, std::free};  // directory capture
+    uint64_t tail_bytes = 0;
+    RamImage image;                          // ram capture: the image being committed
+    std::vector<ResidencyRecord> residency;  // the copies PREPARED will record durable
+    std::vector<size_t> demote_to;           // commit-path demotions still to run
+    uint64_t tier0_started_mono_ns = 0;
+    bool synced = false;  // directory capture: the fsync of the commit completed
+    VersionStatsRecord stats;
   };
-  // A cached reader of one committed segment on one tier.
+
+  // ---- A committed copy being read (restore, list, verify, demotion) ---------------------------
   struct OpenSegment {
-    int fd = -1;
+    size_t tier = 0;
+    int fd = -1;     // directory tiers
+    RamImage image;  // the ram tier
     std::unique_ptr<format::SegmentReader> reader;
+  };
+
+  // ---- Demotion: copying a version from a faster tier to a slower one (manager only) ----------
+  struct Demotion {
+    uint64_t version = 0;
+    size_t source = 0;
+    size_t target = 0;
+    bool for_commit = false;  // part of a commit whose commit tier is slower than tier 0
+    OpenSegment segment;      // the source copy, manifest checked
+    int fd = -1;
+    bool direct = false;
+    uint64_t file_bytes = 0;
+    // Records to copy in file order: the header block, each chunk record, the tail.
+    struct Record {
+      uint64_t offset = 0;
+      uint64_t bytes = 0;
+      int64_t chunk = -1;          // the chunk index, -1 for the header block and the tail
+      StagingRing::Region ring{};  // directory source: where it was read to
+      bool read_done = false;      // directory source: the read completed, to check and write
+      bool written = false;        // its write was submitted
+    };
+    std::vector<Record> records;
+    size_t next = 0;  // the next record to start
+    uint32_t in_flight = 0;
+    bool syncing = false;
+    bool synced = false;
+    Status error;
+    uint64_t started_mono_ns = 0;
+  };
+
+  // ---- In-flight requests of the write queue (manager only) -------------------------------------
+  enum class RequestKind : uint8_t {
+    kWake,          // the eventfd read that wakes the manager
+    kHeader,        // a version's segment header block (directory capture)
+    kChunk,         // a chunk record from a ring region
+    kDirectHeader,  // a direct chunk's record header block
+    kDirectData,    // a direct chunk's payload from the caller's buffer
+    kTail,          // a version's manifest record and footer
+    kSync,          // a version's fsync at commit
+    kDemoteRead,
+    kDemoteWrite,
+    kDemoteSync,
+  };
+  struct Request {
+    RequestKind kind;
+    uint64_t version = 0;
+    uint32_t chunk = 0;  // chunk index or demotion record index
+    uint64_t bytes = 0;
+    int64_t result = 0;
+  };
+
+  // ---- Worker pool ------------------------------------------------------------------------------
+  struct ParallelJob {
+    std::function<void(size_t)> fn;
+    size_t count = 0;
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> done{0};
+  };
+  struct Task {
+    uint64_t version = 0;  // a capture task: chunk `chunk` of `version`
+    uint32_t chunk = 0;
+    std::shared_ptr<ParallelJob> help;  // or help with a caller's parallel job
   };
 
   explicit Db(DbOptions options);
   Status OpenImpl();
+  Status OpenTiers(const std::vector<io::TierSpec>& specs);
   Status Recover();
-  Status OpenVersionFor(uint64_t version, OpenVersion** out);
-  Status WriteChunk(OpenVersion* v, const uint8_t* src, uint64_t bytes);
-  Status AcquireSlot(size_t* slot);
-  Status SubmitWrites(OpenVersion* v, size_t slot, uint64_t offset, const void* buf,
-                      uint64_t length, bool fixed);
-  Status Pump(size_t min_completions);
-  Status DrainVersion(OpenVersion* v);
-  Status FinishSegments(OpenVersion* v, uint64_t* manifest_xxh3);
-  Status AbortOpen(uint64_t version, const std::string& why);
-  Status ApplyRetention();
+  void RefreshResidencyLocked(CatalogBatch* batch);
   Status CheckNotClosed() const;
-  Status ReadSegment(uint64_t version, size_t tier_index, OpenSegment** out);
-  void DropSegments(uint64_t version);
-  bool FileDurable(const ResidencyRecord& r) const;
-  int TierIndex(const std::string& name) const;
-  Status ReadChunksInto(OpenSegment* seg, const std::vector<uint32_t>& chunks, uint64_t first_chunk,
-                        uint8_t* dst, size_t tier_index, std::vector<uint32_t>* failed);
-  std::optional<uint64_t> LastCommitted() const;
+  void StartThreads();
+  void StopThreads();
 
-  DbOptions options_;
+  // capture.cc
+  void WorkerLoop();
+  void CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index);
+  bool AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
+                      uint64_t bytes, StagingRing::Region* out);
+  void FailLocked(LiveVersion* v, const Status& st);
+  void DropQueuedLocked(LiveVersion* v);
+  void SkipLocked(LiveVersion* v, const std::string& why);
+  void FinishChunkLocked(LiveVersion* v, ChunkSlot* c);
+  Status ValidatePut(uint64_t version, const char* name, const void* data, size_t nbytes,
+                     const ckptdb_tensor_info* info, unsigned flags, format::TensorEntry* t);
+  Status LiveVersionFor(uint64_t version, LiveVersion** out);
+  void RunParallel(size_t count, std::function<void(size_t)> fn);
+  std::optional<Status> FindOutcome(uint64_t version, const std::string& what) const;
+  Status Outcome(uint64_t version, const std::string& what) const;
+  void RememberOutcome(uint64_t version, const Status& st);
+
+  // manager.cc
+  void ManagerLoop();
+  void WakeManager();
+  bool ManagerStepLocked(std::unique_lock<std::mutex>& lock);
+  Status OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  void SubmitWrites(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  void HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r);
+  bool RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  Status DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  void FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  bool PlanDemotion(std::unique_lock<std::mutex>& lock);
+  Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
+                       size_t target, bool for_commit);
+  void PumpDemotion(std::unique_lock<std::mutex>& lock);
+  void EndDemotion(std::unique_lock<std::mutex>& lock, const Status& st);
+  bool EvictLocked(std::unique_lock<std::mutex>& lock);
+  void RetireLocked(std::unique_lock<std::mutex>& lock);
+  void DetectStagingDeadlockLocked();
+  Status SubmitRequest(io::IoRequest request, Request meta);
+  void PersistStatsLocked(uint64_t version);
+
+  // Tier policy (policy.cc): which tiers want which committed versions.
+  bool Wants(size_t tier, uint64_t version) const;
+  bool Durable(const VersionEntry& e, size_t tier) const;
+  bool Evictable(size_t tier, uint64_t version, bool for_space) const;
+  bool HasSource(uint64_t version, size_t tier) const;
+  std::optional<uint64_t> NewestCommitted() const;
+  std::optional<uint64_t> LastCommitted() const;
+  int TierIndex(const std::string& name) const;
+  Status ResolveTier(const std::string& name_or_kind, size_t* index) const;
+  uint64_t PendingBytes(size_t tier) const;
+
+  // read.cc
+  Status ReadSegment(uint64_t version, size_t tier, OpenSegment** out);
+  Status OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
+                       const VersionRecord& record, RamImage image, OpenSegment* out,
+                       io::IoQueue* queue);
+  Status ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uint64_t first_chunk,
+                    uint8_t* dst, std::vector<uint32_t>* failed, uint64_t* bytes_read);
+  void Pin(uint64_t version);
+  void Unpin(uint64_t version);
+
+  const DbOptions options_;
   std::unique_ptr<io::Io> owned_io_;
   io::Io* io_ = nullptr;
-  std::unique_ptr<io::IoQueue> write_queue_;
-  std::unique_ptr<io::IoQueue> read_queue_;
   std::unique_ptr<Catalog> catalog_;
   Identity identity_;
-  std::vector<std::unique_ptr<Tier>> tiers_;
+  std::vector<TierState> tiers_;
+  size_t commit_tier_ = 0;
   int lock_fd_ = -1;
-  bool closed_ = false;
   bool created_root_ = false;                 // this Open created the root directory
   std::vector<std::string> markers_written_;  // tier markers this Open created
-  Status poisoned_;  // set when the outcome of a commit is unknown: only Close is allowed
+  std::string ram_created_;                   // the arena file this Open created
 
-  // Staging: slot_count slots of (4096 + chunk_bytes) bytes, one mapping, registered as one
-  // io_uring fixed buffer when the kernel lets us.
+  // Staging ring (read-write handles): staging_bytes of memory mapped once, mlocked where
+  // allowed, registered with io_uring as a fixed buffer.
   uint8_t* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
-  size_t slot_bytes_ = 0;
-  size_t slot_count_ = 0;
-  bool fixed_buffers_ = false;
-  std::vector<uint32_t> slot_pending_;  // writes in flight from each slot
-  std::vector<uint64_t> slot_version_;  // the version each busy slot belongs to
-  std::vector<size_t> free_slots_;
+  uint64_t staging_bytes_ = 0;
+  std::unique_ptr<StagingRing> ring_;
+  bool fixed_buffers_ = false;  // the ring is io_uring fixed buffer 0
+  bool fixed_arena_ = false;    // the arena is fixed buffers 1.. (1 GiB each)
+  // Header blocks for chunks written straight from callers' buffers (policy direct).
+  uint8_t* direct_headers_ = nullptr;
+  std::vector<uint32_t> free_direct_headers_;
+  static constexpr uint32_t kDirectHeaders = 64;
 
-  std::map<uint64_t, OpenVersion> open_;
-  std::map<uint64_t, VersionEntry> versions_;  // the catalog's view, kept in memory
-  std::map<std::pair<uint64_t, size_t>, OpenSegment> segments_;  // (version, tier) readers
+  std::mutex mu_;
+  std::condition_variable state_cv_;  // any change a waiter may care about
+  std::condition_variable work_cv_;   // capture tasks or stop, for workers
+  bool closed_ = false;
+  bool closing_ = false;       // Close has begun: no new calls
+  bool manager_idle_ = false;  // closing, and the manager has finished what close waits for
+  Status close_error_;         // the first failure of what close waited for
+  bool stopping_ = false;      // threads are asked to stop
+  Status poisoned_;            // set when the outcome of a commit is unknown: only Close is allowed
 
-  uint64_t committing_version_ = 0;  // owner of kTagCommit completions (one commit at a time)
-  std::string last_problem_;         // the first chunk failure of the current restore
-
-  std::mutex mu_;  // serializes every public call
+  std::map<uint64_t, VersionEntry> versions_;  // the catalog's view
+  std::map<uint64_t, LiveVersion> live_;
+  std::map<uint64_t, Status> outcomes_;  // failed, skipped or aborted versions, newest 64
+  std::deque<Task> tasks_;
+  std::map<uint64_t, RamImage> ram_images_;  // committed copies in the arena
+  std::map<uint64_t, uint32_t> ram_pins_;    // readers of a ram copy
+  uint64_t space_waiters_ = 0;               // workers blocked on staging memory
+  uint64_t ram_reserve_bytes_ = 0;           // arena space the next version is likely to need
+  std::optional<Demotion> demotion_;
+  // Demotions that failed, by (version, target): the sources that failed, and the last error.
+  // A target with no source left is given up until the next open.
+  std::map<std::pair<uint64_t, size_t>, std::set<size_t>> failed_sources_;
+  std::map<std::pair<uint64_t, size_t>, Status> demotion_errors_;
+  std::set<uint64_t> stats_dirty_;  // versions whose figures changed since they were persisted
   ckptdb_stats_t stats_{};
+
+  // Manager thread state (the manager alone).
+  std::unique_ptr<io::IoQueue> queue_;
+  int wake_fd_ = -1;
+  uint64_t wake_buffer_ = 0;
+  uint64_t next_request_ = 1;
+  std::map<uint64_t, Request> requests_;
+  std::atomic<bool> wake_pending_{false};
+
+  std::thread manager_;
+  std::vector<std::thread> workers_;
+
+  // Readers (read_mu_).
+  std::mutex read_mu_;
+  std::unique_ptr<io::IoQueue> read_queue_;
+  std::map<std::pair<uint64_t, size_t>, OpenSegment> segments_;  // (version, tier) readers
+  std::string last_problem_;  // the first chunk failure of the current restore
 };
 
 }  // namespace ckpt::engine

@@ -67,6 +67,30 @@ void StagingRing::Free(const Region& region) {
   CheckInvariants();
 }
 
+bool StagingRing::Claim(const Region& region) {
+  if (region.bytes == 0 || region.offset % alignment_ != 0 || region.bytes % alignment_ != 0 ||
+      !IsFree(region.offset, region.bytes)) {
+    return false;
+  }
+  live_.emplace(region.offset, region.bytes);
+  live_bytes_ += region.bytes;
+  high_water_bytes_ = std::max(high_water_bytes_, live_bytes_);
+  CheckInvariants();
+  return true;
+}
+
+bool StagingRing::Resize(uint64_t capacity) {
+  CKPTDB_ASSERT(capacity > 0 && capacity % alignment_ == 0);
+  if (!live_.empty()) {
+    auto last = std::prev(live_.end());
+    if (last->first + last->second > capacity) return false;
+  }
+  capacity_ = capacity;
+  if (cursor_ >= capacity_) cursor_ = 0;
+  CheckInvariants();
+  return true;
+}
+
 uint64_t StagingRing::LargestFreeRun() const {
   uint64_t largest = 0;
   uint64_t end = 0;  // end of the previous live region

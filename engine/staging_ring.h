@@ -37,6 +37,15 @@ class StagingRing {
   // is exactly such a region.
   void Free(const Region& region);
 
+  // Marks a given region live, as if Allocate had handed it out: the ram tier rebuilds its
+  // allocator this way from the catalog after a restart. False, changing nothing, when the region
+  // is empty, unaligned, out of bounds or overlaps a live one.
+  bool Claim(const Region& region);
+
+  // Changes the capacity (alignment still dividing it). False, changing nothing, when a live
+  // region ends past the new capacity.
+  bool Resize(uint64_t capacity);
+
   uint64_t capacity() const { return capacity_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t live_bytes() const { return live_bytes_; }
@@ -52,7 +61,7 @@ class StagingRing {
 
   static constexpr size_t kFullCheckRegions = 256;
 
-  const uint64_t capacity_;
+  uint64_t capacity_;
   const uint64_t alignment_;
   std::map<uint64_t, uint64_t> live_;  // offset -> bytes, disjoint
   uint64_t cursor_ = 0;                // where the last allocation ended

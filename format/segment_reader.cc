@@ -86,15 +86,29 @@ Status SegmentReader::CheckChunk(uint32_t index, std::vector<uint8_t>* scratch,
   scratch->resize(kBlockBytes + c.payload_bytes());
   CKPTDB_RETURN_IF_ERROR(
       read_(c.record_offset(), scratch->data(), scratch->size()).WithContext(at));
+  return CheckRecord(index, scratch->data(), problem);
+}
+
+Status SegmentReader::CheckRecord(uint32_t index, const uint8_t* record,
+                                  ChunkProblem* problem) const {
+  if (index >= manifest_.chunk_count()) {
+    return Status::NotFound(what_ + ": no chunk " + std::to_string(index));
+  }
+  const fb::Chunk& c = manifest_.chunk(index);
+  problem->chunk_index = index;
+  problem->file_offset = c.record_offset();
+  problem->expected_xxh3 = c.xxh3();
+  problem->actual_xxh3 = 0;
+  std::string at = what_ + ": chunk " + std::to_string(index) + " at offset " +
+                   std::to_string(c.record_offset());
   RecordHeader rh;
-  CKPTDB_RETURN_IF_ERROR(
-      DecodeRecordHeader(std::span<const uint8_t, 64>(scratch->data(), 64), at, &rh));
+  CKPTDB_RETURN_IF_ERROR(DecodeRecordHeader(std::span<const uint8_t, 64>(record, 64), at, &rh));
   if (rh.type != RecordType::kChunk || rh.record_offset != c.record_offset() ||
       rh.payload_bytes != c.payload_bytes() || rh.payload_xxh3 != c.xxh3() ||
       rh.sequence != index || rh.version != header_.version || rh.rank != header_.rank) {
     return Status::Corrupt(at + ": record header disagrees with the manifest");
   }
-  problem->actual_xxh3 = Xxh3(scratch->data() + kBlockBytes, c.payload_bytes());
+  problem->actual_xxh3 = Xxh3(record + kBlockBytes, c.payload_bytes());
   if (problem->actual_xxh3 != c.xxh3()) {
     return Status::Corrupt(at + " fails xxh3 (expected " + Hex64(c.xxh3()) + ", got " +
                            Hex64(problem->actual_xxh3) + ")");

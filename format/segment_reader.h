@@ -43,6 +43,11 @@ class SegmentReader {
   // header against the manifest and the payload against its xxh3. On failure fills *problem.
   Status CheckChunk(uint32_t index, std::vector<uint8_t>* scratch, ChunkProblem* problem) const;
 
+  // Checks chunk `index`'s record already in memory: `record` holds its header block and
+  // payload (RecordBytes of the payload may follow, the padding is not read). Demotion checks
+  // each record this way between reading it from one tier and writing it to the next.
+  Status CheckRecord(uint32_t index, const uint8_t* record, ChunkProblem* problem) const;
+
  private:
   std::string what_;
   ReadAtFn read_;

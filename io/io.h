@@ -4,6 +4,7 @@
 //
 // Two parts:
 //   - Io: the file system. Metadata calls are synchronous; they are rare (a few per segment).
+//   - Io also maps the ram tier's shared memory (io/shared_memory.h).
 //   - IoQueue: an asynchronous data queue (one io_uring per queue): reads, writes and fsyncs
 //     submitted in batches, completions reaped by tag. One owner thread per queue.
 #pragma once
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "io/shared_memory.h"
 #include "util/status.h"
 
 namespace ckpt::io {
@@ -72,7 +74,11 @@ class IoQueue {
 };
 
 struct OpenOptions {
-  enum class Mode : uint8_t { kRead, kCreateWrite /* create or truncate, write only */ };
+  enum class Mode : uint8_t {
+    kRead,
+    kCreateWrite,  // create or truncate, write only
+    kWrite,        // an existing file, write only, contents kept
+  };
   Mode mode = Mode::kRead;
   // Ask for O_DIRECT. If the file system refuses it (EINVAL: ramfs, procfs, tmpfs before Linux
   // 6.6), the file is opened buffered and *direct_out (if given) is false. Callers align offsets,
@@ -102,6 +108,10 @@ class Io {
   // the directory.
   virtual Status ReadFile(const std::string& path, std::string* contents) = 0;
   virtual Status WriteFileDurably(const std::string& path, const std::string& contents) = 0;
+
+  // The ram tier's arena: a shared-memory file mapped whole (io/shared_memory.h).
+  virtual Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
+                                  std::unique_ptr<SharedMemory>* out) = 0;
 };
 
 // The real thing: POSIX calls for metadata, io_uring for the data queues.

@@ -90,9 +90,20 @@ class PosixIo final : public Io {
   Status Open(const std::string& path, const OpenOptions& options, int* fd,
               bool* direct_out) override {
     CKPTDB_ASSERT(fd != nullptr);
-    const bool writing = options.mode == OpenOptions::Mode::kCreateWrite;
+    const bool writing = options.mode != OpenOptions::Mode::kRead;
     const char* purpose = writing ? " for writing" : " for reading";
-    int flags = O_CLOEXEC | (writing ? (O_WRONLY | O_CREAT | O_TRUNC) : O_RDONLY);
+    int flags = O_CLOEXEC;
+    switch (options.mode) {
+      case OpenOptions::Mode::kRead:
+        flags |= O_RDONLY;
+        break;
+      case OpenOptions::Mode::kCreateWrite:
+        flags |= O_WRONLY | O_CREAT | O_TRUNC;
+        break;
+      case OpenOptions::Mode::kWrite:
+        flags |= O_WRONLY;
+        break;
+    }
     bool direct = options.direct;
     int opened = OpenRetrying(path.c_str(), flags | (direct ? O_DIRECT : 0), 0644);
     if (opened < 0 && direct && errno == EINVAL) {
@@ -198,6 +209,11 @@ class PosixIo final : public Io {
   }
 
   Status SyncDir(const std::string& path) override { return SyncDirectory(path); }
+
+  Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
+                          std::unique_ptr<SharedMemory>* out) override {
+    return SharedMemory::Open(path, options, out);
+  }
 
   Status ReadFile(const std::string& path, std::string* contents) override {
     CKPTDB_ASSERT(contents != nullptr);

@@ -1,8 +1,11 @@
 // Tier spec parsing (io/tier_spec.h). Grammar, after trimming ASCII whitespace around every
 // piece:
 //   spec   := tier (';' tier)* [';']
-//   tier   := KIND ':' PATH (',' option)*
+//   tier   := ("tmpfs" | "disk") ':' PATH (',' option)*
+//           | "ram" ':' SIZE (',' (option | "dir" '=' PATH))*     (first tier only)
 //   option := ("keep" | "every") '=' NUMBER        NUMBER := decimal digits, 1 .. 2^63
+//   SIZE   := NUMBER ["K" | "M" | "G" | "T"]       (powers of 1024, 1M .. 1024T, rounded up
+//                                                   to a multiple of 4096)
 // The parser does no I/O: whether a path exists or is on the right kind of file system is
 // checked when the tier is opened.
 #include "io/tier_spec.h"
@@ -20,8 +23,12 @@
 namespace ckpt::io {
 namespace {
 
-constexpr std::string_view kSupportedKinds = "tmpfs, disk";
-constexpr std::string_view kTierForm = "KIND:PATH[,keep=N][,every=N] with KIND one of tmpfs, disk";
+constexpr std::string_view kSupportedKinds = "ram, tmpfs, disk";
+constexpr std::string_view kTierForm =
+    "KIND:PATH[,keep=N][,every=N] with KIND one of tmpfs, disk, or ram:SIZE[,keep=N][,dir=PATH]";
+constexpr std::string_view kRamSizeForm =
+    "ram:SIZE with SIZE a decimal number of bytes, or with a K, M, G or T suffix (powers of "
+    "1024), from 1M to 1024T";
 constexpr uint64_t kMaxOptionValue = uint64_t{1} << 63;
 // ckptdb_stats_t.tier_names holds 256 bytes per tier, NUL included: a longer name would reach
 // the user cut off, and two tiers could look the same.
@@ -113,6 +120,72 @@ Status ResolveBase(const std::string& base_dir, std::filesystem::path* base) {
   return Status::Ok();
 }
 
+// Parses SIZE := digits [K|M|G|T] (case-insensitive, powers of 1024) into bytes rounded up to
+// 4096. Returns false with *problem set when text is not one or is out of range.
+bool ParseSize(std::string_view text, uint64_t* bytes, std::string* problem) {
+  if (text.empty()) {
+    *problem = "empty size";
+    return false;
+  }
+  uint64_t shift = 0;
+  std::string_view digits = text;
+  switch (text.back()) {
+    case 'k':
+    case 'K':
+      shift = 10;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      break;
+    case 't':
+    case 'T':
+      shift = 40;
+      break;
+    default:
+      break;
+  }
+  if (shift != 0) digits.remove_suffix(1);
+  uint64_t value = 0;
+  if (!ParseNumber(digits, &value, problem)) {
+    *problem = "\"" + std::string(text) + "\" is not a size";
+    return false;
+  }
+  if (value > (kMaxRamBytes >> shift)) {
+    *problem = "\"" + std::string(text) + "\" is larger than 1024T";
+    return false;
+  }
+  value <<= shift;
+  if (value < kMinRamBytes) {
+    *problem = "\"" + std::string(text) + "\" is smaller than 1M";
+    return false;
+  }
+  *bytes = (value + 4095) & ~uint64_t{4095};
+  return true;
+}
+
+// Makes `text` (no NUL byte) an absolute, lexically normal path without a trailing '/',
+// resolving a relative one against base_dir (resolved once, on first need: getcwd may fail).
+Status ResolvePath(std::string_view text, const std::string& base_dir, std::filesystem::path* base,
+                   bool* base_resolved, std::string* out) {
+  std::filesystem::path path(text);
+  if (path.is_relative()) {
+    if (!*base_resolved) {
+      CKPTDB_RETURN_IF_ERROR(ResolveBase(base_dir, base));
+      *base_resolved = true;
+    }
+    path = *base / path;
+  }
+  std::string normal = path.lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  *out = normal;
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* TierKindName(TierKind kind) {
@@ -121,6 +194,8 @@ const char* TierKindName(TierKind kind) {
       return "tmpfs";
     case TierKind::kDisk:
       return "disk";
+    case TierKind::kRam:
+      return "ram";
   }
   return "unknown";
 }
@@ -177,60 +252,68 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       tier.kind = TierKind::kTmpfs;
     } else if (kind_text == "disk") {
       tier.kind = TierKind::kDisk;
-    } else if (kind_text == "ram" || kind_text == "nfs") {
+    } else if (kind_text == "ram") {
+      tier.kind = TierKind::kRam;
+    } else if (kind_text == "nfs") {
       return Status::NotSupported(
           error.Format(number, text,
-                       "the " + std::string(kind_text) +
-                           " tier is not supported by this build yet (supported: " +
+                       "the nfs tier is not supported by this build yet (supported: " +
                            std::string(kSupportedKinds) + ")",
                        "a tier of a supported kind"));
     } else if (kind_text.empty()) {
       return error.Invalid(number, text, "empty kind before ':'", kTierForm);
     } else {
       return error.Invalid(number, text, "unknown kind \"" + std::string(kind_text) + "\"",
-                           "one of tmpfs, disk (ram, nfs: not supported by this build yet)");
+                           "one of ram, tmpfs, disk (nfs: not supported by this build yet)");
+    }
+    const bool ram = tier.kind == TierKind::kRam;
+    if (ram && i != 0) {
+      return error.Invalid(
+          number, text,
+          "a ram tier is the fastest and must come first, not as tier " + std::to_string(number),
+          "ram:SIZE as the first tier of the spec");
     }
 
-    // PATH runs to the first ','; a path cannot contain ',' or ';', they separate.
+    // ARG runs to the first ','; a path cannot contain ',' or ';', they separate.
     const std::string_view rest = text.substr(colon + 1);
     const size_t comma = rest.find(',');
-    const std::string_view path_text = Trim(rest.substr(0, comma));
-    if (path_text.empty()) {
-      return error.Invalid(number, text, "empty path",
-                           "a directory path after \"" + std::string(kind_text) + ":\"");
-    }
-    if (path_text.find('\0') != std::string_view::npos) {
-      return error.Invalid(number, text, "the path contains a NUL byte", "a directory path");
-    }
-    std::filesystem::path path(path_text);
-    if (path.is_relative()) {
-      if (!base_resolved) {
-        CKPTDB_RETURN_IF_ERROR(ResolveBase(base_dir, &base));
-        base_resolved = true;
+    const std::string_view arg_text = Trim(rest.substr(0, comma));
+    if (ram) {
+      std::string problem;
+      if (!ParseSize(arg_text, &tier.capacity_bytes, &problem)) {
+        return error.Invalid(number, text, "ram size: " + problem, kRamSizeForm);
       }
-      path = base / path;
+    } else {
+      if (arg_text.empty()) {
+        return error.Invalid(number, text, "empty path",
+                             "a directory path after \"" + std::string(kind_text) + ":\"");
+      }
+      if (arg_text.find('\0') != std::string_view::npos) {
+        return error.Invalid(number, text, "the path contains a NUL byte", "a directory path");
+      }
+      CKPTDB_RETURN_IF_ERROR(ResolvePath(arg_text, base_dir, &base, &base_resolved, &tier.path));
     }
-    std::string normal = path.lexically_normal().string();
-    while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
-    tier.path = normal;
 
     bool seen_keep = false;
     bool seen_every = false;
-    // Options: each of keep and every at most once, so a third option is always an error and
-    // the loop ends within three rounds of finding one.
+    bool seen_dir = false;
+    // Options: each of keep, every and dir at most once, so a fourth option is always an error
+    // and the loop ends within four rounds of finding one.
     for (size_t start = comma; start != std::string_view::npos;) {
       const size_t end = rest.find(',', start + 1);
       const std::string_view option =
           Trim(rest.substr(start + 1, end == std::string_view::npos ? end : end - start - 1));
       start = end;
+      const std::string_view options_form =
+          ram ? "keep=N, every=N or dir=PATH" : "keep=N or every=N";
       if (option.empty()) {
         return error.Invalid(number, text, "empty option after ','",
-                             "keep=N or every=N after each ','");
+                             std::string(options_form) + " after each ','");
       }
       const size_t equals = option.find('=');
       if (equals == std::string_view::npos) {
         return error.Invalid(number, text, "option \"" + std::string(option) + "\" has no '='",
-                             "keep=N or every=N");
+                             options_form);
       }
       const std::string_view key = Trim(option.substr(0, equals));
       const std::string_view value_text = Trim(option.substr(equals + 1));
@@ -242,9 +325,16 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       } else if (key == "every") {
         seen = &seen_every;
         field = &tier.every;
+      } else if (key == "dir" && ram) {
+        seen = &seen_dir;
+      } else if (key == "dir") {
+        return error.Invalid(number, text,
+                             "option \"dir\" is for the ram tier; a " + std::string(kind_text) +
+                                 " tier's directory is its path",
+                             options_form);
       } else {
         return error.Invalid(number, text, "unknown option \"" + std::string(key) + "\"",
-                             "keep=N or every=N");
+                             options_form);
       }
       if (*seen) {
         return error.Invalid(number, text, "option \"" + std::string(key) + "\" given twice",
@@ -252,30 +342,41 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       }
       *seen = true;
       std::string problem;
-      if (!ParseNumber(value_text, field, &problem)) {
+      if (field == nullptr) {
+        if (value_text.empty()) {
+          return error.Invalid(number, text, "option \"dir\": empty value", "dir=PATH");
+        }
+        if (value_text.find('\0') != std::string_view::npos) {
+          return error.Invalid(number, text, "option \"dir\": the path contains a NUL byte",
+                               "dir=PATH");
+        }
+        CKPTDB_RETURN_IF_ERROR(
+            ResolvePath(value_text, base_dir, &base, &base_resolved, &tier.path));
+      } else if (!ParseNumber(value_text, field, &problem)) {
         return error.Invalid(number, text, "option \"" + std::string(key) + "\": " + problem,
                              std::string(key) + "=N with N a decimal number from 1 to 2^63");
       }
     }
+    if (ram && !seen_dir) tier.path = std::string(kDefaultRamDir);
     if (i == 0 && tier.every != 1) {
       return error.Invalid(number, text,
                            "every=" + std::to_string(tier.every) +
-                               " on the first tier, which is the commit tier and must take "
-                               "every version",
+                               " on the first tier, which captures every version",
                            "every=1 or no every option on the first tier");
     }
 
-    tier.name = std::string(TierKindName(tier.kind)) + ":" + tier.path;
+    tier.name = ram ? std::string("ram") : std::string(TierKindName(tier.kind)) + ":" + tier.path;
     if (tier.name.size() > kMaxNameBytes) {
       return error.Invalid(
           number, text,
           "the tier name \"" + tier.name + "\" is " + std::to_string(tier.name.size()) + " bytes",
-          "at most " + std::to_string(kMaxNameBytes) +
-              " bytes so it fits ckptdb_stats_t.tier_names");
+          "at most " + std::to_string(kMaxNameBytes) + " bytes so it fits ckptdb_tier_stats.name");
     }
     // Tiers in one directory tree would see each other's files as their own (retention of one
     // deleting the other's versions), so paths must be disjoint.
-    for (size_t j = 0; j < tiers.size(); ++j) {
+    // The ram tier owns one file named for its store, not a directory: it is left out.
+    for (size_t j = 0; j < tiers.size() && !ram; ++j) {
+      if (tiers[j].kind == TierKind::kRam) continue;
       const std::string& other = tiers[j].path;
       std::string problem;
       if (tier.path == other) {
@@ -295,6 +396,19 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
   }
   *out = std::move(tiers);
   return Status::Ok();
+}
+
+}  // namespace ckpt::io
+
+namespace ckpt::io {
+
+std::string FormatTierSpec(const TierSpec& tier) {
+  std::string s = tier.kind == TierKind::kRam
+                      ? "ram:" + std::to_string(tier.capacity_bytes) + ",dir=" + tier.path
+                      : tier.name;
+  if (tier.keep != 0) s += ",keep=" + std::to_string(tier.keep);
+  if (tier.every != 1) s += ",every=" + std::to_string(tier.every);
+  return s;
 }
 
 }  // namespace ckpt::io

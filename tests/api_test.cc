@@ -38,8 +38,10 @@ class ApiTest : public ::testing::Test {
     db_ = nullptr;
     Open();
   }
+  // Callers pass temporaries: COPY_NOW, so the bytes are out of `data` when Put returns.
   void Put(uint64_t v, const std::string& name, const std::vector<uint8_t>& data) {
-    ASSERT_EQ(ckptdb_put_shard(db_, v, name.c_str(), data.data(), data.size(), nullptr, 0),
+    ASSERT_EQ(ckptdb_put_shard(db_, v, name.c_str(), data.data(), data.size(), nullptr,
+                               CKPTDB_PUT_COPY_NOW),
               CKPTDB_OK)
         << ckptdb_last_error();
   }
@@ -165,7 +167,7 @@ TEST_F(ApiTest, MisuseReturnsDocumentedStatusAndChangesNothing) {
   EXPECT_EQ(ckptdb_commit(db_, 5, 0x40), CKPTDB_EINVAL);
   ASSERT_EQ(ckptdb_commit(db_, 5, 0), CKPTDB_OK);
   EXPECT_EQ(ckptdb_commit(db_, 5, 0), CKPTDB_ESTATE);
-  EXPECT_EQ(ckptdb_wait_commit(db_, 5, 0), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_wait_commit(db_, 5, nullptr, 0), CKPTDB_OK);
   // Put after commit, and versions not above the last committed one.
   EXPECT_EQ(ckptdb_put_shard(db_, 5, "y", d.data(), d.size(), nullptr, 0), CKPTDB_ESTATE);
   EXPECT_EQ(ckptdb_put_shard(db_, 4, "y", d.data(), d.size(), nullptr, 0), CKPTDB_ESTATE);
@@ -181,7 +183,7 @@ TEST_F(ApiTest, MisuseReturnsDocumentedStatusAndChangesNothing) {
   EXPECT_EQ(ckptdb_restore(db_, 5, nullptr, out.data(), out.size(), 0), CKPTDB_EINVAL);
   EXPECT_EQ(ckptdb_restore(db_, 5, "x", nullptr, out.size(), 0), CKPTDB_EINVAL);
   EXPECT_EQ(ckptdb_restore(db_, 5, "x", out.data(), out.size(), 3), CKPTDB_EINVAL);
-  EXPECT_EQ(ckptdb_wait_commit(db_, 77, 0), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(ckptdb_wait_commit(db_, 77, nullptr, 0), CKPTDB_ENOTFOUND);
   EXPECT_EQ(ckptdb_abort(db_, 77), CKPTDB_ENOTFOUND);
   EXPECT_EQ(ckptdb_list(
                 db_, 77, [](void*, const ckptdb_tensor_desc*) { return 0; }, nullptr),
@@ -231,7 +233,7 @@ TEST_F(ApiTest, AbortDeletesFilesAndCommitOfNewerAbortsOlderOpenVersions) {
   ASSERT_EQ(ckptdb_abort(db_, 1), CKPTDB_OK);
   EXPECT_EQ(ckptdb_abort(db_, 1), CKPTDB_OK);  // idempotent
   EXPECT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_ESTATE);
-  EXPECT_EQ(ckptdb_wait_commit(db_, 1, 0), CKPTDB_ESTATE);
+  EXPECT_EQ(ckptdb_wait_commit(db_, 1, nullptr, 0), CKPTDB_ESTATE);
   Put(3, "x", RandomBytes(10, 3));
   Put(4, "x", RandomBytes(10, 4));
   ASSERT_EQ(ckptdb_commit(db_, 4, 0), CKPTDB_OK);
@@ -260,6 +262,8 @@ TEST_F(ApiTest, RetentionKeepsNewestAndEveryThinsSlowTier) {
     Put(v, "x", RandomBytes(1000, v));
     ASSERT_EQ(ckptdb_commit(db_, v, 0), CKPTDB_OK) << ckptdb_last_error();
   }
+  // Demotion and eviction run in the background; close waits for them.
+  Reopen();
   auto count = [](const std::string& dir) {
     std::vector<std::string> names;
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -441,6 +445,8 @@ TEST_F(ApiTest, WaitCaptureOfAbortedVersionAndVerifyByAnySpellingOfTheTier) {
   EXPECT_EQ(ckptdb_wait_capture(db_, 1, 0), CKPTDB_ESTATE);
   Put(2, "x", RandomBytes(10, 2));
   ASSERT_EQ(ckptdb_commit(db_, 2, 0), CKPTDB_OK);
+  // The disk tier receives it in the background.
+  ASSERT_EQ(ckptdb_wait_commit(db_, 2, "disk", -1), CKPTDB_OK) << ckptdb_last_error();
   std::string spelled = "disk:" + disk_.Sub("t2") + "/./,keep=4";
   ckptdb_verify_report rep{};
   EXPECT_EQ(ckptdb_verify(db_, 2, spelled.c_str(), nullptr, nullptr, &rep), CKPTDB_OK)

@@ -90,7 +90,7 @@ TEST_F(CorruptionTest, FlippedByteOnFastTierFallsBackToSlowTier) {
   ckptdb_stats_t st;
   ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
   EXPECT_EQ(st.checksum_failures, 1u);
-  EXPECT_EQ(st.tier_bytes_read[1], kChunkBytes) << "only the bad chunk is read from disk";
+  EXPECT_EQ(st.tiers[1].bytes_read, kChunkBytes) << "only the bad chunk is read from disk";
 }
 
 TEST_F(CorruptionTest, FlippedByteOnEveryTierIsCorruptAndZeroedNeverWrong) {

@@ -201,8 +201,8 @@ int RunDemo(const DemoArgs& a) {
               sum_blocked / a.iterations * 1e3, total_bytes / 1048576.0,
               total_bytes * a.iterations / sum_blocked / 1e9, st.fixed_buffers ? "on" : "off");
   for (uint32_t i = 0; i < st.tier_count; ++i) {
-    std::printf("tier %-40s O_DIRECT %-3s wrote %.2f GiB\n", st.tier_names[i],
-                st.tier_direct_io[i] ? "yes" : "no", st.tier_bytes_written[i] / 1073741824.0);
+    std::printf("tier %-40s O_DIRECT %-3s wrote %.2f GiB\n", st.tiers[i].name,
+                st.tiers[i].direct_io ? "yes" : "no", st.tiers[i].bytes_written / 1073741824.0);
   }
 
   // A restarted trainer: a new handle, recovery, latest, restore everything, compare.

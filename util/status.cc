@@ -76,6 +76,8 @@ extern "C" const char* ckptdb_status_name(int status) {
       return "CKPTDB_EBUSY";
     case CKPTDB_EINTERNAL:
       return "CKPTDB_EINTERNAL";
+    case CKPTDB_ESKIPPED:
+      return "CKPTDB_ESKIPPED";
     default:
       return "CKPTDB_E?";
   }

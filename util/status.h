@@ -26,6 +26,7 @@ class [[nodiscard]] Status {
   static Status NotSupported(std::string m) { return Status(CKPTDB_ENOTSUP, std::move(m)); }
   static Status Busy(std::string m) { return Status(CKPTDB_EBUSY, std::move(m)); }
   static Status Internal(std::string m) { return Status(CKPTDB_EINTERNAL, std::move(m)); }
+  static Status Skipped(std::string m) { return Status(CKPTDB_ESKIPPED, std::move(m)); }
   // Maps an errno from a system call on `what` (a path or an operation) to a status.
   static Status FromErrno(int err, const std::string& what);
 

@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 #define CKPTDB_VERSION_MAJOR 0
-#define CKPTDB_VERSION_MINOR 1
+#define CKPTDB_VERSION_MINOR 2
 #define CKPTDB_VERSION_PATCH 0
 
 /* ---- Status codes ------------------------------------------------------------------------- */
@@ -37,6 +37,9 @@ extern "C" {
 #define CKPTDB_ENOTSUP -11   /* valid, but not supported by this build or configuration */
 #define CKPTDB_EBUSY -12     /* the store is locked by another process */
 #define CKPTDB_EINTERNAL -13 /* an unexpected exception inside ckptdb: please report it */
+#define CKPTDB_ESKIPPED                                                    \
+  -14 /* back-pressure policy "skip" dropped the version: it will never be \
+         committed, and the caller's buffers are free */
 
 /* A version value that means "every version" where a call accepts it. Not a valid version. */
 #define CKPTDB_ALL_VERSIONS UINT64_MAX
@@ -90,21 +93,33 @@ typedef struct ckptdb_tensor_info {
 typedef struct ckptdb_options {
   /* Directory holding this rank's catalog. Env: CKPTDB_ROOT. Required. */
   const char* root;
-  /* Tier spec, fastest first, e.g. "tmpfs:/dev/shm/ck,keep=2;disk:/nvme/ck,every=10,keep=3".
+  /* Tier spec, fastest first, e.g. "ram:8G,keep=2;disk:/nvme/ck,every=10,keep=3".
    * Env: CKPTDB_TIERS. Default: "disk:<root>/segments". See docs/api.md for the grammar. */
   const char* tiers;
-  uint32_t rank;           /* Env: CKPTDB_RANK. Default 0. */
-  uint32_t world_size;     /* Env: CKPTDB_WORLD_SIZE. Default 1. This build supports 1. */
-  const char* node_id;     /* Env: CKPTDB_NODE_ID. Default: the host name. */
-  const char* coordinator; /* host:port. Env: CKPTDB_COORDINATOR. Read, but unused while
-                              world_size = 1. */
-  const char* redundancy;  /* "none" (default). Env: CKPTDB_REDUNDANCY. Others: ENOTSUP. */
-  const char* job_token;   /* Env: CKPTDB_JOB_TOKEN. Read, but unused while world_size = 1. */
-  uint64_t staging_bytes;  /* Staging memory, allocated once at open. 0: 64 MiB. */
-  uint64_t chunk_bytes;    /* Checksummed chunk size, a multiple of 4096. 0: 4 MiB. */
-  uint32_t queue_depth;    /* io_uring submission queue entries. 0: 64. */
-  int read_only;           /* Open without recovery, locks or writes (inspect, verify). */
-  int create_if_missing;   /* Create root if it does not exist (default 1). */
+  /* The tier a version must be safe on before ckptdb_commit records it committed: a tier's name
+   * ("ram", "disk:/nvme/ck") or kind ("disk": the first disk tier). Tiers faster than it that
+   * take the version must hold it too. Env: CKPTDB_COMMIT_TIER. Default: the first tier. */
+  const char* commit_tier;
+  /* What capture does when staging memory (the staging ring, or the ram tier's arena) is full:
+   * "block" (wait for space), "direct" (write the chunk to its tier straight from the caller's
+   * buffer), "skip" (drop the version: CKPTDB_ESKIPPED). Env: CKPTDB_BACKPRESSURE. Default
+   * "block". */
+  const char* backpressure;
+  uint32_t rank;            /* Env: CKPTDB_RANK. Default 0. */
+  uint32_t world_size;      /* Env: CKPTDB_WORLD_SIZE. Default 1. This build supports 1. */
+  const char* node_id;      /* Env: CKPTDB_NODE_ID. Default: the host name. */
+  const char* coordinator;  /* host:port. Env: CKPTDB_COORDINATOR. Read, but unused while
+                               world_size = 1. */
+  const char* redundancy;   /* "none" (default). Env: CKPTDB_REDUNDANCY. Others: ENOTSUP. */
+  const char* job_token;    /* Env: CKPTDB_JOB_TOKEN. Read, but unused while world_size = 1. */
+  uint64_t staging_bytes;   /* Staging memory, allocated once at open. 0: 64 MiB. */
+  uint64_t chunk_bytes;     /* Checksummed chunk size, a multiple of 4096. 0: 4 MiB. */
+  uint32_t queue_depth;     /* io_uring submission queue entries. 0: 64. */
+  uint32_t capture_threads; /* Threads that copy shards out of callers' buffers. 0: 2. */
+  int read_only;            /* Open without recovery, locks or writes (inspect, verify). */
+  int create_if_missing;    /* Create root if it does not exist (default 1). */
+  int drain_on_close;       /* ckptdb_close waits for pending demotions (default 1); 0 leaves
+                               them to the next open, which resumes them. */
 } ckptdb_options;
 
 void ckptdb_options_init(ckptdb_options* o);
@@ -125,39 +140,45 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out);
 int ckptdb_close(ckptdb* db);
 
 /* ---- Saving ------------------------------------------------------------------------------- */
-#define CKPTDB_PUT_COPY_NOW 0x1u /* copy before returning (this build always does) */
+#define CKPTDB_PUT_COPY_NOW 0x1u /* copy out of `data` before returning */
 #define CKPTDB_PUT_DEVICE 0x2u   /* data is device memory: ENOTSUP in a host-only build */
 
 /* Adds one shard (name, bytes) to `version` of this rank. The first put of a version opens it.
- * Returns once the bytes are copied out of `data` (in this build), so the caller may reuse it.
- * Errors: EINVAL (NULL/empty/too long name, NULL data with nbytes > 0, bad info, bad flags),
- * ESTATE (version not above the last committed one, or already committing/committed/aborted),
- * EEXIST (name already put in this version), EIO/ENOSPC (a tier write failed; the version is
- * then aborted). */
+ * Lazy capture (DataStates-LLM): the shard is queued and the call returns; capture threads copy
+ * it chunk by chunk into staging memory, hashing each chunk while it is in cache. `data` must not
+ * change until ckptdb_wait_capture(version) returns, or until this call returns when flags has
+ * CKPTDB_PUT_COPY_NOW. Errors: EINVAL (NULL/empty/too long name, NULL data with nbytes > 0, bad
+ * info, bad flags, too many chunks), ESTATE (version not above the last committed one, already
+ * committing/committed/aborted, or too many open versions), EEXIST (name already put in this
+ * version), ESKIPPED (back-pressure dropped the version), and with COPY_NOW any capture error. */
 int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
                      size_t nbytes, const ckptdb_tensor_info* info, unsigned flags);
 
-/* Returns once every shard put so far for `version` is out of the caller's buffers.
- * timeout_ms < 0 waits forever. In this build put_shard copies before it returns, so this only
- * checks the version and never times out. Errors: ENOTFOUND (version never put), ESTATE
- * (aborted). */
+/* Returns once every byte of every shard put so far for `version` is out of the caller's
+ * buffers: call it before the buffers change (the optimizer step). timeout_ms < 0 waits forever.
+ * Errors: ENOTFOUND (version never put), ETIMEDOUT, ESKIPPED (dropped by back-pressure; buffers
+ * free), ESTATE (aborted; buffers free), or the capture error that aborted it (EIO, ENOSPC, ...;
+ * buffers free). */
 int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms);
 
-#define CKPTDB_COMMIT_ASYNC                                       \
-  0x1u /* permission to return before the commit is durable (this \
-          build still completes the commit before returning) */
+#define CKPTDB_COMMIT_ASYNC 0x1u /* return at once; the commit completes in the background */
 
-/* Makes `version` durable and visible, atomically: every segment is written, synced and renamed
- * on every tier it goes to, PREPARED then COMMITTED are written synced to the catalog. After
- * success, ckptdb_latest returns it and a crash cannot lose it. Older versions still open are
- * aborted. Tier retention (keep=) runs after. Errors: ENOTFOUND (never put), ESTATE (already
- * committed or aborted), EIO/ENOSPC (the version is aborted, nothing becomes visible). */
+/* Commits `version` atomically once every shard is captured and the version is safe on the
+ * commit tier (options.commit_tier): PREPARED then COMMITTED are written synced to the catalog.
+ * After success ckptdb_latest returns it and no crash can lose it (short of losing the commit
+ * tier). Older versions still open are aborted; slower tiers receive it in the background
+ * (demotion) and retention runs. With CKPTDB_COMMIT_ASYNC the call returns after its checks and
+ * ckptdb_wait_commit reports the outcome. Errors: ENOTFOUND (never put), ESTATE (already
+ * committed, committing or aborted), ESKIPPED, EIO/ENOSPC/... (the version is aborted, nothing
+ * becomes visible). */
 int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags);
 
-/* Waits until `version` is committed. In this build a commit is complete when ckptdb_commit
- * returns, so this returns at once: OK when committed, ENOTFOUND for an unknown version, ESTATE
- * when it is aborted or still open (not yet committed). */
-int ckptdb_wait_commit(ckptdb* db, uint64_t version, int timeout_ms);
+/* Waits until `version` is committed (tier NULL), or committed and durable on `tier` (a name or
+ * kind, as options.commit_tier), which the background demotion brings about for slower tiers.
+ * timeout_ms < 0 waits forever. Errors: ENOTFOUND (unknown version or tier), ETIMEDOUT, ESTATE
+ * (aborted, retired, never committed in this handle, or the tier will not receive the version
+ * under its policy), ESKIPPED, or the error that failed the commit or the demotion. */
+int ckptdb_wait_commit(ckptdb* db, uint64_t version, const char* tier, int timeout_ms);
 
 /* Drops an open version and deletes its files; OK for a version already aborted.
  * Errors: ENOTFOUND, ESTATE (committed or retired). */
@@ -211,14 +232,17 @@ const char* ckptdb_state_name(int state);
 
 typedef enum ckptdb_residency_state {
   CKPTDB_RESIDENT_WRITING = 1, /* being written; not yet durable */
-  CKPTDB_RESIDENT_DURABLE = 2, /* synced and renamed: readable */
-  CKPTDB_RESIDENT_MISSING = 3, /* recorded durable, but the file is gone (tmpfs after reboot) */
-  CKPTDB_RESIDENT_EVICTED = 4  /* deleted by retention */
+  CKPTDB_RESIDENT_DURABLE = 2, /* synced and renamed (ram: indexed in the arena): readable */
+  CKPTDB_RESIDENT_MISSING = 3, /* recorded durable, but the copy is gone (tmpfs or ram after a
+                                  reboot) */
+  CKPTDB_RESIDENT_EVICTED = 4, /* deleted by retention or eviction */
+  CKPTDB_RESIDENT_PENDING = 5  /* not in the catalog: the tier's policy wants the version and
+                                  demotion has not brought it there yet */
 } ckptdb_residency_state;
 
 typedef struct ckptdb_residency {
-  const char* tier; /* the tier's spec name, e.g. "tmpfs:/dev/shm/ck" */
-  const char* path; /* the segment file */
+  const char* tier; /* the tier's name, e.g. "ram", "tmpfs:/dev/shm/ck" */
+  const char* path; /* the segment file (ram: the arena file); "" when PENDING */
   int state;        /* ckptdb_residency_state */
   int configured;   /* 1 when the tier is in this handle's tier spec */
 } ckptdb_residency;
@@ -279,27 +303,81 @@ int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_
                   ckptdb_verify_report* out);
 
 /* ---- Statistics --------------------------------------------------------------------------- */
+/* Rates are bytes over the ns beside them: capture_bytes / capture_ns is the capture rate. */
+typedef struct ckptdb_tier_stats {
+  char name[256];
+  uint32_t kind_ram;      /* 1 for the ram tier */
+  uint32_t direct_io;     /* 1 when the tier writes with O_DIRECT */
+  uint64_t bytes_written; /* capture and demotion writes into this tier */
+  uint64_t write_ns;      /* time from the first write of a version into this tier to its copy
+                             being durable, summed: bytes_written / write_ns is its drain rate */
+  uint64_t bytes_read;    /* restore and demotion reads from this tier */
+  uint64_t pending_bytes; /* committed versions this tier wants and does not hold yet */
+  uint64_t resident_bytes;
+  uint32_t resident_versions;
+  uint32_t demotions; /* copies this tier received by demotion */
+  uint32_t evictions;
+  uint32_t demotion_failures;
+  uint64_t fsyncs;
+  uint64_t capacity_bytes;   /* ram: the arena's size; 0 for directory tiers */
+  uint64_t high_water_bytes; /* ram: most arena bytes in use at once; 0 for directory tiers */
+} ckptdb_tier_stats;
+
 typedef struct ckptdb_stats_t {
   uint64_t put_calls;
   uint64_t put_bytes;
-  uint64_t put_blocked_ns; /* time callers spent inside successful put_shard calls */
+  uint64_t put_blocked_ns; /* time callers spent inside put_shard */
+  uint64_t wait_capture_calls;
+  uint64_t wait_capture_blocked_ns; /* time callers spent inside wait_capture */
+  uint64_t capture_bytes;           /* bytes copied out of callers' buffers */
+  uint64_t capture_ns;              /* per version, first put to last byte captured, summed */
   uint64_t commits;
-  uint64_t commit_blocked_ns; /* time callers spent inside successful commits */
+  uint64_t commit_blocked_ns; /* time callers spent inside ckptdb_commit */
   uint64_t aborts;
+  uint64_t skipped_versions;         /* dropped by back-pressure policy skip */
+  uint64_t backpressure_waits;       /* chunks that found staging memory full */
+  uint64_t backpressure_wait_ns;     /* time capture waited for staging memory (policy block) */
+  uint64_t direct_chunks;            /* chunks written from callers' buffers (policy direct) */
+  uint64_t staging_bytes;            /* the staging ring's size */
+  uint64_t staging_high_water_bytes; /* most ring bytes in use at once */
+  uint64_t fsyncs;                   /* file fsyncs, all tiers */
   uint64_t restore_calls;
   uint64_t restore_bytes;
   uint64_t restore_ns;
   uint64_t checksum_failures; /* chunk reads that failed (xxh3 mismatch, short or failed read) */
-  uint32_t fixed_buffers;     /* 1 when staging is registered with io_uring */
+  uint32_t fixed_buffers;     /* 1 when staging (and the ram arena) are io_uring fixed buffers */
   uint32_t tier_count;
-  char tier_names[CKPTDB_MAX_TIERS][256];
-  uint32_t tier_direct_io[CKPTDB_MAX_TIERS]; /* 1 when the tier writes with O_DIRECT */
-  uint64_t tier_bytes_written[CKPTDB_MAX_TIERS];
-  uint64_t tier_bytes_read[CKPTDB_MAX_TIERS];
+  ckptdb_tier_stats tiers[CKPTDB_MAX_TIERS];
   char last_restore_tier[256]; /* the fastest tier that served any chunk of the last restore */
 } ckptdb_stats_t;
 
+/* This handle's figures since it opened. On a read-only handle (the tools), the sums of the
+ * per-version figures the catalog holds, and each tier's resident and pending bytes. */
 int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out);
+
+typedef struct ckptdb_version_stats_t {
+  uint64_t version;
+  uint64_t bytes; /* data bytes put */
+  uint64_t put_calls;
+  uint64_t put_blocked_ns;
+  uint64_t wait_capture_blocked_ns;
+  uint64_t commit_blocked_ns;
+  uint64_t capture_ns; /* first put to last byte out of the caller's buffers */
+  uint64_t commit_ns;  /* commit called to COMMITTED recorded */
+  uint64_t backpressure_waits;
+  uint64_t backpressure_wait_ns;
+  uint64_t direct_chunks;
+  uint64_t staging_high_water_bytes; /* most ring bytes in use while this version was captured */
+  uint64_t fsyncs;
+  uint32_t tier_count;
+  uint64_t tier_bytes_written[CKPTDB_MAX_TIERS]; /* in the order of ckptdb_stats_t.tiers */
+  uint64_t tier_write_ns[CKPTDB_MAX_TIERS];      /* first write to durable, per tier */
+} ckptdb_version_stats_t;
+
+/* The figures of one version, recorded in the catalog when it commits and updated as it is
+ * demoted, so the tools see them too. Errors: ENOTFOUND (no figures for that version: never
+ * committed, or pruned with its record). */
+int ckptdb_version_stats(ckptdb* db, uint64_t version, ckptdb_version_stats_t* out);
 
 /* ---- Errors ------------------------------------------------------------------------------- */
 /* The message of this thread's last failed call ("" if none). Successful calls leave it as it

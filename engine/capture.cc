@@ -1,0 +1,666 @@
+// The write path's caller side and the capture workers (DESIGN.md section 5; DataStates-LLM
+// sections 4-5): put_shard checks a shard and queues its chunks; workers copy each chunk out of
+// the caller's buffer into staging memory (the ram arena, or the staging ring), hashing it while
+// it is hot; wait_capture returns when no chunk of the version is read from callers' buffers any
+// more, which is what makes it safe to let the optimizer change them.
+#include <algorithm>
+#include <cstring>
+
+#include "engine/db.h"
+#include "engine/internal.h"
+#include "format/checksum.h"
+#include "format/segment_format.h"
+#include "util/assert.h"
+
+namespace ckpt::engine {
+namespace {
+
+using format::kBlockBytes;
+
+// 64 KiB pieces stay in L1/L2 between the copy and the hash: the capture loop measured at 80-85%
+// of memcpy on one thread with them, 69-73% with 1 MiB pieces (docs/performance.md).
+constexpr uint64_t kCopyPieceBytes = 64 << 10;
+
+Status ValidateTensorInfo(const ckptdb_tensor_info* info, const std::string& what, size_t nbytes,
+                          format::TensorEntry* t) {
+  if (info == nullptr) return Status::Ok();
+  if (info->dtype < 0 || info->dtype >= CKPTDB_DTYPE_COUNT_) {
+    return Status::Invalid(what + ": unknown dtype " + std::to_string(info->dtype));
+  }
+  if (info->ndim > CKPTDB_MAX_DIMS) {
+    return Status::Invalid(what + ": ndim " + std::to_string(info->ndim) + " exceeds " +
+                           std::to_string(CKPTDB_MAX_DIMS));
+  }
+  size_t element_bytes = format::DTypeBytes(static_cast<uint32_t>(info->dtype));
+  uint64_t elements = 1;
+  for (uint32_t d = 0; d < info->ndim; ++d) {
+    if (__builtin_mul_overflow(elements, info->shape[d], &elements)) {
+      return Status::Invalid(what + ": shape overflows 64 bits");
+    }
+  }
+  bool scalar_or_shaped = info->ndim > 0 || info->dtype != CKPTDB_DTYPE_UNKNOWN;
+  uint64_t expected = 0;
+  if (scalar_or_shaped &&
+      (__builtin_mul_overflow(elements, element_bytes, &expected) || expected != nbytes)) {
+    std::string shape;
+    for (uint32_t d = 0; d < info->ndim; ++d)
+      shape += (d ? "x" : "") + std::to_string(info->shape[d]);
+    return Status::Invalid(what + ": shape [" + shape + "] of " + ckptdb_dtype_name(info->dtype) +
+                           " is " + std::to_string(expected) + " bytes, but nbytes is " +
+                           std::to_string(nbytes));
+  }
+  bool global = false;
+  for (uint32_t d = 0; d < info->ndim; ++d) global |= info->global_shape[d] != 0;
+  for (uint32_t d = 0; d < info->ndim; ++d) {
+    if (!global && info->global_offset[d] != 0) {
+      return Status::Invalid(what + ": global_offset given without global_shape");
+    }
+    uint64_t end;
+    if (global && (__builtin_add_overflow(info->global_offset[d], info->shape[d], &end) ||
+                   end > info->global_shape[d])) {
+      return Status::Invalid(what + ": in dimension " + std::to_string(d) + " the shard [" +
+                             std::to_string(info->global_offset[d]) + ", +" +
+                             std::to_string(info->shape[d]) + ") lies outside global size " +
+                             std::to_string(info->global_shape[d]));
+    }
+  }
+  t->dtype = static_cast<uint8_t>(info->dtype);
+  t->shape.assign(info->shape, info->shape + info->ndim);
+  if (global) {
+    t->global_shape.assign(info->global_shape, info->global_shape + info->ndim);
+    t->global_offset.assign(info->global_offset, info->global_offset + info->ndim);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  format::Xxh3Stream hash;
+  for (uint64_t off = 0; off < bytes; off += kCopyPieceBytes) {
+    size_t n = static_cast<size_t>(std::min(kCopyPieceBytes, bytes - off));
+    std::memcpy(dst + off, src + off, n);
+    hash.Update(dst + off, n);
+  }
+  return hash.Digest();
+}
+
+Status ValidateName(const char* name, const std::string& call) {
+  if (name == nullptr) return Status::Invalid(call + ": name is NULL");
+  size_t n = strnlen(name, CKPTDB_MAX_NAME_BYTES + 1);
+  if (n == 0) return Status::Invalid(call + ": name is empty");
+  if (n > CKPTDB_MAX_NAME_BYTES) {
+    return Status::Invalid(call + ": name '" + std::string(name, 64) + "...' is longer than " +
+                           std::to_string(CKPTDB_MAX_NAME_BYTES) + " bytes");
+  }
+  return Status::Ok();
+}
+
+Status Db::ValidatePut(uint64_t version, const char* name, const void* data, size_t nbytes,
+                       const ckptdb_tensor_info* info, unsigned flags, format::TensorEntry* t) {
+  CKPTDB_RETURN_IF_ERROR(ValidateName(name, "put_shard"));
+  std::string what = "put_shard '" + std::string(name) + "' into " + V(version);
+  if (options_.read_only) return Status::State(what + ": the store is open read-only");
+  if (version == CKPTDB_ALL_VERSIONS) return Status::Invalid(what + ": that value is reserved");
+  if (flags & ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE)) {
+    return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
+  }
+  if (flags & CKPTDB_PUT_DEVICE) {
+    return Status::NotSupported(what + ": device memory needs a CUDA or HIP build");
+  }
+  if (data == nullptr && nbytes > 0) return Status::Invalid(what + ": data is NULL");
+  t->name = name;
+  t->bytes = nbytes;
+  return ValidateTensorInfo(info, what, nbytes, t);
+}
+
+// The live version `version`, created when this is its first put. Checks what a put into it
+// must satisfy; changes nothing when it fails.
+Status Db::LiveVersionFor(uint64_t version, LiveVersion** out) {
+  auto it = live_.find(version);
+  if (it != live_.end()) {
+    LiveVersion& v = it->second;
+    if (v.skipped) return v.error;
+    if (!v.error.ok()) return v.error.WithContext(V(version) + " failed and is being aborted");
+    if (v.abort_requested) return Status::State(V(version) + " is being aborted");
+    if (v.commit_requested) {
+      return Status::State(V(version) + " is being committed; put shards into a new version");
+    }
+    *out = &v;
+    return Status::Ok();
+  }
+  auto known = versions_.find(version);
+  if (known != versions_.end()) {
+    int s = known->second.record.state;
+    if (s == CKPTDB_STATE_COMMITTED || s == CKPTDB_STATE_RETIRED) {
+      return Status::State(V(version) + " is already committed; put shards into a new version");
+    }
+  }
+  std::optional<uint64_t> last = LastCommitted();
+  if (last && version <= *last) {
+    return Status::State(V(version) + " is not above the last committed version " +
+                         std::to_string(*last) + "; versions must increase");
+  }
+  if (live_.size() >= kMaxLiveVersions) {
+    return Status::State(V(version) + ": " + std::to_string(live_.size()) +
+                         " versions are already open (the most at once); commit or abort some");
+  }
+  LiveVersion& v = live_[version];
+  v.version = version;
+  v.created_unix_ns = NowNs();
+  v.first_put_mono_ns = MonoNs();
+  v.ram = tiers_[0].is_ram();
+  v.next_offset = kBlockBytes;  // after the segment header block
+  outcomes_.erase(version);     // an earlier, aborted attempt at this number
+  *out = &v;
+  return Status::Ok();
+}
+
+Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t nbytes,
+                    const ckptdb_tensor_info* info, unsigned flags) {
+  const uint64_t start = MonoNs();
+  format::TensorEntry t;
+  CKPTDB_RETURN_IF_ERROR(ValidatePut(version, name, data, nbytes, info, flags, &t));
+  std::string what = "put_shard '" + t.name + "' into " + V(version);
+  std::unique_lock<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  auto existing = live_.find(version);
+  if (existing != live_.end() && existing->second.names.count(t.name)) {
+    return Status::Exists(what + ": the name was already put in this version");
+  }
+  // Limits the reader enforces are checked before anything is queued, so a put that would make
+  // the version unreadable is refused and changes nothing.
+  const uint64_t chunk_bytes = options_.chunk_bytes;
+  const uint64_t chunks_needed = (nbytes + chunk_bytes - 1) / chunk_bytes;
+  const uint64_t chunks_before = existing != live_.end() ? existing->second.chunks.size() : 0;
+  const uint64_t tensors_before = existing != live_.end() ? existing->second.tensors.size() : 0;
+  if (chunks_before + chunks_needed > format::kMaxChunksPerSegment ||
+      tensors_before + 1 > format::kMaxTensorsPerSegment) {
+    return Status::Invalid(what + ": the version would exceed " +
+                           std::to_string(format::kMaxChunksPerSegment) + " chunks or " +
+                           std::to_string(format::kMaxTensorsPerSegment) +
+                           " tensors; use a larger chunk_bytes or fewer shards");
+  }
+  LiveVersion* v = nullptr;
+  CKPTDB_RETURN_IF_ERROR(LiveVersionFor(version, &v).WithContext(what));
+  // The layout is fixed now, so chunks can be captured by any thread in any order: chunk k's
+  // record lies at a known offset of the segment.
+  t.first_chunk = static_cast<uint32_t>(v->chunks.size());
+  t.chunk_count = static_cast<uint32_t>(chunks_needed);
+  const auto* src = static_cast<const uint8_t*>(data);
+  const uint32_t first = t.first_chunk;
+  for (uint64_t off = 0; off < nbytes; off += chunk_bytes) {
+    ChunkSlot c;
+    c.record_offset = v->next_offset;
+    c.payload_bytes = std::min<uint64_t>(chunk_bytes, nbytes - off);
+    c.src = src + off;
+    v->next_offset += format::RecordBytes(c.payload_bytes);
+    v->chunks.push_back(c);
+    tasks_.push_back(Task{version, static_cast<uint32_t>(v->chunks.size() - 1), nullptr});
+  }
+  v->uncaptured += chunks_needed;
+  if (!v->ram) v->unwritten += chunks_needed;
+  v->data_bytes += nbytes;
+  v->names.insert(t.name);
+  v->tensors.push_back(std::move(t));
+  v->stats.put_calls++;
+  v->stats.bytes += nbytes;
+  stats_.put_calls++;
+  stats_.put_bytes += nbytes;
+  if (!v->opened) WakeManager();
+  Status result;
+  if (flags & CKPTDB_PUT_COPY_NOW) {
+    // The caller's thread captures its own chunks (they are the newest tasks), so the call
+    // returns once they are out of `data` without waiting for the queue ahead of them.
+    const uint32_t end = first + static_cast<uint32_t>(chunks_needed);
+    std::vector<uint32_t> mine;
+    for (auto it = tasks_.begin(); it != tasks_.end();) {
+      if (!it->help && it->version == version && it->chunk >= first && it->chunk < end) {
+        mine.push_back(it->chunk);
+        it = tasks_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (tasks_.size() > 0) work_cv_.notify_all();
+    for (uint32_t index : mine) {
+      auto live = live_.find(version);
+      if (live == live_.end()) break;
+      CaptureChunk(lock, &live->second, index);
+    }
+    // Chunks a worker took before this thread could are waited for.
+    state_cv_.wait(lock, [&] {
+      auto live = live_.find(version);
+      if (live == live_.end()) return true;
+      for (uint32_t i = first; i < end; ++i) {
+        Home h = live->second.chunks[i].home;
+        if (h == Home::kQueued || h == Home::kCopying || h == Home::kDirect) return false;
+      }
+      return true;
+    });
+    auto live = live_.find(version);
+    if (live != live_.end() && !live->second.error.ok()) result = live->second.error;
+  } else {
+    work_cv_.notify_all();
+  }
+  const uint64_t blocked = MonoNs() - start;
+  stats_.put_blocked_ns += blocked;
+  if (auto live = live_.find(version); live != live_.end()) {
+    live->second.stats.put_blocked_ns += blocked;
+  }
+  return result;
+}
+
+Status Db::WaitCapture(uint64_t version, int timeout_ms) {
+  const uint64_t start = MonoNs();
+  std::unique_lock<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  std::string what = "wait_capture " + V(version);
+  auto captured = [&] {
+    auto it = live_.find(version);
+    return closed_ || it == live_.end() || it->second.uncaptured == 0;
+  };
+  bool done = true;
+  if (timeout_ms < 0) {
+    state_cv_.wait(lock, captured);
+  } else {
+    done = state_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), captured);
+  }
+  const uint64_t blocked = MonoNs() - start;
+  stats_.wait_capture_calls++;
+  stats_.wait_capture_blocked_ns += blocked;
+  auto it = live_.find(version);
+  if (it != live_.end()) it->second.stats.wait_capture_blocked_ns += blocked;
+  if (!done) {
+    return Status::TimedOut(what + ": " + std::to_string(it->second.uncaptured) +
+                            " chunks are still being copied after " + std::to_string(timeout_ms) +
+                            " ms");
+  }
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  if (it != live_.end()) {
+    const LiveVersion& v = it->second;
+    if (!v.error.ok()) return v.skipped ? v.error : v.error.WithContext(what);
+    if (v.abort_requested) return Status::State(what + ": the version is being aborted");
+    return Status::Ok();
+  }
+  auto known = versions_.find(version);
+  if (known == versions_.end() || !known->second.has_record) {
+    return FindOutcome(version, what)
+        .value_or(Status::NotFound(what + ": no shards were put into it"));
+  }
+  if (known->second.record.state == CKPTDB_STATE_ABORTED) return Outcome(version, what);
+  return Status::Ok();
+}
+
+Status Db::Commit(uint64_t version, unsigned flags) {
+  const uint64_t start = MonoNs();
+  std::unique_lock<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  std::string what = "commit " + V(version);
+  if (options_.read_only) return Status::State(what + ": the store is open read-only");
+  if (flags & ~CKPTDB_COMMIT_ASYNC) {
+    return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
+  }
+  auto it = live_.find(version);
+  if (it == live_.end()) {
+    auto known = versions_.find(version);
+    if (known != versions_.end() && known->second.record.state == CKPTDB_STATE_ABORTED) {
+      return Outcome(version, what);
+    }
+    if (known != versions_.end() && known->second.record.state != CKPTDB_STATE_OPEN) {
+      return Status::State(what + ": the version is " +
+                           ckptdb_state_name(known->second.record.state));
+    }
+    return FindOutcome(version, what)
+        .value_or(Status::NotFound(what + ": no shards were put into it"));
+  }
+  LiveVersion& v = it->second;
+  if (v.commit_requested) return Status::State(what + ": its commit is already under way");
+  if (!v.error.ok()) return v.skipped ? v.error : v.error.WithContext(what);
+  if (v.abort_requested) return Status::State(what + ": the version is being aborted");
+  v.commit_requested = true;
+  v.commit_requested_mono_ns = start;
+  WakeManager();
+  if (!(flags & CKPTDB_COMMIT_ASYNC)) {
+    state_cv_.wait(lock, [&] { return closed_ || live_.count(version) == 0; });
+  }
+  const uint64_t blocked = MonoNs() - start;
+  stats_.commit_blocked_ns += blocked;
+  if (auto live = live_.find(version); live != live_.end()) {
+    live->second.stats.commit_blocked_ns += blocked;
+    return Status::Ok();  // asynchronous: wait_commit reports the outcome
+  }
+  if (auto known = versions_.find(version); known != versions_.end()) {
+    known->second.stats.commit_blocked_ns += blocked;
+    if (known->second.record.state == CKPTDB_STATE_COMMITTED) return Status::Ok();
+  }
+  if (!poisoned_.ok()) return poisoned_;
+  return Outcome(version, what);
+}
+
+Status Db::WaitCommit(uint64_t version, const char* tier, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  std::string what = "wait_commit " + V(version);
+  int target = -1;
+  if (tier != nullptr) {
+    size_t index = 0;
+    CKPTDB_RETURN_IF_ERROR(ResolveTier(tier, &index).WithContext(what));
+    target = static_cast<int>(index);
+    what += " on tier " + tiers_[index].name();
+  }
+  // Decides, or returns nullopt to wait longer.
+  auto decide = [&]() -> std::optional<Status> {
+    if (closed_) return Status::State(what + ": the store is closed");
+    if (!poisoned_.ok()) return Status::State(poisoned_.message());
+    auto live = live_.find(version);
+    if (live != live_.end()) {
+      if (options_.read_only) return Status::State(what + ": the version is not committed");
+      if (!live->second.commit_requested) {
+        return Status::State(what +
+                             ": the version is OPEN and has not been committed; call "
+                             "ckptdb_commit");
+      }
+      return std::nullopt;
+    }
+    auto known = versions_.find(version);
+    if (known == versions_.end() || !known->second.has_record) {
+      return FindOutcome(version, what).value_or(Status::NotFound(what + ": unknown version"));
+    }
+    const VersionEntry& e = known->second;
+    int s = e.record.state;
+    if (s == CKPTDB_STATE_ABORTED) return Outcome(version, what);
+    if (s != CKPTDB_STATE_COMMITTED && s != CKPTDB_STATE_RETIRED) {
+      return Status::State(what + ": the version is " + std::string(ckptdb_state_name(s)) +
+                           " and has not been committed");
+    }
+    if (target < 0) return Status::Ok();
+    for (const ResidencyRecord& r : e.residency) {
+      if (r.tier == tiers_[target].name() &&
+          (r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_EVICTED)) {
+        return Status::Ok();
+      }
+    }
+    if (auto failed = demotion_errors_.find({version, static_cast<size_t>(target)});
+        failed != demotion_errors_.end()) {
+      return failed->second.WithContext(what);
+    }
+    if (options_.read_only || s == CKPTDB_STATE_RETIRED || !Wants(target, version) ||
+        !HasSource(version, target)) {
+      return Status::State(what +
+                           ": the tier does not take the version under its policy "
+                           "(every=, keep=), or no copy is left to demote from");
+    }
+    return std::nullopt;
+  };
+  std::optional<Status> result = decide();
+  if (!result && timeout_ms < 0) {
+    state_cv_.wait(lock, [&] { return (result = decide()).has_value(); });
+  } else if (!result && !state_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                                            [&] { return (result = decide()).has_value(); })) {
+    return Status::TimedOut(what + ": not done after " + std::to_string(timeout_ms) + " ms");
+  }
+  return *result;
+}
+
+// ---- Capture workers ----------------------------------------------------------------------------
+
+void Db::WorkerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stopping, nothing left
+    Task task = std::move(tasks_.front());
+    tasks_.pop_front();
+    if (task.help) {
+      lock.unlock();
+      ParallelJob& job = *task.help;
+      for (size_t i = job.next.fetch_add(1); i < job.count; i = job.next.fetch_add(1)) {
+        job.fn(i);
+        if (job.done.fetch_add(1) + 1 == job.count) {
+          std::lock_guard<std::mutex> g(mu_);
+          state_cv_.notify_all();
+        }
+      }
+      lock.lock();
+      continue;
+    }
+    auto it = live_.find(task.version);
+    CKPTDB_ASSERT(it != live_.end());  // a version stays live while it has queued chunks
+    CaptureChunk(lock, &it->second, task.chunk);
+  }
+}
+
+void Db::RunParallel(size_t count, std::function<void(size_t)> fn) {
+  if (count == 0) return;
+  auto job = std::make_shared<ParallelJob>();
+  job->fn = std::move(fn);
+  job->count = count;
+  const size_t helpers = std::min<size_t>(workers_.size(), count - 1);
+  if (helpers > 0) {
+    std::lock_guard<std::mutex> g(mu_);
+    for (size_t i = 0; i < helpers; ++i) tasks_.push_front(Task{0, 0, job});
+    work_cv_.notify_all();
+  }
+  // The caller works too; helpers that start late find nothing left and return.
+  for (size_t i = job->next.fetch_add(1); i < count; i = job->next.fetch_add(1)) {
+    job->fn(i);
+    job->done.fetch_add(1);
+  }
+  if (job->done.load() == count) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  state_cv_.wait(lock, [&] { return job->done.load() == count; });
+}
+
+// Copies chunk `index` of v out of the caller's buffer into staging memory and hashes it. Called
+// with the lock held; drops it for the copy.
+void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index) {
+  ChunkSlot& c = v->chunks[index];
+  CKPTDB_ASSERT(c.home == Home::kQueued);
+  if (!v->error.ok() || v->abort_requested) {
+    c.home = Home::kDropped;
+    FinishChunkLocked(v, &c);
+    return;
+  }
+  c.home = Home::kCopying;
+  const uint64_t record_bytes = format::RecordBytes(c.payload_bytes);
+  if (!AcquireStaging(lock, v, index, record_bytes, &c.region)) return;  // dropped or direct
+  uint8_t* record = (v->ram ? tiers_[0].ram->base() : staging_) + c.region.offset;
+  format::RecordHeader rh;
+  rh.type = format::RecordType::kChunk;
+  rh.payload_bytes = c.payload_bytes;
+  rh.record_offset = c.record_offset;
+  rh.version = v->version;
+  rh.rank = identity_.rank;
+  rh.sequence = index;
+  const uint8_t* src = c.src;
+  lock.unlock();
+  rh.payload_xxh3 = CopyAndHash(record + kBlockBytes, src, c.payload_bytes);
+  uint64_t padded = format::AlignUp(c.payload_bytes);
+  std::memset(record + kBlockBytes + c.payload_bytes, 0, padded - c.payload_bytes);
+  format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(record, 64));
+  std::memset(record + 64, 0, kBlockBytes - 64);
+  lock.lock();
+  c.xxh3 = rh.payload_xxh3;
+  stats_.capture_bytes += c.payload_bytes;
+  if (!v->error.ok() || v->abort_requested) {
+    c.home = Home::kDropped;
+  } else if (v->ram) {
+    c.home = Home::kDone;
+  } else {
+    c.home = Home::kStaged;
+    v->to_write.push_back(index);
+    WakeManager();
+  }
+  FinishChunkLocked(v, &c);
+}
+
+// Bookkeeping once a chunk no longer reads the caller's buffer (captured, dropped, or its direct
+// write done).
+void Db::FinishChunkLocked(LiveVersion* v, ChunkSlot* c) {
+  CKPTDB_ASSERT(v->uncaptured > 0);
+  v->uncaptured--;
+  if (c->home == Home::kDropped) {
+    if (c->region.bytes != 0) {
+      if (v->ram) {
+        tiers_[0].ram->Free(c->region);
+      } else {
+        ring_->Free(c->region);
+      }
+      c->region = {};
+    }
+    if (!v->ram) v->unwritten--;
+  }
+  if (v->uncaptured == 0) {
+    v->stats.capture_ns = MonoNs() - v->first_put_mono_ns;
+    if (v->error.ok()) stats_.capture_ns += v->stats.capture_ns;
+    WakeManager();  // a commit may be waiting for this, or an abort
+  }
+  state_cv_.notify_all();
+}
+
+// Gets `bytes` of staging memory for chunk `index` (in the arena for a ram version, else in the
+// ring), applying the back-pressure policy when there is none. Returns true with *out set; false
+// when the chunk was dropped (version failed or skipped) or handed to a direct write.
+bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
+                        uint64_t bytes, StagingRing::Region* out) {
+  auto allocate = [&] {
+    return v->ram ? tiers_[0].ram->Allocate(bytes, out) : ring_->Allocate(bytes, out);
+  };
+  if (allocate()) {
+    if (!v->ram) {
+      v->stats.staging_high_water_bytes =
+          std::max(v->stats.staging_high_water_bytes, ring_->live_bytes());
+    }
+    return true;
+  }
+  ChunkSlot& c = v->chunks[index];
+  stats_.backpressure_waits++;
+  v->stats.backpressure_waits++;
+  const std::string where =
+      v->ram ? "the ram tier's arena (" + std::to_string(tiers_[0].ram->capacity()) + " bytes)"
+             : "the staging ring (" + std::to_string(staging_bytes_) + " bytes)";
+  if (options_.backpressure == Backpressure::kSkip) {
+    SkipLocked(v, V(v->version) + " was skipped: " + where + " had no room for chunk " +
+                      std::to_string(index) + " (back-pressure policy skip)");
+    c.home = Home::kDropped;
+    FinishChunkLocked(v, &c);
+    return false;
+  }
+  if (options_.backpressure == Backpressure::kDirect && !v->ram) {
+    // Written to tier 0 straight from the caller's buffer; its header block comes from a small
+    // pool. wait_capture waits for the write, which reads the caller's buffer.
+    state_cv_.wait(lock, [&] { return !free_direct_headers_.empty() || !v->error.ok(); });
+    if (!v->error.ok() || v->abort_requested) {
+      c.home = Home::kDropped;
+      FinishChunkLocked(v, &c);
+      return false;
+    }
+    c.header_block = free_direct_headers_.back();
+    free_direct_headers_.pop_back();
+    c.home = Home::kDirect;
+    uint8_t* header = direct_headers_ + uint64_t{c.header_block} * kBlockBytes;
+    const uint8_t* src = c.src;
+    const uint64_t payload = c.payload_bytes;
+    lock.unlock();
+    format::RecordHeader rh;
+    rh.type = format::RecordType::kChunk;
+    rh.payload_bytes = payload;
+    rh.payload_xxh3 = format::Xxh3(src, payload);
+    rh.record_offset = c.record_offset;
+    rh.version = v->version;
+    rh.rank = identity_.rank;
+    rh.sequence = index;
+    format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(header, 64));
+    std::memset(header + 64, 0, kBlockBytes - 64);
+    lock.lock();
+    c.xxh3 = rh.payload_xxh3;
+    stats_.direct_chunks++;
+    v->stats.direct_chunks++;
+    stats_.capture_bytes += payload;
+    v->to_write.push_back(index);
+    WakeManager();
+    return false;
+  }
+  // Block (and direct for a ram version: its staging is the tier itself, there is nothing to
+  // write around). The manager frees ring regions as writes complete and arena regions as it
+  // demotes and evicts; it fails the version if nothing can ever free enough.
+  const uint64_t wait_start = MonoNs();
+  space_waiters_++;
+  v->space_waiting++;
+  WakeManager();
+  bool got = false;
+  state_cv_.wait(lock, [&] {
+    if (!v->error.ok() || v->abort_requested || stopping_) return true;
+    got = allocate();
+    return got;
+  });
+  space_waiters_--;
+  v->space_waiting--;
+  const uint64_t waited = MonoNs() - wait_start;
+  stats_.backpressure_wait_ns += waited;
+  v->stats.backpressure_wait_ns += waited;
+  if (!got) {
+    c.home = Home::kDropped;
+    FinishChunkLocked(v, &c);
+    return false;
+  }
+  if (!v->ram) {
+    v->stats.staging_high_water_bytes =
+        std::max(v->stats.staging_high_water_bytes, ring_->live_bytes());
+  }
+  return true;
+}
+
+void Db::DropQueuedLocked(LiveVersion* v) {
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    if (!it->help && it->version == v->version) {
+      ChunkSlot& c = v->chunks[it->chunk];
+      c.home = Home::kDropped;
+      it = tasks_.erase(it);
+      FinishChunkLocked(v, &c);
+    } else {
+      ++it;
+    }
+  }
+  state_cv_.notify_all();
+}
+
+// The version cannot be committed any more: remember why, stop capturing it, let the manager
+// abort it.
+void Db::FailLocked(LiveVersion* v, const Status& st) {
+  CKPTDB_ASSERT(!st.ok());
+  if (v->error.ok()) {
+    v->error = st;
+    RememberOutcome(v->version, st);
+  }
+  v->abort_requested = true;
+  DropQueuedLocked(v);
+  WakeManager();
+}
+
+void Db::SkipLocked(LiveVersion* v, const std::string& why) {
+  if (v->error.ok()) {
+    v->skipped = true;
+    stats_.skipped_versions++;
+  }
+  FailLocked(v, Status::Skipped(why));
+}
+
+void Db::RememberOutcome(uint64_t version, const Status& st) {
+  outcomes_[version] = st;
+  while (outcomes_.size() > kMaxOutcomes) outcomes_.erase(outcomes_.begin());
+}
+
+std::optional<Status> Db::FindOutcome(uint64_t version, const std::string& what) const {
+  auto it = outcomes_.find(version);
+  if (it == outcomes_.end()) return std::nullopt;
+  if (it->second.code() == CKPTDB_ESKIPPED) return it->second;
+  return it->second.WithContext(what);
+}
+
+Status Db::Outcome(uint64_t version, const std::string& what) const {
+  return FindOutcome(version, what).value_or(Status::State(what + ": the version was aborted"));
+}
+
+}  // namespace ckpt::engine

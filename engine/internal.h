@@ -1,0 +1,51 @@
+// Helpers shared by the engine's source files (db.cc, capture.cc, manager.cc, policy.cc,
+// read.cc). Not part of any interface.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace ckpt::engine {
+
+inline uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+inline uint64_t MonoNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+inline std::string V(uint64_t version) { return "version " + std::to_string(version); }
+
+// The catalog name of the ram tier; directory tiers are "kind:path".
+inline bool IsRamName(const std::string& tier) { return tier == "ram"; }
+
+// Calls the test hook (SetCrashHookForTesting) at a named point.
+void CrashPoint(const char* point);
+
+// Copies `bytes` from src to dst in pieces that stay in L1/L2 between the copy and the hash,
+// hashing each piece right after copying it (DESIGN.md section 5); returns the XXH3-64 of the
+// bytes. docs/performance.md has the piece size sweep.
+uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t bytes);
+
+inline constexpr uint32_t kMaxCaptureThreads = 64;
+// The kernel refuses to register a fixed buffer larger than 1 GiB.
+inline constexpr uint64_t kMaxFixedBufferBytes = uint64_t{1} << 30;
+// Versions put and not yet committed or aborted, at most (each holds a file and bookkeeping).
+inline constexpr size_t kMaxLiveVersions = 64;
+// Failed, skipped and aborted versions whose outcome waiters can still ask for.
+inline constexpr size_t kMaxOutcomes = 64;
+// Bounds on the in-memory history of retired and aborted versions kept for inspect.
+inline constexpr size_t kMaxHistoryRecords = 64;
+// Cached open segments for restore.
+inline constexpr size_t kMaxOpenSegments = 16;
+// Records a demotion keeps in flight (reads and writes): enough to keep a disk busy while the
+// manager checks the next record's checksum.
+inline constexpr uint32_t kDemotionRecordsInFlight = 8;
+
+}  // namespace ckpt::engine

@@ -1,0 +1,1365 @@
+// The tier manager (DESIGN.md sections 5 and 6): one thread that owns the io_uring write queue
+// and makes every change to files and to the catalog, so their order is the order of one
+// thread. Each round it
+//   1. opens new versions on the first tier (the OPEN record; directory: the temporary file
+//      and its header block),
+//   2. writes captured ring chunks (and direct chunks) to the first tier's file,
+//   3. runs commits: the tail (manifest record and footer), fsync and rename, the demotions a
+//      slower commit tier needs, then PREPARED and COMMITTED, each synced,
+//   4. finishes aborts,
+//   5. demotes committed versions to the slower tiers that want them, checking every chunk
+//      against its xxh3 between reading it and writing it, and records the copy durable,
+//   6. evicts copies the policy lets go (policy.cc), and fails captures that wait for arena
+//      space nothing can ever free,
+// then waits for a completion or a wake (an eventfd read on the same queue). mu_ is dropped
+// around every system call and catalog write, so callers and workers never wait on the disk.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/db.h"
+#include "engine/internal.h"
+#include "format/checksum.h"
+#include "format/manifest.h"
+#include "format/segment_format.h"
+#include "util/assert.h"
+
+namespace ckpt::engine {
+namespace {
+
+using format::kBlockBytes;
+
+// A read of a file's metadata (header, footer, manifest) for the manager: small, synchronous,
+// not through the queue (which has other requests in flight).
+format::ReadAtFn PreadFn(int fd, const std::string& what) {
+  return [fd, what](uint64_t offset, void* buffer, size_t length) -> Status {
+    size_t done = 0;
+    // Bounded: each round moves at least one byte, or fails.
+    while (done < length) {
+      ssize_t n = ::pread(fd, static_cast<uint8_t*>(buffer) + done, length - done,
+                          static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::FromErrno(errno, "reading " + what);
+      if (n == 0) {
+        return Status::Corrupt(what + ": short read at offset " + std::to_string(offset + done));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return Status::Ok();
+  };
+}
+
+// Writes the tail of a segment (manifest record header block, manifest padded, footer block)
+// into out, which holds exactly tail_bytes zeroed bytes.
+void EncodeTail(uint8_t* out, uint64_t tail_bytes, const std::vector<uint8_t>& manifest,
+                uint64_t manifest_xxh3, uint64_t manifest_offset, uint64_t version, uint32_t rank,
+                uint32_t chunk_count) {
+  format::RecordHeader rh;
+  rh.type = format::RecordType::kManifest;
+  rh.payload_bytes = manifest.size();
+  rh.payload_xxh3 = manifest_xxh3;
+  rh.record_offset = manifest_offset;
+  rh.version = version;
+  rh.rank = rank;
+  rh.sequence = chunk_count;
+  format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(out, 64));
+  std::memcpy(out + kBlockBytes, manifest.data(), manifest.size());
+  format::SegmentFooter f;
+  f.manifest_offset = manifest_offset;
+  f.manifest_bytes = manifest.size();
+  f.manifest_xxh3 = manifest_xxh3;
+  f.version = version;
+  f.rank = rank;
+  f.chunk_count = chunk_count;
+  f.file_bytes = manifest_offset + tail_bytes;
+  format::EncodeFooter(f, std::span<uint8_t, 64>(out + tail_bytes - 64, 64));
+}
+
+}  // namespace
+
+void Db::WakeManager() {
+  if (wake_fd_ < 0 || wake_pending_.exchange(true)) return;
+  uint64_t one = 1;
+  ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  CKPTDB_ASSERT(n == sizeof one);  // an eventfd write fails only on counter overflow
+}
+
+Status Db::SubmitRequest(io::IoRequest request, Request meta) {
+  const uint64_t tag = next_request_++;
+  request.tag = tag;
+  requests_.emplace(tag, meta);
+  Status st = queue_->Submit(std::span<const io::IoRequest>(&request, 1));
+  if (!st.ok()) requests_.erase(tag);
+  return st;
+}
+
+// Requests the manager may still put in flight: the wake read keeps one slot, and the manager
+// never lets Submit wait for a slot (it would wait with completions unhandled).
+static size_t FreeRequestSlots(size_t in_flight, uint32_t queue_depth) {
+  return in_flight + 1 >= queue_depth ? 0 : queue_depth - 1 - in_flight;
+}
+
+void Db::ManagerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  {
+    io::IoRequest wake;
+    wake.op = io::IoRequest::Op::kRead;
+    wake.fd = wake_fd_;
+    wake.buffer = &wake_buffer_;
+    wake.length = sizeof wake_buffer_;
+    Status st = SubmitRequest(wake, Request{RequestKind::kWake});
+    CKPTDB_ASSERT(st.ok());  // a fresh queue takes one request
+  }
+  for (;;) {
+    bool progress = ManagerStepLocked(lock);
+    if (stopping_) break;
+    lock.unlock();
+    std::vector<io::IoCompletion> done;
+    Status st = queue_->Reap(progress ? 0 : 1, &done, -1);
+    lock.lock();
+    if (!st.ok()) {
+      std::fprintf(stderr, "ckptdb: tier manager: %s\n", st.ToString().c_str());
+      continue;
+    }
+    for (const io::IoCompletion& c : done) {
+      auto it = requests_.find(c.tag);
+      CKPTDB_ASSERT(it != requests_.end());
+      Request r = it->second;
+      r.result = c.result;
+      requests_.erase(it);
+      HandleCompletion(lock, r);
+    }
+  }
+}
+
+bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
+  bool progress = false;
+  // Versions, oldest first. A version's entry stays while the manager works on it: only the
+  // manager erases live versions.
+  std::vector<uint64_t> order;
+  for (const auto& [version, v] : live_) order.push_back(version);
+  for (uint64_t version : order) {
+    auto it = live_.find(version);
+    if (it == live_.end()) continue;
+    LiveVersion* v = &it->second;
+    if (v->abort_requested) {
+      bool demoting = demotion_ && demotion_->version == version;
+      bool idle = v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting &&
+                  v->phase != CommitPhase::kTail && v->phase != CommitPhase::kSync;
+      if (idle) {
+        FinishAbort(lock, v);
+        progress = true;
+      }
+      continue;
+    }
+    if (!v->opened) {
+      Status st = OpenOnFirstTier(lock, v);
+      if (!st.ok()) FailLocked(v, st);
+      progress = true;
+      continue;
+    }
+    if (!v->to_write.empty() && FreeRequestSlots(requests_.size(), options_.queue_depth) > 0) {
+      SubmitWrites(lock, v);
+      progress = true;
+    }
+    if (v->commit_requested && v->error.ok() && v->phase != CommitPhase::kSync) {
+      bool capture_done = v->uncaptured == 0 && v->unwritten == 0 && v->writes_in_flight == 0;
+      if (v->phase != CommitPhase::kNone || capture_done) progress |= RunCommit(lock, v);
+    }
+  }
+  if (demotion_) {
+    size_t before = demotion_->next;
+    bool syncing = demotion_->syncing;
+    PumpDemotion(lock);
+    progress |= !demotion_ || demotion_->next != before || demotion_->syncing != syncing;
+  } else if (!(closing_ && !options_.drain_on_close)) {
+    progress |= PlanDemotion(lock);
+  }
+  progress |= EvictLocked(lock);
+  DetectStagingDeadlockLocked();
+  if (!stats_dirty_.empty()) {
+    for (uint64_t version : std::set<uint64_t>(stats_dirty_)) PersistStatsLocked(version);
+    stats_dirty_.clear();
+  }
+  if (closing_ && !manager_idle_ && live_.empty() && requests_.size() == 1 && !demotion_) {
+    // Close waits for this: nothing in flight, and no demotion left to drain (when draining).
+    bool more = options_.drain_on_close && !progress && PlanDemotion(lock);
+    if (!more && !progress) {
+      manager_idle_ = true;
+      state_cv_.notify_all();
+    }
+    progress |= more;
+  }
+  return progress;
+}
+
+// ---- Opening a version on the first tier
+// ---------------------------------------------------------
+
+Status Db::OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  const uint64_t version = v->version;
+  TierState& t0 = tiers_[0];
+  format::SegmentHeader h;
+  h.job_id = identity_.job_id;
+  h.version = version;
+  h.rank = identity_.rank;
+  h.world_size = identity_.world_size;
+  h.chunk_bytes = options_.chunk_bytes;
+  h.created_unix_ns = v->created_unix_ns;
+  ResidencyRecord res;
+  res.tier = t0.name();
+  res.state = CKPTDB_RESIDENT_WRITING;
+  VersionRecord rec;
+  rec.version = version;
+  rec.state = CKPTDB_STATE_OPEN;
+  rec.rank = identity_.rank;
+  rec.created_unix_ns = v->created_unix_ns;
+  v->tier0_started_mono_ns = MonoNs();
+  if (v->ram) {
+    // The header block is taken now when the arena has room, else at commit.
+    res.path = t0.ram->path();
+    res.ram_generation = t0.ram->generation();
+    if (t0.ram->Allocate(kBlockBytes, &v->header_region)) {
+      uint8_t* p = t0.ram->base() + v->header_region.offset;
+      std::memset(p, 0, kBlockBytes);
+      format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(p, 64));
+    }
+    lock.unlock();
+  } else {
+    lock.unlock();
+    int fd = -1;
+    Status st = t0.dir->CreateTemp(version, identity_.rank, &fd);
+    if (!st.ok()) {
+      lock.lock();
+      return st.WithContext("opening " + V(version) + " on tier " + t0.name());
+    }
+    res.path = t0.dir->TempPath(version, identity_.rank);
+    // The header block goes through the queue like every data write: from a block of its own.
+    void* block = std::aligned_alloc(kBlockBytes, kBlockBytes);
+    CKPTDB_ASSERT(block != nullptr);
+    std::memset(block, 0, kBlockBytes);
+    format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(static_cast<uint8_t*>(block), 64));
+    lock.lock();
+    v->fd = fd;
+    v->fd_direct = t0.dir->direct();
+    v->tail.reset(static_cast<uint8_t*>(block));  // freed when the header write completes
+    io::IoRequest r;
+    r.op = io::IoRequest::Op::kWrite;
+    r.fd = fd;
+    r.offset = 0;
+    r.buffer = block;
+    r.length = kBlockBytes;
+    v->writes_in_flight++;
+    lock.unlock();
+    st = SubmitRequest(r, Request{RequestKind::kHeader, version, 0, kBlockBytes});
+    lock.lock();
+    if (!st.ok()) {
+      v->writes_in_flight--;
+      v->opened = true;  // the fd is open: the abort closes and removes it
+      return st.WithContext("writing the header of " + V(version));
+    }
+    lock.unlock();
+  }
+  // Not synced: an OPEN record lost in a crash changes nothing, recovery collects the files.
+  CatalogBatch batch;
+  batch.delete_versions.push_back(version);  // an aborted earlier attempt at this version
+  batch.put_versions.push_back(rec);
+  batch.put_residency.emplace_back(version, res);
+  Status st = catalog_->Apply(batch, /*sync=*/false);
+  lock.lock();
+  v->opened = true;
+  VersionEntry& e = versions_[version];
+  e = VersionEntry{};
+  e.has_record = true;
+  e.record = rec;
+  e.residency.push_back(res);
+  return st;
+}
+
+// ---- Writing chunks to the first tier's file ---------------------------------------------------
+
+void Db::SubmitWrites(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  const uint64_t version = v->version;
+  size_t room = FreeRequestSlots(requests_.size(), options_.queue_depth);
+  std::vector<std::pair<io::IoRequest, Request>> batch;
+  while (!v->to_write.empty() && batch.size() + 2 <= room) {
+    uint32_t index = v->to_write.front();
+    v->to_write.erase(v->to_write.begin());
+    ChunkSlot& c = v->chunks[index];
+    if (c.home == Home::kStaged) {
+      io::IoRequest r;
+      r.op = io::IoRequest::Op::kWrite;
+      r.fd = v->fd;
+      r.offset = c.record_offset;
+      r.buffer = staging_ + c.region.offset;
+      r.length = c.region.bytes;
+      r.buffer_index = fixed_buffers_ ? 0 : -1;
+      c.home = Home::kWriting;
+      batch.push_back({r, Request{RequestKind::kChunk, version, index, c.region.bytes}});
+    } else {
+      CKPTDB_ASSERT(c.home == Home::kDirect);
+      // O_DIRECT needs the caller's buffer and length aligned; otherwise the payload goes
+      // through a buffered descriptor of the same file (the ranges never share a page).
+      bool aligned = reinterpret_cast<uintptr_t>(c.src) % kBlockBytes == 0 &&
+                     c.payload_bytes % kBlockBytes == 0;
+      int payload_fd = v->fd;
+      if (v->fd_direct && !aligned) {
+        if (v->buffered_fd < 0) {
+          io::OpenOptions o;
+          o.mode = io::OpenOptions::Mode::kWrite;
+          Status st = io_->Open(tiers_[0].dir->TempPath(version, identity_.rank), o,
+                                &v->buffered_fd, nullptr);
+          if (!st.ok()) {
+            c.direct_writes = 0;
+            c.home = Home::kDropped;
+            free_direct_headers_.push_back(c.header_block);
+            FinishChunkLocked(v, &c);
+            FailLocked(v, st.WithContext("direct write of chunk " + std::to_string(index)));
+            return;
+          }
+        }
+        payload_fd = v->buffered_fd;
+      }
+      io::IoRequest h;
+      h.op = io::IoRequest::Op::kWrite;
+      h.fd = v->fd;
+      h.offset = c.record_offset;
+      h.buffer = direct_headers_ + uint64_t{c.header_block} * kBlockBytes;
+      h.length = kBlockBytes;
+      io::IoRequest d;
+      d.op = io::IoRequest::Op::kWrite;
+      d.fd = payload_fd;
+      d.offset = c.record_offset + kBlockBytes;
+      d.buffer = const_cast<uint8_t*>(c.src);
+      d.length = c.payload_bytes;
+      c.direct_writes = c.payload_bytes > 0 ? 2 : 1;
+      batch.push_back({h, Request{RequestKind::kDirectHeader, version, index, kBlockBytes}});
+      if (c.payload_bytes > 0) {
+        batch.push_back({d, Request{RequestKind::kDirectData, version, index, c.payload_bytes}});
+      }
+    }
+  }
+  v->writes_in_flight += static_cast<uint32_t>(batch.size());
+  lock.unlock();
+  Status st;
+  size_t submitted = 0;
+  for (auto& [r, meta] : batch) {
+    st = SubmitRequest(r, meta);
+    if (!st.ok()) break;
+    ++submitted;
+  }
+  lock.lock();
+  if (!st.ok()) {
+    // What was not submitted completes here, as failed.
+    for (size_t i = submitted; i < batch.size(); ++i) {
+      Request r = batch[i].second;
+      r.result = -EIO;
+      HandleCompletion(lock, r);
+    }
+    FailLocked(v, st.WithContext("writing " + V(version) + " to tier " + tiers_[0].name()));
+  }
+}
+
+// ---- Completions -------------------------------------------------------------------------------
+
+void Db::HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r) {
+  if (r.kind == RequestKind::kWake) {
+    wake_pending_.store(false);
+    if (!stopping_) {
+      io::IoRequest wake;
+      wake.op = io::IoRequest::Op::kRead;
+      wake.fd = wake_fd_;
+      wake.buffer = &wake_buffer_;
+      wake.length = sizeof wake_buffer_;
+      Status st = SubmitRequest(wake, Request{RequestKind::kWake});
+      CKPTDB_ASSERT(st.ok());  // one slot is always kept for it
+    }
+    return;
+  }
+  if (r.kind == RequestKind::kDemoteRead || r.kind == RequestKind::kDemoteWrite ||
+      r.kind == RequestKind::kDemoteSync) {
+    CKPTDB_ASSERT(demotion_ && demotion_->version == r.version);
+    Demotion& d = *demotion_;
+    const std::string where = "demoting " + V(d.version) + " from tier " + tiers_[d.source].name() +
+                              " to tier " + tiers_[d.target].name();
+    d.in_flight--;
+    if (r.result < 0 ||
+        (r.kind != RequestKind::kDemoteSync && static_cast<uint64_t>(r.result) != r.bytes)) {
+      if (d.error.ok()) {
+        d.error =
+            r.result < 0
+                ? Status::FromErrno(static_cast<int>(-r.result),
+                                    where + " (" +
+                                        tiers_[d.target].dir->TempPath(d.version, identity_.rank) +
+                                        ")")
+                : Status::IoError(where + ": a transfer of record at offset " +
+                                  std::to_string(d.records[r.chunk].offset) + " came up short");
+      }
+    } else if (r.kind == RequestKind::kDemoteWrite) {
+      tiers_[d.target].bytes_written += r.bytes;
+    } else if (r.kind == RequestKind::kDemoteRead) {
+      tiers_[d.source].bytes_read += r.bytes;
+    } else {
+      tiers_[d.target].fsyncs++;
+      stats_.fsyncs++;
+    }
+    Demotion::Record& rec = d.records[std::min<size_t>(r.chunk, d.records.size() - 1)];
+    if (r.kind == RequestKind::kDemoteRead && d.error.ok()) {
+      rec.read_done = true;  // PumpDemotion checks it and writes it
+    } else if (r.kind == RequestKind::kDemoteWrite || !d.error.ok()) {
+      if (rec.ring.bytes != 0 && r.kind != RequestKind::kDemoteSync) {
+        ring_->Free(rec.ring);
+        rec.ring = {};
+        state_cv_.notify_all();
+      }
+    }
+    if (r.kind == RequestKind::kDemoteSync) d.synced = d.error.ok();
+    return;
+  }
+  auto it = live_.find(r.version);
+  CKPTDB_ASSERT(it != live_.end());  // a version stays live while it has writes in flight
+  LiveVersion* v = &it->second;
+  CKPTDB_ASSERT(v->writes_in_flight > 0);
+  v->writes_in_flight--;
+  const std::string file =
+      tiers_[0].is_ram() ? tiers_[0].name() : tiers_[0].dir->TempPath(v->version, identity_.rank);
+  Status failure;
+  if (r.result < 0) {
+    failure =
+        Status::FromErrno(static_cast<int>(-r.result), "writing " + V(v->version) + " to tier " +
+                                                           tiers_[0].name() + " (" + file + ")");
+  } else if (r.kind != RequestKind::kSync && static_cast<uint64_t>(r.result) != r.bytes) {
+    failure = Status::IoError("writing " + V(v->version) + " to " + file + ": " +
+                              std::to_string(r.result) + " of " + std::to_string(r.bytes) +
+                              " bytes written");
+  } else if (r.kind != RequestKind::kSync) {
+    tiers_[0].bytes_written += r.bytes;
+  }
+  switch (r.kind) {
+    case RequestKind::kHeader:
+      v->tail.reset();
+      break;
+    case RequestKind::kChunk: {
+      ChunkSlot& c = v->chunks[r.chunk];
+      CKPTDB_ASSERT(c.home == Home::kWriting);
+      ring_->Free(c.region);
+      c.region = {};
+      c.home = failure.ok() ? Home::kDone : Home::kDropped;
+      v->unwritten--;
+      state_cv_.notify_all();  // ring space
+      break;
+    }
+    case RequestKind::kDirectHeader:
+    case RequestKind::kDirectData: {
+      ChunkSlot& c = v->chunks[r.chunk];
+      CKPTDB_ASSERT(c.home == Home::kDirect && c.direct_writes > 0);
+      if (!failure.ok()) c.home = Home::kDropped;
+      if (--c.direct_writes == 0) {
+        free_direct_headers_.push_back(c.header_block);
+        c.header_block = UINT32_MAX;
+        if (c.home == Home::kDirect) {
+          c.home = Home::kDone;
+          v->unwritten--;
+        }
+        FinishChunkLocked(v, &c);
+      }
+      break;
+    }
+    case RequestKind::kTail:
+      if (failure.ok()) {
+        v->tail.reset();
+        io::IoRequest s;
+        s.op = io::IoRequest::Op::kSync;
+        s.fd = v->fd;
+        v->writes_in_flight++;
+        lock.unlock();
+        failure = SubmitRequest(s, Request{RequestKind::kSync, v->version});
+        lock.lock();
+        if (!failure.ok()) v->writes_in_flight--;
+        v->phase = CommitPhase::kSync;
+      }
+      break;
+    case RequestKind::kSync:
+      if (failure.ok()) {
+        tiers_[0].fsyncs++;
+        stats_.fsyncs++;
+        v->stats.fsyncs++;
+        CrashPoint("commit:after_fsync");
+        // Published (renamed, directory fsynced) by RunCommit in the next round.
+        v->phase = CommitPhase::kDemote;
+        v->synced = true;
+      }
+      break;
+    default:
+      CKPTDB_ASSERT(false);
+  }
+  if (!failure.ok()) FailLocked(v, failure);
+}
+
+// ---- Commit ------------------------------------------------------------------------------------
+
+// Advances v's commit as far as it can go now. Returns whether anything changed.
+bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  const uint64_t version = v->version;
+  const CommitPhase before = v->phase;
+  const size_t copies_before = v->residency.size();
+  const bool demoting_before = demotion_.has_value();
+  auto changed = [&] {
+    auto it = live_.find(version);
+    return it == live_.end() || it->second.phase != before ||
+           it->second.residency.size() != copies_before ||
+           demotion_.has_value() != demoting_before || !it->second.error.ok();
+  };
+  auto fail = [&](const Status& st) {
+    FailLocked(v, st);
+    return true;
+  };
+  Status st;
+  if (v->phase == CommitPhase::kNone) {
+    // Capture is complete: every byte is out of the caller's buffers and on the first tier.
+    VersionRecord rec = versions_[version].record;
+    rec.state = CKPTDB_STATE_CAPTURED;
+    rec.data_bytes = v->data_bytes;
+    rec.tensor_count = static_cast<uint32_t>(v->tensors.size());
+    rec.chunk_count = static_cast<uint32_t>(v->chunks.size());
+    versions_[version].record = rec;
+    format::ManifestContents mc;
+    mc.job_id = identity_.job_id;
+    mc.rank = identity_.rank;
+    mc.world_size = identity_.world_size;
+    mc.version = version;
+    mc.node_id = options_.node_id;
+    mc.created_unix_ns = v->created_unix_ns;
+    mc.writer = "ckptdb " + std::to_string(CKPTDB_VERSION_MAJOR) + "." +
+                std::to_string(CKPTDB_VERSION_MINOR) + "." + std::to_string(CKPTDB_VERSION_PATCH);
+    mc.tensors = v->tensors;
+    mc.chunks.reserve(v->chunks.size());
+    for (const ChunkSlot& c : v->chunks)
+      mc.chunks.push_back({c.record_offset, c.payload_bytes, c.xxh3});
+    lock.unlock();
+    CatalogBatch captured;
+    captured.put_versions.push_back(rec);
+    st = catalog_->Apply(captured, /*sync=*/false);
+    std::vector<uint8_t> manifest = format::BuildManifest(std::move(mc));
+    lock.lock();
+    if (!st.ok()) return fail(st.WithContext("commit " + V(version)));
+    if (manifest.size() > format::kMaxManifestBytes) {
+      return fail(Status::Invalid(V(version) + ": the manifest would be " +
+                                  std::to_string(manifest.size()) +
+                                  " bytes, over the 1 GiB limit"));
+    }
+    v->manifest_xxh3 = format::Xxh3(manifest.data(), manifest.size());
+    v->manifest = std::move(manifest);
+    v->tail_bytes = format::RecordBytes(v->manifest.size()) + kBlockBytes;
+    for (size_t t = 1; t <= commit_tier_; ++t) {
+      if (tiers_[t].Takes(version)) v->demote_to.push_back(t);
+    }
+    v->phase = CommitPhase::kTail;
+  }
+  if (v->phase == CommitPhase::kTail && v->ram) {
+    // Header (if the arena had no room at open), tail and index regions; the arena may be short
+    // of them now: the commit then waits for evictions like a capture (or fails when nothing
+    // can free them: DetectStagingDeadlockLocked).
+    RamTier& ram = *tiers_[0].ram;
+    StagingRing::Region tail{};
+    if (v->header_region.bytes == 0 && !ram.Allocate(kBlockBytes, &v->header_region)) {
+      v->space_waiting = 1;
+      return changed();
+    }
+    {
+      format::SegmentHeader h;
+      h.job_id = identity_.job_id;
+      h.version = version;
+      h.rank = identity_.rank;
+      h.world_size = identity_.world_size;
+      h.chunk_bytes = options_.chunk_bytes;
+      h.created_unix_ns = v->created_unix_ns;
+      uint8_t* p = ram.base() + v->header_region.offset;
+      std::memset(p, 0, kBlockBytes);
+      format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(p, 64));
+    }
+    if (!ram.Allocate(v->tail_bytes, &tail)) {
+      v->space_waiting = 1;
+      return changed();
+    }
+    const uint64_t manifest_offset = v->next_offset;
+    RamImage image;
+    image.version = version;
+    image.file_bytes = manifest_offset + v->tail_bytes;
+    image.extents.push_back({0, v->header_region.offset, kBlockBytes});
+    for (const ChunkSlot& c : v->chunks) {
+      CKPTDB_ASSERT(c.home == Home::kDone);
+      image.extents.push_back({c.record_offset, c.region.offset, c.region.bytes});
+    }
+    image.extents.push_back({manifest_offset, tail.offset, tail.bytes});
+    if (!ram.WriteIndex(identity_.job_id, identity_.rank, &image)) {
+      ram.Free(tail);
+      v->space_waiting = 1;
+      return changed();
+    }
+    v->space_waiting = 0;
+    uint8_t* out = ram.base() + tail.offset;
+    std::memset(out, 0, tail.bytes);
+    EncodeTail(out, v->tail_bytes, v->manifest, v->manifest_xxh3, manifest_offset, version,
+               identity_.rank, static_cast<uint32_t>(v->chunks.size()));
+    v->image = image;
+    ResidencyRecord res;
+    res.tier = tiers_[0].name();
+    res.state = CKPTDB_RESIDENT_DURABLE;
+    res.path = ram.path();
+    res.file_bytes = image.file_bytes;
+    res.ram_generation = ram.generation();
+    res.ram_index_offset = image.index_offset;
+    res.ram_index_bytes = image.index_bytes;
+    v->residency.push_back(res);
+    // Capture wrote the chunk records into the arena; the header and tail complete the copy.
+    const uint64_t elapsed = MonoNs() - v->tier0_started_mono_ns;
+    v->stats.tiers.push_back({tiers_[0].name(), image.file_bytes, elapsed});
+    tiers_[0].bytes_written += image.file_bytes;
+    tiers_[0].write_ns += elapsed;
+    v->phase = CommitPhase::kDemote;
+  } else if (v->phase == CommitPhase::kTail) {
+    if (v->tail) return changed();  // the tail write is in flight
+    const uint64_t manifest_offset = v->next_offset;
+    void* block = std::aligned_alloc(kBlockBytes, v->tail_bytes);
+    if (block == nullptr) return fail(Status::NoMemory("allocating the manifest of " + V(version)));
+    std::memset(block, 0, v->tail_bytes);
+    EncodeTail(static_cast<uint8_t*>(block), v->tail_bytes, v->manifest, v->manifest_xxh3,
+               manifest_offset, version, identity_.rank, static_cast<uint32_t>(v->chunks.size()));
+    v->tail.reset(static_cast<uint8_t*>(block));
+    io::IoRequest r;
+    r.op = io::IoRequest::Op::kWrite;
+    r.fd = v->fd;
+    r.offset = manifest_offset;
+    r.buffer = block;
+    r.length = v->tail_bytes;
+    v->writes_in_flight++;
+    lock.unlock();
+    st = SubmitRequest(r, Request{RequestKind::kTail, version, 0, v->tail_bytes});
+    lock.lock();
+    if (!st.ok()) {
+      v->writes_in_flight--;
+      return fail(st.WithContext("writing the manifest of " + V(version)));
+    }
+    return true;  // kTail completes into kSync, kSync into kDemote
+  }
+  if (v->phase == CommitPhase::kDemote && !v->ram && v->synced && v->fd >= 0) {
+    // Chunk durable before manifest is visible: the fsync is done; now the rename.
+    int fd = v->fd;
+    int buffered = v->buffered_fd;
+    v->fd = -1;
+    v->buffered_fd = -1;
+    Tier& tier = *tiers_[0].dir;
+    lock.unlock();
+    if (buffered >= 0) (void)io_->Close(buffered);
+    st = tier.Publish(version, identity_.rank, fd);
+    lock.lock();
+    if (!st.ok()) return fail(st.WithContext("publishing " + V(version)));
+    ResidencyRecord res;
+    res.tier = tiers_[0].name();
+    res.state = CKPTDB_RESIDENT_DURABLE;
+    res.path = tier.SegmentPath(version, identity_.rank);
+    res.file_bytes = v->next_offset + v->tail_bytes;
+    v->residency.push_back(res);
+    const uint64_t elapsed = MonoNs() - v->tier0_started_mono_ns;
+    v->stats.tiers.push_back({tiers_[0].name(), res.file_bytes, elapsed});
+    tiers_[0].write_ns += elapsed;
+  }
+  if (v->phase == CommitPhase::kDemote) {
+    if (demotion_) return changed();  // one demotion at a time; a commit's goes next
+    if (!v->demote_to.empty()) {
+      size_t target = v->demote_to.front();
+      v->demote_to.erase(v->demote_to.begin());
+      st = StartDemotion(lock, version, 0, target, /*for_commit=*/true);
+      if (!st.ok()) return fail(st);
+      return true;
+    }
+    v->phase = CommitPhase::kDecide;
+  }
+  if (v->phase == CommitPhase::kDecide) {
+    st = DecideCommit(lock, v);
+    if (!st.ok() && live_.count(version)) FailLocked(&live_.at(version), st);
+    return true;
+  }
+  return changed();
+}
+
+// PREPARED, then COMMITTED, each synced (docs/commit-protocol.md steps 6-7). On success the
+// live version becomes a committed catalog entry.
+Status Db::DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  const uint64_t version = v->version;
+  VersionRecord rec = versions_[version].record;
+  rec.state = CKPTDB_STATE_PREPARED;
+  rec.data_bytes = v->data_bytes;
+  rec.tensor_count = static_cast<uint32_t>(v->tensors.size());
+  rec.chunk_count = static_cast<uint32_t>(v->chunks.size());
+  rec.manifest_xxh3 = v->manifest_xxh3;
+  CatalogBatch prepared;
+  prepared.put_versions.push_back(rec);
+  for (const ResidencyRecord& r : v->residency) prepared.put_residency.emplace_back(version, r);
+  lock.unlock();
+  Status st = catalog_->Apply(prepared, /*sync=*/true);
+  lock.lock();
+  if (!st.ok()) return st.WithContext("commit " + V(version) + ": writing PREPARED");
+  CrashPoint("commit:after_prepared");
+  // world_size = 1: this rank is its own coordinator and every vote (its own) is in.
+  rec.state = CKPTDB_STATE_COMMITTED;
+  rec.committed_unix_ns = NowNs();
+  v->stats.commit_ns = MonoNs() - v->commit_requested_mono_ns;
+  CatalogBatch committed;
+  committed.put_versions.push_back(rec);
+  committed.put_stats.emplace_back(version, v->stats);
+  lock.unlock();
+  st = catalog_->Apply(committed, /*sync=*/true);
+  lock.lock();
+  if (!st.ok()) {
+    // The decision may or may not be durable; the next open decides from the catalog. Until
+    // then this handle must not claim either outcome: the copies stay as they are.
+    poisoned_ = st.WithContext("commit " + V(version) +
+                               ": writing COMMITTED failed; close and reopen the store to "
+                               "learn the outcome");
+    RememberOutcome(version, poisoned_);
+    if (v->ram) {
+      v->image = RamImage{};  // its regions stay allocated: they may belong to a committed copy
+    }
+    live_.erase(version);
+    state_cv_.notify_all();
+    return Status::Ok();
+  }
+  CrashPoint("commit:after_committed");
+  VersionEntry& e = versions_[version];
+  e.has_record = true;
+  e.record = rec;
+  e.residency = v->residency;
+  e.has_stats = true;
+  e.stats = v->stats;
+  if (v->ram) ram_images_[version] = v->image;
+  ram_reserve_bytes_ = v->next_offset + v->tail_bytes;
+  stats_.commits++;
+  live_.erase(version);
+  // Older open versions can never commit now (versions increase).
+  for (auto& [older, ov] : live_) {
+    if (older < version && !ov.abort_requested) {
+      FailLocked(&ov, Status::State(V(older) + " was aborted: " + V(version) +
+                                    " was committed after it, and versions increase"));
+    }
+  }
+  state_cv_.notify_all();
+  return Status::Ok();
+}
+
+// ---- Abort -------------------------------------------------------------------------------------
+
+void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  const uint64_t version = v->version;
+  // Memory first: ring regions of chunks never written, and the version's arena regions.
+  for (ChunkSlot& c : v->chunks) {
+    if (c.region.bytes == 0) continue;
+    if (v->ram) {
+      tiers_[0].ram->Free(c.region);
+    } else {
+      ring_->Free(c.region);
+    }
+    c.region = {};
+  }
+  if (v->ram) {
+    RamTier& ram = *tiers_[0].ram;
+    if (v->header_region.bytes != 0) ram.Free(v->header_region);
+    if (!v->image.extents.empty()) {
+      // The tail and the index; the chunk and header regions were freed above.
+      ram.Free({v->image.extents.back().arena_offset, v->image.extents.back().bytes});
+      if (v->image.index_bytes != 0) ram.Free({v->image.index_offset, v->image.index_bytes});
+    }
+  }
+  int fd = v->fd;
+  int buffered = v->buffered_fd;
+  v->fd = v->buffered_fd = -1;
+  std::vector<ResidencyRecord> copies = v->residency;
+  Status why = v->error.ok() ? Status::State(V(version) + " was aborted") : v->error;
+  VersionRecord rec = versions_[version].record;
+  rec.version = version;
+  rec.rank = identity_.rank;
+  rec.state = CKPTDB_STATE_ABORTED;
+  lock.unlock();
+  if (fd >= 0) (void)io_->Close(fd);
+  if (buffered >= 0) (void)io_->Close(buffered);
+  Status st;
+  if (!tiers_[0].is_ram()) st = tiers_[0].dir->RemoveSegment(version, identity_.rank);
+  for (const ResidencyRecord& r : copies) {
+    int t = TierIndex(r.tier);
+    if (t > 0 && !tiers_[t].is_ram()) {
+      Status rs = tiers_[t].dir->RemoveSegment(version, identity_.rank);
+      if (st.ok()) st = rs;
+    }
+  }
+  CatalogBatch batch;
+  batch.delete_versions.push_back(version);
+  batch.put_versions.push_back(rec);
+  // Not synced: an abort that is lost reads as undecided, which recovery aborts again.
+  Status cs = catalog_->Apply(batch, /*sync=*/false);
+  lock.lock();
+  if (!st.ok() || !cs.ok()) {
+    std::fprintf(stderr, "ckptdb: aborting %s: %s\n", V(version).c_str(),
+                 (!st.ok() ? st : cs).ToString().c_str());
+  }
+  VersionEntry& e = versions_[version];
+  e = VersionEntry{};
+  e.has_record = true;
+  e.record = rec;
+  if (outcomes_.count(version) == 0) RememberOutcome(version, why);
+  stats_.aborts++;
+  live_.erase(version);
+  state_cv_.notify_all();
+}
+
+// ---- Demotion ----------------------------------------------------------------------------------
+
+bool Db::PlanDemotion(std::unique_lock<std::mutex>& lock) {
+  for (const auto& [version, e] : versions_) {
+    if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    for (size_t target = 1; target < tiers_.size(); ++target) {
+      if (tiers_[target].is_ram() || Durable(e, target) || !Wants(target, version)) continue;
+      auto failed = failed_sources_.find({version, target});
+      for (size_t source = 0; source < tiers_.size(); ++source) {
+        if (source == target || !Durable(e, source)) continue;
+        if (failed != failed_sources_.end() && failed->second.count(source)) continue;
+        Status st = StartDemotion(lock, version, source, target, /*for_commit=*/false);
+        if (st.ok()) return true;
+        failed_sources_[{version, target}].insert(source);
+        demotion_errors_[{version, target}] = st;
+        tiers_[target].demotion_failures++;
+        std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
+        return true;  // state changed; plan again next round
+      }
+    }
+  }
+  return false;
+}
+
+// Opens the copy of `version` on `tier` that `res` describes and checks its manifest against
+// the catalog's xxh3 (when known). out must stay where it is while the reader is used: the
+// reader reads through out->fd or out->image. A ram copy is read through `image`.
+Status Db::OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
+                         const VersionRecord& record, RamImage image, OpenSegment* out,
+                         io::IoQueue* queue) {
+  out->tier = tier;
+  std::string what;
+  if (tiers_[tier].is_ram()) {
+    what = "ram copy of " + V(version) + " (" + res.path + ")";
+    const RamTier* ram = tiers_[tier].ram.get();
+    out->image = std::move(image);
+    RamImage* img = &out->image;
+    CKPTDB_RETURN_IF_ERROR(format::SegmentReader::Open(
+        what, img->file_bytes,
+        [ram, img, what](uint64_t off, void* buf, size_t len) {
+          return ram->ReadAt(*img, off, buf, len, what);
+        },
+        &out->reader));
+  } else {
+    what = "segment " + res.path + " (tier " + res.tier + ")";
+    bool direct = false;
+    CKPTDB_RETURN_IF_ERROR(
+        io_->Open(res.path, io::OpenOptions{}, &out->fd, &direct).WithContext(what));
+    uint64_t size = 0;
+    Status st = io_->FileSize(out->fd, &size);
+    if (st.ok() && size != res.file_bytes) {
+      st = Status::Corrupt(what + ": the file is " + std::to_string(size) +
+                           " bytes, the catalog recorded " + std::to_string(res.file_bytes));
+    }
+    if (st.ok()) {
+      int fd = out->fd;
+      format::ReadAtFn read =
+          queue != nullptr
+              ? format::ReadAtFn([queue, fd, what](uint64_t off, void* buf, size_t len) {
+                  return io::ReadAt(*queue, fd, off, buf, len, what);
+                })
+              : PreadFn(fd, what);
+      st = format::SegmentReader::Open(what, size, std::move(read), &out->reader);
+    }
+    if (!st.ok()) {
+      (void)io_->Close(out->fd);
+      out->fd = -1;
+      return st;
+    }
+  }
+  if (record.manifest_xxh3 != 0 && out->reader->footer().manifest_xxh3 != record.manifest_xxh3) {
+    if (out->fd >= 0) (void)io_->Close(out->fd);
+    out->fd = -1;
+    return Status::Corrupt(what + ": its manifest xxh3 " +
+                           format::Hex64(out->reader->footer().manifest_xxh3) +
+                           " differs from the catalog's " + format::Hex64(record.manifest_xxh3));
+  }
+  return Status::Ok();
+}
+
+Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
+                         size_t target, bool for_commit) {
+  CKPTDB_ASSERT(!demotion_ && !tiers_[target].is_ram());
+  const std::string what = "demoting " + V(version) + " from tier " + tiers_[source].name() +
+                           " to tier " + tiers_[target].name();
+  // The source copy: a committed one from the catalog, or the commit's own first-tier copy.
+  ResidencyRecord res;
+  VersionRecord record;
+  RamImage image;
+  if (for_commit) {
+    LiveVersion& v = live_.at(version);
+    CKPTDB_ASSERT(!v.residency.empty());
+    res = v.residency.front();
+    record.manifest_xxh3 = v.manifest_xxh3;
+    if (v.ram) image = v.image;
+  } else {
+    const VersionEntry& e = versions_.at(version);
+    for (const ResidencyRecord& r : e.residency) {
+      if (r.tier == tiers_[source].name()) res = r;
+    }
+    record = e.record;
+    if (tiers_[source].is_ram()) image = ram_images_.at(version);
+  }
+  demotion_.emplace();
+  Demotion& d = *demotion_;
+  d.version = version;
+  d.source = source;
+  d.target = target;
+  d.for_commit = for_commit;
+  d.started_mono_ns = MonoNs();
+  if (tiers_[source].is_ram()) ram_pins_[version]++;
+  lock.unlock();
+  Status st = OpenSegmentAt(version, source, res, record, std::move(image), &d.segment, nullptr);
+  int fd = -1;
+  bool direct = false;
+  if (st.ok()) {
+    st = tiers_[target].dir->CreateTemp(version, identity_.rank, &fd);
+    direct = tiers_[target].dir->direct();
+  }
+  Status cs;
+  if (st.ok() && !for_commit) {
+    CatalogBatch batch;
+    ResidencyRecord writing;
+    writing.tier = tiers_[target].name();
+    writing.state = CKPTDB_RESIDENT_WRITING;
+    writing.path = tiers_[target].dir->TempPath(version, identity_.rank);
+    batch.put_residency.emplace_back(version, writing);
+    cs = catalog_->Apply(batch, /*sync=*/false);  // lost in a crash: the tmp file is an orphan
+  }
+  lock.lock();
+  if (st.ok() && !cs.ok()) st = cs;
+  if (!st.ok()) {
+    if (fd >= 0) {
+      (void)io_->Close(fd);
+      (void)tiers_[target].dir->RemoveSegment(version, identity_.rank);
+    }
+    if (d.segment.fd >= 0) (void)io_->Close(d.segment.fd);
+    if (tiers_[source].is_ram()) Unpin(version);
+    demotion_.reset();
+    return st.WithContext(what);
+  }
+  d.fd = fd;
+  d.direct = direct;
+  const format::ManifestView& m = d.segment.reader->manifest();
+  d.file_bytes = d.segment.reader->footer().file_bytes;
+  d.records.push_back({0, kBlockBytes, -1});
+  for (uint32_t c = 0; c < m.chunk_count(); ++c) {
+    d.records.push_back({m.chunk(c).record_offset(),
+                         format::RecordBytes(m.chunk(c).payload_bytes()), static_cast<int64_t>(c)});
+  }
+  const uint64_t tail = d.segment.reader->footer().manifest_offset;
+  d.records.push_back({tail, d.file_bytes - tail, -1});
+  if (!for_commit) {
+    for (ResidencyRecord& r : versions_.at(version).residency) {
+      if (r.tier == tiers_[target].name()) r.state = CKPTDB_RESIDENT_WRITING;
+    }
+  }
+  return Status::Ok();
+}
+
+// Starts the next records of the demotion: from ram, each record is checked in place and written
+// from the arena; from a directory tier it is read into a ring region first, checked, then
+// written from there.
+void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
+  Demotion& d = *demotion_;
+  const bool abandon = closing_ && !options_.drain_on_close && !d.for_commit;
+  if (!d.error.ok() || abandon) {
+    if (d.in_flight == 0) {
+      EndDemotion(lock, abandon && d.error.ok()
+                            ? Status::State("the store was closed before the demotion ended")
+                            : d.error);
+    }
+    return;
+  }
+  const bool ram_source = tiers_[d.source].is_ram();
+  const std::string what = "demoting " + V(d.version) + " to tier " + tiers_[d.target].name();
+  // Records read from a directory tier whose read completed: check and write them.
+  for (size_t i = 0; i < d.next && d.error.ok(); ++i) {
+    Demotion::Record& rec = d.records[i];
+    if (!rec.read_done || rec.written) continue;
+    if (FreeRequestSlots(requests_.size(), options_.queue_depth) == 0) return;
+    rec.written = true;
+    uint8_t* p = staging_ + rec.ring.offset;
+    const uint64_t version = d.version;
+    lock.unlock();
+    format::ChunkProblem problem;
+    Status st = rec.chunk >= 0
+                    ? d.segment.reader->CheckRecord(static_cast<uint32_t>(rec.chunk), p, &problem)
+                    : Status::Ok();
+    io::IoRequest w;
+    w.op = io::IoRequest::Op::kWrite;
+    w.fd = d.fd;
+    w.offset = rec.offset;
+    w.buffer = p;
+    w.length = rec.bytes;
+    w.buffer_index = fixed_buffers_ ? 0 : -1;
+    if (st.ok())
+      st = SubmitRequest(
+          w, Request{RequestKind::kDemoteWrite, version, static_cast<uint32_t>(i), rec.bytes});
+    lock.lock();
+    if (st.ok()) {
+      d.in_flight++;
+    } else {
+      d.error = st.WithContext(what);
+      ring_->Free(rec.ring);
+      rec.ring = {};
+      state_cv_.notify_all();
+    }
+  }
+  while (d.error.ok() && d.next < d.records.size() && d.in_flight < kDemotionRecordsInFlight &&
+         FreeRequestSlots(requests_.size(), options_.queue_depth) > 0) {
+    const size_t i = d.next;
+    Demotion::Record& rec = d.records[i];
+    if (ram_source) {
+      const RamExtent* extent = tiers_[d.source].ram->ExtentAt(d.segment.image, rec.offset);
+      if (extent == nullptr || extent->bytes != rec.bytes) {
+        d.error = Status::Corrupt(what + ": the ram copy has no record at offset " +
+                                  std::to_string(rec.offset));
+        break;
+      }
+      uint8_t* p = tiers_[d.source].ram->base() + extent->arena_offset;
+      const int buffer_index =
+          fixed_arena_ ? 1 + static_cast<int>(extent->arena_offset / kMaxFixedBufferBytes) : -1;
+      const bool one_buffer = extent->arena_offset / kMaxFixedBufferBytes ==
+                              (extent->arena_offset + extent->bytes - 1) / kMaxFixedBufferBytes;
+      d.next++;
+      const uint64_t version = d.version;
+      lock.unlock();
+      format::ChunkProblem problem;
+      Status st = rec.chunk >= 0
+                      ? d.segment.reader->CheckRecord(static_cast<uint32_t>(rec.chunk), p, &problem)
+                      : Status::Ok();
+      io::IoRequest w;
+      w.op = io::IoRequest::Op::kWrite;
+      w.fd = d.fd;
+      w.offset = rec.offset;
+      w.buffer = p;
+      w.length = rec.bytes;
+      w.buffer_index = one_buffer ? buffer_index : -1;
+      if (st.ok()) {
+        st = SubmitRequest(
+            w, Request{RequestKind::kDemoteWrite, version, static_cast<uint32_t>(i), rec.bytes});
+      }
+      lock.lock();
+      if (!st.ok()) {
+        d.error = st.WithContext(what);
+        break;
+      }
+      tiers_[d.source].bytes_read += rec.bytes;
+      d.in_flight++;
+    } else {
+      if (!ring_->Allocate(rec.bytes, &rec.ring)) break;  // wait for ring space
+      d.next++;
+      io::IoRequest r;
+      r.op = io::IoRequest::Op::kRead;
+      r.fd = d.segment.fd;
+      r.offset = rec.offset;
+      r.buffer = staging_ + rec.ring.offset;
+      r.length = rec.bytes;
+      r.buffer_index = fixed_buffers_ ? 0 : -1;
+      const uint64_t version = d.version;
+      lock.unlock();
+      Status st = SubmitRequest(
+          r, Request{RequestKind::kDemoteRead, version, static_cast<uint32_t>(i), rec.bytes});
+      lock.lock();
+      if (!st.ok()) {
+        ring_->Free(rec.ring);
+        rec.ring = {};
+        d.error = st.WithContext(what);
+        break;
+      }
+      d.in_flight++;
+    }
+  }
+  if (!d.error.ok()) return;
+  bool all_written =
+      d.next == d.records.size() && d.in_flight == 0 &&
+      std::all_of(d.records.begin(), d.records.end(),
+                  [&](const Demotion::Record& r) { return ram_source || r.written; });
+  if (all_written && !d.syncing) {
+    d.syncing = true;
+    io::IoRequest s;
+    s.op = io::IoRequest::Op::kSync;
+    s.fd = d.fd;
+    const uint64_t version = d.version;
+    lock.unlock();
+    Status st = SubmitRequest(s, Request{RequestKind::kDemoteSync, version});
+    lock.lock();
+    if (!st.ok()) {
+      d.error = st.WithContext(what);
+      return;
+    }
+    d.in_flight++;
+  } else if (d.syncing && d.synced && d.in_flight == 0) {
+    EndDemotion(lock, Status::Ok());
+  }
+}
+
+void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
+  Demotion d = std::move(*demotion_);
+  demotion_.reset();
+  // Records read and never written (the demotion failed or was abandoned) give back their ring
+  // regions.
+  for (Demotion::Record& rec : d.records) {
+    if (rec.ring.bytes != 0) ring_->Free(rec.ring);
+    rec.ring = {};
+  }
+  const uint64_t version = d.version;
+  Status st = result;
+  int source_fd = d.segment.fd;
+  Tier& target = *tiers_[d.target].dir;
+  lock.unlock();
+  if (source_fd >= 0) (void)io_->Close(source_fd);
+  if (st.ok()) {
+    CrashPoint("demote:after_fsync");
+    int fd = d.fd;
+    d.fd = -1;
+    st = target.Publish(version, identity_.rank, fd);
+  }
+  if (d.fd >= 0) (void)io_->Close(d.fd);
+  lock.lock();
+  if (tiers_[d.source].is_ram()) Unpin(version);
+  ResidencyRecord res;
+  res.tier = tiers_[d.target].name();
+  res.state = CKPTDB_RESIDENT_DURABLE;
+  res.path = target.SegmentPath(version, identity_.rank);
+  res.file_bytes = d.file_bytes;
+  const uint64_t elapsed = MonoNs() - d.started_mono_ns;
+  if (d.for_commit) {
+    auto it = live_.find(version);
+    if (it != live_.end()) {
+      LiveVersion& v = it->second;
+      if (st.ok()) {
+        v.residency.push_back(res);
+        v.stats.tiers.push_back({res.tier, d.file_bytes, elapsed});
+        tiers_[d.target].demotions++;
+        tiers_[d.target].write_ns += elapsed;
+      } else {
+        lock.unlock();
+        (void)target.RemoveSegment(version, identity_.rank);
+        lock.lock();
+        FailLocked(&v, st);
+      }
+    }
+    state_cv_.notify_all();
+    return;
+  }
+  if (st.ok()) {
+    CatalogBatch batch;
+    batch.put_residency.emplace_back(version, res);
+    lock.unlock();
+    st = catalog_->Apply(batch, /*sync=*/true);
+    lock.lock();
+  }
+  VersionEntry& e = versions_.at(version);
+  if (st.ok()) {
+    bool found = false;
+    for (ResidencyRecord& r : e.residency) {
+      if (r.tier == res.tier) {
+        r = res;
+        found = true;
+      }
+    }
+    if (!found) e.residency.push_back(res);
+    tiers_[d.target].demotions++;
+    tiers_[d.target].write_ns += elapsed;
+    if (e.has_stats) {
+      e.stats.tiers.push_back({res.tier, d.file_bytes, elapsed});
+      stats_dirty_.insert(version);
+    }
+  } else {
+    // The catalog may say WRITING for it: recovery (or the next attempt) collects the file.
+    lock.unlock();
+    (void)target.RemoveSegment(version, identity_.rank);
+    CatalogBatch batch;
+    batch.delete_residency.emplace_back(version, res.tier);
+    (void)catalog_->Apply(batch, /*sync=*/false);
+    lock.lock();
+    std::erase_if(e.residency, [&](const ResidencyRecord& r) { return r.tier == res.tier; });
+    if (!(closing_ && !options_.drain_on_close)) {
+      failed_sources_[{version, d.target}].insert(d.source);
+      demotion_errors_[{version, d.target}] = st;
+      tiers_[d.target].demotion_failures++;
+      std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
+    }
+  }
+  state_cv_.notify_all();
+}
+
+// ---- Eviction and retention --------------------------------------------------------------------
+
+bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
+  // One eviction per call, oldest first: copies the policy no longer wants, then (ram) copies
+  // that must make room for the next version.
+  std::optional<std::pair<uint64_t, size_t>> pick;
+  for (const auto& [version, e] : versions_) {
+    if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    for (size_t t = 0; t < tiers_.size() && !pick; ++t) {
+      if (Evictable(t, version, /*for_space=*/false)) pick = {version, t};
+    }
+    if (pick) break;
+  }
+  if (!pick && tiers_[0].is_ram()) {
+    RamTier& ram = *tiers_[0].ram;
+    bool short_of_space = space_waiters_ > 0 || ram.free_bytes() < ram_reserve_bytes_;
+    for (const auto& [version, v] : live_) short_of_space |= v.space_waiting > 0;
+    if (short_of_space) {
+      for (const auto& [version, e] : versions_) {
+        if (Evictable(0, version, /*for_space=*/true)) {
+          pick = {version, 0};
+          break;
+        }
+      }
+    }
+  }
+  if (!pick) return false;
+  const auto [version, t] = *pick;
+  VersionEntry& e = versions_.at(version);
+  ResidencyRecord res;
+  for (const ResidencyRecord& r : e.residency) {
+    if (r.tier == tiers_[t].name()) res = r;
+  }
+  res.state = CKPTDB_RESIDENT_EVICTED;
+  CatalogBatch batch;
+  batch.put_residency.emplace_back(version, res);
+  Status st;
+  if (tiers_[t].is_ram()) {
+    // The record first, synced, then the regions are reused: after a crash between the two the
+    // copy is simply gone, never half overwritten and still listed.
+    lock.unlock();
+    st = catalog_->Apply(batch, /*sync=*/true);
+    CrashPoint("evict:after_record");
+    lock.lock();
+    if (st.ok()) {
+      auto image = ram_images_.find(version);
+      if (image != ram_images_.end()) {
+        tiers_[0].ram->FreeImage(image->second);
+        ram_images_.erase(image);
+      }
+    }
+  } else {
+    Tier& tier = *tiers_[t].dir;
+    lock.unlock();
+    st = tier.RemoveSegment(version, identity_.rank);
+    if (st.ok()) st = catalog_->Apply(batch, /*sync=*/false);
+    lock.lock();
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "ckptdb: evicting %s from tier %s: %s\n", V(version).c_str(),
+                 tiers_[t].name().c_str(), st.ToString().c_str());
+    return false;
+  }
+  for (ResidencyRecord& r : versions_.at(version).residency) {
+    if (r.tier == res.tier) r.state = CKPTDB_RESIDENT_EVICTED;
+  }
+  tiers_[t].evictions++;
+  RetireLocked(lock);
+  state_cv_.notify_all();  // arena space
+  return true;
+}
+
+// A committed version left with no copy (durable or missing) becomes RETIRED, and the history
+// of retired and aborted records is kept to its bound.
+void Db::RetireLocked(std::unique_lock<std::mutex>& lock) {
+  CatalogBatch batch;
+  std::optional<uint64_t> newest = NewestCommitted();
+  size_t history = 0;
+  for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+    VersionEntry& e = it->second;
+    if (e.record.state == CKPTDB_STATE_COMMITTED && it->first != newest) {
+      bool any = std::any_of(e.residency.begin(), e.residency.end(), [](const ResidencyRecord& r) {
+        return r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING ||
+               r.state == CKPTDB_RESIDENT_WRITING;
+      });
+      if (!any) {
+        e.record.state = CKPTDB_STATE_RETIRED;
+        batch.put_versions.push_back(e.record);
+      }
+    }
+    if (e.record.state == CKPTDB_STATE_RETIRED || e.record.state == CKPTDB_STATE_ABORTED) {
+      if (++history > kMaxHistoryRecords && live_.count(it->first) == 0) {
+        batch.delete_versions.push_back(it->first);
+      }
+    }
+  }
+  // The newest retired version stays as the floor for "versions must increase".
+  if (std::optional<uint64_t> floor = LastCommitted(); floor) {
+    std::erase(batch.delete_versions, *floor);
+  }
+  for (uint64_t v : batch.delete_versions) versions_.erase(v);
+  if (batch.put_versions.empty() && batch.delete_versions.empty()) return;
+  lock.unlock();
+  Status st = catalog_->Apply(batch, /*sync=*/false);
+  lock.lock();
+  if (!st.ok()) std::fprintf(stderr, "ckptdb: retiring versions: %s\n", st.ToString().c_str());
+}
+
+// Captures (and ram commits) waiting for arena space that nothing will ever free fail with
+// ENOSPC instead of waiting forever. Space can come from: a demotion running or possible (it
+// makes a version evictable), an evictable version, a reader's pin ending, another live version
+// being aborted or committed (its regions, or the newest-committed rule moving on).
+void Db::DetectStagingDeadlockLocked() {
+  if (!tiers_[0].is_ram()) return;
+  bool waiting = false;
+  for (const auto& [version, v] : live_) waiting |= v.space_waiting > 0;
+  if (!waiting) return;
+  if (demotion_ || !ram_pins_.empty()) return;
+  for (const auto& [version, v] : live_) {
+    if (v.space_waiting == 0 && (v.abort_requested || v.commit_requested)) return;
+  }
+  for (const auto& [version, e] : versions_) {
+    if (Evictable(0, version, /*for_space=*/true)) return;
+    if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    for (size_t t = 1; t < tiers_.size(); ++t) {
+      if (!Durable(e, t) && Wants(t, version) && HasSource(version, t)) return;  // demotable
+    }
+  }
+  RamTier& ram = *tiers_[0].ram;
+  std::string held;
+  for (const auto& [version, image] : ram_images_) {
+    held += (held.empty() ? "" : ", ") + V(version) + " (" + std::to_string(image.file_bytes) +
+            " bytes" +
+            (version == NewestCommitted() ? ", the newest committed: never evicted" : "") + ")";
+  }
+  for (auto& [version, v] : live_) {
+    if (v.space_waiting == 0) continue;
+    FailLocked(
+        &v, Status::NoSpace("ram tier: the arena of " + std::to_string(ram.capacity()) +
+                            " bytes has no room left for " + V(version) + " (" +
+                            std::to_string(ram.live_bytes()) +
+                            " bytes in use; committed copies: " + (held.empty() ? "none" : held) +
+                            ") and nothing can free any: give the ram tier more bytes, lower "
+                            "chunk_bytes, or use backpressure=skip"));
+  }
+}
+
+void Db::PersistStatsLocked(uint64_t version) {
+  auto it = versions_.find(version);
+  if (it == versions_.end() || !it->second.has_stats) return;
+  CatalogBatch batch;
+  batch.put_stats.emplace_back(version, it->second.stats);
+  // Not synced, and written from the manager only: figures are not decisions.
+  Status st = catalog_->Apply(batch, /*sync=*/false);
+  if (!st.ok()) std::fprintf(stderr, "ckptdb: recording figures: %s\n", st.ToString().c_str());
+}
+
+}  // namespace ckpt::engine

@@ -1,0 +1,729 @@
+// The read path: latest, restore, list, verify, and the figures (DESIGN.md section 5, "restore
+// from the fastest place that still holds a verified copy"). Readers are serialized by read_mu_
+// (they share one io_uring read queue and a cache of open segments) and take mu_ only to look at
+// the catalog's view and to pin ram copies, so a restore never stalls capture or the manager.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/db.h"
+#include "engine/internal.h"
+#include "format/checksum.h"
+#include "format/segment_format.h"
+#include "util/assert.h"
+
+namespace ckpt::engine {
+namespace {
+
+using format::kBlockBytes;
+
+// Chunk reads a restore keeps in flight per segment file. Restore reads are buffered, so the
+// kernel's readahead already prefetches; two in flight overlap one chunk's xxh3 with the next
+// chunk's read and keep the file's access sequential. Deeper queues scatter the reads over
+// io_uring workers, which defeats readahead: on the disk tier of docs/performance.md, restore ran
+// at 1.8-2.9 GB/s with 64 in flight and 4.2-4.6 GB/s (91-95% of a plain sequential read) with
+// 1-2; tmpfs was the same either way.
+constexpr size_t kRestoreReadsInFlight = 2;
+
+}  // namespace
+
+Status ValidateName(const char* name, const std::string& call);
+
+void Db::Pin(uint64_t version) { ram_pins_[version]++; }
+
+void Db::Unpin(uint64_t version) {
+  auto it = ram_pins_.find(version);
+  CKPTDB_ASSERT(it != ram_pins_.end() && it->second > 0);
+  if (--it->second == 0) {
+    ram_pins_.erase(it);
+    WakeManager();  // an eviction may have waited for this reader
+  }
+}
+
+// A reader of (version, tier), from the cache or opened now. For a ram copy the version is
+// pinned (the caller unpins when done reading). Called with read_mu_ held, mu_ not held.
+Status Db::ReadSegment(uint64_t version, size_t tier, OpenSegment** out) {
+  ResidencyRecord res;
+  VersionRecord record;
+  uint64_t index_offset = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const VersionEntry& e = versions_.at(version);
+    bool found = false;
+    for (const ResidencyRecord& r : e.residency) {
+      if (r.tier == tiers_[tier].name() && r.state == CKPTDB_RESIDENT_DURABLE) {
+        res = r;
+        found = true;
+      }
+    }
+    if (!found) return Status::NotFound(V(version) + " is not on tier " + tiers_[tier].name());
+    record = e.record;
+    if (tiers_[tier].is_ram()) {
+      auto image = ram_images_.find(version);
+      if (image == ram_images_.end()) {
+        return Status::NotFound(V(version) + ": the ram tier's arena no longer holds it");
+      }
+      index_offset = image->second.index_offset;
+      Pin(version);
+    }
+  }
+  auto key = std::make_pair(version, tier);
+  auto it = segments_.find(key);
+  if (it != segments_.end() &&
+      (!tiers_[tier].is_ram() || it->second.image.index_offset == index_offset)) {
+    *out = &it->second;
+    return Status::Ok();
+  }
+  if (it != segments_.end()) segments_.erase(it);  // a ram copy that was replaced
+  RamImage image;
+  if (tiers_[tier].is_ram()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    image = ram_images_.at(version);  // pinned: it stays
+  }
+  OpenSegment& seg = segments_[key];
+  Status st = OpenSegmentAt(version, tier, res, record, std::move(image), &seg, read_queue_.get());
+  if (!st.ok()) {
+    segments_.erase(key);
+    if (tiers_[tier].is_ram()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Unpin(version);
+    }
+    return st;
+  }
+  while (segments_.size() > kMaxOpenSegments) {
+    auto victim = segments_.begin();
+    if (victim->first == key) ++victim;
+    if (victim->second.fd >= 0) (void)io_->Close(victim->second.fd);
+    segments_.erase(victim);
+  }
+  *out = &segments_.at(key);
+  return Status::Ok();
+}
+
+// Reads chunks `chunks` (sorted indexes) of seg's tensor whose first chunk is first_chunk into
+// dst, checking each against its xxh3; the failed ones are listed in *failed. A ram copy is
+// copied by the caller and the capture workers together; a file is read through io_uring.
+Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uint64_t first_chunk,
+                      uint8_t* dst, std::vector<uint32_t>* failed, uint64_t* bytes_read) {
+  const format::ManifestView& m = seg->reader->manifest();
+  // Destination offset of each chunk: chunk k of the tensor starts after chunks [first, k).
+  std::vector<uint64_t> dst_offset;
+  dst_offset.reserve(chunks.size());
+  uint64_t running = 0;
+  uint32_t next_chunk = static_cast<uint32_t>(first_chunk);
+  for (uint32_t idx : chunks) {
+    CKPTDB_ASSERT(idx >= next_chunk);
+    for (; next_chunk < idx; ++next_chunk) running += m.chunk(next_chunk).payload_bytes();
+    dst_offset.push_back(running);
+  }
+  failed->clear();
+  auto record_failure = [&](uint32_t index, const std::string& problem) {
+    failed->push_back(index);
+    if (last_problem_.empty()) {
+      last_problem_ = "chunk " + std::to_string(index) + " at offset " +
+                      std::to_string(m.chunk(index).record_offset()) + " of " +
+                      seg->reader->what() + problem;
+    }
+  };
+  if (tiers_[seg->tier].is_ram()) {
+    const RamTier& ram = *tiers_[seg->tier].ram;
+    std::vector<uint64_t> actual(chunks.size());
+    std::vector<uint8_t> ok(chunks.size(), 0);
+    RunParallel(chunks.size(), [&](size_t k) {
+      const fb::Chunk& c = m.chunk(chunks[k]);
+      const RamExtent* extent = ram.ExtentAt(seg->image, c.record_offset());
+      if (extent == nullptr || extent->bytes < kBlockBytes + c.payload_bytes()) return;
+      actual[k] = CopyAndHash(dst + dst_offset[k], ram.base() + extent->arena_offset + kBlockBytes,
+                              c.payload_bytes());
+      ok[k] = actual[k] == c.xxh3();
+    });
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const fb::Chunk& c = m.chunk(chunks[k]);
+      if (ok[k]) {
+        *bytes_read += c.payload_bytes();
+      } else {
+        record_failure(chunks[k], " fails xxh3 (expected " + format::Hex64(c.xxh3()) + ", got " +
+                                      format::Hex64(actual[k]) + ")");
+      }
+    }
+    std::sort(failed->begin(), failed->end());
+    return Status::Ok();
+  }
+  size_t next = 0;
+  size_t in_flight = 0;
+  const size_t depth = std::min<size_t>(options_.queue_depth, kRestoreReadsInFlight);
+  std::vector<io::IoCompletion> done;
+  // Bounded: each iteration submits or reaps at least one request.
+  while (next < chunks.size() || in_flight > 0) {
+    io::IoRequest reqs[kRestoreReadsInFlight];
+    size_t n = 0;
+    while (next < chunks.size() && in_flight + n < depth) {
+      const fb::Chunk& c = m.chunk(chunks[next]);
+      io::IoRequest& r = reqs[n++];
+      r.op = io::IoRequest::Op::kRead;
+      r.fd = seg->fd;
+      r.offset = c.record_offset() + kBlockBytes;
+      r.buffer = dst + dst_offset[next];
+      r.length = c.payload_bytes();
+      r.tag = next;
+      ++next;
+    }
+    Status st;
+    if (n > 0) {
+      st = read_queue_->Submit(std::span<const io::IoRequest>(reqs, n));
+      if (st.ok()) in_flight += n;
+    }
+    done.clear();
+    if (st.ok()) st = read_queue_->Reap(1, &done, -1);
+    if (!st.ok()) {
+      // The kernel may still be writing into the caller's buffer: wait for every read that was
+      // submitted (bounded by the queue depth) before handing the buffer back.
+      std::vector<io::IoCompletion> rest;
+      if (in_flight > done.size()) (void)read_queue_->Reap(in_flight - done.size(), &rest, -1);
+      return st;
+    }
+    for (const io::IoCompletion& cp : done) {
+      --in_flight;
+      size_t k = cp.tag;
+      const fb::Chunk& c = m.chunk(chunks[k]);
+      bool ok = cp.result == static_cast<int64_t>(c.payload_bytes());
+      uint64_t actual = 0;
+      if (ok) {
+        actual = format::Xxh3(dst + dst_offset[k], c.payload_bytes());
+        ok = actual == c.xxh3();
+        *bytes_read += c.payload_bytes();
+      }
+      if (!ok) {
+        record_failure(chunks[k], cp.result < 0
+                                      ? " cannot be read: " +
+                                            std::string(std::strerror(static_cast<int>(-cp.result)))
+                                  : cp.result != static_cast<int64_t>(c.payload_bytes())
+                                      ? " is cut short"
+                                      : " fails xxh3 (expected " + format::Hex64(c.xxh3()) +
+                                            ", got " + format::Hex64(actual) + ")");
+      }
+    }
+  }
+  std::sort(failed->begin(), failed->end());
+  return Status::Ok();
+}
+
+Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags) {
+  const uint64_t start = MonoNs();
+  CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore"));
+  std::string what = "restore '" + std::string(name) + "' of " + V(version);
+  if (flags != 0) return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
+  if (dst == nullptr && nbytes > 0) return Status::Invalid(what + ": dst is NULL");
+  std::lock_guard<std::mutex> read_lock(read_mu_);
+  std::vector<size_t> candidates;
+  std::string where;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+    if (live_.count(version)) {
+      return Status::State(what + ": the version is OPEN (being put or committed), not committed");
+    }
+    auto it = versions_.find(version);
+    if (it == versions_.end() || !it->second.has_record) {
+      return Status::NotFound(what + ": unknown version");
+    }
+    if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
+      return Status::State(what + ": the version is " + ckptdb_state_name(it->second.record.state) +
+                           ", not committed");
+    }
+    for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+      if (Durable(it->second, ti)) candidates.push_back(ti);
+    }
+    for (const ResidencyRecord& r : it->second.residency) {
+      where += (where.empty() ? "" : ", ") + r.tier + " " +
+               (r.state == CKPTDB_RESIDENT_MISSING   ? "missing"
+                : r.state == CKPTDB_RESIDENT_EVICTED ? "evicted"
+                : TierIndex(r.tier) < 0              ? "not configured"
+                                                     : "not durable");
+    }
+  }
+  if (candidates.empty()) {
+    return Status::NotFound(what + ": no configured tier holds a copy of the version (" +
+                            (where.empty() ? "no copies recorded" : where) + ")");
+  }
+  last_problem_.clear();
+  std::string errors;
+  uint32_t first = 0, count = 0;
+  bool laid_out = false;
+  std::vector<uint32_t> pending;
+  std::vector<uint64_t> payload;  // each chunk's bytes, for zeroing what no tier could supply
+  std::string served_by;
+  uint64_t read_by_tier[CKPTDB_MAX_TIERS] = {};
+  uint64_t chunk_failures = 0;
+  auto* out = static_cast<uint8_t*>(dst);
+  for (size_t ti : candidates) {
+    OpenSegment* seg = nullptr;
+    Status st = ReadSegment(version, ti, &seg);
+    if (!st.ok()) {
+      errors += (errors.empty() ? "" : "; ") + st.message();
+      continue;
+    }
+    const fb::Tensor* t = seg->reader->manifest().Find(name);
+    Status rs;
+    if (!laid_out) {
+      if (t == nullptr) {
+        rs = Status::NotFound(what + ": the version has no tensor by that name");
+      } else if (t->bytes() != nbytes) {
+        rs = Status::Size(what + ": the tensor is " + std::to_string(t->bytes()) +
+                          " bytes, the buffer is " + std::to_string(nbytes));
+      } else {
+        laid_out = true;
+        first = t->first_chunk();
+        count = t->chunk_count();
+        for (uint32_t c = first; c < first + count; ++c) {
+          pending.push_back(c);
+          payload.push_back(seg->reader->manifest().chunk(c).payload_bytes());
+        }
+      }
+    } else if (t == nullptr || t->first_chunk() != first || t->chunk_count() != count ||
+               t->bytes() != nbytes) {
+      errors +=
+          (errors.empty() ? "" : "; ") + seg->reader->what() + " lays the tensor out differently";
+      if (tiers_[ti].is_ram()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        Unpin(version);
+      }
+      continue;
+    }
+    std::vector<uint32_t> failed;
+    if (rs.ok()) rs = ReadChunks(seg, pending, first, out, &failed, &read_by_tier[ti]);
+    chunk_failures += failed.size();
+    if (tiers_[ti].is_ram()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Unpin(version);
+    }
+    if (!rs.ok()) {
+      if (rs.code() == CKPTDB_ENOTFOUND || rs.code() == CKPTDB_ESIZE) return rs;
+      // Nothing in the buffer can be vouched for after a queue failure.
+      if (nbytes > 0) std::memset(out, 0, nbytes);
+      return rs.WithContext(what + " (the buffer is zeroed)");
+    }
+    if (served_by.empty() && failed.size() < pending.size()) served_by = tiers_[ti].name();
+    pending = std::move(failed);
+    if (pending.empty()) break;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
+  if (!laid_out) return Status::Corrupt(what + ": no tier has a readable segment: " + errors);
+  stats_.checksum_failures += chunk_failures;
+  if (!pending.empty()) {
+    // Never wrong bytes: what no tier could supply is zeroed before the error is returned.
+    uint64_t off = 0;
+    size_t p = 0;
+    for (uint32_t c = first; c < first + count; ++c) {
+      if (p < pending.size() && pending[p] == c) {
+        std::memset(out + off, 0, payload[c - first]);
+        ++p;
+      }
+      off += payload[c - first];
+    }
+    return Status::Corrupt(what + ": " + std::to_string(pending.size()) + " of " +
+                           std::to_string(count) + " chunks have no good copy on any tier (" +
+                           last_problem_ + (errors.empty() ? "" : "; " + errors) +
+                           "); their bytes in the buffer are zeroed");
+  }
+  std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "%s",
+                served_by.empty() ? tiers_[candidates[0]].name().c_str() : served_by.c_str());
+  stats_.restore_calls++;
+  stats_.restore_bytes += nbytes;
+  stats_.restore_ns += MonoNs() - start;
+  return Status::Ok();
+}
+
+Status Db::Latest(uint64_t* version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  size_t committed = 0;
+  for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+    if (it->second.record.state != CKPTDB_STATE_COMMITTED) continue;
+    ++committed;
+    for (const ResidencyRecord& r : it->second.residency) {
+      if (r.state != CKPTDB_RESIDENT_DURABLE) continue;
+      int t = TierIndex(r.tier);
+      if (t < 0) continue;
+      uint64_t bytes = 0;
+      bool there = tiers_[t].is_ram() ? ram_images_.count(it->first) > 0
+                                      : io_->PathSize(r.path, &bytes).ok() && bytes == r.file_bytes;
+      if (there) {
+        *version = it->first;
+        return Status::Ok();
+      }
+    }
+  }
+  if (committed == 0) return Status::NotFound("no version has been committed in " + options_.root);
+  return Status::NotFound(std::to_string(committed) +
+                          " committed versions, but no configured tier still holds any of them");
+}
+
+Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
+  if (fn == nullptr) return Status::Invalid("list: fn is NULL");
+  std::lock_guard<std::mutex> read_lock(read_mu_);
+  std::vector<size_t> candidates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+    if (live_.count(version)) {
+      return Status::State("list " + V(version) + ": the version is OPEN, not committed");
+    }
+    auto it = versions_.find(version);
+    if (it == versions_.end() || !it->second.has_record) {
+      return Status::NotFound("list " + V(version) + ": unknown version");
+    }
+    if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
+      return Status::State("list " + V(version) + ": the version is " +
+                           ckptdb_state_name(it->second.record.state));
+    }
+    for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+      if (Durable(it->second, ti)) candidates.push_back(ti);
+    }
+  }
+  if (candidates.empty()) {
+    return Status::NotFound("list " + V(version) +
+                            ": no configured tier holds a copy of the version");
+  }
+  std::string errors;
+  for (size_t ti : candidates) {
+    OpenSegment* seg = nullptr;
+    Status st = ReadSegment(version, ti, &seg);
+    if (!st.ok()) {
+      errors += (errors.empty() ? "" : "; ") + st.message();
+      continue;
+    }
+    // The manifest is the reader's own copy: the listing does not need the pin.
+    if (tiers_[ti].is_ram()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Unpin(version);
+    }
+    const format::ManifestView& m = seg->reader->manifest();
+    for (uint32_t i = 0; i < m.tensor_count(); ++i) {
+      const fb::Tensor& t = m.tensor(i);
+      std::string name = t.name()->str();
+      ckptdb_tensor_desc d{};
+      d.name = name.c_str();
+      d.dtype = static_cast<int>(t.dtype());
+      d.ndim = t.shape() ? t.shape()->size() : 0;
+      d.shape = t.shape() ? t.shape()->data() : nullptr;
+      d.global_shape =
+          (t.global_shape() && t.global_shape()->size()) ? t.global_shape()->data() : nullptr;
+      d.global_offset =
+          (t.global_offset() && t.global_offset()->size()) ? t.global_offset()->data() : nullptr;
+      d.nbytes = t.bytes();
+      d.chunk_count = t.chunk_count();
+      if (fn(arg, &d) != 0) break;
+    }
+    return Status::Ok();
+  }
+  return Status::Corrupt("list " + V(version) + ": no tier has a readable manifest" +
+                         (errors.empty() ? "" : ": " + errors));
+}
+
+Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
+                  ckptdb_verify_report* report) {
+  std::lock_guard<std::mutex> read_lock(read_mu_);
+  ckptdb_verify_report rep{};
+  std::string tier_name;
+  struct Target {
+    uint64_t version;
+    ResidencyRecord res;
+    uint64_t manifest_xxh3;
+    int tier;  // index, -1 when the tier is not configured
+  };
+  std::vector<Target> targets;
+  uint64_t total = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+    if (tier != nullptr) {
+      // Any spelling of a tier that names it ("disk:/x/" is "disk:/x", "disk" the first disk
+      // tier, "ram"); options such as keep= are ignored for matching.
+      size_t index = 0;
+      if (ResolveTier(tier, &index).ok()) {
+        tier_name = tiers_[index].name();
+      } else {
+        tier_name = tier;
+        std::vector<io::TierSpec> parsed;
+        std::error_code ec;
+        if (io::ParseTierSpecs(tier, std::filesystem::current_path(ec).string(), &parsed).ok() &&
+            parsed.size() == 1) {
+          tier_name = parsed[0].name;
+        }
+        bool known = false;
+        for (const auto& [v, e] : versions_) {
+          for (const ResidencyRecord& r : e.residency) known |= r.tier == tier_name;
+        }
+        if (!known) {
+          std::string names;
+          for (const TierState& t : tiers_) names += (names.empty() ? "" : ", ") + t.name();
+          return Status::NotFound(std::string("verify: no tier named '") + tier +
+                                  "' (tiers: " + names + ")");
+        }
+      }
+    }
+    if (version != CKPTDB_ALL_VERSIONS) {
+      if (live_.count(version)) {
+        return Status::State("verify " + V(version) + ": the version is OPEN, not committed");
+      }
+      auto it = versions_.find(version);
+      if (it == versions_.end() || !it->second.has_record) {
+        return Status::NotFound("verify " + V(version) + ": unknown version");
+      }
+      if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
+        return Status::State("verify " + V(version) + ": the version is " +
+                             ckptdb_state_name(it->second.record.state) +
+                             "; only committed versions have segments to check");
+      }
+    }
+    for (const auto& [v, e] : versions_) {
+      if (version != CKPTDB_ALL_VERSIONS && v != version) continue;
+      if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+      for (const ResidencyRecord& r : e.residency) {
+        if (tier != nullptr && r.tier != tier_name) continue;
+        if (r.state != CKPTDB_RESIDENT_DURABLE && r.state != CKPTDB_RESIDENT_MISSING) continue;
+        targets.push_back({v, r, e.record.manifest_xxh3, TierIndex(r.tier)});
+        total += r.file_bytes;
+      }
+    }
+  }
+  uint64_t done_bytes = 0;
+  auto emit = [&](int kind, const Target& t, int64_t chunk, uint64_t offset, uint64_t expected,
+                  uint64_t actual, const std::string& message) {
+    if (kind == CKPTDB_VERIFY_PROBLEM) rep.problems++;
+    if (fn == nullptr) return;
+    ckptdb_verify_event ev{};
+    ev.kind = kind;
+    ev.version = t.version;
+    ev.tier = t.res.tier.c_str();
+    ev.path = t.res.path.c_str();
+    ev.chunk_index = chunk;
+    ev.file_offset = offset;
+    ev.expected_xxh3 = expected;
+    ev.actual_xxh3 = actual;
+    ev.message = message.c_str();
+    ev.bytes_done = done_bytes;
+    ev.bytes_total = total;
+    fn(arg, &ev);
+  };
+  std::vector<uint8_t> scratch;
+  for (const Target& t : targets) {
+    const bool ram = t.tier >= 0 && tiers_[t.tier].is_ram();
+    std::string what = "tier " + t.res.tier + ", " + V(t.version) + ", " +
+                       (ram ? "arena " : "segment ") + t.res.path;
+    uint64_t before = rep.problems;
+    int fd = -1;
+    uint64_t size = 0;
+    format::ReadAtFn read;
+    RamImage image;
+    Status st;
+    if (ram) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = ram_images_.find(t.version);
+      if (it == ram_images_.end()) {
+        st = Status::NotFound(
+            "the arena no longer holds it (a new arena, after a reboot, or "
+            "evicted since this handle opened)");
+      } else {
+        image = it->second;
+        Pin(t.version);
+      }
+    } else if (IsRamName(t.res.tier)) {
+      st = Status::NotFound("the ram tier is not configured in this handle");
+    } else {
+      bool direct = false;
+      st = io_->Open(t.res.path, io::OpenOptions{}, &fd, &direct);
+    }
+    if (!st.ok()) {
+      emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, what + ": cannot be opened: " + st.message());
+      done_bytes += t.res.file_bytes;
+      continue;
+    }
+    if (ram) {
+      const RamTier* r = tiers_[t.tier].ram.get();
+      size = image.file_bytes;
+      read = [r, &image, what](uint64_t off, void* buf, size_t len) {
+        return r->ReadAt(image, off, buf, len, what);
+      };
+    } else {
+      st = io_->FileSize(fd, &size);
+      io::IoQueue* q = read_queue_.get();
+      read = [q, fd, what](uint64_t off, void* buf, size_t len) {
+        return io::ReadAt(*q, fd, off, buf, len, what);
+      };
+      if (st.ok() && size != t.res.file_bytes) {
+        emit(CKPTDB_VERIFY_PROBLEM, t, -1, size, 0, 0,
+             what + ": the file is " + std::to_string(size) + " bytes, the catalog recorded " +
+                 std::to_string(t.res.file_bytes));
+      }
+    }
+    std::unique_ptr<format::SegmentReader> reader;
+    if (st.ok()) st = format::SegmentReader::Open(what, size, read, &reader);
+    if (!st.ok()) {
+      emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, st.message());
+      // Without a manifest, framing still tells which chunks are intact (DESIGN.md section 4).
+      Status scan = format::ScanSegment(
+          what, size, read,
+          [&](const format::ScannedRecord& r) {
+            bool chunk = r.header.type == format::RecordType::kChunk;
+            if (chunk) {
+              rep.chunks_checked++;
+              rep.bytes_checked += r.header.payload_bytes;
+            }
+            if (r.actual_xxh3 != r.header.payload_xxh3) {
+              std::string label = chunk ? "chunk " + std::to_string(r.header.sequence)
+                                        : std::string("manifest record");
+              emit(CKPTDB_VERIFY_PROBLEM, t, chunk ? r.header.sequence : -1, r.offset,
+                   r.header.payload_xxh3, r.actual_xxh3,
+                   what + ": " + label + " at offset " + std::to_string(r.offset) +
+                       " fails xxh3 (expected " + format::Hex64(r.header.payload_xxh3) + ", got " +
+                       format::Hex64(r.actual_xxh3) + ")");
+            }
+          },
+          &scratch);
+      if (!scan.ok()) emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, scan.message());
+    } else {
+      if (reader->footer().manifest_xxh3 != t.manifest_xxh3) {
+        emit(CKPTDB_VERIFY_PROBLEM, t, -1, reader->footer().manifest_offset, t.manifest_xxh3,
+             reader->footer().manifest_xxh3,
+             what + ": the manifest's xxh3 differs from the one the catalog recorded at commit");
+      }
+      for (uint32_t c = 0; c < reader->manifest().chunk_count(); ++c) {
+        format::ChunkProblem p;
+        Status cs = reader->CheckChunk(c, &scratch, &p);
+        rep.chunks_checked++;
+        rep.bytes_checked += reader->manifest().chunk(c).payload_bytes();
+        done_bytes += format::RecordBytes(reader->manifest().chunk(c).payload_bytes());
+        if (!cs.ok()) {
+          emit(CKPTDB_VERIFY_PROBLEM, t, c, p.file_offset, p.expected_xxh3, p.actual_xxh3,
+               cs.message());
+        } else {
+          emit(CKPTDB_VERIFY_PROGRESS, t, c, p.file_offset, 0, 0, "");
+        }
+      }
+    }
+    if (fd >= 0) (void)io_->Close(fd);
+    if (ram) {
+      std::lock_guard<std::mutex> lock(mu_);
+      Unpin(t.version);
+    }
+    done_bytes = std::min(total, done_bytes);
+    rep.segments_checked++;
+    if (rep.problems == before) emit(CKPTDB_VERIFY_OK, t, -1, 0, 0, 0, what + ": clean");
+  }
+  if (report != nullptr) *report = rep;
+  if (rep.problems > 0) {
+    return Status::Corrupt("verify found " + std::to_string(rep.problems) + " problem(s) in " +
+                           std::to_string(rep.segments_checked) + " segment(s)");
+  }
+  return Status::Ok();
+}
+
+// ---- Figures -----------------------------------------------------------------------------------
+
+Status Db::Stats(ckptdb_stats_t* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *out = stats_;
+  if (options_.read_only) {
+    // The tools see the figures the catalog keeps: the sums over the versions it holds.
+    for (const auto& [version, e] : versions_) {
+      if (!e.has_stats) continue;
+      const VersionStatsRecord& s = e.stats;
+      out->put_calls += s.put_calls;
+      out->put_bytes += s.bytes;
+      out->put_blocked_ns += s.put_blocked_ns;
+      out->wait_capture_blocked_ns += s.wait_capture_blocked_ns;
+      out->capture_bytes += s.bytes;
+      out->capture_ns += s.capture_ns;
+      out->commits++;
+      out->commit_blocked_ns += s.commit_blocked_ns;
+      out->backpressure_waits += s.backpressure_waits;
+      out->backpressure_wait_ns += s.backpressure_wait_ns;
+      out->direct_chunks += s.direct_chunks;
+      out->staging_high_water_bytes =
+          std::max(out->staging_high_water_bytes, s.staging_high_water_bytes);
+      out->fsyncs += s.fsyncs;
+    }
+  }
+  out->staging_bytes = staging_bytes_;
+  if (ring_) out->staging_high_water_bytes = ring_->high_water_bytes();
+  out->fixed_buffers = fixed_buffers_ ? 1 : 0;
+  out->tier_count = static_cast<uint32_t>(std::min<size_t>(tiers_.size(), CKPTDB_MAX_TIERS));
+  for (size_t i = 0; i < out->tier_count; ++i) {
+    const TierState& t = tiers_[i];
+    ckptdb_tier_stats& ts = out->tiers[i];
+    ts = ckptdb_tier_stats{};
+    std::snprintf(ts.name, sizeof ts.name, "%s", t.name().c_str());
+    ts.kind_ram = t.is_ram() ? 1 : 0;
+    ts.direct_io = t.dir && t.dir->direct() ? 1 : 0;
+    ts.bytes_written = t.bytes_written;
+    ts.write_ns = t.write_ns;
+    ts.bytes_read = t.bytes_read;
+    ts.fsyncs = t.fsyncs;
+    ts.demotions = t.demotions;
+    ts.evictions = t.evictions;
+    ts.demotion_failures = t.demotion_failures;
+    ts.pending_bytes = PendingBytes(i);
+    if (t.is_ram()) {
+      ts.capacity_bytes = t.ram->capacity();
+      ts.high_water_bytes = t.ram->high_water_bytes();
+    }
+    for (const auto& [version, e] : versions_) {
+      if (e.record.state == CKPTDB_STATE_COMMITTED && Durable(e, i)) {
+        ts.resident_versions++;
+        ts.resident_bytes += e.record.data_bytes;
+      }
+    }
+    if (options_.read_only) {
+      for (const auto& [version, e] : versions_) {
+        for (const VersionStatsRecord::Tier& vt : e.stats.tiers) {
+          if (vt.name != t.name()) continue;
+          ts.bytes_written += vt.bytes_written;
+          ts.write_ns += vt.write_ns;
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Db::GetVersionStats(uint64_t version, ckptdb_version_stats_t* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  const VersionStatsRecord* s = nullptr;
+  if (auto live = live_.find(version); live != live_.end()) {
+    s = &live->second.stats;
+  } else if (auto it = versions_.find(version); it != versions_.end() && it->second.has_stats) {
+    s = &it->second.stats;
+  }
+  if (s == nullptr) {
+    return Status::NotFound("version_stats " + V(version) +
+                            ": no figures (never put in this store, or pruned with its record)");
+  }
+  *out = ckptdb_version_stats_t{};
+  out->version = version;
+  out->bytes = s->bytes;
+  out->put_calls = s->put_calls;
+  out->put_blocked_ns = s->put_blocked_ns;
+  out->wait_capture_blocked_ns = s->wait_capture_blocked_ns;
+  out->commit_blocked_ns = s->commit_blocked_ns;
+  out->capture_ns = s->capture_ns;
+  out->commit_ns = s->commit_ns;
+  out->backpressure_waits = s->backpressure_waits;
+  out->backpressure_wait_ns = s->backpressure_wait_ns;
+  out->direct_chunks = s->direct_chunks;
+  out->staging_high_water_bytes = s->staging_high_water_bytes;
+  out->fsyncs = s->fsyncs;
+  out->tier_count = static_cast<uint32_t>(std::min<size_t>(tiers_.size(), CKPTDB_MAX_TIERS));
+  for (const VersionStatsRecord::Tier& t : s->tiers) {
+    int i = TierIndex(t.name);
+    if (i < 0 || i >= CKPTDB_MAX_TIERS) continue;
+    out->tier_bytes_written[i] += t.bytes_written;
+    out->tier_write_ns[i] += t.write_ns;
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt::engine

@@ -1,0 +1,139 @@
+#include "format/ram_format.h"
+
+#include <cstring>
+
+#include "format/checksum.h"
+#include "format/segment_format.h"
+#include "util/assert.h"
+
+namespace ckpt::format {
+namespace {
+
+template <typename T>
+void Put(uint8_t* base, size_t offset, T v) {
+  std::memcpy(base + offset, &v, sizeof(T));
+}
+template <typename T>
+T Get(const uint8_t* base, size_t offset) {
+  T v;
+  std::memcpy(&v, base + offset, sizeof(T));
+  return v;
+}
+uint64_t Magic(const char* m) {
+  uint64_t v;
+  std::memcpy(&v, m, 8);
+  return v;
+}
+
+constexpr char kArenaMagic[9] = "CKPTRAM1";
+constexpr char kIndexMagic[9] = "CKPTRIX1";
+constexpr size_t kChecked = 56;  // both headers' checksums cover bytes [0, 56)
+
+}  // namespace
+
+void EncodeArenaHeader(const ArenaHeader& h, std::span<uint8_t, kArenaHeaderBytes> out) {
+  uint8_t* p = out.data();
+  std::memset(p, 0, kArenaHeaderBytes);
+  Put<uint64_t>(p, 0, Magic(kArenaMagic));
+  Put<uint32_t>(p, 8, h.format_version);
+  Put<uint32_t>(p, 12, h.rank);
+  Put<uint64_t>(p, 16, h.job_id);
+  Put<uint64_t>(p, 24, h.capacity_bytes);
+  Put<uint64_t>(p, 32, h.generation);
+  Put<uint64_t>(p, 40, h.created_unix_ns);
+  Put<uint64_t>(p, 56, Xxh3(p, kChecked));
+}
+
+Status DecodeArenaHeader(std::span<const uint8_t, kArenaHeaderBytes> in, const std::string& what,
+                         ArenaHeader* h) {
+  const uint8_t* p = in.data();
+  if (Get<uint64_t>(p, 0) != Magic(kArenaMagic)) {
+    return Status::Corrupt(what + ": not a ckptdb ram arena (bad magic at offset 0)");
+  }
+  uint64_t expected = Get<uint64_t>(p, 56);
+  uint64_t actual = Xxh3(p, kChecked);
+  if (expected != actual) {
+    return Status::Corrupt(what + ": arena header fails xxh3 (expected " + Hex64(expected) +
+                           ", got " + Hex64(actual) + ")");
+  }
+  h->format_version = Get<uint32_t>(p, 8);
+  if (h->format_version != kRamFormatVersion) {
+    return Status::NotSupported(what + ": arena format version " +
+                                std::to_string(h->format_version) + ", this build reads " +
+                                std::to_string(kRamFormatVersion));
+  }
+  h->rank = Get<uint32_t>(p, 12);
+  h->job_id = Get<uint64_t>(p, 16);
+  h->capacity_bytes = Get<uint64_t>(p, 24);
+  h->generation = Get<uint64_t>(p, 32);
+  h->created_unix_ns = Get<uint64_t>(p, 40);
+  if (Get<uint64_t>(p, 48) != 0) return Status::Corrupt(what + ": arena header reserved field set");
+  return Status::Ok();
+}
+
+void EncodeRamIndex(const RamIndex& index, std::span<uint8_t> out) {
+  const uint64_t n = index.entries.size();
+  CKPTDB_ASSERT(n <= UINT32_MAX && out.size() >= RamIndexBytes(n));
+  uint8_t* p = out.data();
+  uint8_t* e = p + kRamIndexHeaderBytes;
+  for (uint64_t i = 0; i < n; ++i) {
+    Put<uint64_t>(e, i * kRamIndexEntryBytes, index.entries[i].logical_offset);
+    Put<uint64_t>(e, i * kRamIndexEntryBytes + 8, index.entries[i].arena_offset);
+    Put<uint64_t>(e, i * kRamIndexEntryBytes + 16, index.entries[i].bytes);
+  }
+  std::memset(p, 0, kRamIndexHeaderBytes);
+  Put<uint64_t>(p, 0, Magic(kIndexMagic));
+  Put<uint64_t>(p, 8, index.version);
+  Put<uint32_t>(p, 16, index.rank);
+  Put<uint32_t>(p, 20, static_cast<uint32_t>(n));
+  Put<uint64_t>(p, 24, index.file_bytes);
+  Put<uint64_t>(p, 32, index.generation);
+  Put<uint64_t>(p, 40, index.job_id);
+  Put<uint64_t>(p, 48, Xxh3(e, n * kRamIndexEntryBytes));
+  Put<uint64_t>(p, 56, Xxh3(p, kChecked));
+}
+
+Status DecodeRamIndex(std::span<const uint8_t> in, uint32_t max_entries, const std::string& what,
+                      RamIndex* index) {
+  if (in.size() < kRamIndexHeaderBytes) {
+    return Status::Corrupt(what + ": index region of " + std::to_string(in.size()) +
+                           " bytes is shorter than its 64-byte header");
+  }
+  const uint8_t* p = in.data();
+  if (Get<uint64_t>(p, 0) != Magic(kIndexMagic)) {
+    return Status::Corrupt(what + ": no ram index here (bad magic)");
+  }
+  uint64_t expected = Get<uint64_t>(p, 56);
+  uint64_t actual = Xxh3(p, kChecked);
+  if (expected != actual) {
+    return Status::Corrupt(what + ": ram index header fails xxh3 (expected " + Hex64(expected) +
+                           ", got " + Hex64(actual) + ")");
+  }
+  const uint32_t n = Get<uint32_t>(p, 20);
+  if (n > max_entries || RamIndexBytes(n) > in.size()) {
+    return Status::Corrupt(what + ": ram index lists " + std::to_string(n) +
+                           " records, more than its region of " + std::to_string(in.size()) +
+                           " bytes holds");
+  }
+  const uint8_t* e = p + kRamIndexHeaderBytes;
+  expected = Get<uint64_t>(p, 48);
+  actual = Xxh3(e, uint64_t{n} * kRamIndexEntryBytes);
+  if (expected != actual) {
+    return Status::Corrupt(what + ": ram index entries fail xxh3 (expected " + Hex64(expected) +
+                           ", got " + Hex64(actual) + ")");
+  }
+  index->version = Get<uint64_t>(p, 8);
+  index->rank = Get<uint32_t>(p, 16);
+  index->file_bytes = Get<uint64_t>(p, 24);
+  index->generation = Get<uint64_t>(p, 32);
+  index->job_id = Get<uint64_t>(p, 40);
+  index->entries.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    index->entries[i].logical_offset = Get<uint64_t>(e, i * kRamIndexEntryBytes);
+    index->entries[i].arena_offset = Get<uint64_t>(e, i * kRamIndexEntryBytes + 8);
+    index->entries[i].bytes = Get<uint64_t>(e, i * kRamIndexEntryBytes + 16);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt::format
