@@ -145,8 +145,15 @@ Status Db::LiveVersionFor(uint64_t version, LiveVersion** out) {
     return Status::State(V(version) + ": " + std::to_string(live_.size()) +
                          " versions are already open (the most at once); commit or abort some");
   }
+  if (auto failed = outcomes_.find(version);
+      failed != outcomes_.end() && !failed->second.may_put_again) {
+    const Status& why = failed->second.status;
+    if (why.code() == CKPTDB_ESKIPPED) return why;
+    return why.WithContext(V(version) + " failed; put its shards into a new version");
+  }
   LiveVersion& v = live_[version];
   v.version = version;
+  v.generation = next_generation_++;
   v.created_unix_ns = NowNs();
   v.first_put_mono_ns = MonoNs();
   v.ram = tiers_[0].is_ram();
@@ -223,15 +230,17 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
       }
     }
     if (tasks_.size() > 0) work_cv_.notify_all();
+    const uint64_t generation = v->generation;
     for (uint32_t index : mine) {
       auto live = live_.find(version);
-      if (live == live_.end()) break;
+      CKPTDB_ASSERT(live != live_.end());  // its uncaptured chunks keep it live
       CaptureChunk(lock, &live->second, index);
     }
-    // Chunks a worker took before this thread could are waited for.
+    // Chunks a worker took before this thread could are waited for (in this very version: the
+    // number may have been aborted and put again meanwhile).
     state_cv_.wait(lock, [&] {
       auto live = live_.find(version);
-      if (live == live_.end()) return true;
+      if (live == live_.end() || live->second.generation != generation) return true;
       for (uint32_t i = first; i < end; ++i) {
         Home h = live->second.chunks[i].home;
         if (h == Home::kQueued || h == Home::kCopying || h == Home::kDirect) return false;
@@ -239,7 +248,9 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
       return true;
     });
     auto live = live_.find(version);
-    if (live != live_.end() && !live->second.error.ok()) result = live->second.error;
+    if (live != live_.end() && live->second.generation == generation && !live->second.error.ok()) {
+      result = live->second.error;
+    }
   } else {
     work_cv_.notify_all();
   }
@@ -332,6 +343,8 @@ Status Db::Commit(uint64_t version, unsigned flags) {
   }
   if (auto known = versions_.find(version); known != versions_.end()) {
     known->second.stats.commit_blocked_ns += blocked;
+    stats_dirty_.insert(version);  // the manager records it
+    WakeManager();
     if (known->second.record.state == CKPTDB_STATE_COMMITTED) return Status::Ok();
   }
   if (!poisoned_.ok()) return poisoned_;
@@ -508,6 +521,7 @@ void Db::FinishChunkLocked(LiveVersion* v, ChunkSlot* c) {
         ring_->Free(c->region);
       }
       c->region = {};
+      WakeManager();  // a commit or demotion may wait for the space
     }
     if (!v->ram) v->unwritten--;
   }
@@ -550,7 +564,9 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
   if (options_.backpressure == Backpressure::kDirect && !v->ram) {
     // Written to tier 0 straight from the caller's buffer; its header block comes from a small
     // pool. wait_capture waits for the write, which reads the caller's buffer.
-    state_cv_.wait(lock, [&] { return !free_direct_headers_.empty() || !v->error.ok(); });
+    state_cv_.wait(lock, [&] {
+      return !free_direct_headers_.empty() || !v->error.ok() || v->abort_requested || stopping_;
+    });
     if (!v->error.ok() || v->abort_requested) {
       c.home = Home::kDropped;
       FinishChunkLocked(v, &c);
@@ -588,15 +604,26 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
   const uint64_t wait_start = MonoNs();
   space_waiters_++;
   v->space_waiting++;
+  if (v->ram) v->arena_waiters[index] = tiers_[0].ram->frees();
   WakeManager();
   bool got = false;
   state_cv_.wait(lock, [&] {
     if (!v->error.ok() || v->abort_requested || stopping_) return true;
     got = allocate();
+    if (!got && v->ram) {
+      // Tried again after the last free and still short: tell the manager, which decides
+      // whether anything can ever free enough.
+      uint64_t frees = tiers_[0].ram->frees();
+      if (v->arena_waiters[index] != frees) {
+        v->arena_waiters[index] = frees;
+        WakeManager();
+      }
+    }
     return got;
   });
   space_waiters_--;
   v->space_waiting--;
+  if (v->ram) v->arena_waiters.erase(index);
   const uint64_t waited = MonoNs() - wait_start;
   stats_.backpressure_wait_ns += waited;
   v->stats.backpressure_wait_ns += waited;
@@ -632,7 +659,7 @@ void Db::FailLocked(LiveVersion* v, const Status& st) {
   CKPTDB_ASSERT(!st.ok());
   if (v->error.ok()) {
     v->error = st;
-    RememberOutcome(v->version, st);
+    RememberOutcome(v->version, st, /*may_put_again=*/false);
   }
   v->abort_requested = true;
   DropQueuedLocked(v);
@@ -647,16 +674,17 @@ void Db::SkipLocked(LiveVersion* v, const std::string& why) {
   FailLocked(v, Status::Skipped(why));
 }
 
-void Db::RememberOutcome(uint64_t version, const Status& st) {
-  outcomes_[version] = st;
+void Db::RememberOutcome(uint64_t version, const Status& st, bool may_put_again) {
+  outcomes_[version] = {st, may_put_again};
   while (outcomes_.size() > kMaxOutcomes) outcomes_.erase(outcomes_.begin());
 }
 
 std::optional<Status> Db::FindOutcome(uint64_t version, const std::string& what) const {
   auto it = outcomes_.find(version);
   if (it == outcomes_.end()) return std::nullopt;
-  if (it->second.code() == CKPTDB_ESKIPPED) return it->second;
-  return it->second.WithContext(what);
+  const Status& st = it->second.status;
+  if (st.code() == CKPTDB_ESKIPPED) return st;
+  return st.WithContext(what);
 }
 
 Status Db::Outcome(uint64_t version, const std::string& what) const {

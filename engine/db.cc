@@ -414,6 +414,8 @@ Status Db::CheckNotClosed() const {
 }
 
 Status Db::Close() {
+  // Readers finish first: they use the read queue, the segment cache and the tiers freed below.
+  std::lock_guard<std::mutex> read_lock(read_mu_);
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_ || closing_) return Status::Ok();
   closing_ = true;
@@ -424,9 +426,10 @@ Status Db::Close() {
     for (auto& [version, v] : live_) {
       if (!v.commit_requested && !v.abort_requested) {
         v.abort_requested = true;
-        RememberOutcome(version, Status::State("version " + std::to_string(version) +
-                                               " was aborted: the store was closed before it "
-                                               "was committed"));
+        RememberOutcome(version,
+                        Status::State("version " + std::to_string(version) +
+                                      " was aborted: the store was closed before it was committed"),
+                        /*may_put_again=*/true);
         DropQueuedLocked(&v);
       }
     }
@@ -476,8 +479,10 @@ Status Db::Abort(uint64_t version) {
     }
     if (!v.abort_requested) {
       v.abort_requested = true;
-      RememberOutcome(version, Status::State("version " + std::to_string(version) +
-                                             " was aborted by the caller"));
+      RememberOutcome(
+          version,
+          Status::State("version " + std::to_string(version) + " was aborted by the caller"),
+          /*may_put_again=*/true);
       DropQueuedLocked(&v);
       WakeManager();
     }

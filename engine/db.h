@@ -177,6 +177,11 @@ class Db {
     CommitPhase phase = CommitPhase::kNone;
     uint64_t commit_requested_mono_ns = 0;
     uint64_t space_waiting = 0;  // this version's chunks waiting for staging memory
+    // Arena waiters (chunk index, or kCommitWaiter for the commit's own regions) and the arena's
+    // frees() at their last failed attempt: one that has not retried since space was freed may
+    // still succeed, so the manager does not call the wait a deadlock yet.
+    std::map<uint32_t, uint64_t> arena_waiters;
+    uint64_t generation = 0;  // tells a version number put again after an abort from the first
     // Commit state (the manager).
     std::vector<uint8_t> manifest;
     uint64_t manifest_xxh3 = 0;
@@ -212,12 +217,17 @@ class Db {
     struct Record {
       uint64_t offset = 0;
       uint64_t bytes = 0;
-      int64_t chunk = -1;          // the chunk index, -1 for the header block and the tail
-      StagingRing::Region ring{};  // directory source: where it was read to
-      bool read_done = false;      // directory source: the read completed, to check and write
-      bool written = false;        // its write was submitted
+      int64_t chunk = -1;                // the chunk index, -1 for the header block and the tail
+      StagingRing::Region ring{};        // directory source: where it was read to
+      bool read_done = false;            // directory source: the read completed, to check and write
+      bool written = false;              // its write was submitted
+      const uint8_t* encoded = nullptr;  // the header block or tail: written from `encoded`
     };
     std::vector<Record> records;
+    // The header block and the tail, encoded again from the source's checked header, footer and
+    // manifest rather than copied: what is written is what was verified.
+    std::unique_ptr<uint8_t, void (*)(void*)> head{nullptr, std::free};
+    std::unique_ptr<uint8_t, void (*)(void*)> tail{nullptr, std::free};
     size_t next = 0;  // the next record to start
     uint32_t in_flight = 0;
     bool syncing = false;
@@ -284,7 +294,7 @@ class Db {
   void RunParallel(size_t count, std::function<void(size_t)> fn);
   std::optional<Status> FindOutcome(uint64_t version, const std::string& what) const;
   Status Outcome(uint64_t version, const std::string& what) const;
-  void RememberOutcome(uint64_t version, const Status& st);
+  void RememberOutcome(uint64_t version, const Status& st, bool may_put_again);
 
   // manager.cc
   void ManagerLoop();
@@ -292,6 +302,7 @@ class Db {
   bool ManagerStepLocked(std::unique_lock<std::mutex>& lock);
   Status OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   void SubmitWrites(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  void DropUnwrittenLocked(LiveVersion* v);
   void HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r);
   bool RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   Status DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
@@ -305,7 +316,6 @@ class Db {
   void RetireLocked(std::unique_lock<std::mutex>& lock);
   void DetectStagingDeadlockLocked();
   Status SubmitRequest(io::IoRequest request, Request meta);
-  void PersistStatsLocked(uint64_t version);
 
   // Tier policy (policy.cc): which tiers want which committed versions.
   bool Wants(size_t tier, uint64_t version) const;
@@ -363,13 +373,22 @@ class Db {
   Status poisoned_;            // set when the outcome of a commit is unknown: only Close is allowed
 
   std::map<uint64_t, VersionEntry> versions_;  // the catalog's view
+  static constexpr uint32_t kCommitWaiter = UINT32_MAX;
   std::map<uint64_t, LiveVersion> live_;
-  std::map<uint64_t, Status> outcomes_;  // failed, skipped or aborted versions, newest 64
+  // Failed, skipped or aborted versions, newest kMaxOutcomes. A version that failed or was
+  // skipped may not be put again: the rest of its shards would make a checkpoint without the
+  // first ones. One its caller aborted may.
+  struct Finished {
+    Status status;
+    bool may_put_again = false;
+  };
+  std::map<uint64_t, Finished> outcomes_;
   std::deque<Task> tasks_;
   std::map<uint64_t, RamImage> ram_images_;  // committed copies in the arena
   std::map<uint64_t, uint32_t> ram_pins_;    // readers of a ram copy
   uint64_t space_waiters_ = 0;               // workers blocked on staging memory
-  uint64_t ram_reserve_bytes_ = 0;           // arena space the next version is likely to need
+  uint64_t next_generation_ = 1;
+  uint64_t ram_reserve_bytes_ = 0;  // arena space the next version is likely to need
   std::optional<Demotion> demotion_;
   // Demotions that failed, by (version, target): the sources that failed, and the last error.
   // A target with no source left is given up until the next open.

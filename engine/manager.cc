@@ -88,11 +88,16 @@ void Db::WakeManager() {
   CKPTDB_ASSERT(n == sizeof one);  // an eventfd write fails only on counter overflow
 }
 
+// Hands one request to the queue. When Submit fails after the request was queued (the final
+// io_uring_submit refused, the entry is prepared and goes with the next), it still completes
+// through Reap: it is kept and reported submitted.
 Status Db::SubmitRequest(io::IoRequest request, Request meta) {
   const uint64_t tag = next_request_++;
   request.tag = tag;
   requests_.emplace(tag, meta);
+  const size_t before = queue_->outstanding();
   Status st = queue_->Submit(std::span<const io::IoRequest>(&request, 1));
+  if (!st.ok() && queue_->outstanding() > before) return Status::Ok();
   if (!st.ok()) requests_.erase(tag);
   return st;
 }
@@ -121,10 +126,8 @@ void Db::ManagerLoop() {
     std::vector<io::IoCompletion> done;
     Status st = queue_->Reap(progress ? 0 : 1, &done, -1);
     lock.lock();
-    if (!st.ok()) {
-      std::fprintf(stderr, "ckptdb: tier manager: %s\n", st.ToString().c_str());
-      continue;
-    }
+    // What Reap returned counts even when it also failed.
+    if (!st.ok()) std::fprintf(stderr, "ckptdb: tier manager: %s\n", st.ToString().c_str());
     for (const io::IoCompletion& c : done) {
       auto it = requests_.find(c.tag);
       CKPTDB_ASSERT(it != requests_.end());
@@ -146,10 +149,16 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
     auto it = live_.find(version);
     if (it == live_.end()) continue;
     LiveVersion* v = &it->second;
+    if (!poisoned_.ok() && v->error.ok()) FailLocked(v, poisoned_);
     if (v->abort_requested) {
+      // Chunks waiting for the manager's write are dropped: direct ones still count as
+      // uncaptured (they hold the caller's buffer and a header block), ring ones hold a region.
+      if (!v->to_write.empty()) {
+        DropUnwrittenLocked(v);
+        progress = true;
+      }
       bool demoting = demotion_ && demotion_->version == version;
-      bool idle = v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting &&
-                  v->phase != CommitPhase::kTail && v->phase != CommitPhase::kSync;
+      bool idle = v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting;
       if (idle) {
         FinishAbort(lock, v);
         progress = true;
@@ -182,8 +191,19 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
   progress |= EvictLocked(lock);
   DetectStagingDeadlockLocked();
   if (!stats_dirty_.empty()) {
-    for (uint64_t version : std::set<uint64_t>(stats_dirty_)) PersistStatsLocked(version);
+    CatalogBatch batch;
+    for (uint64_t version : stats_dirty_) {
+      auto it = versions_.find(version);
+      if (it != versions_.end() && it->second.has_stats) {
+        batch.put_stats.emplace_back(version, it->second.stats);
+      }
+    }
     stats_dirty_.clear();
+    lock.unlock();
+    // Not synced: figures are not decisions.
+    Status st = catalog_->Apply(batch, /*sync=*/false);
+    lock.lock();
+    if (!st.ok()) std::fprintf(stderr, "ckptdb: recording figures: %s\n", st.ToString().c_str());
   }
   if (closing_ && !manager_idle_ && live_.empty() && requests_.size() == 1 && !demotion_) {
     // Close waits for this: nothing in flight, and no demotion left to drain (when draining).
@@ -282,8 +302,53 @@ Status Db::OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
 
 // ---- Writing chunks to the first tier's file ---------------------------------------------------
 
+void Db::DropUnwrittenLocked(LiveVersion* v) {
+  std::vector<uint32_t> pending;
+  pending.swap(v->to_write);
+  for (uint32_t index : pending) {
+    ChunkSlot& c = v->chunks[index];
+    if (c.home == Home::kDirect) {
+      free_direct_headers_.push_back(c.header_block);
+      c.header_block = UINT32_MAX;
+      c.home = Home::kDropped;
+      FinishChunkLocked(v, &c);  // gives back the caller's buffer; counts it unwritten
+    } else {
+      CKPTDB_ASSERT(c.home == Home::kStaged);
+      ring_->Free(c.region);
+      c.region = {};
+      c.home = Home::kDropped;
+      v->unwritten--;
+    }
+  }
+  state_cv_.notify_all();
+}
+
 void Db::SubmitWrites(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   const uint64_t version = v->version;
+  // O_DIRECT needs the caller's buffer and length aligned; otherwise a direct chunk's payload
+  // goes through a buffered descriptor of the same file (the ranges never share a page).
+  auto aligned = [](const ChunkSlot& c) {
+    return reinterpret_cast<uintptr_t>(c.src) % kBlockBytes == 0 &&
+           c.payload_bytes % kBlockBytes == 0;
+  };
+  if (v->fd_direct && v->buffered_fd < 0 &&
+      std::any_of(v->to_write.begin(), v->to_write.end(), [&](uint32_t i) {
+        return v->chunks[i].home == Home::kDirect && !aligned(v->chunks[i]);
+      })) {
+    const std::string path = tiers_[0].dir->TempPath(version, identity_.rank);
+    lock.unlock();
+    io::OpenOptions o;
+    o.mode = io::OpenOptions::Mode::kWrite;
+    int fd = -1;
+    Status st = io_->Open(path, o, &fd, nullptr);
+    lock.lock();
+    if (!st.ok()) {
+      // The abort drops the chunks still waiting here (DropUnwrittenLocked).
+      FailLocked(v, st.WithContext("direct writes of " + V(version)));
+      return;
+    }
+    v->buffered_fd = fd;
+  }
   size_t room = FreeRequestSlots(requests_.size(), options_.queue_depth);
   std::vector<std::pair<io::IoRequest, Request>> batch;
   while (!v->to_write.empty() && batch.size() + 2 <= room) {
@@ -302,28 +367,8 @@ void Db::SubmitWrites(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
       batch.push_back({r, Request{RequestKind::kChunk, version, index, c.region.bytes}});
     } else {
       CKPTDB_ASSERT(c.home == Home::kDirect);
-      // O_DIRECT needs the caller's buffer and length aligned; otherwise the payload goes
-      // through a buffered descriptor of the same file (the ranges never share a page).
-      bool aligned = reinterpret_cast<uintptr_t>(c.src) % kBlockBytes == 0 &&
-                     c.payload_bytes % kBlockBytes == 0;
-      int payload_fd = v->fd;
-      if (v->fd_direct && !aligned) {
-        if (v->buffered_fd < 0) {
-          io::OpenOptions o;
-          o.mode = io::OpenOptions::Mode::kWrite;
-          Status st = io_->Open(tiers_[0].dir->TempPath(version, identity_.rank), o,
-                                &v->buffered_fd, nullptr);
-          if (!st.ok()) {
-            c.direct_writes = 0;
-            c.home = Home::kDropped;
-            free_direct_headers_.push_back(c.header_block);
-            FinishChunkLocked(v, &c);
-            FailLocked(v, st.WithContext("direct write of chunk " + std::to_string(index)));
-            return;
-          }
-        }
-        payload_fd = v->buffered_fd;
-      }
+      int payload_fd = v->fd_direct && !aligned(c) ? v->buffered_fd : v->fd;
+      CKPTDB_ASSERT(payload_fd >= 0);
       io::IoRequest h;
       h.op = io::IoRequest::Op::kWrite;
       h.fd = v->fd;
@@ -567,7 +612,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     RamTier& ram = *tiers_[0].ram;
     StagingRing::Region tail{};
     if (v->header_region.bytes == 0 && !ram.Allocate(kBlockBytes, &v->header_region)) {
-      v->space_waiting = 1;
+      v->arena_waiters[kCommitWaiter] = ram.frees();
       return changed();
     }
     {
@@ -583,7 +628,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
       format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(p, 64));
     }
     if (!ram.Allocate(v->tail_bytes, &tail)) {
-      v->space_waiting = 1;
+      v->arena_waiters[kCommitWaiter] = ram.frees();
       return changed();
     }
     const uint64_t manifest_offset = v->next_offset;
@@ -598,14 +643,18 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     image.extents.push_back({manifest_offset, tail.offset, tail.bytes});
     if (!ram.WriteIndex(identity_.job_id, identity_.rank, &image)) {
       ram.Free(tail);
-      v->space_waiting = 1;
+      v->arena_waiters[kCommitWaiter] = ram.frees();
       return changed();
     }
-    v->space_waiting = 0;
+    v->arena_waiters.erase(kCommitWaiter);
+    // The regions are this version's alone, and its manifest is the manager's: no lock needed
+    // for the copy (a manifest may run to megabytes).
     uint8_t* out = ram.base() + tail.offset;
+    lock.unlock();
     std::memset(out, 0, tail.bytes);
     EncodeTail(out, v->tail_bytes, v->manifest, v->manifest_xxh3, manifest_offset, version,
                identity_.rank, static_cast<uint32_t>(v->chunks.size()));
+    lock.lock();
     v->image = image;
     ResidencyRecord res;
     res.tier = tiers_[0].name();
@@ -722,7 +771,7 @@ Status Db::DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     poisoned_ = st.WithContext("commit " + V(version) +
                                ": writing COMMITTED failed; close and reopen the store to "
                                "learn the outcome");
-    RememberOutcome(version, poisoned_);
+    RememberOutcome(version, poisoned_, /*may_put_again=*/false);
     if (v->ram) {
       v->image = RamImage{};  // its regions stay allocated: they may belong to a committed copy
     }
@@ -810,7 +859,7 @@ void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   e = VersionEntry{};
   e.has_record = true;
   e.record = rec;
-  if (outcomes_.count(version) == 0) RememberOutcome(version, why);
+  if (outcomes_.count(version) == 0) RememberOutcome(version, why, /*may_put_again=*/true);
   stats_.aborts++;
   live_.erase(version);
   state_cv_.notify_all();
@@ -833,7 +882,8 @@ bool Db::PlanDemotion(std::unique_lock<std::mutex>& lock) {
         demotion_errors_[{version, target}] = st;
         tiers_[target].demotion_failures++;
         std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
-        return true;  // state changed; plan again next round
+        state_cv_.notify_all();  // wait_commit on that tier has its answer
+        return true;             // state changed; plan again next round
       }
     }
   }
@@ -948,26 +998,49 @@ Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, s
   lock.lock();
   if (st.ok() && !cs.ok()) st = cs;
   if (!st.ok()) {
+    const int source_fd = d.segment.fd;
+    if (tiers_[source].is_ram()) Unpin(version);
+    demotion_.reset();
+    lock.unlock();
     if (fd >= 0) {
       (void)io_->Close(fd);
       (void)tiers_[target].dir->RemoveSegment(version, identity_.rank);
     }
-    if (d.segment.fd >= 0) (void)io_->Close(d.segment.fd);
-    if (tiers_[source].is_ram()) Unpin(version);
-    demotion_.reset();
+    if (source_fd >= 0) (void)io_->Close(source_fd);
+    lock.lock();
     return st.WithContext(what);
   }
   d.fd = fd;
   d.direct = direct;
-  const format::ManifestView& m = d.segment.reader->manifest();
-  d.file_bytes = d.segment.reader->footer().file_bytes;
+  const format::SegmentReader& reader = *d.segment.reader;
+  const format::ManifestView& m = reader.manifest();
+  const format::SegmentFooter& footer = reader.footer();
+  d.file_bytes = footer.file_bytes;
+  const uint64_t tail_bytes = d.file_bytes - footer.manifest_offset;
+  d.head.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlockBytes, kBlockBytes)));
+  d.tail.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlockBytes, tail_bytes)));
+  CKPTDB_ASSERT(d.head && d.tail);
+  std::memset(d.head.get(), 0, kBlockBytes);
+  format::EncodeSegmentHeader(reader.header(), std::span<uint8_t, 64>(d.head.get(), 64));
+  std::memset(d.tail.get(), 0, tail_bytes);
+  EncodeTail(d.tail.get(), tail_bytes, reader.manifest_bytes(), footer.manifest_xxh3,
+             footer.manifest_offset, footer.version, footer.rank, footer.chunk_count);
   d.records.push_back({0, kBlockBytes, -1});
+  d.records.back().encoded = d.head.get();
   for (uint32_t c = 0; c < m.chunk_count(); ++c) {
     d.records.push_back({m.chunk(c).record_offset(),
                          format::RecordBytes(m.chunk(c).payload_bytes()), static_cast<int64_t>(c)});
+    if (!tiers_[source].is_ram() && d.records.back().bytes > ring_->capacity()) {
+      Status too_big = Status::Invalid(
+          what + ": chunk " + std::to_string(c) + "'s record of " +
+          std::to_string(d.records.back().bytes) + " bytes does not fit the staging ring of " +
+          std::to_string(ring_->capacity()) + " bytes it is read through; raise staging_bytes");
+      d.error = too_big;  // EndDemotion (through PumpDemotion) cleans up
+      break;
+    }
   }
-  const uint64_t tail = d.segment.reader->footer().manifest_offset;
-  d.records.push_back({tail, d.file_bytes - tail, -1});
+  d.records.push_back({footer.manifest_offset, tail_bytes, -1});
+  d.records.back().encoded = d.tail.get();
   if (!for_commit) {
     for (ResidencyRecord& r : versions_.at(version).residency) {
       if (r.tier == tiers_[target].name()) r.state = CKPTDB_RESIDENT_WRITING;
@@ -1029,7 +1102,26 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
          FreeRequestSlots(requests_.size(), options_.queue_depth) > 0) {
     const size_t i = d.next;
     Demotion::Record& rec = d.records[i];
-    if (ram_source) {
+    if (rec.encoded != nullptr) {
+      d.next++;
+      rec.written = true;
+      io::IoRequest w;
+      w.op = io::IoRequest::Op::kWrite;
+      w.fd = d.fd;
+      w.offset = rec.offset;
+      w.buffer = const_cast<uint8_t*>(rec.encoded);
+      w.length = rec.bytes;
+      const uint64_t version = d.version;
+      lock.unlock();
+      Status st = SubmitRequest(
+          w, Request{RequestKind::kDemoteWrite, version, static_cast<uint32_t>(i), rec.bytes});
+      lock.lock();
+      if (!st.ok()) {
+        d.error = st.WithContext(what);
+        break;
+      }
+      d.in_flight++;
+    } else if (ram_source) {
       const RamExtent* extent = tiers_[d.source].ram->ExtentAt(d.segment.image, rec.offset);
       if (extent == nullptr || extent->bytes != rec.bytes) {
         d.error = Status::Corrupt(what + ": the ram copy has no record at offset " +
@@ -1090,7 +1182,12 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
       d.in_flight++;
     }
   }
-  if (!d.error.ok()) return;
+  if (!d.error.ok()) {
+    // A failure with nothing left in flight ends the demotion now: no completion will come to
+    // wake the manager for it.
+    if (d.in_flight == 0) EndDemotion(lock, d.error);
+    return;
+  }
   bool all_written =
       d.next == d.records.size() && d.in_flight == 0 &&
       std::all_of(d.records.begin(), d.records.end(),
@@ -1221,7 +1318,7 @@ bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
   if (!pick && tiers_[0].is_ram()) {
     RamTier& ram = *tiers_[0].ram;
     bool short_of_space = space_waiters_ > 0 || ram.free_bytes() < ram_reserve_bytes_;
-    for (const auto& [version, v] : live_) short_of_space |= v.space_waiting > 0;
+    for (const auto& [version, v] : live_) short_of_space |= !v.arena_waiters.empty();
     if (short_of_space) {
       for (const auto& [version, e] : versions_) {
         if (Evictable(0, version, /*for_space=*/true)) {
@@ -1241,35 +1338,44 @@ bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
   res.state = CKPTDB_RESIDENT_EVICTED;
   CatalogBatch batch;
   batch.put_residency.emplace_back(version, res);
-  Status st;
-  if (tiers_[t].is_ram()) {
-    // The record first, synced, then the regions are reused: after a crash between the two the
-    // copy is simply gone, never half overwritten and still listed.
-    lock.unlock();
-    st = catalog_->Apply(batch, /*sync=*/true);
-    CrashPoint("evict:after_record");
-    lock.lock();
-    if (st.ok()) {
-      auto image = ram_images_.find(version);
-      if (image != ram_images_.end()) {
-        tiers_[0].ram->FreeImage(image->second);
-        ram_images_.erase(image);
-      }
+  // Marked now, under the lock: no reader pins the copy while the record is written.
+  auto mark = [&](int state) {
+    for (ResidencyRecord& r : versions_.at(version).residency) {
+      if (r.tier == res.tier) r.state = state;
     }
-  } else {
+  };
+  mark(CKPTDB_RESIDENT_EVICTED);
+  // The record first, synced, then the copy goes (the arena regions are reused, the file is
+  // deleted): after a crash between the two the copy is an orphan that recovery collects, never
+  // a copy the catalog lists that is half overwritten or gone.
+  lock.unlock();
+  Status st = catalog_->Apply(batch, /*sync=*/true);
+  CrashPoint("evict:after_record");
+  lock.lock();
+  if (st.ok() && tiers_[t].is_ram()) {
+    // Readers pin only copies they find durable, under the lock: none can have pinned it since
+    // it was marked evicted above, and Evictable refused it if one had before.
+    CKPTDB_ASSERT(ram_pins_.count(version) == 0);
+    auto image = ram_images_.find(version);
+    if (image != ram_images_.end()) {
+      tiers_[0].ram->FreeImage(image->second);
+      ram_images_.erase(image);
+    }
+  } else if (st.ok()) {
     Tier& tier = *tiers_[t].dir;
     lock.unlock();
-    st = tier.RemoveSegment(version, identity_.rank);
-    if (st.ok()) st = catalog_->Apply(batch, /*sync=*/false);
+    Status removed = tier.RemoveSegment(version, identity_.rank);
     lock.lock();
+    if (!removed.ok()) {
+      std::fprintf(stderr, "ckptdb: evicting %s from tier %s: %s (the next open collects it)\n",
+                   V(version).c_str(), tiers_[t].name().c_str(), removed.ToString().c_str());
+    }
   }
   if (!st.ok()) {
+    mark(CKPTDB_RESIDENT_DURABLE);
     std::fprintf(stderr, "ckptdb: evicting %s from tier %s: %s\n", V(version).c_str(),
                  tiers_[t].name().c_str(), st.ToString().c_str());
     return false;
-  }
-  for (ResidencyRecord& r : versions_.at(version).residency) {
-    if (r.tier == res.tier) r.state = CKPTDB_RESIDENT_EVICTED;
   }
   tiers_[t].evictions++;
   RetireLocked(lock);
@@ -1319,12 +1425,18 @@ void Db::RetireLocked(std::unique_lock<std::mutex>& lock) {
 // being aborted or committed (its regions, or the newest-committed rule moving on).
 void Db::DetectStagingDeadlockLocked() {
   if (!tiers_[0].is_ram()) return;
+  const uint64_t frees = tiers_[0].ram->frees();
   bool waiting = false;
-  for (const auto& [version, v] : live_) waiting |= v.space_waiting > 0;
+  for (const auto& [version, v] : live_) {
+    for (const auto& [chunk, seen] : v.arena_waiters) {
+      if (seen != frees) return;  // a waiter has not tried since the last free: it may fit now
+      waiting = true;
+    }
+  }
   if (!waiting) return;
   if (demotion_ || !ram_pins_.empty()) return;
   for (const auto& [version, v] : live_) {
-    if (v.space_waiting == 0 && (v.abort_requested || v.commit_requested)) return;
+    if (v.arena_waiters.empty() && (v.abort_requested || v.commit_requested)) return;
   }
   for (const auto& [version, e] : versions_) {
     if (Evictable(0, version, /*for_space=*/true)) return;
@@ -1341,7 +1453,7 @@ void Db::DetectStagingDeadlockLocked() {
             (version == NewestCommitted() ? ", the newest committed: never evicted" : "") + ")";
   }
   for (auto& [version, v] : live_) {
-    if (v.space_waiting == 0) continue;
+    if (v.arena_waiters.empty()) continue;
     FailLocked(
         &v, Status::NoSpace("ram tier: the arena of " + std::to_string(ram.capacity()) +
                             " bytes has no room left for " + V(version) + " (" +
@@ -1350,16 +1462,6 @@ void Db::DetectStagingDeadlockLocked() {
                             ") and nothing can free any: give the ram tier more bytes, lower "
                             "chunk_bytes, or use backpressure=skip"));
   }
-}
-
-void Db::PersistStatsLocked(uint64_t version) {
-  auto it = versions_.find(version);
-  if (it == versions_.end() || !it->second.has_stats) return;
-  CatalogBatch batch;
-  batch.put_stats.emplace_back(version, it->second.stats);
-  // Not synced, and written from the manager only: figures are not decisions.
-  Status st = catalog_->Apply(batch, /*sync=*/false);
-  if (!st.ok()) std::fprintf(stderr, "ckptdb: recording figures: %s\n", st.ToString().c_str());
 }
 
 }  // namespace ckpt::engine

@@ -110,6 +110,7 @@ bool RamTier::Allocate(uint64_t bytes, StagingRing::Region* out) {
 void RamTier::Free(const StagingRing::Region& region) {
   CKPTDB_ASSERT(allocator_ != nullptr && region.offset >= kHeaderBytes);
   allocator_->Free({region.offset - kHeaderBytes, region.bytes});
+  ++frees_;
 }
 
 void RamTier::FreeImage(const RamImage& image) {

@@ -78,6 +78,8 @@ class RamTier {
   Status ResizeToSpec();
   uint64_t live_bytes() const { return allocator_ ? allocator_->live_bytes() : 0; }
   uint64_t high_water_bytes() const { return allocator_ ? allocator_->high_water_bytes() : 0; }
+  // Counts every Free: a capture that failed to allocate after the last one need not retry.
+  uint64_t frees() const { return frees_; }
   uint64_t free_bytes() const { return allocator_ ? allocator_->capacity() - live_bytes() : 0; }
   uint64_t largest_free_run() const { return allocator_ ? allocator_->LargestFreeRun() : 0; }
 
@@ -107,6 +109,7 @@ class RamTier {
   std::unique_ptr<io::SharedMemory> memory_;
   std::unique_ptr<StagingRing> allocator_;  // over [kHeaderBytes, capacity)
   uint64_t generation_ = 0;
+  uint64_t frees_ = 0;
   bool created_ = false;
   bool read_only_ = false;
 };

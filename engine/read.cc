@@ -48,7 +48,9 @@ Status Db::ReadSegment(uint64_t version, size_t tier, OpenSegment** out) {
   uint64_t index_offset = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const VersionEntry& e = versions_.at(version);
+    auto entry = versions_.find(version);
+    if (entry == versions_.end()) return Status::NotFound(V(version) + " is no longer known");
+    const VersionEntry& e = entry->second;
     bool found = false;
     for (const ResidencyRecord& r : e.residency) {
       if (r.tier == tiers_[tier].name() && r.state == CKPTDB_RESIDENT_DURABLE) {
@@ -336,23 +338,36 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
 }
 
 Status Db::Latest(uint64_t* version) {
-  std::lock_guard<std::mutex> lock(mu_);
-  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  // Candidates newest first, looked at under the lock; files are checked without it.
+  struct Copy {
+    uint64_t version;
+    std::string path;  // empty: a ram copy the arena holds
+    uint64_t file_bytes;
+  };
+  std::vector<Copy> copies;
   size_t committed = 0;
-  for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
-    if (it->second.record.state != CKPTDB_STATE_COMMITTED) continue;
-    ++committed;
-    for (const ResidencyRecord& r : it->second.residency) {
-      if (r.state != CKPTDB_RESIDENT_DURABLE) continue;
-      int t = TierIndex(r.tier);
-      if (t < 0) continue;
-      uint64_t bytes = 0;
-      bool there = tiers_[t].is_ram() ? ram_images_.count(it->first) > 0
-                                      : io_->PathSize(r.path, &bytes).ok() && bytes == r.file_bytes;
-      if (there) {
-        *version = it->first;
-        return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+    for (auto it = versions_.rbegin(); it != versions_.rend(); ++it) {
+      if (it->second.record.state != CKPTDB_STATE_COMMITTED) continue;
+      ++committed;
+      for (const ResidencyRecord& r : it->second.residency) {
+        int t = TierIndex(r.tier);
+        if (r.state != CKPTDB_RESIDENT_DURABLE || t < 0) continue;
+        if (!tiers_[t].is_ram()) {
+          copies.push_back({it->first, r.path, r.file_bytes});
+        } else if (ram_images_.count(it->first)) {
+          copies.push_back({it->first, "", 0});
+        }
       }
+    }
+  }
+  for (const Copy& c : copies) {
+    uint64_t bytes = 0;
+    if (c.path.empty() || (io_->PathSize(c.path, &bytes).ok() && bytes == c.file_bytes)) {
+      *version = c.version;
+      return Status::Ok();
     }
   }
   if (committed == 0) return Status::NotFound("no version has been committed in " + options_.root);
@@ -519,9 +534,30 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
     format::ReadAtFn read;
     RamImage image;
     Status st;
+    // A copy evicted since the list was made (the manager runs beside this call) is not a
+    // problem: it is simply no longer there to check.
+    auto still_listed = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = versions_.find(t.version);
+      if (it == versions_.end()) return false;
+      return std::any_of(
+          it->second.residency.begin(), it->second.residency.end(), [&](const ResidencyRecord& r) {
+            return r.tier == t.res.tier &&
+                   (r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING);
+          });
+    };
+    if (!still_listed()) {
+      done_bytes += t.res.file_bytes;
+      continue;
+    }
     if (ram) {
+      // Checked and pinned under one lock: the manager marks a copy evicted before it frees it.
       std::lock_guard<std::mutex> lock(mu_);
       auto it = ram_images_.find(t.version);
+      auto entry = versions_.find(t.version);
+      if (entry != versions_.end() && !Durable(entry->second, static_cast<size_t>(t.tier))) {
+        it = ram_images_.end();
+      }
       if (it == ram_images_.end()) {
         st = Status::NotFound(
             "the arena no longer holds it (a new arena, after a reboot, or "
@@ -537,7 +573,9 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       st = io_->Open(t.res.path, io::OpenOptions{}, &fd, &direct);
     }
     if (!st.ok()) {
-      emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, what + ": cannot be opened: " + st.message());
+      if (still_listed()) {
+        emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, what + ": cannot be opened: " + st.message());
+      }
       done_bytes += t.res.file_bytes;
       continue;
     }

@@ -37,6 +37,8 @@ class SegmentReader {
   const SegmentHeader& header() const { return header_; }
   const SegmentFooter& footer() const { return footer_; }
   const ManifestView& manifest() const { return manifest_; }
+  // The manifest's bytes, checked against the footer's xxh3.
+  const std::vector<uint8_t>& manifest_bytes() const { return manifest_bytes_; }
   const std::string& what() const { return what_; }
 
   // Reads chunk `index` (record header block and payload) into *scratch and checks the record

@@ -1,0 +1,370 @@
+// The ram tier (DESIGN.md section 5; issue 3): a shared-memory arena that outlives the trainer.
+// A trainer killed with SIGKILL at random points leaves the newest committed version restorable
+// from ram by a new process, bit for bit, without a byte read from the slower tier; a lost arena
+// (reboot) falls back to the disk copy; a damaged arena chunk falls back chunk by chunk and is
+// named by verify; the arena grows and shrinks with its spec only when that is safe.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "format/ram_format.h"
+#include "tests/test_util.h"
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using test::FillRandom;
+using test::RandomBytes;
+using test::TempDir;
+
+// The one arena file in dir.
+std::string ArenaFile(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".ram") return e.path().string();
+  }
+  return "";
+}
+
+class RamTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ckptdb_options_init(&o_);
+    root_ = mem_.Sub("root");
+    ram_dir_ = mem_.Sub("ram");
+    disk_dir_ = disk_.Sub("disk");
+    SetTiers("ram:16M,keep=2,dir=" + ram_dir_ + ";disk:" + disk_dir_);
+    o_.root = root_.c_str();
+    o_.chunk_bytes = 64 << 10;
+    o_.staging_bytes = 1 << 20;
+  }
+  void TearDown() override {
+    if (db_ != nullptr) ckptdb_close(db_);
+  }
+  void SetTiers(const std::string& tiers) {
+    tiers_ = tiers;
+    o_.tiers = tiers_.c_str();
+  }
+  void Open() { ASSERT_EQ(ckptdb_open(&o_, &db_), CKPTDB_OK) << ckptdb_last_error(); }
+  void Close() {
+    ASSERT_EQ(ckptdb_close(db_), CKPTDB_OK) << ckptdb_last_error();
+    db_ = nullptr;
+  }
+  void Commit(uint64_t v, const std::vector<uint8_t>& data) {
+    ASSERT_EQ(ckptdb_put_shard(db_, v, "w", data.data(), data.size(), nullptr, 0), CKPTDB_OK)
+        << ckptdb_last_error();
+    ASSERT_EQ(ckptdb_wait_capture(db_, v, -1), CKPTDB_OK) << ckptdb_last_error();
+    ASSERT_EQ(ckptdb_commit(db_, v, 0), CKPTDB_OK) << ckptdb_last_error();
+  }
+  int Restore(uint64_t v, std::vector<uint8_t>* out) {
+    return ckptdb_restore(db_, v, "w", out->data(), out->size(), 0);
+  }
+  ckptdb_stats_t Stats() {
+    ckptdb_stats_t st{};
+    EXPECT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
+    return st;
+  }
+
+  TempDir mem_{"/dev/shm"};
+  TempDir disk_{"/var/tmp"};
+  std::string root_, ram_dir_, disk_dir_, tiers_;
+  ckptdb_options o_;
+  ckptdb* db_ = nullptr;
+};
+
+TEST_F(RamTierTest, CommitsToTheArenaAndRestoresFromItAfterReopen) {
+  Open();
+  auto a = RandomBytes(300 << 10, 1);
+  Commit(1, a);
+  // The commit tier is ram: committed before the disk copy exists.
+  std::vector<uint8_t> out(a.size());
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
+  EXPECT_STREQ(Stats().last_restore_tier, "ram");
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK) << ckptdb_last_error();
+  Close();
+  std::string arena = ArenaFile(ram_dir_);
+  ASSERT_FALSE(arena.empty());
+  EXPECT_EQ(fs::file_size(arena), 16u << 20);
+  Open();
+  std::fill(out.begin(), out.end(), 0);
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
+  ckptdb_stats_t st = Stats();
+  EXPECT_STREQ(st.last_restore_tier, "ram");
+  EXPECT_EQ(st.tiers[1].bytes_read, 0u) << "nothing is read from the slower tier";
+  ckptdb_verify_report rep{};
+  EXPECT_EQ(ckptdb_verify(db_, 1, "ram", nullptr, nullptr, &rep), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(rep.segments_checked, 1u);
+  EXPECT_EQ(rep.chunks_checked, 5u);
+}
+
+TEST_F(RamTierTest, LostArenaFallsBackToTheDiskCopy) {
+  Open();
+  auto a = RandomBytes(200 << 10, 2);
+  Commit(1, a);
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
+  Close();
+  ASSERT_TRUE(fs::remove(ArenaFile(ram_dir_)));  // as after a reboot
+  Open();
+  uint64_t latest = 0;
+  ASSERT_EQ(ckptdb_latest(db_, &latest), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(latest, 1u);
+  std::vector<uint8_t> out(a.size());
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
+  EXPECT_EQ(std::string(Stats().last_restore_tier), "disk:" + disk_dir_);
+  // The ram copy reads as missing, and the new arena takes new versions.
+  struct Seen {
+    int ram_state = 0;
+  } seen;
+  ASSERT_EQ(ckptdb_list_versions(
+                db_,
+                [](void* arg, const ckptdb_version_info* i) {
+                  for (uint32_t k = 0; k < i->residency_count; ++k) {
+                    if (std::string(i->residency[k].tier) == "ram") {
+                      static_cast<Seen*>(arg)->ram_state = i->residency[k].state;
+                    }
+                  }
+                  return 0;
+                },
+                &seen),
+            CKPTDB_OK);
+  EXPECT_EQ(seen.ram_state, CKPTDB_RESIDENT_MISSING);
+  auto b = RandomBytes(100 << 10, 3);
+  Commit(2, b);
+  out.assign(b.size(), 0);
+  ASSERT_EQ(Restore(2, &out), CKPTDB_OK);
+  EXPECT_EQ(out, b);
+  EXPECT_STREQ(Stats().last_restore_tier, "ram");
+}
+
+TEST_F(RamTierTest, DamagedArenaChunkFallsBackAndVerifyNamesIt) {
+  Open();
+  auto a = RandomBytes(256 << 10, 4);  // 4 chunks of 64 KiB
+  Commit(1, a);
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
+  Close();
+  // Flip one payload byte of some chunk in the arena: find the first chunk's bytes by content.
+  std::string arena = ArenaFile(ram_dir_);
+  std::string bytes = test::ReadWholeFile(arena);
+  size_t at = bytes.find(std::string(reinterpret_cast<const char*>(a.data()) + (128 << 10), 64));
+  ASSERT_NE(at, std::string::npos);
+  test::FlipByte(arena, at + 10);
+  Open();
+  ckptdb_verify_report rep{};
+  EXPECT_EQ(ckptdb_verify(db_, 1, "ram", nullptr, nullptr, &rep), CKPTDB_ECORRUPT);
+  EXPECT_EQ(rep.problems, 1u);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("1 problem"), std::string::npos);
+  std::vector<uint8_t> out(a.size());
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a) << "the bad chunk comes from the disk copy";
+  ckptdb_stats_t st = Stats();
+  EXPECT_STREQ(st.last_restore_tier, "ram");
+  EXPECT_EQ(st.checksum_failures, 1u);
+  EXPECT_EQ(st.tiers[1].bytes_read, 64u << 10) << "only the bad chunk is read from disk";
+}
+
+TEST_F(RamTierTest, DamagedArenaHeaderStartsANewArena) {
+  Open();
+  Commit(1, RandomBytes(100 << 10, 5));
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
+  Close();
+  test::FlipByte(ArenaFile(ram_dir_), 20);  // inside the header's job id
+  Open();
+  std::vector<uint8_t> out(100 << 10);
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, RandomBytes(100 << 10, 5));
+  EXPECT_EQ(std::string(Stats().last_restore_tier), "disk:" + disk_dir_);
+}
+
+TEST_F(RamTierTest, ArenaResizesOnlyWhenItsCopiesStillFit) {
+  Open();
+  Commit(1, RandomBytes(1 << 20, 6));
+  Close();
+  SetTiers("ram:32M,keep=2,dir=" + ram_dir_ + ";disk:" + disk_dir_);
+  Open();
+  Close();
+  EXPECT_EQ(fs::file_size(ArenaFile(ram_dir_)), 32u << 20);
+  std::vector<uint8_t> out(1 << 20);
+  SetTiers("ram:2M,keep=2,dir=" + ram_dir_ + ";disk:" + disk_dir_);
+  // The copy of version 1 lies in the first 2 MiB (first fit from the start): this shrink fits.
+  Open();
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  Close();
+  EXPECT_EQ(fs::file_size(ArenaFile(ram_dir_)), 2u << 20);
+}
+
+TEST_F(RamTierTest, ArenaTooSmallForTwoVersionsFailsTheCaptureClearly) {
+  // ram only, no slower tier: version 1 is the newest committed and never evicted, so version 2
+  // can never fit. The capture fails with ENOSPC instead of waiting forever.
+  SetTiers("ram:2M,dir=" + ram_dir_);
+  Open();
+  auto a = RandomBytes(1200 << 10, 7);
+  Commit(1, a);
+  auto b = RandomBytes(1200 << 10, 8);
+  ASSERT_EQ(ckptdb_put_shard(db_, 2, "w", b.data(), b.size(), nullptr, 0), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_wait_capture(db_, 2, -1), CKPTDB_ENOSPC);
+  std::string why = ckptdb_last_error();
+  EXPECT_NE(why.find("ram tier"), std::string::npos) << why;
+  EXPECT_NE(why.find("never evicted"), std::string::npos) << why;
+  EXPECT_EQ(ckptdb_commit(db_, 2, 0), CKPTDB_ENOSPC);
+  // Version 1 is untouched.
+  std::vector<uint8_t> out(a.size());
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK);
+  EXPECT_EQ(out, a);
+}
+
+TEST_F(RamTierTest, SkipPolicyDropsTheVersionThatDoesNotFit) {
+  SetTiers("ram:2M,dir=" + ram_dir_);
+  o_.backpressure = "skip";
+  Open();
+  auto a = RandomBytes(1200 << 10, 9);
+  Commit(1, a);
+  auto b = RandomBytes(1200 << 10, 10);
+  ASSERT_EQ(ckptdb_put_shard(db_, 2, "w", b.data(), b.size(), nullptr, 0), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_wait_capture(db_, 2, -1), CKPTDB_ESKIPPED);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("skip"), std::string::npos);
+  EXPECT_EQ(ckptdb_commit(db_, 2, 0), CKPTDB_ESKIPPED);
+  EXPECT_EQ(Stats().skipped_versions, 1u);
+  // A version that fits goes through afterwards.
+  auto c = RandomBytes(100 << 10, 11);
+  Commit(3, c);
+  uint64_t latest = 0;
+  ASSERT_EQ(ckptdb_latest(db_, &latest), CKPTDB_OK);
+  EXPECT_EQ(latest, 3u);
+}
+
+TEST_F(RamTierTest, BlockPolicyWaitsForDemotionToMakeRoom) {
+  // The arena holds about two and a half versions: from version 3 on, each capture must wait
+  // until the oldest version in ram is on the disk tier and can be evicted (the newest committed
+  // one never is).
+  SetTiers("ram:5M,dir=" + ram_dir_ + ";disk:" + disk_dir_);
+  Open();
+  std::vector<std::vector<uint8_t>> data;
+  for (uint64_t v = 1; v <= 5; ++v) {
+    data.push_back(RandomBytes(1800 << 10, 20 + v));
+    Commit(v, data.back());
+  }
+  ckptdb_stats_t st = Stats();
+  EXPECT_GE(st.tiers[0].evictions, 3u);
+  EXPECT_LE(st.tiers[0].high_water_bytes, 5u << 20);
+  Close();
+  Open();
+  for (uint64_t v = 1; v <= 5; ++v) {
+    ASSERT_EQ(ckptdb_wait_commit(db_, v, "disk", -1), CKPTDB_OK) << v << ckptdb_last_error();
+    std::vector<uint8_t> out(data[v - 1].size());
+    ASSERT_EQ(Restore(v, &out), CKPTDB_OK) << ckptdb_last_error();
+    EXPECT_EQ(out, data[v - 1]) << v;
+  }
+}
+
+// ---- kill -9 ----------------------------------------------------------------------------------
+
+constexpr int kShards = 4;
+size_t ShardBytes(int shard) { return (300 << 10) + 4097 * shard; }
+uint64_t Seed(uint64_t version, int shard) { return version * 100 + shard; }
+
+// The child: a trainer that checkpoints every iteration into ram (commit tier) with a disk tier
+// every 3 versions, and reports each version whose commit returned on `fd`. It runs until it is
+// killed.
+[[noreturn]] void Trainer(const ckptdb_options& o, int fd, bool async) {
+  ckptdb* db = nullptr;
+  if (ckptdb_open(&o, &db) != CKPTDB_OK) _exit(2);
+  uint64_t latest = 0;
+  if (ckptdb_latest(db, &latest) != CKPTDB_OK) latest = 0;
+  std::vector<std::vector<uint8_t>> state(kShards);
+  for (int s = 0; s < kShards; ++s) state[s].resize(ShardBytes(s));
+  for (uint64_t v = latest + 1; v < latest + 10000; ++v) {
+    for (int s = 0; s < kShards; ++s) FillRandom(state[s].data(), state[s].size(), Seed(v, s));
+    for (int s = 0; s < kShards; ++s) {
+      std::string name = "shard." + std::to_string(s);
+      if (ckptdb_put_shard(db, v, name.c_str(), state[s].data(), state[s].size(), nullptr, 0)) {
+        _exit(3);
+      }
+    }
+    if (ckptdb_wait_capture(db, v, -1) != CKPTDB_OK) _exit(4);
+    if (ckptdb_commit(db, v, async ? CKPTDB_COMMIT_ASYNC : 0) != CKPTDB_OK) _exit(5);
+    if (async && ckptdb_wait_commit(db, v, nullptr, -1) != CKPTDB_OK) _exit(6);
+    if (write(fd, &v, sizeof v) != sizeof v) _exit(7);
+  }
+  _exit(0);
+}
+
+TEST_F(RamTierTest, KillNineAtAnyPointLeavesTheNewestCommitRestorableFromRam) {
+  SetTiers("ram:16M,keep=2,dir=" + ram_dir_ + ";disk:" + disk_dir_ + ",every=3,keep=2");
+  std::mt19937_64 rng(20261123);
+  uint64_t acknowledged = 0;
+  constexpr int kRounds = 8;
+  for (int round = 0; round < kRounds; ++round) {
+    int pipe_fds[2];
+    ASSERT_EQ(pipe(pipe_fds), 0);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      close(pipe_fds[0]);
+      Trainer(o_, pipe_fds[1], round % 2 == 1);
+    }
+    close(pipe_fds[1]);
+    // Let it run a random while, then kill it without warning.
+    std::this_thread::sleep_for(std::chrono::milliseconds(30 + rng() % 250));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status))
+        << "the trainer stopped on its own: exit " << WEXITSTATUS(status);
+    uint64_t v = 0;
+    while (read(pipe_fds[0], &v, sizeof v) == sizeof v) acknowledged = std::max(acknowledged, v);
+    close(pipe_fds[0]);
+
+    // A new process (this one) opens the store and restores the newest committed version.
+    Open();
+    uint64_t latest = 0;
+    ASSERT_EQ(ckptdb_latest(db_, &latest), acknowledged ? CKPTDB_OK : CKPTDB_ENOTFOUND)
+        << ckptdb_last_error();
+    if (acknowledged == 0) {
+      Close();
+      continue;
+    }
+    // The one version the trainer may have committed but not reported yet.
+    EXPECT_GE(latest, acknowledged) << "round " << round;
+    EXPECT_LE(latest, acknowledged + 1) << "round " << round;
+    for (int s = 0; s < kShards; ++s) {
+      std::vector<uint8_t> out(ShardBytes(s));
+      std::string name = "shard." + std::to_string(s);
+      ASSERT_EQ(ckptdb_restore(db_, latest, name.c_str(), out.data(), out.size(), 0), CKPTDB_OK)
+          << "round " << round << ": " << ckptdb_last_error();
+      EXPECT_EQ(out, RandomBytes(out.size(), Seed(latest, s))) << "round " << round << " " << name;
+    }
+    ckptdb_stats_t st = Stats();
+    EXPECT_STREQ(st.last_restore_tier, "ram") << "round " << round;
+    EXPECT_EQ(st.tiers[1].bytes_read, 0u) << "round " << round << ": the disk tier was read";
+    std::string problems;
+    EXPECT_EQ(ckptdb_verify(
+                  db_, CKPTDB_ALL_VERSIONS, nullptr,
+                  [](void* arg, const ckptdb_verify_event* e) {
+                    if (e->kind == CKPTDB_VERIFY_PROBLEM) {
+                      *static_cast<std::string*>(arg) += std::string(e->message) + "\n";
+                    }
+                  },
+                  &problems, nullptr),
+              CKPTDB_OK)
+        << "round " << round << ": " << ckptdb_last_error() << "\n"
+        << problems;
+    acknowledged = latest;
+    Close();
+  }
+  EXPECT_GT(acknowledged, 0u) << "no round got as far as a commit";
+}
+
+}  // namespace
+}  // namespace ckpt
