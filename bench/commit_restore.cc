@@ -18,97 +18,33 @@
 // median of each is reported.
 //
 // Usage: bench_commit_restore [--dir D] [--gib G] [--tensor-mib M] [--repeats R]
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "ckptdb/ckptdb.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using bench::Allocate;
+using bench::Check;
+using bench::Clock;
+using bench::DropCache;
+using bench::Median;
+using bench::RawRead;
+using bench::Since;
 constexpr size_t kPieceBytes = 4 << 20;
 
-double Since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-uint8_t* Allocate(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                 -1, 0);
-  if (p == MAP_FAILED) {
-    std::perror("mmap");
-    std::exit(2);
-  }
-  return static_cast<uint8_t*>(p);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-void Check(int rc, const char* what) {
-  if (rc != CKPTDB_OK) {
-    std::fprintf(stderr, "%s: %s: %s\n", what, ckptdb_status_name(rc), ckptdb_last_error());
-    std::exit(1);
-  }
-}
-
+// The raw write of one round: a new file, then the previous round's is unlinked, exactly what a
+// commit with keep=1 does (new segment, then retention deletes the old one).
 double RawWrite(const std::string& path, const std::string& previous, const uint8_t* src,
                 size_t bytes, size_t piece) {
   auto t0 = Clock::now();
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    std::perror(path.c_str());
-    std::exit(2);
-  }
-  for (size_t off = 0; off < bytes;) {
-    ssize_t n = write(fd, src + off, std::min(piece, bytes - off));
-    if (n <= 0) {
-      std::perror("write");
-      std::exit(2);
-    }
-    off += static_cast<size_t>(n);
-  }
-  fsync(fd);
-  close(fd);
+  bench::RawWrite(path, src, bytes, piece, /*direct=*/false);
   unlink(previous.c_str());
-  return Since(t0);
-}
-
-// Drops the page cache of every file under dir (see the header comment).
-void DropCache(const std::string& dir) {
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    int fd = open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-  }
-}
-
-double RawRead(const std::string& path, uint8_t* dst, size_t bytes, size_t piece) {
-  auto t0 = Clock::now();
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  for (size_t off = 0; off < bytes;) {
-    ssize_t n = read(fd, dst + off, std::min(piece, bytes - off));
-    if (n <= 0) {
-      std::perror("read");
-      std::exit(2);
-    }
-    off += static_cast<size_t>(n);
-  }
-  close(fd);
   return Since(t0);
 }
 
@@ -151,11 +87,7 @@ int main(int argc, char** argv) {
 
   uint8_t* src = Allocate(bytes);
   uint8_t* dst = Allocate(bytes);
-  for (size_t i = 0; i < bytes / 8; ++i) {
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
-    std::memcpy(src + 8 * i, &z, 8);
-  }
+  bench::Fill(src, bytes, 0);
   std::printf("bench_commit_restore: %zu tensors x %zu MiB = %.2f GiB in %s, %d repeats\n", count,
               tensor_mib, bytes / 1073741824.0, dir.c_str(), repeats);
 

@@ -208,6 +208,7 @@ Status Db::OpenImpl() {
     // What a read-only handle cannot write it still sees: copies whose file or arena is gone
     // read as missing.
     RefreshResidencyLocked(nullptr);
+    StartThreads();  // workers only: they help restores copy and check ram copies
     return Status::Ok();
   }
 
@@ -401,7 +402,7 @@ Status Db::Recover() {
 }
 
 void Db::StartThreads() {
-  manager_ = std::thread([this] { ManagerLoop(); });
+  if (!options_.read_only) manager_ = std::thread([this] { ManagerLoop(); });
   for (uint32_t i = 0; i < options_.capture_threads; ++i) {
     workers_.emplace_back([this] { WorkerLoop(); });
   }
@@ -436,14 +437,14 @@ Status Db::Close() {
     WakeManager();
     state_cv_.wait(lock, [&] { return manager_idle_; });
     result = close_error_;
-    stopping_ = true;
-    work_cv_.notify_all();
-    WakeManager();
-    lock.unlock();
-    for (std::thread& w : workers_) w.join();
-    manager_.join();
-    lock.lock();
   }
+  stopping_ = true;
+  work_cv_.notify_all();
+  WakeManager();
+  lock.unlock();
+  for (std::thread& w : workers_) w.join();
+  if (manager_.joinable()) manager_.join();
+  lock.lock();
   for (auto& [key, seg] : segments_) {
     if (seg.fd >= 0) (void)io_->Close(seg.fd);
   }

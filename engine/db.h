@@ -319,6 +319,7 @@ class Db {
 
   // Tier policy (policy.cc): which tiers want which committed versions.
   bool Wants(size_t tier, uint64_t version) const;
+  bool Keeps(size_t tier, uint64_t version) const;
   bool Durable(const VersionEntry& e, size_t tier) const;
   bool Evictable(size_t tier, uint64_t version, bool for_space) const;
   bool HasSource(uint64_t version, size_t tier) const;

@@ -3,11 +3,15 @@
 // view (versions_), called with mu_ held.
 //
 //   Wants(t, v):     t takes v (v % every == 0) and v is among the newest `keep` committed
-//                    versions that t takes (keep=0: all). The first tier captures every version.
+//                    versions that t takes (keep=0: all): demotion brings it there. The first
+//                    tier captures every version.
+//   Keeps(t, v):     fewer than `keep` newer versions are durable on t itself. A copy is dropped
+//                    for keep= only once its successors are really there, so a tier never holds
+//                    fewer than `keep` copies while a newer one is still on its way to it.
 //   Evictable(t, v): a durable copy of v on t may be deleted when v is not the newest committed
 //                    version, no reader or demotion is using it, and v is safe on a slower tier
-//                    or no slower tier will ever want it (superseded); and either t's keep no
-//                    longer wants it, or (ram, for_space) the arena needs the room.
+//                    or no slower tier will ever want it (superseded); and either t no longer
+//                    keeps it, or (ram, for_space) the arena needs the room.
 #include <algorithm>
 
 #include "engine/db.h"
@@ -87,6 +91,18 @@ bool Db::Wants(size_t tier, uint64_t version) const {
   return true;
 }
 
+bool Db::Keeps(size_t tier, uint64_t version) const {
+  const TierState& t = tiers_[tier];
+  if (t.spec.keep == 0) return true;
+  uint64_t newer = 0;
+  for (auto it = versions_.upper_bound(version); it != versions_.end(); ++it) {
+    if (it->second.record.state == CKPTDB_STATE_COMMITTED && Durable(it->second, tier)) {
+      if (++newer >= t.spec.keep) return false;
+    }
+  }
+  return true;
+}
+
 // A copy a demotion to `tier` could read from: durable on another tier, not given up on.
 bool Db::HasSource(uint64_t version, size_t tier) const {
   auto it = versions_.find(version);
@@ -108,7 +124,7 @@ bool Db::Evictable(size_t tier, uint64_t version, bool for_space) const {
   if (NewestCommitted() == version) return false;  // never the last committed version
   if (tiers_[tier].is_ram() && ram_pins_.count(version)) return false;
   if (demotion_ && demotion_->version == version) return false;
-  if (!for_space && Wants(tier, version)) return false;
+  if (!for_space && Keeps(tier, version)) return false;
   for (size_t slower = tier + 1; slower < tiers_.size(); ++slower) {
     if (Durable(e, slower)) return true;  // safe on a slower tier
   }

@@ -23,7 +23,9 @@ class TempDir {
   std::string path_;
 };
 
-// Deterministic pseudo-random bytes (splitmix64 of seed and position).
+// Deterministic pseudo-random bytes (splitmix64 of seed and position). The streams of seeds s and
+// s + 1 overlap, shifted by 8 bytes: a test that looks for one seed's bytes inside a file must
+// use seeds far apart.
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed);
 void FillRandom(void* dst, size_t n, uint64_t seed);
 

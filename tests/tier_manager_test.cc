@@ -20,6 +20,10 @@ namespace fs = std::filesystem;
 using test::RandomBytes;
 using test::TempDir;
 
+// Far-apart seeds: test::RandomBytes streams of neighbouring seeds overlap (shifted by 8 bytes),
+// and the damage tests look for one version's bytes in the arena.
+uint64_t Seed(uint64_t version) { return version * 1000003; }
+
 class TierManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -45,7 +49,7 @@ class TierManagerTest : public ::testing::Test {
     db_ = nullptr;
   }
   void Commit(uint64_t v) {
-    auto data = RandomBytes(200 << 10, v);
+    auto data = RandomBytes(200 << 10, Seed(v));
     ASSERT_EQ(ckptdb_put_shard(db_, v, "w", data.data(), data.size(), nullptr, 0), CKPTDB_OK);
     ASSERT_EQ(ckptdb_commit(db_, v, 0), CKPTDB_OK) << ckptdb_last_error();
   }
@@ -83,7 +87,7 @@ class TierManagerTest : public ::testing::Test {
     std::vector<uint8_t> out(200 << 10);
     ASSERT_EQ(ckptdb_restore(db_, v, "w", out.data(), out.size(), 0), CKPTDB_OK)
         << v << ": " << ckptdb_last_error();
-    EXPECT_EQ(out, RandomBytes(out.size(), v)) << v;
+    EXPECT_EQ(out, RandomBytes(out.size(), Seed(v))) << v;
   }
 
   TempDir mem_{"/dev/shm"};
@@ -202,7 +206,7 @@ TEST_F(TierManagerTest, ADamagedSourceChunkFailsTheDemotionAndNamesIt) {
   std::string arena;
   for (const auto& e : fs::directory_iterator(mem_.Sub("ram"))) arena = e.path().string();
   std::string bytes = test::ReadWholeFile(arena);
-  auto want = RandomBytes(200 << 10, 1);
+  auto want = RandomBytes(200 << 10, Seed(1));
   size_t at = bytes.find(std::string(reinterpret_cast<const char*>(want.data()) + (64 << 10), 64));
   ASSERT_NE(at, std::string::npos);
   test::FlipByte(arena, at);
@@ -216,6 +220,29 @@ TEST_F(TierManagerTest, ADamagedSourceChunkFailsTheDemotionAndNamesIt) {
   EXPECT_EQ(st.tiers[1].demotion_failures, 1u);
   Close();
   EXPECT_TRUE(Files(disk_dir_).empty()) << "no copy of damaged data is made";
+}
+
+TEST_F(TierManagerTest, KeepCountsOnlyCopiesAlreadyOnTheTier) {
+  // disk keep=1 holds version 1. Version 2 is committed but never reaches disk (its ram copy is
+  // damaged, so its demotion fails): the disk must not give up version 1 for it.
+  Open(ram_ + ";disk:" + disk_dir_ + ",keep=1");
+  Commit(1);
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
+  Close();
+  Open(ram_);
+  Commit(2);
+  Close();
+  std::string arena;
+  for (const auto& e : fs::directory_iterator(mem_.Sub("ram"))) arena = e.path().string();
+  std::string bytes = test::ReadWholeFile(arena);
+  auto two = RandomBytes(200 << 10, Seed(2));
+  size_t at = bytes.find(std::string(reinterpret_cast<const char*>(two.data()), 64));
+  ASSERT_NE(at, std::string::npos);
+  test::FlipByte(arena, at + 1);
+  Open(ram_ + ";disk:" + disk_dir_ + ",keep=1");
+  EXPECT_EQ(ckptdb_wait_commit(db_, 2, "disk", -1), CKPTDB_ECORRUPT);
+  Close();
+  EXPECT_EQ(Files(disk_dir_), (std::set<uint64_t>{1}));
 }
 
 TEST_F(TierManagerTest, AnUnwritableTargetFailsTheDemotionClearly) {

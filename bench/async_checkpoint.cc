@@ -1,0 +1,535 @@
+// Benchmarks of issue 3 (docs/performance.md), each a ratio to a limit measured in the same run:
+//
+//   blocked  A synthetic trainer (--gib of state in --shards shards) puts every shard, computes
+//            for --compute-ratio times the time a memcpy of its state takes, waits for capture,
+//            changes its state (the optimizer step) and commits asynchronously. Blocked time is
+//            what put_shard, wait_capture and commit take from it. Compared with a synchronous
+//            write+fsync of the same state to --disk, and with a synchronous memcpy of it.
+//            --compute spin burns a core (a CPU-bound trainer); sleep leaves the cores free (the
+//            GPU computes, the host thread waits).
+//   capture  put_shard of every shard then wait_capture, nothing else running: bytes per second
+//            against a single-thread memcpy of the same bytes.
+//   drain    A committed version's demotion from the ram tier to a disk tier (commit returns to
+//            the copy durable on disk, chunks re-checked, fsync, rename, catalog), against a raw
+//            O_DIRECT sequential write of the same bytes to the same directory plus fsync.
+//   restore  Restore of every shard from ram against memcpy, and from the disk tier (page cache
+//            dropped) against a raw read(2) of the same segment files.
+//   sweep    Checkpoint every 1, 2, 5, 10 iterations, a flush-bound and a compute-bound trainer,
+//            ckptdb against a synchronous write+fsync per checkpoint (the shape of DataStates-LLM
+//            figures 11-12): checkpoint throughput seen by the trainer, mean iteration time, and
+//            end-to-end time including the drain at the end.
+//
+// Usage: bench_async [--mode blocked|capture|drain|restore|sweep|all] [--gib G] [--shards N]
+//                    [--disk DIR] [--shm DIR] [--iterations I] [--compute spin|sleep]
+//                    [--compute-ratio R] [--threads T] [--repeats R]
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "ckptdb/ckptdb.h"
+
+namespace {
+
+using bench::Allocate;
+using bench::Check;
+using bench::Clock;
+using bench::Median;
+using bench::Since;
+namespace fs = std::filesystem;
+
+struct Args {
+  std::string mode = "all";
+  double gib = 2.0;
+  size_t shards = 128;
+  std::string disk = "/var/tmp/ckptdb-bench";
+  std::string shm = "/dev/shm/ckptdb-bench";
+  int iterations = 6;
+  std::string compute = "spin";
+  double compute_ratio = 1.0;
+  uint32_t threads = 2;
+  int repeats = 3;
+};
+
+struct State {
+  size_t shard_bytes = 0;
+  size_t bytes = 0;
+  std::vector<uint8_t*> shards;
+  std::vector<std::string> names;
+};
+
+State MakeState(const Args& a) {
+  State s;
+  s.shard_bytes = static_cast<size_t>(a.gib * 1073741824.0) / a.shards / 4096 * 4096;
+  s.bytes = s.shard_bytes * a.shards;
+  for (size_t i = 0; i < a.shards; ++i) {
+    s.shards.push_back(Allocate(s.shard_bytes));
+    bench::Fill(s.shards.back(), s.shard_bytes, i * 7919);
+    s.names.push_back("layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4));
+  }
+  return s;
+}
+
+double MemcpyState(const State& s, uint8_t* dst) {
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < s.shards.size(); ++i) {
+    std::memcpy(dst + i * s.shard_bytes, s.shards[i], s.shard_bytes);
+  }
+  return Since(t0);
+}
+
+// The state written as one file, synchronously: what a checkpoint without ckptdb costs the
+// trainer (torch.save-style: write everything, fsync, then go on).
+double SyncWriteState(const State& s, const std::string& path) {
+  auto t0 = Clock::now();
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::perror(path.c_str());
+    std::exit(2);
+  }
+  for (uint8_t* p : s.shards) {
+    for (size_t off = 0; off < s.shard_bytes;) {
+      ssize_t n = write(fd, p + off, s.shard_bytes - off);
+      if (n <= 0) {
+        std::perror("write");
+        std::exit(2);
+      }
+      off += static_cast<size_t>(n);
+    }
+  }
+  fsync(fd);
+  close(fd);
+  return Since(t0);
+}
+
+void Compute(const std::string& how, double seconds) {
+  if (how == "sleep") {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    return;
+  }
+  auto t0 = Clock::now();
+  volatile uint64_t x = 1;
+  while (Since(t0) < seconds) {
+    for (int i = 0; i < 1000; ++i) x = x * 6364136223846793005ull + 1;
+  }
+}
+
+// The optimizer step: every shard changes (a few bytes each; its cost is not the point).
+void Step(State& s, uint64_t iteration) {
+  for (uint8_t* p : s.shards) {
+    for (size_t off = 0; off < s.shard_bytes; off += 1 << 20)
+      p[off] ^= static_cast<uint8_t>(iteration);
+  }
+}
+
+struct Store {
+  std::string root, tiers, commit_tier;
+  ckptdb* db = nullptr;
+  ckptdb_options o;
+  Store(const std::string& root_dir, const std::string& tier_spec, uint32_t threads,
+        const char* commit = nullptr)
+      : root(root_dir), tiers(tier_spec), commit_tier(commit ? commit : "") {
+    ckptdb_options_init(&o);
+    o.root = root.c_str();
+    o.tiers = tiers.c_str();
+    o.capture_threads = threads;
+    if (!commit_tier.empty()) o.commit_tier = commit_tier.c_str();
+    Check(ckptdb_open(&o, &db), "open");
+  }
+  ~Store() {
+    if (db) Check(ckptdb_close(db), "close");
+  }
+  double Put(const State& s, uint64_t v) {
+    auto t0 = Clock::now();
+    for (size_t i = 0; i < s.shards.size(); ++i) {
+      Check(ckptdb_put_shard(db, v, s.names[i].c_str(), s.shards[i], s.shard_bytes, nullptr, 0),
+            "put_shard");
+    }
+    return Since(t0);
+  }
+};
+
+std::string RamSpec(const Args& a, const State& s, int versions, const std::string& extra) {
+  // Room for `versions` copies plus record headers (one 4 KiB block per 4 MiB chunk and per
+  // shard), plus 64 MiB of slack.
+  uint64_t per_version = s.bytes + (s.bytes >> 10) + s.shards.size() * 8192 + (1 << 20);
+  uint64_t mib = (per_version * versions >> 20) + 64;
+  return "ram:" + std::to_string(mib) + "M,dir=" + a.shm + extra;
+}
+
+void Fresh(const Args& a) {
+  fs::remove_all(a.shm);
+  fs::remove_all(a.disk);
+  fs::create_directories(a.shm);
+  fs::create_directories(a.disk);
+}
+
+// ---- blocked
+// -------------------------------------------------------------------------------------
+
+void Blocked(const Args& a, State& s, uint8_t* scratch) {
+  Fresh(a);
+  double memcpy_s = MemcpyState(s, scratch);
+  memcpy_s = std::min(memcpy_s, MemcpyState(s, scratch));
+  double sync_s = SyncWriteState(s, a.disk + "/sync.bin");
+  fs::remove(a.disk + "/sync.bin");
+  const double compute_s = a.compute_ratio * memcpy_s;
+  std::printf(
+      "== blocked: %.2f GiB in %zu shards, compute %s %.1f ms (%.2f x memcpy), %u capture "
+      "threads ==\n",
+      s.bytes / 1073741824.0, s.shards.size(), a.compute.c_str(), compute_s * 1e3, a.compute_ratio,
+      a.threads);
+  // ram only, keep=1: each version is superseded by the next; the arena holds two.
+  Store st(a.shm + "/store", RamSpec(a, s, 2, ",keep=1"), a.threads);
+  std::vector<double> blocked, put, wait, commit, iteration;
+  for (int it = 1; it <= a.iterations; ++it) {
+    auto i0 = Clock::now();
+    double p = st.Put(s, it);
+    Compute(a.compute, compute_s);
+    auto w0 = Clock::now();
+    Check(ckptdb_wait_capture(st.db, it, -1), "wait_capture");
+    double w = Since(w0);
+    Step(s, it);
+    auto c0 = Clock::now();
+    Check(ckptdb_commit(st.db, it, CKPTDB_COMMIT_ASYNC), "commit");
+    double c = Since(c0);
+    double i = Since(i0);
+    if (it > 1) {  // the first iteration warms up
+      blocked.push_back(p + w + c);
+      put.push_back(p);
+      wait.push_back(w);
+      commit.push_back(c);
+      iteration.push_back(i);
+    }
+    std::printf(
+        "  iteration %2d: blocked %7.2f ms (put %6.2f, wait_capture %6.2f, commit %5.2f), "
+        "iteration %7.1f ms\n",
+        it, (p + w + c) * 1e3, p * 1e3, w * 1e3, c * 1e3, i * 1e3);
+  }
+  Check(ckptdb_wait_commit(st.db, a.iterations, nullptr, -1), "wait_commit");
+  double b = Median(blocked);
+  std::printf("  memcpy of the state          %8.1f ms (%.2f GB/s)\n", memcpy_s * 1e3,
+              s.bytes / memcpy_s / 1e9);
+  std::printf("  sync write+fsync (disk)      %8.1f ms (%.2f GB/s)\n", sync_s * 1e3,
+              s.bytes / sync_s / 1e9);
+  std::printf("  blocked, median              %8.2f ms (put %.2f, wait %.2f, commit %.2f)\n",
+              b * 1e3, Median(put) * 1e3, Median(wait) * 1e3, Median(commit) * 1e3);
+  std::printf("  blocked / sync write+fsync   %8.2f%%  (bar: 5%%)\n", 100 * b / sync_s);
+  std::printf("  blocked / memcpy             %8.2f%%  (bar: 10%%)\n", 100 * b / memcpy_s);
+  std::printf("  iteration / (compute)        %8.2f   (interference: 1.00 is none)\n",
+              Median(iteration) / compute_s);
+}
+
+// ---- capture ------------------------------------------------------------------------------------
+
+void Capture(const Args& a, State& s, uint8_t* scratch) {
+  Fresh(a);
+  std::printf("== capture: %.2f GiB in %zu shards into ram, %u capture threads ==\n",
+              s.bytes / 1073741824.0, s.shards.size(), a.threads);
+  Store st(a.shm + "/store", RamSpec(a, s, 2, ",keep=1"), a.threads);
+  std::vector<double> memcpy_s, capture_s;
+  for (int r = 0; r <= a.repeats; ++r) {
+    double m = MemcpyState(s, scratch);
+    auto t0 = Clock::now();
+    st.Put(s, r + 1);
+    Check(ckptdb_wait_capture(st.db, r + 1, -1), "wait_capture");
+    double c = Since(t0);
+    Check(ckptdb_commit(st.db, r + 1, 0), "commit");
+    if (r > 0) {
+      memcpy_s.push_back(m);
+      capture_s.push_back(c);
+    }
+    std::printf("  round %d: memcpy %.2f GB/s, capture %.2f GB/s\n", r, s.bytes / m / 1e9,
+                s.bytes / c / 1e9);
+  }
+  double m = s.bytes / Median(memcpy_s) / 1e9, c = s.bytes / Median(capture_s) / 1e9;
+  std::printf("  memcpy (1 thread), median    %8.2f GB/s\n", m);
+  std::printf("  capture with xxh3, median    %8.2f GB/s\n", c);
+  std::printf("  capture / memcpy             %8.0f%%  (bar: 80%%)\n", 100 * c / m);
+}
+
+// ---- drain
+// ---------------------------------------------------------------------------------------
+
+void Drain(const Args& a, State& s, uint8_t* scratch) {
+  Fresh(a);
+  std::printf("== drain: %.2f GiB from ram to disk:%s ==\n", s.bytes / 1073741824.0,
+              a.disk.c_str());
+  // keep on disk is larger than the rounds: no eviction (an unlink of the last round's 2 GiB)
+  // runs during a measurement.
+  Store st(a.shm + "/store",
+           RamSpec(a, s, 2, ",keep=1") + ";disk:" + a.disk +
+               "/tier,keep=" + std::to_string(a.repeats + 2),
+           a.threads);
+  std::vector<double> raw_s, drain_s;
+  for (int r = 0; r <= a.repeats; ++r) {
+    // Raw: the same bytes, O_DIRECT, 4 MiB writes (ckptdb's chunk size), then fsync.
+    for (size_t i = 0; i < s.shards.size(); ++i) {
+      std::memcpy(scratch + i * s.shard_bytes, s.shards[i], s.shard_bytes);
+    }
+    // The two alternate which goes first: the virtual disk may still be busy with the one
+    // before (its cache is volatile), and neither should always pay for it.
+    std::string raw = a.disk + "/raw.bin";
+    double w = 0, d = 0;
+    auto raw_write = [&] {
+      w = bench::RawWrite(raw, scratch, s.bytes, 4 << 20, /*direct=*/true);
+      fs::remove(raw);
+    };
+    if (r % 2 == 0) raw_write();
+    st.Put(s, r + 1);
+    Check(ckptdb_commit(st.db, r + 1, 0), "commit");  // durable in ram
+    auto t0 = Clock::now();
+    Check(ckptdb_wait_commit(st.db, r + 1, "disk", -1), "wait_commit disk");
+    d = Since(t0);
+    if (r % 2 == 1) raw_write();
+    if (r > 0) {
+      raw_s.push_back(w);
+      drain_s.push_back(d);
+    }
+    std::printf("  round %d: raw O_DIRECT write+fsync %.2f GB/s, drain %.2f GB/s\n", r,
+                s.bytes / w / 1e9, s.bytes / d / 1e9);
+  }
+  ckptdb_stats_t stats;
+  Check(ckptdb_stats(st.db, &stats), "stats");
+  double w = s.bytes / Median(raw_s) / 1e9, d = s.bytes / Median(drain_s) / 1e9;
+  std::printf("  tier disk O_DIRECT: %s\n", stats.tiers[1].direct_io ? "yes" : "no");
+  std::printf("  raw O_DIRECT write+fsync     %8.2f GB/s\n", w);
+  std::printf("  ckptdb drain ram -> disk     %8.2f GB/s\n", d);
+  std::printf("  drain / raw                  %8.0f%%  (bar: 85%%)\n", 100 * d / w);
+}
+
+// ---- restore
+// -------------------------------------------------------------------------------------
+
+void Restore(const Args& a, State& s, uint8_t* scratch) {
+  Fresh(a);
+  std::printf("== restore: %.2f GiB from ram and from disk:%s ==\n", s.bytes / 1073741824.0,
+              a.disk.c_str());
+  const std::string root = a.shm + "/store";
+  const std::string disk_tier = a.disk + "/tier";
+  {
+    Store st(root, RamSpec(a, s, 2, ",keep=1") + ";disk:" + disk_tier + ",keep=1", a.threads);
+    st.Put(s, 1);
+    Check(ckptdb_commit(st.db, 1, 0), "commit");
+    Check(ckptdb_wait_commit(st.db, 1, "disk", -1), "wait_commit disk");
+  }
+  auto restore_all = [&](ckptdb* db) {
+    auto t0 = Clock::now();
+    for (size_t i = 0; i < s.shards.size(); ++i) {
+      Check(
+          ckptdb_restore(db, 1, s.names[i].c_str(), scratch + i * s.shard_bytes, s.shard_bytes, 0),
+          "restore");
+    }
+    double t = Since(t0);
+    for (size_t i = 0; i < s.shards.size(); ++i) {
+      if (std::memcmp(scratch + i * s.shard_bytes, s.shards[i], s.shard_bytes) != 0) {
+        std::fprintf(stderr, "restored bytes of %s differ\n", s.names[i].c_str());
+        std::exit(1);
+      }
+    }
+    return t;
+  };
+  std::vector<double> memcpy_s, ram_s, read_s, disk_s;
+  std::string segment;
+  for (const auto& e : fs::directory_iterator(disk_tier)) {
+    if (e.path().extension() == ".seg") segment = e.path().string();
+  }
+  const size_t segment_bytes = fs::file_size(segment);
+  uint8_t* raw = Allocate(segment_bytes);
+  for (int r = 0; r <= a.repeats; ++r) {
+    double m = MemcpyState(s, scratch);
+    ckptdb_options o;
+    ckptdb_options_init(&o);
+    o.root = root.c_str();
+    o.capture_threads = a.threads;  // restores are copied and checked by as many threads
+    o.read_only = 1;                // a restarted trainer's view, without writing anything
+    ckptdb* db = nullptr;
+    Check(ckptdb_open(&o, &db), "open");
+    double rr = restore_all(db);
+    ckptdb_stats_t stats;
+    Check(ckptdb_stats(db, &stats), "stats");
+    if (std::string(stats.last_restore_tier) != "ram") {
+      std::fprintf(stderr, "restore came from %s, not ram\n", stats.last_restore_tier);
+      std::exit(1);
+    }
+    Check(ckptdb_close(db), "close");
+    bench::DropCache(a.disk);
+    double raw_read = bench::RawRead(segment, raw, segment_bytes, 4 << 20);
+    bench::DropCache(a.disk);
+    std::string disk_only = "disk:" + disk_tier;
+    o.tiers = disk_only.c_str();  // the disk tier alone: as after a reboot
+    Check(ckptdb_open(&o, &db), "open disk");
+    double rd = restore_all(db);
+    Check(ckptdb_close(db), "close");
+    if (r > 0) {
+      memcpy_s.push_back(m);
+      ram_s.push_back(rr);
+      read_s.push_back(raw_read);
+      disk_s.push_back(rd);
+    }
+    std::printf("  round %d: memcpy %.2f, ram %.2f, raw read %.2f, disk %.2f GB/s\n", r,
+                s.bytes / m / 1e9, s.bytes / rr / 1e9, segment_bytes / raw_read / 1e9,
+                s.bytes / rd / 1e9);
+  }
+  munmap(raw, segment_bytes);
+  double m = s.bytes / Median(memcpy_s) / 1e9, rr = s.bytes / Median(ram_s) / 1e9;
+  double raw_read = segment_bytes / Median(read_s) / 1e9, rd = s.bytes / Median(disk_s) / 1e9;
+  std::printf("  memcpy                       %8.2f GB/s\n", m);
+  std::printf("  restore from ram (verified)  %8.2f GB/s\n", rr);
+  std::printf("  raw read of the segment      %8.2f GB/s\n", raw_read);
+  std::printf("  restore from disk (verified) %8.2f GB/s\n", rd);
+  std::printf("  ram restore / memcpy         %8.0f%%  (bar: 80%%)\n", 100 * rr / m);
+  std::printf("  disk restore / raw read      %8.0f%%  (bar: 85%%)\n", 100 * rd / raw_read);
+}
+
+// ---- sweep --------------------------------------------------------------------------------------
+
+struct SweepResult {
+  double blocked_s = 0;     // all checkpoints, summed
+  double iteration_s = 0;   // mean
+  double end_to_end_s = 0;  // including the final drain
+  int checkpoints = 0;
+};
+
+SweepResult RunSweep(const Args& a, State& s, const std::string& approach, int every,
+                     double compute_s, int iterations) {
+  Fresh(a);
+  SweepResult res;
+  auto t0 = Clock::now();
+  std::vector<double> its;
+  if (approach == "sync") {
+    for (int it = 1; it <= iterations; ++it) {
+      auto i0 = Clock::now();
+      Compute(a.compute, compute_s);
+      Step(s, it);
+      if (it % every == 0) {
+        res.blocked_s += SyncWriteState(s, a.disk + "/ckpt-" + std::to_string(it % 2) + ".bin");
+        res.checkpoints++;
+      }
+      its.push_back(Since(i0));
+    }
+    res.end_to_end_s = Since(t0);
+  } else {
+    // Opening is set-up, not training: a new arena's pages are allocated and touched once, when
+    // the job first starts on the node (the arena then outlives restarts).
+    Store* st =
+        new Store(a.shm + "/store",
+                  RamSpec(a, s, 3, ",keep=2") + ";disk:" + a.disk + "/tier,keep=2", a.threads);
+    t0 = Clock::now();
+    for (int it = 1; it <= iterations; ++it) {
+      auto i0 = Clock::now();
+      double blocked = 0;
+      bool checkpoint = it % every == 0;
+      if (checkpoint) blocked += st->Put(s, it);
+      Compute(a.compute, compute_s);
+      if (checkpoint) {
+        auto w0 = Clock::now();
+        Check(ckptdb_wait_capture(st->db, it, -1), "wait_capture");
+        blocked += Since(w0);
+      }
+      Step(s, it);
+      if (checkpoint) {
+        auto c0 = Clock::now();
+        Check(ckptdb_commit(st->db, it, CKPTDB_COMMIT_ASYNC), "commit");
+        blocked += Since(c0);
+        res.checkpoints++;
+      }
+      res.blocked_s += blocked;
+      its.push_back(Since(i0));
+    }
+    delete st;  // close: waits for the commits and drains the demotions to disk
+    res.end_to_end_s = Since(t0);
+  }
+  for (double x : its) res.iteration_s += x / its.size();
+  return res;
+}
+
+void Sweep(const Args& a, State& s) {
+  Fresh(a);
+  double write_s = SyncWriteState(s, a.disk + "/probe.bin");
+  fs::remove(a.disk + "/probe.bin");
+  struct Trainer {
+    const char* name;
+    double compute_s;
+  };
+  // Flush-bound: an iteration is a quarter of what writing the state to disk takes, so a
+  // checkpoint every iteration cannot drain in time. Compute-bound: two writes' worth.
+  const Trainer trainers[] = {{"flush-bound", write_s / 4}, {"compute-bound", write_s * 2}};
+  std::printf("== sweep: %.2f GiB state, write+fsync of it %.0f ms, %d iterations, compute %s ==\n",
+              s.bytes / 1073741824.0, write_s * 1e3, a.iterations, a.compute.c_str());
+  for (const Trainer& t : trainers) {
+    std::printf("\n  %s trainer (iteration compute %.0f ms)\n", t.name, t.compute_s * 1e3);
+    std::printf("  %-6s %-7s %14s %14s %14s %12s\n", "every", "approach", "ckpt GB/s seen",
+                "iteration ms", "end-to-end s", "vs none");
+    SweepResult none = RunSweep(a, s, "sync", a.iterations + 1, t.compute_s, a.iterations);
+    for (int every : {1, 2, 5, 10}) {
+      for (const char* approach : {"sync", "ckptdb"}) {
+        SweepResult r = RunSweep(a, s, approach, every, t.compute_s, a.iterations);
+        double seen = r.checkpoints ? s.bytes * r.checkpoints / r.blocked_s / 1e9 : 0;
+        std::printf("  %-6d %-7s %14.2f %14.1f %14.2f %11.2fx\n", every, approach, seen,
+                    r.iteration_s * 1e3, r.end_to_end_s, r.end_to_end_s / none.end_to_end_s);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--mode") {
+      a.mode = next();
+    } else if (k == "--gib") {
+      a.gib = std::stod(next());
+    } else if (k == "--shards") {
+      a.shards = std::stoul(next());
+    } else if (k == "--disk") {
+      a.disk = next();
+    } else if (k == "--shm") {
+      a.shm = next();
+    } else if (k == "--iterations") {
+      a.iterations = std::stoi(next());
+    } else if (k == "--compute") {
+      a.compute = next();
+    } else if (k == "--compute-ratio") {
+      a.compute_ratio = std::stod(next());
+    } else if (k == "--threads") {
+      a.threads = static_cast<uint32_t>(std::stoul(next()));
+    } else if (k == "--repeats") {
+      a.repeats = std::stoi(next());
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--mode blocked|capture|drain|restore|sweep|all] [--gib G] "
+                   "[--shards N] [--disk DIR] [--shm DIR] [--iterations I] [--compute spin|sleep] "
+                   "[--compute-ratio R] [--threads T] [--repeats R]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  State s = MakeState(a);
+  uint8_t* scratch = Allocate(s.bytes);
+  bool all = a.mode == "all";
+  if (all || a.mode == "blocked") Blocked(a, s, scratch);
+  if (all || a.mode == "capture") Capture(a, s, scratch);
+  if (all || a.mode == "drain") Drain(a, s, scratch);
+  if (all || a.mode == "restore") Restore(a, s, scratch);
+  if (a.mode == "sweep") Sweep(a, s);
+  fs::remove_all(a.shm);
+  fs::remove_all(a.disk);
+  return 0;
+}
