@@ -230,6 +230,13 @@ int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg) {
   return Guard("ckptdb_list", [&] { return Done(db->db->List(version, fn, arg)); });
 }
 
+int ckptdb_list_chunks(ckptdb* db, uint64_t version, const char* name, ckptdb_chunk_fn fn,
+                       void* arg, const char** source) {
+  if (db == nullptr) return NullHandle("ckptdb_list_chunks");
+  return Guard("ckptdb_list_chunks",
+               [&] { return Done(db->db->ListChunks(version, name, fn, arg, source)); });
+}
+
 int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg) {
   if (db == nullptr) return NullHandle("ckptdb_list_versions");
   return Guard("ckptdb_list_versions", [&] { return Done(db->db->ListVersions(fn, arg)); });

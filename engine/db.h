@@ -98,6 +98,8 @@ class Db {
   Status Latest(uint64_t* version);
   Status Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags);
   Status List(uint64_t version, ckptdb_list_fn fn, void* arg);
+  Status ListChunks(uint64_t version, const char* name, ckptdb_chunk_fn fn, void* arg,
+                    const char** source);
   Status ListVersions(ckptdb_version_fn fn, void* arg);
   Status Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                 ckptdb_verify_report* report);
@@ -331,6 +333,8 @@ class Db {
 
   // read.cc
   Status ReadSegment(uint64_t version, size_t tier, OpenSegment** out);
+  Status WithManifest(uint64_t version, const std::string& what,
+                      const std::function<Status(const format::ManifestView&, size_t tier)>& visit);
   Status OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
                        const VersionRecord& record, RamImage image, OpenSegment* out,
                        io::IoQueue* queue);

@@ -375,31 +375,31 @@ Status Db::Latest(uint64_t* version) {
                           " committed versions, but no configured tier still holds any of them");
 }
 
-Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
-  if (fn == nullptr) return Status::Invalid("list: fn is NULL");
+// Calls visit with the manifest of the fastest readable committed copy of `version`.
+Status Db::WithManifest(
+    uint64_t version, const std::string& what,
+    const std::function<Status(const format::ManifestView&, size_t tier)>& visit) {
   std::lock_guard<std::mutex> read_lock(read_mu_);
   std::vector<size_t> candidates;
   {
     std::lock_guard<std::mutex> lock(mu_);
     CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
     if (live_.count(version)) {
-      return Status::State("list " + V(version) + ": the version is OPEN, not committed");
+      return Status::State(what + ": the version is OPEN, not committed");
     }
     auto it = versions_.find(version);
     if (it == versions_.end() || !it->second.has_record) {
-      return Status::NotFound("list " + V(version) + ": unknown version");
+      return Status::NotFound(what + ": unknown version");
     }
     if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
-      return Status::State("list " + V(version) + ": the version is " +
-                           ckptdb_state_name(it->second.record.state));
+      return Status::State(what + ": the version is " + ckptdb_state_name(it->second.record.state));
     }
     for (size_t ti = 0; ti < tiers_.size(); ++ti) {
       if (Durable(it->second, ti)) candidates.push_back(ti);
     }
   }
   if (candidates.empty()) {
-    return Status::NotFound("list " + V(version) +
-                            ": no configured tier holds a copy of the version");
+    return Status::NotFound(what + ": no configured tier holds a copy of the version");
   }
   std::string errors;
   for (size_t ti : candidates) {
@@ -409,12 +409,20 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
       errors += (errors.empty() ? "" : "; ") + st.message();
       continue;
     }
-    // The manifest is the reader's own copy: the listing does not need the pin.
+    // The manifest is the reader's own copy: visiting it does not need the pin.
     if (tiers_[ti].is_ram()) {
       std::lock_guard<std::mutex> lock(mu_);
       Unpin(version);
     }
-    const format::ManifestView& m = seg->reader->manifest();
+    return visit(seg->reader->manifest(), ti);
+  }
+  return Status::Corrupt(what + ": no tier has a readable manifest" +
+                         (errors.empty() ? "" : ": " + errors));
+}
+
+Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
+  if (fn == nullptr) return Status::Invalid("list: fn is NULL");
+  return WithManifest(version, "list " + V(version), [&](const format::ManifestView& m, size_t) {
     for (uint32_t i = 0; i < m.tensor_count(); ++i) {
       const fb::Tensor& t = m.tensor(i);
       std::string name = t.name()->str();
@@ -432,9 +440,25 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
       if (fn(arg, &d) != 0) break;
     }
     return Status::Ok();
-  }
-  return Status::Corrupt("list " + V(version) + ": no tier has a readable manifest" +
-                         (errors.empty() ? "" : ": " + errors));
+  });
+}
+
+Status Db::ListChunks(uint64_t version, const char* name, ckptdb_chunk_fn fn, void* arg,
+                      const char** source) {
+  CKPTDB_RETURN_IF_ERROR(ValidateName(name, "list_chunks"));
+  if (fn == nullptr) return Status::Invalid("list_chunks: fn is NULL");
+  const std::string what = "list_chunks '" + std::string(name) + "' of " + V(version);
+  return WithManifest(version, what, [&](const format::ManifestView& m, size_t tier) {
+    const fb::Tensor* t = m.Find(name);
+    if (t == nullptr) return Status::NotFound(what + ": the version has no tensor by that name");
+    if (source != nullptr) *source = tiers_[tier].name().c_str();
+    for (uint32_t c = t->first_chunk(); c < t->first_chunk() + t->chunk_count(); ++c) {
+      const fb::Chunk& chunk = m.chunk(c);
+      ckptdb_chunk_desc d{c, chunk.record_offset(), chunk.payload_bytes(), chunk.xxh3()};
+      if (fn(arg, &d) != 0) break;
+    }
+    return Status::Ok();
+  });
 }
 
 Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,

@@ -198,6 +198,23 @@ TEST_F(TierManagerTest, DemotionsResumeAtTheNextOpen) {
   EXPECT_EQ(std::string(st.last_restore_tier), "disk:" + disk_dir_);
 }
 
+TEST_F(TierManagerTest, ATierThatWantsAVersionItLacksListsItPending) {
+  Open(ram_);
+  Commit(1);
+  Close();
+  // A read-only look with a disk tier added: disk wants version 1, and ram can give it.
+  ckptdb_options ro = o_;
+  ro.read_only = 1;
+  std::string tiers = ram_ + ";disk:" + disk_dir_;
+  ro.tiers = tiers.c_str();
+  ASSERT_EQ(ckptdb_open(&ro, &db_), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(Residency("disk:" + disk_dir_)[1], CKPTDB_RESIDENT_PENDING);
+  EXPECT_EQ(Residency("ram")[1], CKPTDB_RESIDENT_DURABLE);
+  ckptdb_stats_t st{};
+  ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
+  EXPECT_EQ(st.tiers[1].pending_bytes, 200u << 10);
+}
+
 TEST_F(TierManagerTest, ADamagedSourceChunkFailsTheDemotionAndNamesIt) {
   Open(ram_);
   Commit(1);

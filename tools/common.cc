@@ -133,6 +133,8 @@ const char* ResidencyName(int state) {
       return "MISSING";
     case CKPTDB_RESIDENT_EVICTED:
       return "EVICTED";
+    case CKPTDB_RESIDENT_PENDING:
+      return "PENDING";
     default:
       return "?";
   }

@@ -1,9 +1,17 @@
 // ckptdb demo: the main job on an embedded default. A synthetic model (parameters in bf16 and
-// f16, Adam moments in f32, a step counter in i64, an RNG state in u8) is trained for N
-// iterations that change every byte, checkpointed every iteration through the C API; then the
-// store is reopened as a restarted trainer would, the latest version is restored and checked bit
-// for bit against the live state.
+// f16, Adam moments in f32, a step counter in i64, an RNG state in u8) trains for N iterations
+// and checkpoints every iteration the way a trainer uses ckptdb (DataStates-LLM's lazy capture):
+// at the end of iteration i it puts every shard of version i and goes on; iteration i+1's
+// forward and backward pass (a compute phase that leaves the state alone) runs while capture
+// threads copy the shards into the ram tier; right before the optimizer step changes the state,
+// it waits for the capture and commits version i asynchronously. The table shows what each
+// checkpoint blocked the trainer for, next to what a synchronous write+fsync of the same state
+// costs. Versions divisible by 10 are demoted to a disk tier in the background. Then the store is
+// reopened as a restarted trainer would, the latest version is restored from ram and checked
+// bit for bit against the live state.
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cinttypes>
@@ -21,10 +29,14 @@ namespace {
 
 struct DemoArgs {
   std::string root = "./ckptdb-demo";
-  std::string tiers = "tmpfs:/dev/shm/ckptdb-demo,keep=2;disk:./ckptdb-demo/disk,keep=3";
+  // The ram arena is sized from the model at run time unless --tiers is given.
+  std::string tiers;
+  std::string ram_dir = "/dev/shm/ckptdb-demo";
+  std::string disk_dir = "./ckptdb-demo/disk";
   int iterations = 20;
   int layers = 2;
-  bool remove_tmpfs = false;
+  int compute_ms = 100;
+  bool drop_ram = false;
 };
 
 struct Tensor {
@@ -120,28 +132,75 @@ int Fail(const char* what, int status) {
   return 1;
 }
 
-std::string TierPath(const std::string& spec_tier) {
-  size_t colon = spec_tier.find(':');
-  size_t comma = spec_tier.find(',');
-  return spec_tier.substr(colon + 1,
-                          comma == std::string::npos ? std::string::npos : comma - colon - 1);
+// What a checkpoint costs without ckptdb: the whole state written synchronously, then fsync.
+double SyncWriteSeconds(const std::vector<Tensor>& model, const std::string& dir) {
+  std::string path = dir + "/sync-write-probe.bin";
+  auto t0 = std::chrono::steady_clock::now();
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  for (const Tensor& t : model) {
+    for (size_t off = 0; off < t.bytes;) {
+      ssize_t n = write(fd, t.data + off, t.bytes - off);
+      if (n <= 0) {
+        close(fd);
+        unlink(path.c_str());
+        return -1;
+      }
+      off += static_cast<size_t>(n);
+    }
+  }
+  fsync(fd);
+  close(fd);
+  double s = Seconds(std::chrono::steady_clock::now() - t0);
+  unlink(path.c_str());
+  return s;
+}
+
+// The forward and backward pass: work that reads no checkpointed state (the GPU's, here the
+// CPU's), during which the capture of the previous version runs.
+void ForwardBackward(int ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  volatile uint64_t x = 1;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 1000; ++i) x = x * 6364136223846793005ull + 1;
+  }
+}
+
+int PutAll(ckptdb* db, uint64_t version, const std::vector<Tensor>& model) {
+  for (const Tensor& t : model) {
+    ckptdb_tensor_info info = InfoOf(t);
+    int rc = ckptdb_put_shard(db, version, t.name.c_str(), t.data, t.bytes, &info, 0);
+    if (rc != CKPTDB_OK) return Fail(("put_shard " + t.name).c_str(), rc);
+  }
+  return 0;
+}
+
+std::string Where(ckptdb* db, uint64_t version) {
+  std::string out;
+  auto fn = [](void* arg, const ckptdb_version_info* i) {
+    auto* o = static_cast<std::pair<uint64_t, std::string>*>(arg);
+    if (i->version != o->first) return 0;
+    for (uint32_t k = 0; k < i->residency_count; ++k) {
+      if (i->residency[k].state != CKPTDB_RESIDENT_DURABLE) continue;
+      std::string tier = i->residency[k].tier;
+      o->second += (o->second.empty() ? "" : "+") + tier.substr(0, tier.find(':'));
+    }
+    return 1;
+  };
+  std::pair<uint64_t, std::string> arg{version, ""};
+  ckptdb_list_versions(db, fn, &arg);
+  // Nothing durable yet: its asynchronous commit is still being recorded.
+  return arg.second.empty() ? "(committing)" : arg.second;
 }
 
 int RunDemo(const DemoArgs& a) {
   namespace fs = std::filesystem;
-  // The demo always starts from an empty store: remove what an earlier run left behind.
+  // The demo always starts from an empty store: remove what an earlier run left behind (the
+  // arena lives in a directory of its own so that this removes it too).
   std::error_code ec;
   fs::remove_all(a.root, ec);
-  std::vector<std::string> tier_dirs;
-  for (size_t start = 0; start < a.tiers.size();) {
-    size_t end = a.tiers.find(';', start);
-    std::string t =
-        a.tiers.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (!t.empty()) tier_dirs.push_back(TierPath(t));
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  for (const std::string& d : tier_dirs) fs::remove_all(d, ec);
+  fs::remove_all(a.ram_dir, ec);
+  fs::remove_all(a.disk_dir, ec);
 
   std::vector<Tensor> model = BuildModel(a.layers);
   uint64_t total_bytes = 0;
@@ -156,53 +215,96 @@ int RunDemo(const DemoArgs& a) {
     Seed(model[i], i + 1);
     total_bytes += model[i].bytes;
   }
-  std::printf("ckptdb demo: %zu tensors, %.1f MiB, %d iterations\n", model.size(),
-              total_bytes / 1048576.0, a.iterations);
-  std::printf("store %s, tiers %s\n\n", a.root.c_str(), a.tiers.c_str());
+  // Room for four versions in ram: the two it keeps, one still being demoted to disk, and the
+  // one being captured (with three, every capture after a demotion waits for it to finish),
+  // plus record headers (4 KiB per chunk and per tensor).
+  uint64_t version_bytes = total_bytes + (total_bytes >> 10) + model.size() * 8192 + (1 << 20);
+  std::string tiers = a.tiers;
+  if (tiers.empty()) {
+    tiers = "ram:" + std::to_string((4 * version_bytes >> 20) + 16) + "M,keep=2,dir=" + a.ram_dir +
+            ";disk:" + a.disk_dir + ",every=10,keep=2";
+  }
+  std::printf("ckptdb demo: %zu tensors, %.1f MiB, %d iterations, %d ms of compute each\n",
+              model.size(), total_bytes / 1048576.0, a.iterations, a.compute_ms);
+  std::printf("store %s, tiers %s\n", a.root.c_str(), tiers.c_str());
 
   ckptdb_options o;
   ckptdb_options_init(&o);
   o.root = a.root.c_str();
-  o.tiers = a.tiers.c_str();
+  o.tiers = tiers.c_str();
   o.rank = 0;
   o.world_size = 1;
   ckptdb* db = nullptr;
+  auto open0 = std::chrono::steady_clock::now();
   int rc = ckptdb_open(&o, &db);
   if (rc != CKPTDB_OK) return Fail("open", rc);
+  std::printf(
+      "opened in %.0f ms (a new ram arena's pages are allocated and touched once per "
+      "node; a restart finds them)\n",
+      Seconds(std::chrono::steady_clock::now() - open0) * 1e3);
+  fs::create_directories(a.disk_dir, ec);
+  double sync_s = SyncWriteSeconds(model, a.disk_dir);
+  std::printf("a synchronous write+fsync of this state to %s takes %.0f ms (%.2f GB/s)\n\n",
+              a.disk_dir.c_str(), sync_s * 1e3, total_bytes / sync_s / 1e9);
 
-  std::printf("%5s %8s %11s %9s %10s %8s\n", "iter", "version", "blocked_ms", "put_ms", "commit_ms",
-              "GB/s");
+  std::printf("%5s %8s %11s %8s %8s %9s %10s %9s  %s\n", "iter", "version", "blocked_ms", "put_ms",
+              "wait_ms", "commit_ms", "sync_ms", "blocked%", "version-1 is on");
   double sum_blocked = 0;
-  for (int it = 1; it <= a.iterations; ++it) {
-    for (Tensor& t : model) Step(t, static_cast<uint64_t>(it));
-    uint64_t version = static_cast<uint64_t>(it) * 100;  // versions are training steps
-    auto t0 = std::chrono::steady_clock::now();
-    for (const Tensor& t : model) {
-      ckptdb_tensor_info info = InfoOf(t);
-      rc = ckptdb_put_shard(db, version, t.name.c_str(), t.data, t.bytes, &info, 0);
-      if (rc != CKPTDB_OK) return Fail(("put_shard " + t.name).c_str(), rc);
+  int checkpoints = 0;
+  double put_s = 0;  // put of the version captured during this iteration
+  for (int it = 1; it <= a.iterations + 1; ++it) {
+    ForwardBackward(a.compute_ms);
+    double wait_s = 0, commit_s = 0;
+    if (it > 1) {
+      // Before the optimizer step: the previous version must be out of the live buffers.
+      uint64_t version = static_cast<uint64_t>(it - 1);
+      auto w0 = std::chrono::steady_clock::now();
+      rc = ckptdb_wait_capture(db, version, -1);
+      if (rc != CKPTDB_OK) return Fail("wait_capture", rc);
+      auto c0 = std::chrono::steady_clock::now();
+      rc = ckptdb_commit(db, version, CKPTDB_COMMIT_ASYNC);
+      if (rc != CKPTDB_OK) return Fail("commit", rc);
+      auto c1 = std::chrono::steady_clock::now();
+      wait_s = Seconds(c0 - w0);
+      commit_s = Seconds(c1 - c0);
+      double blocked = put_s + wait_s + commit_s;
+      sum_blocked += blocked;
+      ++checkpoints;
+      std::printf("%5d %8" PRIu64 " %11.2f %8.2f %8.2f %9.2f %10.0f %8.2f%%  %s\n", it - 1, version,
+                  blocked * 1e3, put_s * 1e3, wait_s * 1e3, commit_s * 1e3, sync_s * 1e3,
+                  100 * blocked / sync_s, version > 1 ? Where(db, version - 1).c_str() : "-");
     }
-    rc = ckptdb_wait_capture(db, version, -1);
-    if (rc != CKPTDB_OK) return Fail("wait_capture", rc);
-    auto t1 = std::chrono::steady_clock::now();
-    rc = ckptdb_commit(db, version, 0);
-    if (rc != CKPTDB_OK) return Fail("commit", rc);
-    auto t2 = std::chrono::steady_clock::now();
-    double blocked = Seconds(t2 - t0);
-    sum_blocked += blocked;
-    std::printf("%5d %8" PRIu64 " %11.1f %9.1f %10.1f %8.2f\n", it, version, blocked * 1e3,
-                Seconds(t1 - t0) * 1e3, Seconds(t2 - t1) * 1e3, total_bytes / blocked / 1e9);
+    if (it > a.iterations) break;
+    // The optimizer step: every byte of the state changes. Then the new state is checkpointed.
+    for (Tensor& t : model) Step(t, static_cast<uint64_t>(it));
+    auto p0 = std::chrono::steady_clock::now();
+    if (int r = PutAll(db, static_cast<uint64_t>(it), model); r != 0) return r;
+    put_s = Seconds(std::chrono::steady_clock::now() - p0);
   }
+  rc = ckptdb_wait_commit(db, static_cast<uint64_t>(a.iterations), nullptr, -1);
+  if (rc != CKPTDB_OK) return Fail("wait_commit", rc);
   ckptdb_stats_t st;
   ckptdb_stats(db, &st);
-  rc = ckptdb_close(db);
+  auto close0 = std::chrono::steady_clock::now();
+  rc = ckptdb_close(db);  // waits for the demotions still running
   if (rc != CKPTDB_OK) return Fail("close", rc);
-  std::printf("\nmean blocked %.1f ms per checkpoint of %.1f MiB (%.2f GB/s); fixed buffers %s\n",
-              sum_blocked / a.iterations * 1e3, total_bytes / 1048576.0,
-              total_bytes * a.iterations / sum_blocked / 1e9, st.fixed_buffers ? "on" : "off");
+  double close_s = Seconds(std::chrono::steady_clock::now() - close0);
+  std::printf(
+      "\nmean blocked %.2f ms per checkpoint of %.1f MiB: %.2f%% of a synchronous "
+      "write+fsync (%.0f ms)\n",
+      sum_blocked / checkpoints * 1e3, total_bytes / 1048576.0,
+      100 * sum_blocked / checkpoints / sync_s, sync_s * 1e3);
+  std::printf("capture %.2f GB/s; close drained the last demotions in %.0f ms\n",
+              st.capture_ns ? static_cast<double>(st.capture_bytes) / st.capture_ns : 0.0,
+              close_s * 1e3);
   for (uint32_t i = 0; i < st.tier_count; ++i) {
-    std::printf("tier %-40s O_DIRECT %-3s wrote %.2f GiB\n", st.tiers[i].name,
-                st.tiers[i].direct_io ? "yes" : "no", st.tiers[i].bytes_written / 1073741824.0);
+    const ckptdb_tier_stats& t = st.tiers[i];
+    std::printf(
+        "tier %-36s wrote %7.2f GiB at %5.2f GB/s, %2u demoted in, %2u evicted, holds "
+        "%u\n",
+        t.name, t.bytes_written / 1073741824.0,
+        t.write_ns ? static_cast<double>(t.bytes_written) / t.write_ns : 0.0, t.demotions,
+        t.evictions, t.resident_versions);
   }
 
   // A restarted trainer: a new handle, recovery, latest, restore everything, compare.
@@ -227,8 +329,8 @@ int RunDemo(const DemoArgs& a) {
       ++mismatches;
     }
   }
-  uint64_t expected_version = static_cast<uint64_t>(a.iterations) * 100;
-  std::printf("\n%-28s %s\n", "latest version", std::to_string(latest).c_str());
+  const uint64_t expected_version = static_cast<uint64_t>(a.iterations);
+  std::printf("%-28s %s\n", "latest version", std::to_string(latest).c_str());
   std::printf("%-28s %.1f ms\n", "reopen (recovery)", Seconds(r1 - r0) * 1e3);
   std::printf("%-28s %.1f ms (%.2f GB/s)\n", "restore", Seconds(r2 - r1) * 1e3,
               total_bytes / Seconds(r2 - r1) / 1e9);
@@ -237,21 +339,18 @@ int RunDemo(const DemoArgs& a) {
               mismatches == 0 && latest == expected_version ? "yes" : "NO");
   ckptdb_close(db);
   // The store is left whole, so that `ckptdb inspect` and `ckptdb verify` find it consistent.
-  // Its tmpfs tier holds memory: say how much and how to free it (the next demo replaces it).
-  for (size_t i = 0; i < tier_dirs.size(); ++i) {
-    if (a.tiers.find("tmpfs:" + tier_dirs[i]) == std::string::npos) continue;
-    if (a.remove_tmpfs) {
-      // As after a reboot: verify will report these copies as missing; restore uses the disk.
-      fs::remove_all(tier_dirs[i], ec);
-      std::printf("\nremoved the tmpfs tier %s (--remove-tmpfs)\n", tier_dirs[i].c_str());
-      continue;
-    }
+  // Its ram arena holds memory: say how much and how to free it (the next demo replaces it).
+  if (a.drop_ram) {
+    // As after a reboot: verify will report the ram copies missing; restore uses the disk.
+    fs::remove_all(a.ram_dir, ec);
+    std::printf("\nremoved the ram tier's arena in %s (--drop-ram)\n", a.ram_dir.c_str());
+  } else {
     uint64_t held = 0;
-    for (const auto& e : fs::directory_iterator(tier_dirs[i], ec)) {
+    for (const auto& e : fs::directory_iterator(a.ram_dir, ec)) {
       if (e.is_regular_file(ec)) held += e.file_size(ec);
     }
-    std::printf("\nthe tmpfs tier %s holds %.1f MiB of memory; rm -rf it to free it\n",
-                tier_dirs[i].c_str(), static_cast<double>(held) / (1 << 20));
+    std::printf("\nthe ram tier's arena in %s holds %.1f MiB of memory; rm -rf it to free it\n",
+                a.ram_dir.c_str(), static_cast<double>(held) / (1 << 20));
   }
   for (Tensor& t : model) {
     munmap(t.data, (t.bytes + 4095) & ~size_t{4095});
@@ -263,7 +362,13 @@ int RunDemo(const DemoArgs& a) {
                  expected_version);
     return 1;
   }
-  std::printf("\nok: version %" PRIu64 " restored bit for bit\n", latest);
+  if (std::string(st.last_restore_tier) != "ram" && a.tiers.empty()) {
+    std::fprintf(stderr, "ckptdb demo: FAILED: the restore came from %s, not from ram\n",
+                 st.last_restore_tier);
+    return 1;
+  }
+  std::printf("\nok: version %" PRIu64 " restored bit for bit from %s\n", latest,
+              st.last_restore_tier);
   return 0;
 }
 
@@ -273,19 +378,29 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* cmd = app.add_subcommand(
       "demo",
-      "Train a synthetic model (>= 512 MiB, mixed dtypes), checkpoint every iteration, "
-      "restart, restore the latest version and check it bit for bit");
+      "Train a synthetic model (>= 512 MiB, mixed dtypes), checkpoint every iteration into ram "
+      "while it computes, restart, restore the latest version and check it bit for bit");
   cmd->add_option("--root", args->root, "Store directory (removed and recreated)")
       ->capture_default_str();
-  cmd->add_option("--tiers", args->tiers, "Tier spec, fastest first")->capture_default_str();
+  cmd->add_option("--tiers", args->tiers,
+                  "Tier spec, fastest first (default: a ram tier in --ram-dir sized for three "
+                  "versions, keep=2; --disk-dir every=10, keep=2)");
+  cmd->add_option("--ram-dir", args->ram_dir, "Directory of the ram tier's arena (removed first)")
+      ->capture_default_str();
+  cmd->add_option("--disk-dir", args->disk_dir, "The disk tier's directory (removed first)")
+      ->capture_default_str();
   cmd->add_option("--iterations", args->iterations, "Training iterations (one checkpoint each)")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   cmd->add_option("--layers", args->layers, "Transformer layers (each adds about 120 MiB)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
-  cmd->add_flag("--remove-tmpfs", args->remove_tmpfs,
-                "Delete the tmpfs tier's files at the end, as a reboot would (verify then "
+  cmd->add_option("--compute-ms", args->compute_ms,
+                  "Forward and backward pass per iteration, during which capture runs")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
+  cmd->add_flag("--drop-ram", args->drop_ram,
+                "Delete the ram tier's arena at the end, as a reboot would (verify then "
                 "reports those copies missing)");
   cmd->callback([args, exit_code]() { *exit_code = RunDemo(*args); });
 }

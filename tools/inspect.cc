@@ -3,11 +3,6 @@
 // place and checksum as the segment's manifest records them. Read-only: safe beside a trainer.
 // The JSON schema ("format": "ckptdb-inspect", "format_version": 1) is documented in docs/cli.md
 // and only grows: keys are added, never renamed or removed, within a format_version.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -16,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "format/segment_reader.h"
+#include "format/segment_format.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "util/status.h"
@@ -30,6 +25,7 @@ struct InspectArgs {
   bool all = false;
   bool chunks = false;
   bool json = false;
+  bool stats = false;
 };
 
 struct ChunkRecord {
@@ -43,8 +39,8 @@ struct Detail {
   bool listed = false;     // the tensor list could be read
   std::string list_error;  // why not, when it could not
   std::vector<TensorRecord> tensors;
-  bool chunked = false;  // chunk entries were read from `chunk_source`
-  std::string chunk_source;
+  bool chunked = false;      // chunk entries were read from the copy on tier `chunk_source`
+  std::string chunk_source;  // a tier name
   std::string chunk_error;
   std::vector<std::vector<ChunkRecord>> chunks;  // per tensor, parallel to `tensors`
 };
@@ -53,54 +49,6 @@ std::string Hex64(uint64_t value) {
   char text[24];
   std::snprintf(text, sizeof text, "0x%016" PRIx64, value);
   return text;
-}
-
-// Reads the chunk table of one segment file through format::SegmentReader, which verifies the
-// header, footer and manifest before anything is believed.
-Status ReadChunks(const Residency& res, const std::vector<TensorRecord>& tensors,
-                  std::vector<std::vector<ChunkRecord>>* out) {
-  std::string what = res.tier + " segment " + res.path;
-  int fd = open(res.path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + what);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    Status s = Status::FromErrno(errno, "stat " + what);
-    close(fd);
-    return s;
-  }
-  format::ReadAtFn read = [fd, what](uint64_t offset, void* buffer, size_t length) -> Status {
-    size_t done = 0;
-    while (done < length) {
-      ssize_t n = pread(fd, static_cast<uint8_t*>(buffer) + done, length - done,
-                        static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Status::FromErrno(errno, "read " + what);
-      if (n == 0) {
-        return Status::Corrupt(what + ": short read at offset " + std::to_string(offset + done));
-      }
-      done += static_cast<size_t>(n);
-    }
-    return Status::Ok();
-  };
-  std::unique_ptr<format::SegmentReader> reader;
-  Status s = format::SegmentReader::Open(what, static_cast<uint64_t>(st.st_size), read, &reader);
-  if (s.ok()) {
-    const format::ManifestView& m = reader->manifest();
-    out->assign(tensors.size(), {});
-    for (size_t i = 0; i < tensors.size(); i++) {
-      const fb::Tensor* t = m.Find(tensors[i].name);
-      if (t == nullptr) {
-        s = Status::Corrupt(what + ": the manifest has no tensor '" + tensors[i].name + "'");
-        break;
-      }
-      for (uint32_t c = 0; c < t->chunk_count(); c++) {
-        const fb::Chunk& chunk = m.chunk(t->first_chunk() + c);
-        (*out)[i].push_back({chunk.record_offset(), chunk.payload_bytes(), chunk.xxh3()});
-      }
-    }
-  }
-  close(fd);
-  return s;
 }
 
 Detail ReadDetail(ckptdb* db, const VersionRecord& v, bool want_chunks) {
@@ -113,18 +61,25 @@ Detail ReadDetail(ckptdb* db, const VersionRecord& v, bool want_chunks) {
   }
   d.listed = true;
   if (!want_chunks) return d;
-  for (const Residency& res : v.residency) {
-    if (res.state != CKPTDB_RESIDENT_DURABLE) continue;
-    Status s = ReadChunks(res, d.tensors, &d.chunks);
-    if (s.ok()) {
-      d.chunked = true;
-      d.chunk_source = res.path;
-      d.chunk_error.clear();
+  d.chunks.assign(d.tensors.size(), {});
+  for (size_t i = 0; i < d.tensors.size(); i++) {
+    const char* source = nullptr;
+    rc = ckptdb_list_chunks(
+        db, v.version, d.tensors[i].name.c_str(),
+        [](void* arg, const ckptdb_chunk_desc* c) {
+          static_cast<std::vector<ChunkRecord>*>(arg)->push_back(
+              {c->record_offset, c->payload_bytes, c->xxh3});
+          return 0;
+        },
+        &d.chunks[i], &source);
+    if (rc != CKPTDB_OK) {
+      d.chunk_error = ErrorText(rc);
+      d.chunks.clear();
       return d;
     }
-    d.chunk_error += (d.chunk_error.empty() ? "" : "; ") + s.message();
+    if (source != nullptr) d.chunk_source = source;
   }
-  if (d.chunk_error.empty()) d.chunk_error = "no durable copy to read chunks from";
+  d.chunked = true;
   return d;
 }
 
@@ -237,10 +192,115 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
       }
     }
   }
-  if (d.chunked) std::printf("  chunks as recorded in %s\n", d.chunk_source.c_str());
+  if (d.chunked) std::printf("  chunks as the copy on %s records them\n", d.chunk_source.c_str());
   if (!d.chunked && !d.chunk_error.empty()) {
     std::printf("  chunks: cannot be read: %s\n", d.chunk_error.c_str());
   }
+}
+
+double Ms(uint64_t ns) { return ns / 1e6; }
+double GBps(uint64_t bytes, uint64_t ns) { return ns == 0 ? 0 : bytes / static_cast<double>(ns); }
+
+nlohmann::ordered_json StatsJson(const ckptdb_stats_t& s) {
+  nlohmann::ordered_json j;
+  j["put_calls"] = s.put_calls;
+  j["put_bytes"] = s.put_bytes;
+  j["put_blocked_ns"] = s.put_blocked_ns;
+  j["wait_capture_blocked_ns"] = s.wait_capture_blocked_ns;
+  j["capture_bytes"] = s.capture_bytes;
+  j["capture_ns"] = s.capture_ns;
+  j["commits"] = s.commits;
+  j["commit_blocked_ns"] = s.commit_blocked_ns;
+  j["backpressure_waits"] = s.backpressure_waits;
+  j["backpressure_wait_ns"] = s.backpressure_wait_ns;
+  j["direct_chunks"] = s.direct_chunks;
+  j["staging_high_water_bytes"] = s.staging_high_water_bytes;
+  j["fsyncs"] = s.fsyncs;
+  j["tiers"] = nlohmann::ordered_json::array();
+  for (uint32_t i = 0; i < s.tier_count; ++i) {
+    const ckptdb_tier_stats& t = s.tiers[i];
+    j["tiers"].push_back({{"tier", t.name},
+                          {"bytes_written", t.bytes_written},
+                          {"write_ns", t.write_ns},
+                          {"pending_bytes", t.pending_bytes},
+                          {"resident_versions", t.resident_versions},
+                          {"resident_bytes", t.resident_bytes},
+                          {"capacity_bytes", t.capacity_bytes}});
+  }
+  return j;
+}
+
+nlohmann::ordered_json VersionStatsJson(const ckptdb_version_stats_t& v, const ckptdb_stats_t& s) {
+  nlohmann::ordered_json j;
+  j["put_calls"] = v.put_calls;
+  j["put_blocked_ns"] = v.put_blocked_ns;
+  j["wait_capture_blocked_ns"] = v.wait_capture_blocked_ns;
+  j["commit_blocked_ns"] = v.commit_blocked_ns;
+  j["capture_ns"] = v.capture_ns;
+  j["commit_ns"] = v.commit_ns;
+  j["backpressure_waits"] = v.backpressure_waits;
+  j["backpressure_wait_ns"] = v.backpressure_wait_ns;
+  j["direct_chunks"] = v.direct_chunks;
+  j["staging_high_water_bytes"] = v.staging_high_water_bytes;
+  j["fsyncs"] = v.fsyncs;
+  j["tiers"] = nlohmann::ordered_json::array();
+  for (uint32_t i = 0; i < v.tier_count && i < s.tier_count; ++i) {
+    if (v.tier_bytes_written[i] == 0) continue;
+    j["tiers"].push_back({{"tier", s.tiers[i].name},
+                          {"bytes_written", v.tier_bytes_written[i]},
+                          {"write_ns", v.tier_write_ns[i]}});
+  }
+  return j;
+}
+
+// The figures of --stats: what checkpointing cost the trainer, per version and in all, and what
+// each tier holds, took in and still waits for.
+void PrintStats(ckptdb* db, const std::vector<VersionRecord>& versions, const ckptdb_stats_t& s) {
+  std::printf("\nfigures kept for %" PRIu64 " version(s)\n", s.commits);
+  if (s.commits > 0) {
+    std::printf(
+        "  per version, mean: put_shard %.2f ms, wait_capture %.2f ms, commit %.2f ms "
+        "blocked; capture %.1f ms (%.2f GB/s)\n",
+        Ms(s.put_blocked_ns) / s.commits, Ms(s.wait_capture_blocked_ns) / s.commits,
+        Ms(s.commit_blocked_ns) / s.commits, Ms(s.capture_ns) / s.commits,
+        GBps(s.capture_bytes, s.capture_ns));
+    std::printf("  back-pressure: %" PRIu64 " waits (%.1f ms), %" PRIu64
+                " chunks written from callers' buffers; staging high-water %s; %" PRIu64
+                " fsyncs\n",
+                s.backpressure_waits, Ms(s.backpressure_wait_ns), s.direct_chunks,
+                HumanBytes(s.staging_high_water_bytes).c_str(), s.fsyncs);
+  }
+  std::printf("  %-40s %9s %11s %11s %11s %9s\n", "TIER", "VERSIONS", "RESIDENT", "PENDING",
+              "WRITTEN", "GB/s");
+  for (uint32_t i = 0; i < s.tier_count; ++i) {
+    const ckptdb_tier_stats& t = s.tiers[i];
+    std::string name = t.name;
+    if (t.capacity_bytes) name += " (" + HumanBytes(t.capacity_bytes) + ")";
+    std::printf("  %-40s %9u %11s %11s %11s %9.2f\n", name.c_str(), t.resident_versions,
+                HumanBytes(t.resident_bytes).c_str(), HumanBytes(t.pending_bytes).c_str(),
+                HumanBytes(t.bytes_written).c_str(), GBps(t.bytes_written, t.write_ns));
+  }
+  std::printf("\n  %10s %8s %8s %9s %10s %8s %10s %8s", "VERSION", "PUT_MS", "WAIT_MS", "COMMIT_MS",
+              "CAPTURE_MS", "GB/s", "DURABLE_IN", "BP_WAITS");
+  for (uint32_t i = 0; i < s.tier_count; ++i) std::printf("  T%u_GB/s", i);
+  std::printf("\n");
+  for (const VersionRecord& v : versions) {
+    ckptdb_version_stats_t vs{};
+    if (ckptdb_version_stats(db, v.version, &vs) != CKPTDB_OK) continue;
+    std::printf("  %10" PRIu64 " %8.2f %8.2f %9.2f %10.1f %8.2f %8.1fms %8" PRIu64, v.version,
+                Ms(vs.put_blocked_ns), Ms(vs.wait_capture_blocked_ns), Ms(vs.commit_blocked_ns),
+                Ms(vs.capture_ns), GBps(vs.bytes, vs.capture_ns), Ms(vs.commit_ns),
+                vs.backpressure_waits);
+    for (uint32_t i = 0; i < s.tier_count; ++i) {
+      if (vs.tier_bytes_written[i] == 0) {
+        std::printf("  %7s", "-");
+      } else {
+        std::printf("  %7.2f", GBps(vs.tier_bytes_written[i], vs.tier_write_ns[i]));
+      }
+    }
+    std::printf("\n");
+  }
+  for (uint32_t i = 0; i < s.tier_count; ++i) std::printf("  T%u = %s\n", i, s.tiers[i].name);
 }
 
 int RunInspect(const InspectArgs& args) {
@@ -287,6 +347,11 @@ int RunInspect(const InspectArgs& args) {
       }
     }
   }
+  ckptdb_stats_t stats{};
+  if (args.stats && ckptdb_stats(db.get(), &stats) != CKPTDB_OK) {
+    std::fprintf(stderr, "ckptdb inspect: %s\n", ckptdb_last_error());
+    return kExitProblem;
+  }
   if (args.json) {
     nlohmann::ordered_json out;
     out["format"] = "ckptdb-inspect";
@@ -294,8 +359,14 @@ int RunInspect(const InspectArgs& args) {
     out["root"] = args.root;
     out["versions"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < versions.size(); i++) {
-      out["versions"].push_back(VersionJson(versions[i], &details[i]));
+      nlohmann::ordered_json v = VersionJson(versions[i], &details[i]);
+      ckptdb_version_stats_t vs{};
+      if (args.stats && ckptdb_version_stats(db.get(), versions[i].version, &vs) == CKPTDB_OK) {
+        v["stats"] = VersionStatsJson(vs, stats);
+      }
+      out["versions"].push_back(std::move(v));
     }
+    if (args.stats) out["stats"] = StatsJson(stats);
     // Names are bytes: invalid UTF-8 is replaced rather than failing the whole report.
     std::string text = out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
     std::printf("%s\n", text.c_str());
@@ -305,6 +376,7 @@ int RunInspect(const InspectArgs& args) {
   if (detailed) {
     for (size_t i = 0; i < versions.size(); i++) PrintDetail(versions[i], details[i]);
   }
+  if (args.stats) PrintStats(db.get(), versions, stats);
   return exit_code;
 }
 
@@ -321,6 +393,9 @@ void AddInspectCommand(CLI::App& app, int* exit_code) {
                 "Also show each chunk's file offset, size and xxh3 (reads the manifest)");
   cmd->add_flag("--json", args->json,
                 "Print one JSON document (schema in docs/cli.md), every version in detail");
+  cmd->add_flag("--stats", args->stats,
+                "Also print the figures: blocked time, capture and drain rates, back-pressure, "
+                "pending bytes per tier, per version and in all");
   cmd->callback([args, exit_code] { *exit_code = RunInspect(*args); });
 }
 

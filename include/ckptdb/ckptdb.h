@@ -219,6 +219,22 @@ typedef int (*ckptdb_list_fn)(void* arg, const ckptdb_tensor_desc* tensor);
  * manifest). Callbacks run under the handle's lock: do not call back into the same handle. */
 int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg);
 
+typedef struct ckptdb_chunk_desc {
+  uint32_t index;         /* the chunk's index in the version's segment */
+  uint64_t record_offset; /* where its record starts in the segment (the payload is 4096 later) */
+  uint64_t payload_bytes;
+  uint64_t xxh3; /* XXH3-64 of the payload */
+} ckptdb_chunk_desc;
+
+typedef int (*ckptdb_chunk_fn)(void* arg, const ckptdb_chunk_desc* chunk);
+
+/* Calls fn for each chunk of tensor `name` in committed `version`, in order, as the manifest of
+ * the fastest readable copy records them; *source (may be NULL) receives that copy's tier name
+ * (valid until the handle closes). Errors: as ckptdb_list, and ENOTFOUND for an unknown name.
+ * Callbacks run on the calling thread; a nonzero return stops the listing. */
+int ckptdb_list_chunks(ckptdb* db, uint64_t version, const char* name, ckptdb_chunk_fn fn,
+                       void* arg, const char** source);
+
 typedef enum ckptdb_version_state {
   CKPTDB_STATE_OPEN = 1,
   CKPTDB_STATE_CAPTURED = 2,
