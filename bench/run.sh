@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Runs the benchmarks against their physical limits; the figures go into docs/performance.md.
-# Usage: bench/run.sh [BUILD_DIR]
+# Usage: bench/run.sh [BUILD_DIR]   (about 10 minutes on the 2-core VM; needs ~9 GiB of memory,
+# /dev/shm and /var/tmp)
 set -euo pipefail
 build=${1:-build}
+echo "== copy and hash in pieces: the piece size capture uses =="
+"$build/bench_copy_hash" --gib 2 --repeats 3
+echo
+echo "== issue 3: blocked time, capture, drain, restore (2 GiB in 128 shards) =="
+"$build/bench_async" --mode all --gib 2 --shards 128 --iterations 8
+echo
+echo "== issue 3: checkpoint-frequency sweep (512 MiB, flush-bound and compute-bound trainer) =="
+"$build/bench_async" --mode sweep --gib 0.5 --shards 64 --iterations 10
+echo
 echo "== commit/restore of 2 GiB on a tmpfs tier =="
 "$build/bench_commit_restore" --dir /dev/shm/ckptdb-bench --gib 2 --tensor-mib 64 --repeats 5
 echo

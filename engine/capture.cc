@@ -17,8 +17,9 @@ namespace {
 
 using format::kBlockBytes;
 
-// 64 KiB pieces stay in L1/L2 between the copy and the hash: the capture loop measured at 80-85%
-// of memcpy on one thread with them, 69-73% with 1 MiB pieces (docs/performance.md).
+// 64 KiB pieces stay in L2 between the copy and the hash: copy-and-hash ran at 83-84% of memcpy
+// on one thread with 16-256 KiB pieces, 71-74% with 1-4 MiB ones (bench_copy_hash,
+// docs/performance.md).
 constexpr uint64_t kCopyPieceBytes = 64 << 10;
 
 Status ValidateTensorInfo(const ckptdb_tensor_info* info, const std::string& what, size_t nbytes,

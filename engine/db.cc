@@ -420,7 +420,6 @@ Status Db::Close() {
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_ || closing_) return Status::Ok();
   closing_ = true;
-  Status result;
   if (manager_.joinable()) {
     // Versions not asked to commit are aborted; those asked finish (their callers were promised
     // an outcome). Then the manager drains demotions, or leaves them to the next open.
@@ -436,7 +435,6 @@ Status Db::Close() {
     }
     WakeManager();
     state_cv_.wait(lock, [&] { return manager_idle_; });
-    result = close_error_;
   }
   stopping_ = true;
   work_cv_.notify_all();
@@ -465,7 +463,7 @@ Status Db::Close() {
   }
   closed_ = true;
   state_cv_.notify_all();
-  return result;
+  return Status::Ok();
 }
 
 Status Db::Abort(uint64_t version) {

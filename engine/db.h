@@ -373,7 +373,6 @@ class Db {
   bool closed_ = false;
   bool closing_ = false;       // Close has begun: no new calls
   bool manager_idle_ = false;  // closing, and the manager has finished what close waits for
-  Status close_error_;         // the first failure of what close waited for
   bool stopping_ = false;      // threads are asked to stop
   Status poisoned_;            // set when the outcome of a commit is unknown: only Close is allowed
 

@@ -374,7 +374,9 @@ TEST(CliRamTest, InspectShowsTheRamTierAndItsFiguresAndVerifyChecksIt) {
 
   r = Cli("inspect " + Quote(root) + " --version 3 --chunks");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("chunks as the copy on ram records them"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("chunks as the copy on ram records them (" + mem.Sub("ram")),
+            std::string::npos)
+      << r.output;
 
   r = Cli("verify " + Quote(root) + " --tier ram");
   EXPECT_EQ(r.code, 0) << r.output;

@@ -39,8 +39,9 @@ struct Detail {
   bool listed = false;     // the tensor list could be read
   std::string list_error;  // why not, when it could not
   std::vector<TensorRecord> tensors;
-  bool chunked = false;      // chunk entries were read from the copy on tier `chunk_source`
-  std::string chunk_source;  // a tier name
+  bool chunked = false;      // chunk entries were read from the copy on tier `chunk_tier`
+  std::string chunk_tier;    // that copy's tier
+  std::string chunk_source;  // and its file (a segment, or the ram tier's arena)
   std::string chunk_error;
   std::vector<std::vector<ChunkRecord>> chunks;  // per tensor, parallel to `tensors`
 };
@@ -77,7 +78,10 @@ Detail ReadDetail(ckptdb* db, const VersionRecord& v, bool want_chunks) {
       d.chunks.clear();
       return d;
     }
-    if (source != nullptr) d.chunk_source = source;
+    if (source != nullptr) d.chunk_tier = source;
+  }
+  for (const Residency& r : v.residency) {
+    if (r.tier == d.chunk_tier) d.chunk_source = r.path;
   }
   d.chunked = true;
   return d;
@@ -106,7 +110,10 @@ nlohmann::ordered_json VersionJson(const VersionRecord& v, const Detail* d) {
     return j;
   }
   if (!d->chunk_error.empty() && !d->chunked) j["chunks_error"] = d->chunk_error;
-  if (d->chunked) j["chunks_source"] = d->chunk_source;
+  if (d->chunked) {
+    j["chunks_source"] = d->chunk_source;
+    j["chunks_tier"] = d->chunk_tier;
+  }
   j["tensors"] = nlohmann::ordered_json::array();
   for (size_t i = 0; i < d->tensors.size(); i++) {
     const TensorRecord& t = d->tensors[i];
@@ -192,7 +199,10 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
       }
     }
   }
-  if (d.chunked) std::printf("  chunks as the copy on %s records them\n", d.chunk_source.c_str());
+  if (d.chunked) {
+    std::printf("  chunks as the copy on %s records them (%s)\n", d.chunk_tier.c_str(),
+                d.chunk_source.c_str());
+  }
   if (!d.chunked && !d.chunk_error.empty()) {
     std::printf("  chunks: cannot be read: %s\n", d.chunk_error.c_str());
   }

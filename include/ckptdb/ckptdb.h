@@ -5,8 +5,10 @@
  * After a failed call, ckptdb_last_error() gives a thread-local message that names the object at
  * fault (file, chunk, tensor, version). docs/api.md documents each call at length.
  *
- * Thread safety: one ckptdb handle may be used from several threads; calls on it are serialized.
- * Different handles are independent. One process opens one handle per rank.
+ * Thread safety: one ckptdb handle may be used from several threads at once. It runs threads of
+ * its own (capture workers, a tier manager); restore, list, list_chunks and verify run one at a
+ * time; no call may start once ckptdb_close has begun. Different handles are independent. One
+ * process opens one handle per rank. docs/api.md ("Thread safety") has the details.
  */
 #ifndef CKPTDB_CKPTDB_H_
 #define CKPTDB_CKPTDB_H_
@@ -127,16 +129,20 @@ void ckptdb_options_init(ckptdb_options* o);
 /* ---- Handles ------------------------------------------------------------------------------ */
 typedef struct ckptdb ckptdb;
 
-/* Opens (or creates) the store at o->root. Recovery: every version that was not committed is
+/* Opens (or creates) the store at o->root, maps (or creates) a ram tier's arena, and starts the
+ * capture workers and the tier manager. Recovery: every version that was not committed is
  * aborted and its files on every tier are deleted; tier files no catalog record accounts for
- * are collected. Blocks on that recovery. Errors: EINVAL, ENOTFOUND (no store, read_only or
- * create_if_missing = 0), EBUSY (another process holds it), ENOTSUP, EIO, ENOMEM, ECORRUPT. */
+ * are collected; ram copies are found again in the arena; demotions left undone resume. Blocks
+ * on that recovery (and on touching a new arena's pages once). Errors: EINVAL, ENOTFOUND (no
+ * store, read_only or create_if_missing = 0; an unknown commit_tier), EBUSY (another process
+ * holds it), ENOTSUP, EIO, ENOMEM, ENOSPC, ECORRUPT. */
 int ckptdb_open(const ckptdb_options* o, ckptdb** out);
 
-/* Waits for in-flight writes, aborts versions that were put but not committed, releases
- * everything (also after a failed commit left the handle unusable). Committed data is never
- * touched. NULL is a no-op. Errors: EIO when deleting an open version's files failed; the
- * handle is released anyway. */
+/* Aborts versions that were put but not asked to commit, lets the commits asked for finish, waits
+ * (with drain_on_close, the default) for every pending demotion and eviction, stops the threads
+ * and releases everything (also after a failed commit left the handle unusable). Committed data
+ * is never touched; undone demotions resume at the next open. NULL is a no-op. Returns
+ * CKPTDB_OK; failures of what it waited for are reported on stderr. */
 int ckptdb_close(ckptdb* db);
 
 /* ---- Saving ------------------------------------------------------------------------------- */
@@ -192,9 +198,9 @@ int ckptdb_latest(ckptdb* db, uint64_t* version);
 /* Reads tensor `name` of committed `version` into dst, which must be exactly the tensor's size.
  * Tiers are tried fastest first; each chunk is checked against its xxh3 and a failing chunk is
  * read from the next tier. If no tier has a good copy the call fails with ECORRUPT and the
- * failing chunks' bytes in dst are zeroed: never wrong bytes. Errors: ENOTFOUND (version or
- * name), ESTATE (not committed), ESIZE (nbytes differs; the message gives the stored size),
- * ECORRUPT, EIO. */
+ * failing chunks' bytes in dst are zeroed: never wrong bytes. ckptdb_stats' last_restore_tier
+ * names the fastest tier that served it. Errors: ENOTFOUND (version or name), ESTATE (not
+ * committed), ESIZE (nbytes differs; the message gives the stored size), ECORRUPT, EIO. */
 int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags);
 
@@ -216,7 +222,8 @@ typedef int (*ckptdb_list_fn)(void* arg, const ckptdb_tensor_desc* tensor);
 /* Calls fn for each tensor of committed `version`, in name order. The descriptor's pointers are
  * valid only during the call. Errors: EINVAL (fn NULL), ENOTFOUND (unknown version, or no
  * configured tier holds a copy), ESTATE (not committed), ECORRUPT (no copy has a readable
- * manifest). Callbacks run under the handle's lock: do not call back into the same handle. */
+ * manifest). The callback holds the readers' turn: it must not call restore, list, list_chunks,
+ * verify or close on the same handle. */
 int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg);
 
 typedef struct ckptdb_chunk_desc {
@@ -278,7 +285,9 @@ typedef struct ckptdb_version_info {
 
 typedef int (*ckptdb_version_fn)(void* arg, const ckptdb_version_info* info);
 
-/* Calls fn for every version the catalog knows, oldest first (aborted ones included). */
+/* Calls fn for every version the catalog knows, oldest first (aborted ones included), with the
+ * copies each tier holds; a tier that wants a committed version it does not hold yet is listed
+ * CKPTDB_RESIDENT_PENDING. fn runs with no lock held. */
 int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg);
 
 typedef enum ckptdb_verify_kind {
@@ -311,7 +320,8 @@ typedef struct ckptdb_verify_report {
 } ckptdb_verify_report;
 
 /* Re-reads every chunk of `version` (or CKPTDB_ALL_VERSIONS committed ones) on `tier` (or every
- * tier when NULL; any spelling that parses to the tier's name) and checks framing, manifest and
+ * tier when NULL; a name such as "ram", a kind, or any spelling that parses to the tier's name),
+ * a ram copy through its index in the arena, and checks framing, manifest and
  * every xxh3. Returns CKPTDB_OK when clean, ECORRUPT when any problem was found (each one
  * reported through fn), ENOTFOUND for an unknown version or tier, ESTATE for a version that is
  * not committed. fn may be NULL. out may be NULL. */
