@@ -297,10 +297,11 @@ int RunDemo(const DemoArgs& a) {
   std::printf("capture %.2f GB/s; close drained the last demotions in %.0f ms\n",
               st.capture_ns ? static_cast<double>(st.capture_bytes) / st.capture_ns : 0.0,
               close_s * 1e3);
+  std::printf("tiers at the last commit, before the close drained the rest:\n");
   for (uint32_t i = 0; i < st.tier_count; ++i) {
     const ckptdb_tier_stats& t = st.tiers[i];
     std::printf(
-        "tier %-36s wrote %7.2f GiB at %5.2f GB/s, %2u demoted in, %2u evicted, holds "
+        "  %-36s wrote %7.2f GiB at %5.2f GB/s, %2u demoted in, %2u evicted, holds "
         "%u\n",
         t.name, t.bytes_written / 1073741824.0,
         t.write_ns ? static_cast<double>(t.bytes_written) / t.write_ns : 0.0, t.demotions,
