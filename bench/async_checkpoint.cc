@@ -93,16 +93,7 @@ double SyncWriteState(const State& s, const std::string& path) {
     std::perror(path.c_str());
     std::exit(2);
   }
-  for (uint8_t* p : s.shards) {
-    for (size_t off = 0; off < s.shard_bytes;) {
-      ssize_t n = write(fd, p + off, s.shard_bytes - off);
-      if (n <= 0) {
-        std::perror("write");
-        std::exit(2);
-      }
-      off += static_cast<size_t>(n);
-    }
-  }
+  for (uint8_t* p : s.shards) bench::WriteAll(fd, p, s.shard_bytes, s.shard_bytes);
   fsync(fd);
   close(fd);
   return Since(t0);
@@ -170,8 +161,7 @@ void Fresh(const Args& a) {
   fs::create_directories(a.disk);
 }
 
-// ---- blocked
-// -------------------------------------------------------------------------------------
+// ---- blocked ------------------------------------------------------------------------------------
 
 void Blocked(const Args& a, State& s, uint8_t* scratch) {
   Fresh(a);
@@ -254,8 +244,7 @@ void Capture(const Args& a, State& s, uint8_t* scratch) {
   std::printf("  capture / memcpy             %8.0f%%  (bar: 80%%)\n", 100 * c / m);
 }
 
-// ---- drain
-// ---------------------------------------------------------------------------------------
+// ---- drain --------------------------------------------------------------------------------------
 
 void Drain(const Args& a, State& s, uint8_t* scratch) {
   Fresh(a);
@@ -304,8 +293,7 @@ void Drain(const Args& a, State& s, uint8_t* scratch) {
   std::printf("  drain / raw                  %8.0f%%  (bar: 85%%)\n", 100 * d / w);
 }
 
-// ---- restore
-// -------------------------------------------------------------------------------------
+// ---- restore ------------------------------------------------------------------------------------
 
 void Restore(const Args& a, State& s, uint8_t* scratch) {
   Fresh(a);

@@ -62,6 +62,18 @@ inline void Check(int rc, const char* what) {
   }
 }
 
+// write(2) of all `bytes` at fd's offset, `piece` bytes a call; exits on an error.
+inline void WriteAll(int fd, const uint8_t* src, size_t bytes, size_t piece) {
+  for (size_t off = 0; off < bytes;) {
+    ssize_t n = write(fd, src + off, std::min(piece, bytes - off));
+    if (n <= 0) {
+      std::perror("write");
+      std::exit(2);
+    }
+    off += static_cast<size_t>(n);
+  }
+}
+
 // write(2) of `bytes` into a new file in pieces of `piece` bytes, then fsync and close; with
 // direct, through O_DIRECT (src and piece 4096-aligned). Returns seconds. The file is left.
 inline double RawWrite(const std::string& path, const uint8_t* src, size_t bytes, size_t piece,
@@ -73,14 +85,7 @@ inline double RawWrite(const std::string& path, const uint8_t* src, size_t bytes
     std::perror(path.c_str());
     std::exit(2);
   }
-  for (size_t off = 0; off < bytes;) {
-    ssize_t n = write(fd, src + off, std::min(piece, bytes - off));
-    if (n <= 0) {
-      std::perror("write");
-      std::exit(2);
-    }
-    off += static_cast<size_t>(n);
-  }
+  WriteAll(fd, src, bytes, piece);
   fsync(fd);
   close(fd);
   return Since(t0);

@@ -313,6 +313,7 @@ class Db {
   Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
                        size_t target, bool for_commit);
   void PumpDemotion(std::unique_lock<std::mutex>& lock);
+  Status CheckAndWriteDemoted(const Demotion& d, size_t i, uint8_t* p, int buffer_index);
   void EndDemotion(std::unique_lock<std::mutex>& lock, const Status& st);
   bool EvictLocked(std::unique_lock<std::mutex>& lock);
   void RetireLocked(std::unique_lock<std::mutex>& lock);
@@ -333,6 +334,8 @@ class Db {
 
   // read.cc
   Status ReadSegment(uint64_t version, size_t tier, OpenSegment** out);
+  Status CommittedCopies(uint64_t version, const std::string& what,
+                         std::vector<size_t>* candidates);
   Status WithManifest(uint64_t version, const std::string& what,
                       const std::function<Status(const format::ManifestView&, size_t tier)>& visit);
   Status OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,

@@ -217,8 +217,7 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
   return progress;
 }
 
-// ---- Opening a version on the first tier
-// ---------------------------------------------------------
+// ---- Opening a version on the first tier --------------------------------------------------------
 
 Status Db::OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   const uint64_t version = v->version;
@@ -1049,6 +1048,28 @@ Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, s
   return Status::Ok();
 }
 
+// Record i of a demotion, at `p` (a ring region, the arena, or the re-encoded header block or
+// tail): a chunk record is checked against the manifest and its xxh3 before it is written to the
+// target, so a copy never carries damage to a slower tier. Called without mu_: the manager alone
+// touches the demotion's records, fd and reader while it runs.
+Status Db::CheckAndWriteDemoted(const Demotion& d, size_t i, uint8_t* p, int buffer_index) {
+  const Demotion::Record& rec = d.records[i];
+  if (rec.chunk >= 0) {
+    format::ChunkProblem problem;
+    CKPTDB_RETURN_IF_ERROR(
+        d.segment.reader->CheckRecord(static_cast<uint32_t>(rec.chunk), p, &problem));
+  }
+  io::IoRequest w;
+  w.op = io::IoRequest::Op::kWrite;
+  w.fd = d.fd;
+  w.offset = rec.offset;
+  w.buffer = p;
+  w.length = rec.bytes;
+  w.buffer_index = buffer_index;
+  return SubmitRequest(
+      w, Request{RequestKind::kDemoteWrite, d.version, static_cast<uint32_t>(i), rec.bytes});
+}
+
 // Starts the next records of the demotion: from ram, each record is checked in place and written
 // from the arena; from a directory tier it is read into a ring region first, checked, then
 // written from there.
@@ -1072,22 +1093,8 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
     if (FreeRequestSlots(requests_.size(), options_.queue_depth) == 0) return;
     rec.written = true;
     uint8_t* p = staging_ + rec.ring.offset;
-    const uint64_t version = d.version;
     lock.unlock();
-    format::ChunkProblem problem;
-    Status st = rec.chunk >= 0
-                    ? d.segment.reader->CheckRecord(static_cast<uint32_t>(rec.chunk), p, &problem)
-                    : Status::Ok();
-    io::IoRequest w;
-    w.op = io::IoRequest::Op::kWrite;
-    w.fd = d.fd;
-    w.offset = rec.offset;
-    w.buffer = p;
-    w.length = rec.bytes;
-    w.buffer_index = fixed_buffers_ ? 0 : -1;
-    if (st.ok())
-      st = SubmitRequest(
-          w, Request{RequestKind::kDemoteWrite, version, static_cast<uint32_t>(i), rec.bytes});
+    Status st = CheckAndWriteDemoted(d, i, p, fixed_buffers_ ? 0 : -1);
     lock.lock();
     if (st.ok()) {
       d.in_flight++;
@@ -1105,16 +1112,8 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
     if (rec.encoded != nullptr) {
       d.next++;
       rec.written = true;
-      io::IoRequest w;
-      w.op = io::IoRequest::Op::kWrite;
-      w.fd = d.fd;
-      w.offset = rec.offset;
-      w.buffer = const_cast<uint8_t*>(rec.encoded);
-      w.length = rec.bytes;
-      const uint64_t version = d.version;
       lock.unlock();
-      Status st = SubmitRequest(
-          w, Request{RequestKind::kDemoteWrite, version, static_cast<uint32_t>(i), rec.bytes});
+      Status st = CheckAndWriteDemoted(d, i, const_cast<uint8_t*>(rec.encoded), -1);
       lock.lock();
       if (!st.ok()) {
         d.error = st.WithContext(what);
@@ -1134,23 +1133,8 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
       const bool one_buffer = extent->arena_offset / kMaxFixedBufferBytes ==
                               (extent->arena_offset + extent->bytes - 1) / kMaxFixedBufferBytes;
       d.next++;
-      const uint64_t version = d.version;
       lock.unlock();
-      format::ChunkProblem problem;
-      Status st = rec.chunk >= 0
-                      ? d.segment.reader->CheckRecord(static_cast<uint32_t>(rec.chunk), p, &problem)
-                      : Status::Ok();
-      io::IoRequest w;
-      w.op = io::IoRequest::Op::kWrite;
-      w.fd = d.fd;
-      w.offset = rec.offset;
-      w.buffer = p;
-      w.length = rec.bytes;
-      w.buffer_index = one_buffer ? buffer_index : -1;
-      if (st.ok()) {
-        st = SubmitRequest(
-            w, Request{RequestKind::kDemoteWrite, version, static_cast<uint32_t>(i), rec.bytes});
-      }
+      Status st = CheckAndWriteDemoted(d, i, p, one_buffer ? buffer_index : -1);
       lock.lock();
       if (!st.ok()) {
         d.error = st.WithContext(what);

@@ -210,6 +210,39 @@ Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uin
   return Status::Ok();
 }
 
+// The tiers holding a durable copy of committed `version`, fastest first; a clear error when it
+// is not committed or no configured tier holds it (naming where its copies went).
+Status Db::CommittedCopies(uint64_t version, const std::string& what,
+                           std::vector<size_t>* candidates) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  if (live_.count(version)) {
+    return Status::State(what + ": the version is OPEN (being put or committed), not committed");
+  }
+  auto it = versions_.find(version);
+  if (it == versions_.end() || !it->second.has_record) {
+    return Status::NotFound(what + ": unknown version");
+  }
+  if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
+    return Status::State(what + ": the version is " + ckptdb_state_name(it->second.record.state) +
+                         ", not committed");
+  }
+  for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+    if (Durable(it->second, ti)) candidates->push_back(ti);
+  }
+  if (!candidates->empty()) return Status::Ok();
+  std::string where;
+  for (const ResidencyRecord& r : it->second.residency) {
+    where += (where.empty() ? "" : ", ") + r.tier + " " +
+             (r.state == CKPTDB_RESIDENT_MISSING   ? "missing"
+              : r.state == CKPTDB_RESIDENT_EVICTED ? "evicted"
+              : TierIndex(r.tier) < 0              ? "not configured"
+                                                   : "not durable");
+  }
+  return Status::NotFound(what + ": no configured tier holds a copy of the version (" +
+                          (where.empty() ? "no copies recorded" : where) + ")");
+}
+
 Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags) {
   const uint64_t start = MonoNs();
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore"));
@@ -218,36 +251,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   if (dst == nullptr && nbytes > 0) return Status::Invalid(what + ": dst is NULL");
   std::lock_guard<std::mutex> read_lock(read_mu_);
   std::vector<size_t> candidates;
-  std::string where;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
-    if (live_.count(version)) {
-      return Status::State(what + ": the version is OPEN (being put or committed), not committed");
-    }
-    auto it = versions_.find(version);
-    if (it == versions_.end() || !it->second.has_record) {
-      return Status::NotFound(what + ": unknown version");
-    }
-    if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
-      return Status::State(what + ": the version is " + ckptdb_state_name(it->second.record.state) +
-                           ", not committed");
-    }
-    for (size_t ti = 0; ti < tiers_.size(); ++ti) {
-      if (Durable(it->second, ti)) candidates.push_back(ti);
-    }
-    for (const ResidencyRecord& r : it->second.residency) {
-      where += (where.empty() ? "" : ", ") + r.tier + " " +
-               (r.state == CKPTDB_RESIDENT_MISSING   ? "missing"
-                : r.state == CKPTDB_RESIDENT_EVICTED ? "evicted"
-                : TierIndex(r.tier) < 0              ? "not configured"
-                                                     : "not durable");
-    }
-  }
-  if (candidates.empty()) {
-    return Status::NotFound(what + ": no configured tier holds a copy of the version (" +
-                            (where.empty() ? "no copies recorded" : where) + ")");
-  }
+  CKPTDB_RETURN_IF_ERROR(CommittedCopies(version, what, &candidates));
   last_problem_.clear();
   std::string errors;
   uint32_t first = 0, count = 0;
@@ -381,26 +385,7 @@ Status Db::WithManifest(
     const std::function<Status(const format::ManifestView&, size_t tier)>& visit) {
   std::lock_guard<std::mutex> read_lock(read_mu_);
   std::vector<size_t> candidates;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
-    if (live_.count(version)) {
-      return Status::State(what + ": the version is OPEN, not committed");
-    }
-    auto it = versions_.find(version);
-    if (it == versions_.end() || !it->second.has_record) {
-      return Status::NotFound(what + ": unknown version");
-    }
-    if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
-      return Status::State(what + ": the version is " + ckptdb_state_name(it->second.record.state));
-    }
-    for (size_t ti = 0; ti < tiers_.size(); ++ti) {
-      if (Durable(it->second, ti)) candidates.push_back(ti);
-    }
-  }
-  if (candidates.empty()) {
-    return Status::NotFound(what + ": no configured tier holds a copy of the version");
-  }
+  CKPTDB_RETURN_IF_ERROR(CommittedCopies(version, what, &candidates));
   std::string errors;
   for (size_t ti : candidates) {
     OpenSegment* seg = nullptr;

@@ -3,27 +3,16 @@
 #include <cstring>
 
 #include "format/checksum.h"
+#include "format/little_endian.h"
 #include "format/segment_format.h"
 #include "util/assert.h"
 
 namespace ckpt::format {
 namespace {
 
-template <typename T>
-void Put(uint8_t* base, size_t offset, T v) {
-  std::memcpy(base + offset, &v, sizeof(T));
-}
-template <typename T>
-T Get(const uint8_t* base, size_t offset) {
-  T v;
-  std::memcpy(&v, base + offset, sizeof(T));
-  return v;
-}
-uint64_t Magic(const char* m) {
-  uint64_t v;
-  std::memcpy(&v, m, 8);
-  return v;
-}
+using le::Get;
+using le::Magic;
+using le::Put;
 
 constexpr char kArenaMagic[9] = "CKPTRAM1";
 constexpr char kIndexMagic[9] = "CKPTRIX1";

@@ -1,33 +1,17 @@
 #include "format/segment_format.h"
 
-#include <bit>
 #include <cstdio>
 #include <cstring>
 
 #include "format/checksum.h"
+#include "format/little_endian.h"
 
 namespace ckpt::format {
 namespace {
 
-// Little-endian field access. x86 and arm64 Linux are little-endian; the static_assert keeps a
-// big-endian port from silently writing a different format.
-static_assert(std::endian::native == std::endian::little, "format assumes a little-endian host");
-
-template <typename T>
-void Put(uint8_t* base, size_t offset, T v) {
-  std::memcpy(base + offset, &v, sizeof(T));
-}
-template <typename T>
-T Get(const uint8_t* base, size_t offset) {
-  T v;
-  std::memcpy(&v, base + offset, sizeof(T));
-  return v;
-}
-uint64_t Magic(const char (&m)[9]) {
-  uint64_t v;
-  std::memcpy(&v, m, 8);
-  return v;
-}
+using le::Get;
+using le::Magic;
+using le::Put;
 
 // Each structure's last checksummed byte: the checksum covers bytes [0, kChecked).
 constexpr size_t kHeaderChecked = 56;

@@ -71,8 +71,8 @@ Status SegmentReader::Open(const std::string& what, uint64_t file_bytes, ReadAtF
   return Status::Ok();
 }
 
-Status SegmentReader::CheckChunk(uint32_t index, std::vector<uint8_t>* scratch,
-                                 ChunkProblem* problem) const {
+Status SegmentReader::Locate(uint32_t index, const fb::Chunk** chunk, ChunkProblem* problem,
+                             std::string* at) const {
   if (index >= manifest_.chunk_count()) {
     return Status::NotFound(what_ + ": no chunk " + std::to_string(index));
   }
@@ -81,8 +81,18 @@ Status SegmentReader::CheckChunk(uint32_t index, std::vector<uint8_t>* scratch,
   problem->file_offset = c.record_offset();
   problem->expected_xxh3 = c.xxh3();
   problem->actual_xxh3 = 0;
-  std::string at = what_ + ": chunk " + std::to_string(index) + " at offset " +
-                   std::to_string(c.record_offset());
+  *at = what_ + ": chunk " + std::to_string(index) + " at offset " +
+        std::to_string(c.record_offset());
+  *chunk = &c;
+  return Status::Ok();
+}
+
+Status SegmentReader::CheckChunk(uint32_t index, std::vector<uint8_t>* scratch,
+                                 ChunkProblem* problem) const {
+  const fb::Chunk* chunk = nullptr;
+  std::string at;
+  CKPTDB_RETURN_IF_ERROR(Locate(index, &chunk, problem, &at));
+  const fb::Chunk& c = *chunk;
   scratch->resize(kBlockBytes + c.payload_bytes());
   CKPTDB_RETURN_IF_ERROR(
       read_(c.record_offset(), scratch->data(), scratch->size()).WithContext(at));
@@ -91,16 +101,10 @@ Status SegmentReader::CheckChunk(uint32_t index, std::vector<uint8_t>* scratch,
 
 Status SegmentReader::CheckRecord(uint32_t index, const uint8_t* record,
                                   ChunkProblem* problem) const {
-  if (index >= manifest_.chunk_count()) {
-    return Status::NotFound(what_ + ": no chunk " + std::to_string(index));
-  }
-  const fb::Chunk& c = manifest_.chunk(index);
-  problem->chunk_index = index;
-  problem->file_offset = c.record_offset();
-  problem->expected_xxh3 = c.xxh3();
-  problem->actual_xxh3 = 0;
-  std::string at = what_ + ": chunk " + std::to_string(index) + " at offset " +
-                   std::to_string(c.record_offset());
+  const fb::Chunk* chunk = nullptr;
+  std::string at;
+  CKPTDB_RETURN_IF_ERROR(Locate(index, &chunk, problem, &at));
+  const fb::Chunk& c = *chunk;
   RecordHeader rh;
   CKPTDB_RETURN_IF_ERROR(DecodeRecordHeader(std::span<const uint8_t, 64>(record, 64), at, &rh));
   if (rh.type != RecordType::kChunk || rh.record_offset != c.record_offset() ||

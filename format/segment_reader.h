@@ -51,6 +51,10 @@ class SegmentReader {
   Status CheckRecord(uint32_t index, const uint8_t* record, ChunkProblem* problem) const;
 
  private:
+  // Chunk `index` of the manifest, *problem filled with what it should be, *at naming it.
+  Status Locate(uint32_t index, const fb::Chunk** chunk, ChunkProblem* problem,
+                std::string* at) const;
+
   std::string what_;
   ReadAtFn read_;
   SegmentHeader header_;
