@@ -39,12 +39,7 @@ Status DecodeArenaHeader(std::span<const uint8_t, kArenaHeaderBytes> in, const s
   if (Get<uint64_t>(p, 0) != Magic(kArenaMagic)) {
     return Status::Corrupt(what + ": not a ckptdb ram arena (bad magic at offset 0)");
   }
-  uint64_t expected = Get<uint64_t>(p, 56);
-  uint64_t actual = Xxh3(p, kChecked);
-  if (expected != actual) {
-    return Status::Corrupt(what + ": arena header fails xxh3 (expected " + Hex64(expected) +
-                           ", got " + Hex64(actual) + ")");
-  }
+  CKPTDB_RETURN_IF_ERROR(CheckXxh3(p, kChecked, Get<uint64_t>(p, 56), what + ": arena header"));
   h->format_version = Get<uint32_t>(p, 8);
   if (h->format_version != kRamFormatVersion) {
     return Status::NotSupported(what + ": arena format version " +
@@ -92,12 +87,7 @@ Status DecodeRamIndex(std::span<const uint8_t> in, uint32_t max_entries, const s
   if (Get<uint64_t>(p, 0) != Magic(kIndexMagic)) {
     return Status::Corrupt(what + ": no ram index here (bad magic)");
   }
-  uint64_t expected = Get<uint64_t>(p, 56);
-  uint64_t actual = Xxh3(p, kChecked);
-  if (expected != actual) {
-    return Status::Corrupt(what + ": ram index header fails xxh3 (expected " + Hex64(expected) +
-                           ", got " + Hex64(actual) + ")");
-  }
+  CKPTDB_RETURN_IF_ERROR(CheckXxh3(p, kChecked, Get<uint64_t>(p, 56), what + ": ram index header"));
   const uint32_t n = Get<uint32_t>(p, 20);
   if (n > max_entries || RamIndexBytes(n) > in.size()) {
     return Status::Corrupt(what + ": ram index lists " + std::to_string(n) +
@@ -105,12 +95,8 @@ Status DecodeRamIndex(std::span<const uint8_t> in, uint32_t max_entries, const s
                            " bytes holds");
   }
   const uint8_t* e = p + kRamIndexHeaderBytes;
-  expected = Get<uint64_t>(p, 48);
-  actual = Xxh3(e, uint64_t{n} * kRamIndexEntryBytes);
-  if (expected != actual) {
-    return Status::Corrupt(what + ": ram index entries fail xxh3 (expected " + Hex64(expected) +
-                           ", got " + Hex64(actual) + ")");
-  }
+  CKPTDB_RETURN_IF_ERROR(CheckXxh3(e, uint64_t{n} * kRamIndexEntryBytes, Get<uint64_t>(p, 48),
+                                   what + ": ram index entries"));
   index->version = Get<uint64_t>(p, 8);
   index->rank = Get<uint32_t>(p, 16);
   index->file_bytes = Get<uint64_t>(p, 24);

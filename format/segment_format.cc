@@ -26,6 +26,13 @@ std::string Hex64(uint64_t v) {
   return b;
 }
 
+Status CheckXxh3(const void* data, size_t bytes, uint64_t expected, const std::string& what) {
+  const uint64_t actual = Xxh3(data, bytes);
+  if (actual == expected) return Status::Ok();
+  return Status::Corrupt(what + " fails xxh3 (expected " + Hex64(expected) + ", got " +
+                         Hex64(actual) + ")");
+}
+
 void EncodeSegmentHeader(const SegmentHeader& h, std::span<uint8_t, 64> out) {
   uint8_t* p = out.data();
   std::memset(p, 0, 64);
@@ -47,12 +54,8 @@ Status DecodeSegmentHeader(std::span<const uint8_t, 64> in, const std::string& w
   if (Get<uint64_t>(p, 0) != Magic(kSegmentMagic)) {
     return Status::Corrupt(what + ": not a ckptdb segment (bad magic at offset 0)");
   }
-  uint64_t expected = Get<uint64_t>(p, 56);
-  uint64_t actual = Xxh3(p, kHeaderChecked);
-  if (expected != actual) {
-    return Status::Corrupt(what + ": segment header at offset 0 fails xxh3 (expected " +
-                           Hex64(expected) + ", got " + Hex64(actual) + ")");
-  }
+  CKPTDB_RETURN_IF_ERROR(
+      CheckXxh3(p, kHeaderChecked, Get<uint64_t>(p, 56), what + ": segment header at offset 0"));
   h->format_version = Get<uint32_t>(p, 8);
   if (h->format_version != kFormatVersion) {
     return Status::NotSupported(what + ": segment format version " +
@@ -102,12 +105,8 @@ Status DecodeRecordHeader(std::span<const uint8_t, 64> in, const std::string& wh
   if (Get<uint32_t>(p, 0) != kRecordMagic) {
     return Status::Corrupt(what + ": no record header (bad magic)");
   }
-  uint64_t expected = Get<uint64_t>(p, 56);
-  uint64_t actual = Xxh3(p, kRecordChecked);
-  if (expected != actual) {
-    return Status::Corrupt(what + ": record header fails xxh3 (expected " + Hex64(expected) +
-                           ", got " + Hex64(actual) + ")");
-  }
+  CKPTDB_RETURN_IF_ERROR(
+      CheckXxh3(p, kRecordChecked, Get<uint64_t>(p, 56), what + ": record header"));
   uint16_t type = Get<uint16_t>(p, 4);
   if (type != static_cast<uint16_t>(RecordType::kChunk) &&
       type != static_cast<uint16_t>(RecordType::kManifest)) {
@@ -153,12 +152,8 @@ Status DecodeFooter(std::span<const uint8_t, 64> in, const std::string& what, Se
                            ": no segment footer (bad magic in the last 8 bytes): the "
                            "segment is truncated or was never finished");
   }
-  uint64_t expected = Get<uint64_t>(p, 48);
-  uint64_t actual = Xxh3(p, kFooterChecked);
-  if (expected != actual) {
-    return Status::Corrupt(what + ": segment footer fails xxh3 (expected " + Hex64(expected) +
-                           ", got " + Hex64(actual) + ")");
-  }
+  CKPTDB_RETURN_IF_ERROR(
+      CheckXxh3(p, kFooterChecked, Get<uint64_t>(p, 48), what + ": segment footer"));
   f->manifest_offset = Get<uint64_t>(p, 0);
   f->manifest_bytes = Get<uint64_t>(p, 8);
   f->manifest_xxh3 = Get<uint64_t>(p, 16);

@@ -88,4 +88,8 @@ Status DecodeFooter(std::span<const uint8_t, 64> in, const std::string& what, Se
 // "0x0123456789abcdef"
 std::string Hex64(uint64_t v);
 
+// Corrupt("<what> fails xxh3 (expected X, got Y)") unless the xxh3 of [data, data + bytes) is
+// `expected`: the one form a checksummed structure's error takes.
+Status CheckXxh3(const void* data, size_t bytes, uint64_t expected, const std::string& what);
+
 }  // namespace ckpt::format
