@@ -74,6 +74,25 @@ Status ValidateTensorInfo(const ckptdb_tensor_info* info, const std::string& wha
   return Status::Ok();
 }
 
+// The record header of chunk `sequence`; the caller sets payload_xxh3 once it has it.
+format::RecordHeader ChunkRecordHeader(uint64_t version, uint32_t rank, uint32_t sequence,
+                                       uint64_t payload_bytes, uint64_t record_offset) {
+  format::RecordHeader rh;
+  rh.type = format::RecordType::kChunk;
+  rh.payload_bytes = payload_bytes;
+  rh.record_offset = record_offset;
+  rh.version = version;
+  rh.rank = rank;
+  rh.sequence = sequence;
+  return rh;
+}
+
+// The whole 4096-byte header block: the 64-byte header, then zeros.
+void EncodeHeaderBlock(const format::RecordHeader& rh, uint8_t* block) {
+  format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(block, 64));
+  std::memset(block + 64, 0, kBlockBytes - 64);
+}
+
 }  // namespace
 
 uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
@@ -197,6 +216,7 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   t.chunk_count = static_cast<uint32_t>(chunks_needed);
   const auto* src = static_cast<const uint8_t*>(data);
   const uint32_t first = t.first_chunk;
+  const bool copy_now = (flags & CKPTDB_PUT_COPY_NOW) != 0;
   for (uint64_t off = 0; off < nbytes; off += chunk_bytes) {
     ChunkSlot c;
     c.record_offset = v->next_offset;
@@ -204,7 +224,10 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
     c.src = src + off;
     v->next_offset += format::RecordBytes(c.payload_bytes);
     v->chunks.push_back(c);
-    tasks_.push_back(Task{version, static_cast<uint32_t>(v->chunks.size() - 1), nullptr});
+    // COPY_NOW: the caller's thread captures its chunks itself, not waiting behind the queue.
+    if (!copy_now) {
+      tasks_.push_back(Task{version, static_cast<uint32_t>(v->chunks.size() - 1), nullptr});
+    }
   }
   v->uncaptured += chunks_needed;
   if (!v->ram) v->unwritten += chunks_needed;
@@ -217,28 +240,16 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   stats_.put_bytes += nbytes;
   if (!v->opened) WakeManager();
   Status result;
-  if (flags & CKPTDB_PUT_COPY_NOW) {
-    // The caller's thread captures its own chunks (they are the newest tasks), so the call
-    // returns once they are out of `data` without waiting for the queue ahead of them.
+  if (copy_now) {
     const uint32_t end = first + static_cast<uint32_t>(chunks_needed);
-    std::vector<uint32_t> mine;
-    for (auto it = tasks_.begin(); it != tasks_.end();) {
-      if (!it->help && it->version == version && it->chunk >= first && it->chunk < end) {
-        mine.push_back(it->chunk);
-        it = tasks_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (tasks_.size() > 0) work_cv_.notify_all();
     const uint64_t generation = v->generation;
-    for (uint32_t index : mine) {
+    for (uint32_t index = first; index < end; ++index) {
       auto live = live_.find(version);
       CKPTDB_ASSERT(live != live_.end());  // its uncaptured chunks keep it live
       CaptureChunk(lock, &live->second, index);
     }
-    // Chunks a worker took before this thread could are waited for (in this very version: the
-    // number may have been aborted and put again meanwhile).
+    // A chunk back-pressure sent direct still reads `data` until its write completes: wait for
+    // it (in this very version: the number may have been aborted and put again meanwhile).
     state_cv_.wait(lock, [&] {
       auto live = live_.find(version);
       if (live == live_.end() || live->second.generation != generation) return true;
@@ -480,20 +491,14 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   const uint64_t record_bytes = format::RecordBytes(c.payload_bytes);
   if (!AcquireStaging(lock, v, index, record_bytes, &c.region)) return;  // dropped or direct
   uint8_t* record = (v->ram ? tiers_[0].ram->base() : staging_) + c.region.offset;
-  format::RecordHeader rh;
-  rh.type = format::RecordType::kChunk;
-  rh.payload_bytes = c.payload_bytes;
-  rh.record_offset = c.record_offset;
-  rh.version = v->version;
-  rh.rank = identity_.rank;
-  rh.sequence = index;
+  format::RecordHeader rh =
+      ChunkRecordHeader(v->version, identity_.rank, index, c.payload_bytes, c.record_offset);
   const uint8_t* src = c.src;
   lock.unlock();
   rh.payload_xxh3 = CopyAndHash(record + kBlockBytes, src, c.payload_bytes);
   uint64_t padded = format::AlignUp(c.payload_bytes);
   std::memset(record + kBlockBytes + c.payload_bytes, 0, padded - c.payload_bytes);
-  format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(record, 64));
-  std::memset(record + 64, 0, kBlockBytes - 64);
+  EncodeHeaderBlock(rh, record);
   lock.lock();
   c.xxh3 = rh.payload_xxh3;
   stats_.capture_bytes += c.payload_bytes;
@@ -515,15 +520,7 @@ void Db::FinishChunkLocked(LiveVersion* v, ChunkSlot* c) {
   CKPTDB_ASSERT(v->uncaptured > 0);
   v->uncaptured--;
   if (c->home == Home::kDropped) {
-    if (c->region.bytes != 0) {
-      if (v->ram) {
-        tiers_[0].ram->Free(c->region);
-      } else {
-        ring_->Free(c->region);
-      }
-      c->region = {};
-      WakeManager();  // a commit or demotion may wait for the space
-    }
+    FreeChunkRegionLocked(v, c);
     if (!v->ram) v->unwritten--;
   }
   if (v->uncaptured == 0) {
@@ -552,10 +549,10 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
   ChunkSlot& c = v->chunks[index];
   stats_.backpressure_waits++;
   v->stats.backpressure_waits++;
-  const std::string where =
-      v->ram ? "the ram tier's arena (" + std::to_string(tiers_[0].ram->capacity()) + " bytes)"
-             : "the staging ring (" + std::to_string(staging_bytes_) + " bytes)";
   if (options_.backpressure == Backpressure::kSkip) {
+    const std::string where =
+        v->ram ? "the ram tier's arena (" + std::to_string(tiers_[0].ram->capacity()) + " bytes)"
+               : "the staging ring (" + std::to_string(staging_bytes_) + " bytes)";
     SkipLocked(v, V(v->version) + " was skipped: " + where + " had no room for chunk " +
                       std::to_string(index) + " (back-pressure policy skip)");
     c.home = Home::kDropped;
@@ -568,7 +565,7 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     state_cv_.wait(lock, [&] {
       return !free_direct_headers_.empty() || !v->error.ok() || v->abort_requested || stopping_;
     });
-    if (!v->error.ok() || v->abort_requested) {
+    if (!v->error.ok() || v->abort_requested || free_direct_headers_.empty()) {
       c.home = Home::kDropped;
       FinishChunkLocked(v, &c);
       return false;
@@ -579,17 +576,11 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     uint8_t* header = direct_headers_ + uint64_t{c.header_block} * kBlockBytes;
     const uint8_t* src = c.src;
     const uint64_t payload = c.payload_bytes;
+    format::RecordHeader rh =
+        ChunkRecordHeader(v->version, identity_.rank, index, payload, c.record_offset);
     lock.unlock();
-    format::RecordHeader rh;
-    rh.type = format::RecordType::kChunk;
-    rh.payload_bytes = payload;
     rh.payload_xxh3 = format::Xxh3(src, payload);
-    rh.record_offset = c.record_offset;
-    rh.version = v->version;
-    rh.rank = identity_.rank;
-    rh.sequence = index;
-    format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(header, 64));
-    std::memset(header + 64, 0, kBlockBytes - 64);
+    EncodeHeaderBlock(rh, header);
     lock.lock();
     c.xxh3 = rh.payload_xxh3;
     stats_.direct_chunks++;
@@ -603,8 +594,6 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
   // write around). The manager frees ring regions as writes complete and arena regions as it
   // demotes and evicts; it fails the version if nothing can ever free enough.
   const uint64_t wait_start = MonoNs();
-  space_waiters_++;
-  v->space_waiting++;
   if (v->ram) v->arena_waiters[index] = tiers_[0].ram->frees();
   WakeManager();
   bool got = false;
@@ -622,8 +611,6 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     }
     return got;
   });
-  space_waiters_--;
-  v->space_waiting--;
   if (v->ram) v->arena_waiters.erase(index);
   const uint64_t waited = MonoNs() - wait_start;
   stats_.backpressure_wait_ns += waited;

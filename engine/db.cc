@@ -220,6 +220,9 @@ Status Db::OpenImpl() {
   io::QueueOptions wqo = qo;
   wqo.offload_writes = true;  // the kernel copies into tmpfs while capture stages the next chunk
   CKPTDB_RETURN_IF_ERROR(io_->NewQueue(wqo, &queue_));
+  io::QueueOptions mqo;
+  mqo.queue_depth = 2;
+  CKPTDB_RETURN_IF_ERROR(io_->NewQueue(mqo, &metadata_queue_));
   // Staging is allocated and faulted in once (LIMITS.md: first touch runs at 0.3 GB/s here),
   // never per checkpoint. Whole records only: a record never wraps.
   staging_bytes_ = o.staging_bytes / kBlockBytes * kBlockBytes;
@@ -449,6 +452,7 @@ Status Db::Close() {
   segments_.clear();
   queue_.reset();  // unregisters staging and the arena before they are unmapped
   read_queue_.reset();
+  metadata_queue_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   wake_fd_ = -1;
   if (staging_ != nullptr) ::munmap(staging_, staging_bytes_);

@@ -178,7 +178,6 @@ class Db {
     bool commit_requested = false;
     CommitPhase phase = CommitPhase::kNone;
     uint64_t commit_requested_mono_ns = 0;
-    uint64_t space_waiting = 0;  // this version's chunks waiting for staging memory
     // Arena waiters (chunk index, or kCommitWaiter for the commit's own regions) and the arena's
     // frees() at their last failed attempt: one that has not retried since space was freed may
     // still succeed, so the manager does not call the wait a deadlock yet.
@@ -230,7 +229,8 @@ class Db {
     // manifest rather than copied: what is written is what was verified.
     std::unique_ptr<uint8_t, void (*)(void*)> head{nullptr, std::free};
     std::unique_ptr<uint8_t, void (*)(void*)> tail{nullptr, std::free};
-    size_t next = 0;  // the next record to start
+    size_t next = 0;       // the next record to start
+    size_t unwritten = 0;  // directory source: every record before it is written
     uint32_t in_flight = 0;
     bool syncing = false;
     bool synced = false;
@@ -301,7 +301,13 @@ class Db {
   // manager.cc
   void ManagerLoop();
   void WakeManager();
+  // Staging space back to the ring or the arena; every free goes through these (manager.cc).
+  void SpaceFreedLocked();
+  void FreeRingLocked(StagingRing::Region* region);
+  void FreeArenaLocked(StagingRing::Region* region);
+  void FreeChunkRegionLocked(const LiveVersion* v, ChunkSlot* c);
   bool ManagerStepLocked(std::unique_lock<std::mutex>& lock);
+  void EncodeSegmentHeaderBlock(const LiveVersion& v, uint8_t* block) const;
   Status OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   void SubmitWrites(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   void DropUnwrittenLocked(LiveVersion* v);
@@ -393,7 +399,6 @@ class Db {
   std::deque<Task> tasks_;
   std::map<uint64_t, RamImage> ram_images_;  // committed copies in the arena
   std::map<uint64_t, uint32_t> ram_pins_;    // readers of a ram copy
-  uint64_t space_waiters_ = 0;               // workers blocked on staging memory
   uint64_t next_generation_ = 1;
   uint64_t ram_reserve_bytes_ = 0;  // arena space the next version is likely to need
   std::optional<Demotion> demotion_;
@@ -406,6 +411,9 @@ class Db {
 
   // Manager thread state (the manager alone).
   std::unique_ptr<io::IoQueue> queue_;
+  // Small synchronous reads of a demotion source's header, footer and manifest: through the Io
+  // like every file access, on a queue of their own (queue_ has other requests in flight).
+  std::unique_ptr<io::IoQueue> metadata_queue_;
   int wake_fd_ = -1;
   uint64_t wake_buffer_ = 0;
   uint64_t next_request_ = 1;

@@ -33,26 +33,6 @@ namespace {
 
 using format::kBlockBytes;
 
-// A read of a file's metadata (header, footer, manifest) for the manager: small, synchronous,
-// not through the queue (which has other requests in flight).
-format::ReadAtFn PreadFn(int fd, const std::string& what) {
-  return [fd, what](uint64_t offset, void* buffer, size_t length) -> Status {
-    size_t done = 0;
-    // Bounded: each round moves at least one byte, or fails.
-    while (done < length) {
-      ssize_t n = ::pread(fd, static_cast<uint8_t*>(buffer) + done, length - done,
-                          static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Status::FromErrno(errno, "reading " + what);
-      if (n == 0) {
-        return Status::Corrupt(what + ": short read at offset " + std::to_string(offset + done));
-      }
-      done += static_cast<size_t>(n);
-    }
-    return Status::Ok();
-  };
-}
-
 // Writes the tail of a segment (manifest record header block, manifest padded, footer block)
 // into out, which holds exactly tail_bytes zeroed bytes.
 void EncodeTail(uint8_t* out, uint64_t tail_bytes, const std::vector<uint8_t>& manifest,
@@ -86,6 +66,38 @@ void Db::WakeManager() {
   uint64_t one = 1;
   ssize_t n = ::write(wake_fd_, &one, sizeof one);
   CKPTDB_ASSERT(n == sizeof one);  // an eventfd write fails only on counter overflow
+}
+
+// Staging space comes back only through these. Each free wakes everyone who may be waiting for
+// space: capture workers and commits on state_cv_, the manager for a demotion's next read. The
+// arena's deadlock check (DetectStagingDeadlockLocked) depends on it: it calls a wait hopeless
+// only once every waiter has tried again since the last free, which holds only if every free
+// wakes them.
+void Db::SpaceFreedLocked() {
+  state_cv_.notify_all();
+  WakeManager();
+}
+
+void Db::FreeRingLocked(StagingRing::Region* region) {
+  if (region->bytes == 0) return;
+  ring_->Free(*region);
+  *region = {};
+  SpaceFreedLocked();
+}
+
+void Db::FreeArenaLocked(StagingRing::Region* region) {
+  if (region->bytes == 0) return;
+  tiers_[0].ram->Free(*region);
+  *region = {};
+  SpaceFreedLocked();
+}
+
+void Db::FreeChunkRegionLocked(const LiveVersion* v, ChunkSlot* c) {
+  if (v->ram) {
+    FreeArenaLocked(&c->region);
+  } else {
+    FreeRingLocked(&c->region);
+  }
 }
 
 // Hands one request to the queue. When Submit fails after the request was queued (the final
@@ -219,16 +231,22 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
 
 // ---- Opening a version on the first tier --------------------------------------------------------
 
-Status Db::OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
-  const uint64_t version = v->version;
-  TierState& t0 = tiers_[0];
+// A version's segment header block (4096 bytes: the header, then zeros) at `block`.
+void Db::EncodeSegmentHeaderBlock(const LiveVersion& v, uint8_t* block) const {
   format::SegmentHeader h;
   h.job_id = identity_.job_id;
-  h.version = version;
+  h.version = v.version;
   h.rank = identity_.rank;
   h.world_size = identity_.world_size;
   h.chunk_bytes = options_.chunk_bytes;
-  h.created_unix_ns = v->created_unix_ns;
+  h.created_unix_ns = v.created_unix_ns;
+  std::memset(block, 0, kBlockBytes);
+  format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(block, 64));
+}
+
+Status Db::OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  const uint64_t version = v->version;
+  TierState& t0 = tiers_[0];
   ResidencyRecord res;
   res.tier = t0.name();
   res.state = CKPTDB_RESIDENT_WRITING;
@@ -243,9 +261,7 @@ Status Db::OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     res.path = t0.ram->path();
     res.ram_generation = t0.ram->generation();
     if (t0.ram->Allocate(kBlockBytes, &v->header_region)) {
-      uint8_t* p = t0.ram->base() + v->header_region.offset;
-      std::memset(p, 0, kBlockBytes);
-      format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(p, 64));
+      EncodeSegmentHeaderBlock(*v, t0.ram->base() + v->header_region.offset);
     }
     lock.unlock();
   } else {
@@ -260,8 +276,7 @@ Status Db::OpenOnFirstTier(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     // The header block goes through the queue like every data write: from a block of its own.
     void* block = std::aligned_alloc(kBlockBytes, kBlockBytes);
     CKPTDB_ASSERT(block != nullptr);
-    std::memset(block, 0, kBlockBytes);
-    format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(static_cast<uint8_t*>(block), 64));
+    EncodeSegmentHeaderBlock(*v, static_cast<uint8_t*>(block));
     lock.lock();
     v->fd = fd;
     v->fd_direct = t0.dir->direct();
@@ -313,8 +328,7 @@ void Db::DropUnwrittenLocked(LiveVersion* v) {
       FinishChunkLocked(v, &c);  // gives back the caller's buffer; counts it unwritten
     } else {
       CKPTDB_ASSERT(c.home == Home::kStaged);
-      ring_->Free(c.region);
-      c.region = {};
+      FreeRingLocked(&c.region);
       c.home = Home::kDropped;
       v->unwritten--;
     }
@@ -428,20 +442,21 @@ void Db::HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r) 
       r.kind == RequestKind::kDemoteSync) {
     CKPTDB_ASSERT(demotion_ && demotion_->version == r.version);
     Demotion& d = *demotion_;
-    const std::string where = "demoting " + V(d.version) + " from tier " + tiers_[d.source].name() +
-                              " to tier " + tiers_[d.target].name();
     d.in_flight--;
     if (r.result < 0 ||
         (r.kind != RequestKind::kDemoteSync && static_cast<uint64_t>(r.result) != r.bytes)) {
       if (d.error.ok()) {
-        d.error =
-            r.result < 0
-                ? Status::FromErrno(static_cast<int>(-r.result),
-                                    where + " (" +
-                                        tiers_[d.target].dir->TempPath(d.version, identity_.rank) +
-                                        ")")
-                : Status::IoError(where + ": a transfer of record at offset " +
-                                  std::to_string(d.records[r.chunk].offset) + " came up short");
+        // A failed read names the source copy; a failed write or fsync, the target's file.
+        std::string where =
+            "demoting " + V(d.version) + " from tier " + tiers_[d.source].name() + " to tier " +
+            tiers_[d.target].name() +
+            (r.kind == RequestKind::kDemoteRead
+                 ? " (reading the source copy)"
+                 : " (" + tiers_[d.target].dir->TempPath(d.version, identity_.rank) + ")");
+        d.error = r.result < 0 ? Status::FromErrno(static_cast<int>(-r.result), where)
+                               : Status::IoError(where + ": a transfer of record at offset " +
+                                                 std::to_string(d.records[r.chunk].offset) +
+                                                 " came up short");
       }
     } else if (r.kind == RequestKind::kDemoteWrite) {
       tiers_[d.target].bytes_written += r.bytes;
@@ -451,17 +466,16 @@ void Db::HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r) 
       tiers_[d.target].fsyncs++;
       stats_.fsyncs++;
     }
-    Demotion::Record& rec = d.records[std::min<size_t>(r.chunk, d.records.size() - 1)];
+    if (r.kind == RequestKind::kDemoteSync) {
+      d.synced = d.error.ok();
+      return;
+    }
+    Demotion::Record& rec = d.records[r.chunk];
     if (r.kind == RequestKind::kDemoteRead && d.error.ok()) {
       rec.read_done = true;  // PumpDemotion checks it and writes it
-    } else if (r.kind == RequestKind::kDemoteWrite || !d.error.ok()) {
-      if (rec.ring.bytes != 0 && r.kind != RequestKind::kDemoteSync) {
-        ring_->Free(rec.ring);
-        rec.ring = {};
-        state_cv_.notify_all();
-      }
+    } else {
+      FreeRingLocked(&rec.ring);  // written, or the demotion failed: the region is done
     }
-    if (r.kind == RequestKind::kDemoteSync) d.synced = d.error.ok();
     return;
   }
   auto it = live_.find(r.version);
@@ -469,15 +483,17 @@ void Db::HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r) 
   LiveVersion* v = &it->second;
   CKPTDB_ASSERT(v->writes_in_flight > 0);
   v->writes_in_flight--;
-  const std::string file =
-      tiers_[0].is_ram() ? tiers_[0].name() : tiers_[0].dir->TempPath(v->version, identity_.rank);
+  auto file = [&] {
+    return tiers_[0].is_ram() ? tiers_[0].name()
+                              : tiers_[0].dir->TempPath(v->version, identity_.rank);
+  };
   Status failure;
   if (r.result < 0) {
     failure =
         Status::FromErrno(static_cast<int>(-r.result), "writing " + V(v->version) + " to tier " +
-                                                           tiers_[0].name() + " (" + file + ")");
+                                                           tiers_[0].name() + " (" + file() + ")");
   } else if (r.kind != RequestKind::kSync && static_cast<uint64_t>(r.result) != r.bytes) {
-    failure = Status::IoError("writing " + V(v->version) + " to " + file + ": " +
+    failure = Status::IoError("writing " + V(v->version) + " to " + file() + ": " +
                               std::to_string(r.result) + " of " + std::to_string(r.bytes) +
                               " bytes written");
   } else if (r.kind != RequestKind::kSync) {
@@ -490,11 +506,9 @@ void Db::HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r) 
     case RequestKind::kChunk: {
       ChunkSlot& c = v->chunks[r.chunk];
       CKPTDB_ASSERT(c.home == Home::kWriting);
-      ring_->Free(c.region);
-      c.region = {};
+      FreeRingLocked(&c.region);
       c.home = failure.ok() ? Home::kDone : Home::kDropped;
       v->unwritten--;
-      state_cv_.notify_all();  // ring space
       break;
     }
     case RequestKind::kDirectHeader:
@@ -610,21 +624,12 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     // can free them: DetectStagingDeadlockLocked).
     RamTier& ram = *tiers_[0].ram;
     StagingRing::Region tail{};
-    if (v->header_region.bytes == 0 && !ram.Allocate(kBlockBytes, &v->header_region)) {
-      v->arena_waiters[kCommitWaiter] = ram.frees();
-      return changed();
-    }
-    {
-      format::SegmentHeader h;
-      h.job_id = identity_.job_id;
-      h.version = version;
-      h.rank = identity_.rank;
-      h.world_size = identity_.world_size;
-      h.chunk_bytes = options_.chunk_bytes;
-      h.created_unix_ns = v->created_unix_ns;
-      uint8_t* p = ram.base() + v->header_region.offset;
-      std::memset(p, 0, kBlockBytes);
-      format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(p, 64));
+    if (v->header_region.bytes == 0) {
+      if (!ram.Allocate(kBlockBytes, &v->header_region)) {
+        v->arena_waiters[kCommitWaiter] = ram.frees();
+        return changed();
+      }
+      EncodeSegmentHeaderBlock(*v, ram.base() + v->header_region.offset);
     }
     if (!ram.Allocate(v->tail_bytes, &tail)) {
       v->arena_waiters[kCommitWaiter] = ram.frees();
@@ -641,7 +646,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     }
     image.extents.push_back({manifest_offset, tail.offset, tail.bytes});
     if (!ram.WriteIndex(identity_.job_id, identity_.rank, &image)) {
-      ram.Free(tail);
+      FreeArenaLocked(&tail);
       v->arena_waiters[kCommitWaiter] = ram.frees();
       return changed();
     }
@@ -805,22 +810,15 @@ Status Db::DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
 void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   const uint64_t version = v->version;
   // Memory first: ring regions of chunks never written, and the version's arena regions.
-  for (ChunkSlot& c : v->chunks) {
-    if (c.region.bytes == 0) continue;
-    if (v->ram) {
-      tiers_[0].ram->Free(c.region);
-    } else {
-      ring_->Free(c.region);
-    }
-    c.region = {};
-  }
+  for (ChunkSlot& c : v->chunks) FreeChunkRegionLocked(v, &c);
   if (v->ram) {
-    RamTier& ram = *tiers_[0].ram;
-    if (v->header_region.bytes != 0) ram.Free(v->header_region);
+    FreeArenaLocked(&v->header_region);
     if (!v->image.extents.empty()) {
       // The tail and the index; the chunk and header regions were freed above.
-      ram.Free({v->image.extents.back().arena_offset, v->image.extents.back().bytes});
-      if (v->image.index_bytes != 0) ram.Free({v->image.index_offset, v->image.index_bytes});
+      StagingRing::Region tail{v->image.extents.back().arena_offset, v->image.extents.back().bytes};
+      StagingRing::Region index{v->image.index_offset, v->image.index_bytes};
+      FreeArenaLocked(&tail);
+      FreeArenaLocked(&index);
     }
   }
   int fd = v->fd;
@@ -891,7 +889,8 @@ bool Db::PlanDemotion(std::unique_lock<std::mutex>& lock) {
 
 // Opens the copy of `version` on `tier` that `res` describes and checks its manifest against
 // the catalog's xxh3 (when known). out must stay where it is while the reader is used: the
-// reader reads through out->fd or out->image. A ram copy is read through `image`.
+// reader reads through out->fd or out->image. A ram copy is read through `image`, a file through
+// `queue`, which the caller owns and has nothing else outstanding on while the reader reads.
 Status Db::OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
                          const VersionRecord& record, RamImage image, OpenSegment* out,
                          io::IoQueue* queue) {
@@ -921,12 +920,9 @@ Status Db::OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& r
     }
     if (st.ok()) {
       int fd = out->fd;
-      format::ReadAtFn read =
-          queue != nullptr
-              ? format::ReadAtFn([queue, fd, what](uint64_t off, void* buf, size_t len) {
-                  return io::ReadAt(*queue, fd, off, buf, len, what);
-                })
-              : PreadFn(fd, what);
+      format::ReadAtFn read = [queue, fd, what](uint64_t off, void* buf, size_t len) {
+        return io::ReadAt(*queue, fd, off, buf, len, what);
+      };
       st = format::SegmentReader::Open(what, size, std::move(read), &out->reader);
     }
     if (!st.ok()) {
@@ -977,7 +973,8 @@ Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, s
   d.started_mono_ns = MonoNs();
   if (tiers_[source].is_ram()) ram_pins_[version]++;
   lock.unlock();
-  Status st = OpenSegmentAt(version, source, res, record, std::move(image), &d.segment, nullptr);
+  Status st = OpenSegmentAt(version, source, res, record, std::move(image), &d.segment,
+                            metadata_queue_.get());
   int fd = -1;
   bool direct = false;
   if (st.ok()) {
@@ -1085,9 +1082,11 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
     return;
   }
   const bool ram_source = tiers_[d.source].is_ram();
-  const std::string what = "demoting " + V(d.version) + " to tier " + tiers_[d.target].name();
-  // Records read from a directory tier whose read completed: check and write them.
-  for (size_t i = 0; i < d.next && d.error.ok(); ++i) {
+  auto what = [&] { return "demoting " + V(d.version) + " to tier " + tiers_[d.target].name(); };
+  // Records read from a directory tier whose read completed: check and write them. Records
+  // before d.unwritten are all written; at most the records in flight lie between it and next.
+  while (d.unwritten < d.next && d.records[d.unwritten].written) d.unwritten++;
+  for (size_t i = d.unwritten; !ram_source && i < d.next && d.error.ok(); ++i) {
     Demotion::Record& rec = d.records[i];
     if (!rec.read_done || rec.written) continue;
     if (FreeRequestSlots(requests_.size(), options_.queue_depth) == 0) return;
@@ -1099,10 +1098,8 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
     if (st.ok()) {
       d.in_flight++;
     } else {
-      d.error = st.WithContext(what);
-      ring_->Free(rec.ring);
-      rec.ring = {};
-      state_cv_.notify_all();
+      d.error = st.WithContext(what());
+      FreeRingLocked(&rec.ring);
     }
   }
   while (d.error.ok() && d.next < d.records.size() && d.in_flight < kDemotionRecordsInFlight &&
@@ -1116,14 +1113,14 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
       Status st = CheckAndWriteDemoted(d, i, const_cast<uint8_t*>(rec.encoded), -1);
       lock.lock();
       if (!st.ok()) {
-        d.error = st.WithContext(what);
+        d.error = st.WithContext(what());
         break;
       }
       d.in_flight++;
     } else if (ram_source) {
       const RamExtent* extent = tiers_[d.source].ram->ExtentAt(d.segment.image, rec.offset);
       if (extent == nullptr || extent->bytes != rec.bytes) {
-        d.error = Status::Corrupt(what + ": the ram copy has no record at offset " +
+        d.error = Status::Corrupt(what() + ": the ram copy has no record at offset " +
                                   std::to_string(rec.offset));
         break;
       }
@@ -1137,7 +1134,7 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
       Status st = CheckAndWriteDemoted(d, i, p, one_buffer ? buffer_index : -1);
       lock.lock();
       if (!st.ok()) {
-        d.error = st.WithContext(what);
+        d.error = st.WithContext(what());
         break;
       }
       tiers_[d.source].bytes_read += rec.bytes;
@@ -1158,9 +1155,8 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
           r, Request{RequestKind::kDemoteRead, version, static_cast<uint32_t>(i), rec.bytes});
       lock.lock();
       if (!st.ok()) {
-        ring_->Free(rec.ring);
-        rec.ring = {};
-        d.error = st.WithContext(what);
+        FreeRingLocked(&rec.ring);
+        d.error = st.WithContext(what());
         break;
       }
       d.in_flight++;
@@ -1186,7 +1182,7 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
     Status st = SubmitRequest(s, Request{RequestKind::kDemoteSync, version});
     lock.lock();
     if (!st.ok()) {
-      d.error = st.WithContext(what);
+      d.error = st.WithContext(what());
       return;
     }
     d.in_flight++;
@@ -1200,10 +1196,7 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
   demotion_.reset();
   // Records read and never written (the demotion failed or was abandoned) give back their ring
   // regions.
-  for (Demotion::Record& rec : d.records) {
-    if (rec.ring.bytes != 0) ring_->Free(rec.ring);
-    rec.ring = {};
-  }
+  for (Demotion::Record& rec : d.records) FreeRingLocked(&rec.ring);
   const uint64_t version = d.version;
   Status st = result;
   int source_fd = d.segment.fd;
@@ -1301,7 +1294,7 @@ bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
   }
   if (!pick && tiers_[0].is_ram()) {
     RamTier& ram = *tiers_[0].ram;
-    bool short_of_space = space_waiters_ > 0 || ram.free_bytes() < ram_reserve_bytes_;
+    bool short_of_space = ram.free_bytes() < ram_reserve_bytes_;
     for (const auto& [version, v] : live_) short_of_space |= !v.arena_waiters.empty();
     if (short_of_space) {
       for (const auto& [version, e] : versions_) {
@@ -1344,6 +1337,7 @@ bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
     if (image != ram_images_.end()) {
       tiers_[0].ram->FreeImage(image->second);
       ram_images_.erase(image);
+      SpaceFreedLocked();
     }
   } else if (st.ok()) {
     Tier& tier = *tiers_[t].dir;
@@ -1363,7 +1357,7 @@ bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
   }
   tiers_[t].evictions++;
   RetireLocked(lock);
-  state_cv_.notify_all();  // arena space
+  state_cv_.notify_all();
   return true;
 }
 
