@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
+#include "engine/internal.h"
 #include "format/ram_format.h"
 #include "format/segment_format.h"
 #include "util/assert.h"
@@ -17,12 +17,6 @@ namespace ckpt::engine {
 namespace {
 
 using format::kBlockBytes;
-
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
 
 }  // namespace
 
@@ -57,10 +51,8 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, bool read_only) {
     st = Status::Invalid(what + " belongs to another store (job id " + format::Hex64(h.job_id) +
                          ", rank " + std::to_string(h.rank) + ")");
   }
-  if (st.ok() && h.capacity_bytes != memory_->bytes()) {
-    st = Status::Corrupt(what + ": its header says " + std::to_string(h.capacity_bytes) +
-                         " bytes, the file is " + std::to_string(memory_->bytes()));
-  }
+  // capacity_bytes may differ from the file's size after a crash inside ResizeToSpec: the
+  // file's size is the arena's, and ResizeToSpec rewrites the header.
   if (!st.ok()) {
     if (read_only) {
       memory_.reset();  // not this store's arena: every copy there reads as missing
@@ -76,6 +68,7 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, bool read_only) {
     return CreateArena(job_id, rank);
   }
   generation_ = h.generation;
+  header_ = h;
   if (!read_only) {
     allocator_ = std::make_unique<StagingRing>(memory_->bytes() - kHeaderBytes, kBlockBytes);
   }
@@ -87,15 +80,13 @@ Status RamTier::CreateArena(uint64_t job_id, uint32_t rank) {
   if (getrandom(&generation_, sizeof generation_, 0) != sizeof generation_) {
     return Status::FromErrno(errno, "getrandom for the ram arena's generation");
   }
-  format::ArenaHeader h;
-  h.rank = rank;
-  h.job_id = job_id;
-  h.capacity_bytes = memory_->bytes();
-  h.generation = generation_;
-  h.created_unix_ns = NowNs();
+  header_ = format::ArenaHeader{};
+  header_.rank = rank;
+  header_.job_id = job_id;
+  header_.generation = generation_;
+  header_.created_unix_ns = NowNs();
   std::memset(memory_->data(), 0, kHeaderBytes);
-  format::EncodeArenaHeader(
-      h, std::span<uint8_t, format::kArenaHeaderBytes>(memory_->data(), format::kArenaHeaderBytes));
+  WriteHeader(memory_->bytes());
   allocator_ = std::make_unique<StagingRing>(memory_->bytes() - kHeaderBytes, kBlockBytes);
   return Status::Ok();
 }
@@ -137,28 +128,39 @@ Status RamTier::Claim(const RamImage& image) {
                          " overlaps another copy or lies outside the arena");
 }
 
+void RamTier::WriteHeader(uint64_t capacity_bytes) {
+  header_.capacity_bytes = capacity_bytes;
+  format::EncodeArenaHeader(header_, std::span<uint8_t, format::kArenaHeaderBytes>(
+                                         memory_->data(), format::kArenaHeaderBytes));
+}
+
 Status RamTier::ResizeToSpec() {
   CKPTDB_ASSERT(allocator_ != nullptr && !read_only_);
   const uint64_t want = spec_.capacity_bytes;
-  if (want == memory_->bytes()) return Status::Ok();
-  if (!allocator_->Resize(want - kHeaderBytes) && want < memory_->bytes()) {
-    return Status::Invalid("ram tier: the arena " + path_ + " is " +
-                           std::to_string(memory_->bytes()) +
+  const uint64_t have = memory_->bytes();
+  if (want == have) {
+    if (header_.capacity_bytes != have) WriteHeader(have);  // a resize cut short by a crash
+    return Status::Ok();
+  }
+  if (!allocator_->Resize(want - kHeaderBytes)) {  // only a shrink can fail
+    return Status::Invalid("ram tier: the arena " + path_ + " is " + std::to_string(have) +
                            " bytes and holds committed copies past " + std::to_string(want) +
                            " bytes: ram:" + std::to_string(want) +
                            " cannot hold them; ask for the old size until they are demoted "
                            "and evicted, or delete the arena file to drop them");
   }
-  CKPTDB_ASSERT(allocator_->capacity() == want - kHeaderBytes);
-  CKPTDB_RETURN_IF_ERROR(memory_->Resize(want).WithContext("ram tier"));
-  format::ArenaHeader h;
-  CKPTDB_RETURN_IF_ERROR(
-      format::DecodeArenaHeader(std::span<const uint8_t, format::kArenaHeaderBytes>(
-                                    memory_->data(), format::kArenaHeaderBytes),
-                                path_, &h));
-  h.capacity_bytes = want;
-  format::EncodeArenaHeader(
-      h, std::span<uint8_t, format::kArenaHeaderBytes>(memory_->data(), format::kArenaHeaderBytes));
+  // The header records the smaller size first when shrinking, the file grows first when
+  // growing: either way a crash in between leaves a file at least as large as every copy in it,
+  // which Open accepts.
+  if (want < have) WriteHeader(want);
+  Status st = memory_->Resize(want).WithContext("ram tier");
+  if (!st.ok()) {
+    const bool restored = allocator_->Resize(have - kHeaderBytes);
+    CKPTDB_ASSERT(restored);  // nothing was allocated meanwhile
+    WriteHeader(have);
+    return st;
+  }
+  if (want > have) WriteHeader(want);
   return Status::Ok();
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/staging_ring.h"
+#include "format/ram_format.h"
 #include "io/io.h"
 #include "io/tier_spec.h"
 #include "util/status.h"
@@ -102,12 +103,14 @@ class RamTier {
 
  private:
   Status CreateArena(uint64_t job_id, uint32_t rank);
+  void WriteHeader(uint64_t capacity_bytes);  // header_ with this capacity, into the arena
 
   io::Io* io_;
   io::TierSpec spec_;
   std::string path_;
   std::unique_ptr<io::SharedMemory> memory_;
   std::unique_ptr<StagingRing> allocator_;  // over [kHeaderBytes, capacity)
+  format::ArenaHeader header_;  // as in the arena (read-write) or as read at Open
   uint64_t generation_ = 0;
   uint64_t frees_ = 0;
   bool created_ = false;

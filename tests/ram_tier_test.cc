@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -33,6 +34,32 @@ std::string ArenaFile(const std::string& dir) {
     if (e.path().extension() == ".ram") return e.path().string();
   }
   return "";
+}
+
+// The arena header's capacity field, read from or written into the file itself.
+uint64_t HeaderCapacity(const std::string& arena) {
+  uint8_t b[format::kArenaHeaderBytes];
+  FILE* f = std::fopen(arena.c_str(), "rb");
+  EXPECT_NE(f, nullptr);
+  EXPECT_EQ(std::fread(b, 1, sizeof b, f), sizeof b);
+  std::fclose(f);
+  format::ArenaHeader h;
+  EXPECT_TRUE(format::DecodeArenaHeader(std::span<const uint8_t, sizeof b>(b), arena, &h).ok());
+  return h.capacity_bytes;
+}
+
+void SetHeaderCapacity(const std::string& arena, uint64_t capacity) {
+  uint8_t b[format::kArenaHeaderBytes];
+  FILE* f = std::fopen(arena.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fread(b, 1, sizeof b, f), sizeof b);
+  format::ArenaHeader h;
+  ASSERT_TRUE(format::DecodeArenaHeader(std::span<const uint8_t, sizeof b>(b), arena, &h).ok());
+  h.capacity_bytes = capacity;
+  format::EncodeArenaHeader(h, std::span<uint8_t, sizeof b>(b));
+  ASSERT_EQ(std::fseek(f, 0, SEEK_SET), 0);
+  ASSERT_EQ(std::fwrite(b, 1, sizeof b, f), sizeof b);
+  std::fclose(f);
 }
 
 class RamTierTest : public ::testing::Test {
@@ -202,6 +229,35 @@ TEST_F(RamTierTest, ArenaResizesOnlyWhenItsCopiesStillFit) {
   ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
   Close();
   EXPECT_EQ(fs::file_size(ArenaFile(ram_dir_)), 2u << 20);
+}
+
+TEST_F(RamTierTest, ACrashInsideAResizeKeepsTheArenasCopies) {
+  SetTiers("ram:16M,dir=" + ram_dir_);  // ram only: the copy can come from nowhere else
+  Open();
+  auto a = RandomBytes(1 << 20, 7);
+  Commit(1, a);
+  Close();
+  const std::string arena = ArenaFile(ram_dir_);
+  std::vector<uint8_t> out(a.size());
+  // A grow cut short: the file is 32 MiB, the header still says 16.
+  fs::resize_file(arena, 32u << 20);
+  SetTiers("ram:32M,dir=" + ram_dir_);
+  Open();
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
+  EXPECT_STREQ(Stats().last_restore_tier, "ram");
+  Close();
+  EXPECT_EQ(HeaderCapacity(arena), 32u << 20) << "the open completes the header";
+  // A shrink cut short: the header says 8 MiB, the file is still 32.
+  SetHeaderCapacity(arena, 8u << 20);
+  SetTiers("ram:8M,dir=" + ram_dir_);
+  Open();
+  std::fill(out.begin(), out.end(), 0);
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
+  Close();
+  EXPECT_EQ(fs::file_size(arena), 8u << 20);
+  EXPECT_EQ(HeaderCapacity(arena), 8u << 20);
 }
 
 TEST_F(RamTierTest, ArenaTooSmallForTwoVersionsFailsTheCaptureClearly) {
