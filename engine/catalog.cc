@@ -4,6 +4,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "format/checksum.h"
@@ -247,6 +248,18 @@ Status Catalog::DecodeResidency(const std::string& v, const std::string& what, R
   return Status::Ok();
 }
 
+void VersionStatsRecord::AddTier(const std::string& name, uint64_t bytes, uint64_t ns) {
+  for (Tier& t : tiers) {
+    if (t.name == name) {
+      t.bytes_written += bytes;
+      t.write_ns += ns;
+      return;
+    }
+  }
+  if (tiers.size() == CKPTDB_MAX_TIERS) tiers.erase(tiers.begin());
+  tiers.push_back({name, bytes, ns});
+}
+
 std::string Catalog::EncodeStats(const VersionStatsRecord& r) {
   Writer w;
   w.Put<uint8_t>(kRecordFormat);
@@ -339,11 +352,16 @@ Status Catalog::LoadAll(std::map<uint64_t, VersionEntry>* out) {
     if (it->key().size() != 10) return Status::Corrupt("catalog key of bad length under s/");
     uint64_t v = FromBe64(it->key().data() + 2);
     auto e = out->find(v);
-    // Figures are put and deleted in the same batches as their version record, so one without
-    // its record is damage; it affects nothing restorable, so it is skipped, not refused.
+    // Figures are written with or after their version record and deleted with it. A figure
+    // record without its version, or one that does not decode, is damage that affects nothing
+    // restorable: it is skipped (and said), never a reason to refuse the store.
     if (e == out->end() || !e->second.has_record) continue;
-    CKPTDB_RETURN_IF_ERROR(
-        DecodeStats(it->value().ToString(), "s/" + std::to_string(v), &e->second.stats));
+    Status st = DecodeStats(it->value().ToString(), "s/" + std::to_string(v), &e->second.stats);
+    if (!st.ok()) {
+      std::fprintf(stderr, "ckptdb: %s; its figures are ignored\n", st.message().c_str());
+      e->second.stats = VersionStatsRecord{};
+      continue;
+    }
     e->second.has_stats = true;
   }
   CKPTDB_RETURN_IF_ERROR(FromRocks(it->status(), "reading catalog " + dir_));

@@ -78,7 +78,12 @@ struct VersionStatsRecord {
     uint64_t bytes_written = 0;
     uint64_t write_ns = 0;
   };
-  std::vector<Tier> tiers;  // at most CKPTDB_MAX_TIERS
+  std::vector<Tier> tiers;  // at most CKPTDB_MAX_TIERS, one per tier name
+
+  // A copy written to `name`: added to that tier's figures (a version written to the same tier
+  // again, say after an eviction and a new demotion, adds up). When CKPTDB_MAX_TIERS names are
+  // there already (tiers renamed across opens), the oldest entry makes room.
+  void AddTier(const std::string& name, uint64_t bytes, uint64_t ns);
 };
 
 struct VersionEntry {

@@ -671,7 +671,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     v->residency.push_back(res);
     // Capture wrote the chunk records into the arena; the header and tail complete the copy.
     const uint64_t elapsed = MonoNs() - v->tier0_started_mono_ns;
-    v->stats.tiers.push_back({tiers_[0].name(), image.file_bytes, elapsed});
+    v->stats.AddTier(tiers_[0].name(), image.file_bytes, elapsed);
     tiers_[0].bytes_written += image.file_bytes;
     tiers_[0].write_ns += elapsed;
     v->phase = CommitPhase::kDemote;
@@ -719,7 +719,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     res.file_bytes = v->next_offset + v->tail_bytes;
     v->residency.push_back(res);
     const uint64_t elapsed = MonoNs() - v->tier0_started_mono_ns;
-    v->stats.tiers.push_back({tiers_[0].name(), res.file_bytes, elapsed});
+    v->stats.AddTier(tiers_[0].name(), res.file_bytes, elapsed);
     tiers_[0].write_ns += elapsed;
   }
   if (v->phase == CommitPhase::kDemote) {
@@ -1224,7 +1224,7 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
       LiveVersion& v = it->second;
       if (st.ok()) {
         v.residency.push_back(res);
-        v.stats.tiers.push_back({res.tier, d.file_bytes, elapsed});
+        v.stats.AddTier(res.tier, d.file_bytes, elapsed);
         tiers_[d.target].demotions++;
         tiers_[d.target].write_ns += elapsed;
       } else {
@@ -1257,7 +1257,7 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
     tiers_[d.target].demotions++;
     tiers_[d.target].write_ns += elapsed;
     if (e.has_stats) {
-      e.stats.tiers.push_back({res.tier, d.file_bytes, elapsed});
+      e.stats.AddTier(res.tier, d.file_bytes, elapsed);
       stats_dirty_.insert(version);
     }
   } else {
