@@ -212,11 +212,6 @@ Status Db::OpenImpl() {
     return Status::Ok();
   }
 
-  std::string canonical;
-  for (const TierState& t : tiers_) {
-    canonical += (canonical.empty() ? "" : ";") + io::FormatTierSpec(t.spec);
-  }
-  CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(canonical));
   io::QueueOptions wqo = qo;
   wqo.offload_writes = true;  // the kernel copies into tmpfs while capture stages the next chunk
   CKPTDB_RETURN_IF_ERROR(io_->NewQueue(wqo, &queue_));
@@ -243,6 +238,13 @@ Status Db::OpenImpl() {
   for (uint32_t i = kDirectHeaders; i > 0; --i) free_direct_headers_.push_back(i - 1);
 
   CKPTDB_RETURN_IF_ERROR(Recover());
+  // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
+  // copy is refused there).
+  std::string canonical;
+  for (const TierState& t : tiers_) {
+    canonical += (canonical.empty() ? "" : ";") + io::FormatTierSpec(t.spec);
+  }
+  CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(canonical));
 
   // Fixed buffers: the staging ring, then the arena in pieces of at most 1 GiB (the kernel's
   // limit per registered buffer). Registered after recovery, which may have resized the arena.

@@ -130,19 +130,25 @@ Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uin
   if (tiers_[seg->tier].is_ram()) {
     const RamTier& ram = *tiers_[seg->tier].ram;
     std::vector<uint64_t> actual(chunks.size());
-    std::vector<uint8_t> ok(chunks.size(), 0);
+    enum : uint8_t { kFailed, kOk, kNoRecord };
+    std::vector<uint8_t> outcome(chunks.size(), kFailed);
     RunParallel(chunks.size(), [&](size_t k) {
       const fb::Chunk& c = m.chunk(chunks[k]);
       const RamExtent* extent = ram.ExtentAt(seg->image, c.record_offset());
-      if (extent == nullptr || extent->bytes < kBlockBytes + c.payload_bytes()) return;
+      if (extent == nullptr || extent->bytes < kBlockBytes + c.payload_bytes()) {
+        outcome[k] = kNoRecord;
+        return;
+      }
       actual[k] = CopyAndHash(dst + dst_offset[k], ram.base() + extent->arena_offset + kBlockBytes,
                               c.payload_bytes());
-      ok[k] = actual[k] == c.xxh3();
+      outcome[k] = actual[k] == c.xxh3() ? kOk : kFailed;
     });
     for (size_t k = 0; k < chunks.size(); ++k) {
       const fb::Chunk& c = m.chunk(chunks[k]);
-      if (ok[k]) {
+      if (outcome[k] == kOk) {
         *bytes_read += c.payload_bytes();
+      } else if (outcome[k] == kNoRecord) {
+        record_failure(chunks[k], " has no record of its size in the arena's index");
       } else {
         record_failure(chunks[k], " fails xxh3 (expected " + format::Hex64(c.xxh3()) + ", got " +
                                       format::Hex64(actual[k]) + ")");
@@ -193,9 +199,10 @@ Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uin
       if (ok) {
         actual = format::Xxh3(dst + dst_offset[k], c.payload_bytes());
         ok = actual == c.xxh3();
-        *bytes_read += c.payload_bytes();
       }
-      if (!ok) {
+      if (ok) {
+        *bytes_read += c.payload_bytes();
+      } else {
         record_failure(chunks[k], cp.result < 0
                                       ? " cannot be read: " +
                                             std::string(std::strerror(static_cast<int>(-cp.result)))

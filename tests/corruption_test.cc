@@ -91,6 +91,8 @@ TEST_F(CorruptionTest, FlippedByteOnFastTierFallsBackToSlowTier) {
   ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
   EXPECT_EQ(st.checksum_failures, 1u);
   EXPECT_EQ(st.tiers[1].bytes_read, kChunkBytes) << "only the bad chunk is read from disk";
+  EXPECT_EQ(st.tiers[0].bytes_read, kTensorBytes - kChunkBytes)
+      << "bytes_read counts verified bytes: not the chunk that failed";
 }
 
 TEST_F(CorruptionTest, FlippedByteOnEveryTierIsCorruptAndZeroedNeverWrong) {

@@ -231,6 +231,36 @@ TEST_F(RamTierTest, ArenaResizesOnlyWhenItsCopiesStillFit) {
   EXPECT_EQ(fs::file_size(ArenaFile(ram_dir_)), 2u << 20);
 }
 
+TEST_F(RamTierTest, AShrinkPastALiveCopyIsRefusedAndChangesNothing) {
+  SetTiers("ram:16M,keep=2,dir=" + ram_dir_);
+  Open();
+  auto a = RandomBytes(1 << 20, 8);
+  auto b = RandomBytes(1 << 20, 80);
+  Commit(1, a);
+  Commit(2, b);  // first fit: past the first 2 MiB
+  Close();
+  const std::string arena = ArenaFile(ram_dir_);
+  const std::string other_disk = disk_.Sub("other");
+  SetTiers("ram:2M,keep=2,dir=" + ram_dir_ + ";disk:" + other_disk);
+  EXPECT_EQ(ckptdb_open(&o_, &db_), CKPTDB_EINVAL);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("holds committed copies past"),
+            std::string::npos)
+      << ckptdb_last_error();
+  db_ = nullptr;
+  EXPECT_EQ(fs::file_size(arena), 16u << 20);
+  // The refused spec was not recorded: a read-only tool still sees the store's own tiers.
+  ckptdb_options ro;
+  ckptdb_options_init(&ro);
+  ro.root = root_.c_str();
+  ro.read_only = 1;
+  ASSERT_EQ(ckptdb_open(&ro, &db_), CKPTDB_OK) << ckptdb_last_error();
+  ckptdb_stats_t st = Stats();
+  EXPECT_EQ(st.tier_count, 1u);
+  std::vector<uint8_t> out(b.size());
+  ASSERT_EQ(Restore(2, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, b);
+}
+
 TEST_F(RamTierTest, ACrashInsideAResizeKeepsTheArenasCopies) {
   SetTiers("ram:16M,dir=" + ram_dir_);  // ram only: the copy can come from nowhere else
   Open();
