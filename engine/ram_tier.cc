@@ -34,6 +34,7 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, bool read_only) {
   io::SharedMemoryOptions o;
   o.read_only = read_only;
   o.create_bytes = spec_.capacity_bytes;
+  o.lock = !read_only;  // read-only tools touch only the copies they read
   if (!read_only) CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(spec_.path).WithContext("ram tier"));
   Status st = io_->OpenSharedMemory(path_, o, &memory_);
   if (!st.ok()) {

@@ -87,7 +87,7 @@ Status SharedMemory::Open(const std::string& path, const SharedMemoryOptions& op
 
 Status SharedMemory::Map() {
   int prot = read_only_ ? PROT_READ : PROT_READ | PROT_WRITE;
-  void* p = ::mmap(nullptr, bytes_, prot, MAP_SHARED | MAP_POPULATE, fd_, 0);
+  void* p = ::mmap(nullptr, bytes_, prot, MAP_SHARED | (lock_ ? MAP_POPULATE : 0), fd_, 0);
   if (p == MAP_FAILED) {
     return Status::FromErrno(
         errno, "mapping " + std::to_string(bytes_) + " bytes of shared memory " + path_);

@@ -23,7 +23,10 @@ struct SharedMemoryOptions {
   // Read-write: the size to create the file with when it does not exist. An existing file is
   // mapped at its own size (see bytes()); Resize changes it.
   uint64_t create_bytes = 0;
-  bool lock = true;  // mlock the mapping, best effort (RLIMIT_MEMLOCK may forbid it)
+  // Map every page up front (MAP_POPULATE) and mlock the mapping, best effort (RLIMIT_MEMLOCK
+  // may forbid it): for the trainer, whose captures must not fault. A tool that reads a few
+  // copies maps lazily.
+  bool lock = true;
 };
 
 class SharedMemory {
