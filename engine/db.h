@@ -18,7 +18,8 @@
 //     manager does not evict it meanwhile.
 //
 // Locking: mu_ guards every field below it that is not marked otherwise, and is held only for
-// bookkeeping, never across a copy, a system call or a catalog write. read_mu_ is taken before
+// bookkeeping, never across a copy, a file operation or a catalog write (the manager's eventfd
+// wake and io_uring submissions of small requests are the exceptions). read_mu_ is taken before
 // mu_ when both are held.
 #pragma once
 
@@ -130,7 +131,8 @@ class Db {
   enum class Home : uint8_t {
     kQueued,   // waiting for a capture worker; its bytes are still in the caller's buffer
     kCopying,  // a worker is copying it into its staging region
-    kStaged,   // copied and hashed: in the arena (ram) or in a ring region awaiting its write
+    kStaged,   // copied and hashed into a ring region, awaiting its write (a ram chunk goes
+               // straight to kDone: the arena region is its copy)
     kDirect,   // being written to the first tier straight from the caller's buffer
     kWriting,  // its write from a ring region is in flight
     kDone,     // on the first tier (ram: in the arena; directory: written to the file)
@@ -148,7 +150,7 @@ class Db {
   };
   enum class CommitPhase : uint8_t {
     kNone,
-    kTail,    // directory capture: the manifest record and footer are being written
+    kTail,    // the header block (ram), manifest record and footer are being placed or written
     kSync,    // directory capture: the file is being fsynced
     kDemote,  // the commit tier is slower than tier 0: demoting to the tiers up to it
     kDecide,  // safe on the commit tier: PREPARED and COMMITTED are next
@@ -186,7 +188,8 @@ class Db {
     // Commit state (the manager).
     std::vector<uint8_t> manifest;
     uint64_t manifest_xxh3 = 0;
-    std::unique_ptr<uint8_t, void (*)(void*)> tail{nullptr, std::free};  // directory capture
+    // Directory capture: the header block until its write completes, then the tail's.
+    std::unique_ptr<uint8_t, void (*)(void*)> tail{nullptr, std::free};
     uint64_t tail_bytes = 0;
     RamImage image;                          // ram capture: the image being committed
     std::vector<ResidencyRecord> residency;  // the copies PREPARED will record durable
@@ -340,6 +343,7 @@ class Db {
 
   // read.cc
   Status ReadSegment(uint64_t version, size_t tier, OpenSegment** out);
+  Status CheckCommittedLocked(uint64_t version, const std::string& what) const;
   Status CommittedCopies(uint64_t version, const std::string& what,
                          std::vector<size_t>* candidates);
   Status WithManifest(uint64_t version, const std::string& what,

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "util/status.h"
+
 namespace ckpt::engine {
 
 inline uint64_t NowNs() {
@@ -32,6 +34,10 @@ void CrashPoint(const char* point);
 // hashing each piece right after copying it (DESIGN.md section 5); returns the XXH3-64 of the
 // bytes. docs/performance.md has the piece size sweep.
 uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t bytes);
+
+// A tensor name as every call takes it: not NULL, not empty, at most CKPTDB_MAX_NAME_BYTES.
+// capture.cc.
+Status ValidateName(const char* name, const std::string& call);
 
 inline constexpr uint32_t kMaxCaptureThreads = 64;
 // The kernel refuses to register a fixed buffer larger than 1 GiB.

@@ -12,7 +12,7 @@
 //   6. evicts copies the policy lets go (policy.cc), and fails captures that wait for arena
 //      space nothing can ever free,
 // then waits for a completion or a wake (an eventfd read on the same queue). mu_ is dropped
-// around every system call and catalog write, so callers and workers never wait on the disk.
+// around every file operation and catalog write, so callers and workers never wait on the disk.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -885,60 +885,6 @@ bool Db::PlanDemotion(std::unique_lock<std::mutex>& lock) {
     }
   }
   return false;
-}
-
-// Opens the copy of `version` on `tier` that `res` describes and checks its manifest against
-// the catalog's xxh3 (when known). out must stay where it is while the reader is used: the
-// reader reads through out->fd or out->image. A ram copy is read through `image`, a file through
-// `queue`, which the caller owns and has nothing else outstanding on while the reader reads.
-Status Db::OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
-                         const VersionRecord& record, RamImage image, OpenSegment* out,
-                         io::IoQueue* queue) {
-  out->tier = tier;
-  std::string what;
-  if (tiers_[tier].is_ram()) {
-    what = "ram copy of " + V(version) + " (" + res.path + ")";
-    const RamTier* ram = tiers_[tier].ram.get();
-    out->image = std::move(image);
-    RamImage* img = &out->image;
-    CKPTDB_RETURN_IF_ERROR(format::SegmentReader::Open(
-        what, img->file_bytes,
-        [ram, img, what](uint64_t off, void* buf, size_t len) {
-          return ram->ReadAt(*img, off, buf, len, what);
-        },
-        &out->reader));
-  } else {
-    what = "segment " + res.path + " (tier " + res.tier + ")";
-    bool direct = false;
-    CKPTDB_RETURN_IF_ERROR(
-        io_->Open(res.path, io::OpenOptions{}, &out->fd, &direct).WithContext(what));
-    uint64_t size = 0;
-    Status st = io_->FileSize(out->fd, &size);
-    if (st.ok() && size != res.file_bytes) {
-      st = Status::Corrupt(what + ": the file is " + std::to_string(size) +
-                           " bytes, the catalog recorded " + std::to_string(res.file_bytes));
-    }
-    if (st.ok()) {
-      int fd = out->fd;
-      format::ReadAtFn read = [queue, fd, what](uint64_t off, void* buf, size_t len) {
-        return io::ReadAt(*queue, fd, off, buf, len, what);
-      };
-      st = format::SegmentReader::Open(what, size, std::move(read), &out->reader);
-    }
-    if (!st.ok()) {
-      (void)io_->Close(out->fd);
-      out->fd = -1;
-      return st;
-    }
-  }
-  if (record.manifest_xxh3 != 0 && out->reader->footer().manifest_xxh3 != record.manifest_xxh3) {
-    if (out->fd >= 0) (void)io_->Close(out->fd);
-    out->fd = -1;
-    return Status::Corrupt(what + ": its manifest xxh3 " +
-                           format::Hex64(out->reader->footer().manifest_xxh3) +
-                           " differs from the catalog's " + format::Hex64(record.manifest_xxh3));
-  }
-  return Status::Ok();
 }
 
 Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,

@@ -40,7 +40,6 @@ Status Db::ResolveTier(const std::string& name_or_kind, size_t* index) const {
     }
   }
   std::vector<io::TierSpec> parsed;
-  std::error_code ec;
   if (io::ParseTierSpecs(name_or_kind, "", &parsed).ok() && parsed.size() == 1) {
     int i = TierIndex(parsed[0].name);
     if (i >= 0) {

@@ -110,7 +110,7 @@ class RamTier {
   std::string path_;
   std::unique_ptr<io::SharedMemory> memory_;
   std::unique_ptr<StagingRing> allocator_;  // over [kHeaderBytes, capacity)
-  format::ArenaHeader header_;  // as in the arena (read-write) or as read at Open
+  format::ArenaHeader header_;              // as in the arena (read-write) or as read at Open
   uint64_t generation_ = 0;
   uint64_t frees_ = 0;
   bool created_ = false;

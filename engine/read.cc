@@ -4,7 +4,6 @@
 // the catalog's view and to pin ram copies, so a restore never stalls capture or the manager.
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 
 #include "engine/db.h"
 #include "engine/internal.h"
@@ -27,8 +26,6 @@ constexpr size_t kRestoreReadsInFlight = 2;
 
 }  // namespace
 
-Status ValidateName(const char* name, const std::string& call);
-
 void Db::Pin(uint64_t version) { ram_pins_[version]++; }
 
 void Db::Unpin(uint64_t version) {
@@ -38,6 +35,60 @@ void Db::Unpin(uint64_t version) {
     ram_pins_.erase(it);
     WakeManager();  // an eviction may have waited for this reader
   }
+}
+
+// Opens the copy of `version` on `tier` that `res` describes and checks its manifest against
+// the catalog's xxh3 (when known). out must stay where it is while the reader is used: the
+// reader reads through out->fd or out->image. A ram copy is read through `image`, a file through
+// `queue`, which the caller owns and has nothing else outstanding on while the reader reads.
+Status Db::OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
+                         const VersionRecord& record, RamImage image, OpenSegment* out,
+                         io::IoQueue* queue) {
+  out->tier = tier;
+  std::string what;
+  if (tiers_[tier].is_ram()) {
+    what = "ram copy of " + V(version) + " (" + res.path + ")";
+    const RamTier* ram = tiers_[tier].ram.get();
+    out->image = std::move(image);
+    RamImage* img = &out->image;
+    CKPTDB_RETURN_IF_ERROR(format::SegmentReader::Open(
+        what, img->file_bytes,
+        [ram, img, what](uint64_t off, void* buf, size_t len) {
+          return ram->ReadAt(*img, off, buf, len, what);
+        },
+        &out->reader));
+  } else {
+    what = "segment " + res.path + " (tier " + res.tier + ")";
+    bool direct = false;
+    CKPTDB_RETURN_IF_ERROR(
+        io_->Open(res.path, io::OpenOptions{}, &out->fd, &direct).WithContext(what));
+    uint64_t size = 0;
+    Status st = io_->FileSize(out->fd, &size);
+    if (st.ok() && size != res.file_bytes) {
+      st = Status::Corrupt(what + ": the file is " + std::to_string(size) +
+                           " bytes, the catalog recorded " + std::to_string(res.file_bytes));
+    }
+    if (st.ok()) {
+      int fd = out->fd;
+      format::ReadAtFn read = [queue, fd, what](uint64_t off, void* buf, size_t len) {
+        return io::ReadAt(*queue, fd, off, buf, len, what);
+      };
+      st = format::SegmentReader::Open(what, size, std::move(read), &out->reader);
+    }
+    if (!st.ok()) {
+      (void)io_->Close(out->fd);
+      out->fd = -1;
+      return st;
+    }
+  }
+  if (record.manifest_xxh3 != 0 && out->reader->footer().manifest_xxh3 != record.manifest_xxh3) {
+    if (out->fd >= 0) (void)io_->Close(out->fd);
+    out->fd = -1;
+    return Status::Corrupt(what + ": its manifest xxh3 " +
+                           format::Hex64(out->reader->footer().manifest_xxh3) +
+                           " differs from the catalog's " + format::Hex64(record.manifest_xxh3));
+  }
+  return Status::Ok();
 }
 
 // A reader of (version, tier), from the cache or opened now. For a ram copy the version is
@@ -217,12 +268,9 @@ Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uin
   return Status::Ok();
 }
 
-// The tiers holding a durable copy of committed `version`, fastest first; a clear error when it
-// is not committed or no configured tier holds it (naming where its copies went).
-Status Db::CommittedCopies(uint64_t version, const std::string& what,
-                           std::vector<size_t>* candidates) {
-  std::lock_guard<std::mutex> lock(mu_);
-  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+// Ok when `version` is committed; otherwise why not (open, unknown, aborted, retired), in the
+// words of `what`.
+Status Db::CheckCommittedLocked(uint64_t version, const std::string& what) const {
   if (live_.count(version)) {
     return Status::State(what + ": the version is OPEN (being put or committed), not committed");
   }
@@ -234,6 +282,17 @@ Status Db::CommittedCopies(uint64_t version, const std::string& what,
     return Status::State(what + ": the version is " + ckptdb_state_name(it->second.record.state) +
                          ", not committed");
   }
+  return Status::Ok();
+}
+
+// The tiers holding a durable copy of committed `version`, fastest first; a clear error when it
+// is not committed or no configured tier holds it (naming where its copies went).
+Status Db::CommittedCopies(uint64_t version, const std::string& what,
+                           std::vector<size_t>* candidates) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, what));
+  auto it = versions_.find(version);
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
     if (Durable(it->second, ti)) candidates->push_back(ti);
   }
@@ -478,9 +537,7 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       } else {
         tier_name = tier;
         std::vector<io::TierSpec> parsed;
-        std::error_code ec;
-        if (io::ParseTierSpecs(tier, std::filesystem::current_path(ec).string(), &parsed).ok() &&
-            parsed.size() == 1) {
+        if (io::ParseTierSpecs(tier, "", &parsed).ok() && parsed.size() == 1) {
           tier_name = parsed[0].name;
         }
         bool known = false;
@@ -496,18 +553,7 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       }
     }
     if (version != CKPTDB_ALL_VERSIONS) {
-      if (live_.count(version)) {
-        return Status::State("verify " + V(version) + ": the version is OPEN, not committed");
-      }
-      auto it = versions_.find(version);
-      if (it == versions_.end() || !it->second.has_record) {
-        return Status::NotFound("verify " + V(version) + ": unknown version");
-      }
-      if (it->second.record.state != CKPTDB_STATE_COMMITTED) {
-        return Status::State("verify " + V(version) + ": the version is " +
-                             ckptdb_state_name(it->second.record.state) +
-                             "; only committed versions have segments to check");
-      }
+      CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, "verify " + V(version)));
     }
     for (const auto& [v, e] : versions_) {
       if (version != CKPTDB_ALL_VERSIONS && v != version) continue;

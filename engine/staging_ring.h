@@ -1,16 +1,18 @@
-// The staging ring's allocator (DESIGN.md section 5): hands out regions of a fixed-size byte
-// range for chunks on their way from a caller's buffer to the tiers, and takes them back in any
-// order. It never hands out a region that overlaps a live one: the live regions are the state,
-// kept in an ordered map, and every allocation is checked against them, never derived from
-// head/tail arithmetic (DataStates-LLM's public allocator returned [0,7) over a live [4,8) that
-// way; tests/staging_ring_test.cc replays that trace and checks against a byte-level model).
+// The staging ring's allocator (DESIGN.md section 5): hands out regions of a byte range and
+// takes them back in any order. It places chunks on their way from a caller's buffer to a
+// directory tier in the staging ring, and every record of the ram tier's arena (whose size
+// changes only at open, Resize). It never hands out a region that overlaps a live one: the live
+// regions are the state, kept in an ordered map, and every allocation is checked against them,
+// never derived from head/tail arithmetic (DataStates-LLM's public allocator returned [0,7) over a
+// live [4,8) that way; tests/staging_ring_test.cc replays that trace and checks against a
+// byte-level model).
 //
 // Placement is first fit starting where the last allocation ended, wrapping once to the start:
 // in steady state (frees roughly in allocation order) that is a ring, and it still finds any
 // free run of the requested size when frees come out of order. Allocate fails only when no such
 // run exists; the caller then applies its back-pressure policy.
 //
-// Not thread-safe: the capture pipeline serializes calls.
+// Not thread-safe: its owner serializes calls (the engine under its mutex).
 #pragma once
 
 #include <cstddef>

@@ -243,8 +243,7 @@ TEST_F(RamTierTest, AShrinkPastALiveCopyIsRefusedAndChangesNothing) {
   const std::string other_disk = disk_.Sub("other");
   SetTiers("ram:2M,keep=2,dir=" + ram_dir_ + ";disk:" + other_disk);
   EXPECT_EQ(ckptdb_open(&o_, &db_), CKPTDB_EINVAL);
-  EXPECT_NE(std::string(ckptdb_last_error()).find("holds committed copies past"),
-            std::string::npos)
+  EXPECT_NE(std::string(ckptdb_last_error()).find("holds committed copies past"), std::string::npos)
       << ckptdb_last_error();
   db_ = nullptr;
   EXPECT_EQ(fs::file_size(arena), 16u << 20);

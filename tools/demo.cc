@@ -384,7 +384,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--root", args->root, "Store directory (removed and recreated)")
       ->capture_default_str();
   cmd->add_option("--tiers", args->tiers,
-                  "Tier spec, fastest first (default: a ram tier in --ram-dir sized for three "
+                  "Tier spec, fastest first (default: a ram tier in --ram-dir sized for four "
                   "versions, keep=2; --disk-dir every=10, keep=2)");
   cmd->add_option("--ram-dir", args->ram_dir, "Directory of the ram tier's arena (removed first)")
       ->capture_default_str();
