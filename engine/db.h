@@ -322,6 +322,7 @@ class Db {
   Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
                        size_t target, bool for_commit);
   void PumpDemotion(std::unique_lock<std::mutex>& lock);
+  Status PlanDemotionRecords(Demotion* d, const std::string& what);
   Status CheckAndWriteDemoted(const Demotion& d, size_t i, uint8_t* p, int buffer_index);
   void EndDemotion(std::unique_lock<std::mutex>& lock, const Status& st);
   bool EvictLocked(std::unique_lock<std::mutex>& lock);

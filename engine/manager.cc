@@ -678,11 +678,16 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   } else if (v->phase == CommitPhase::kTail) {
     if (v->tail) return changed();  // the tail write is in flight
     const uint64_t manifest_offset = v->next_offset;
+    // As for ram: the manifest is the manager's, and it may run to megabytes.
+    lock.unlock();
     void* block = std::aligned_alloc(kBlockBytes, v->tail_bytes);
+    if (block != nullptr) {
+      std::memset(block, 0, v->tail_bytes);
+      EncodeTail(static_cast<uint8_t*>(block), v->tail_bytes, v->manifest, v->manifest_xxh3,
+                 manifest_offset, version, identity_.rank, static_cast<uint32_t>(v->chunks.size()));
+    }
+    lock.lock();
     if (block == nullptr) return fail(Status::NoMemory("allocating the manifest of " + V(version)));
-    std::memset(block, 0, v->tail_bytes);
-    EncodeTail(static_cast<uint8_t*>(block), v->tail_bytes, v->manifest, v->manifest_xxh3,
-               manifest_offset, version, identity_.rank, static_cast<uint32_t>(v->chunks.size()));
     v->tail.reset(static_cast<uint8_t*>(block));
     io::IoRequest r;
     r.op = io::IoRequest::Op::kWrite;
@@ -887,6 +892,46 @@ bool Db::PlanDemotion(std::unique_lock<std::mutex>& lock) {
   return false;
 }
 
+// The records a demotion copies, in file order: the header block and the tail encoded again
+// from the source's checked header, footer and manifest (what is written is what was verified),
+// and each chunk record between them. Called without mu_ (a manifest may run to megabytes): the
+// demotion is the manager's.
+Status Db::PlanDemotionRecords(Demotion* d, const std::string& what) {
+  const format::SegmentReader& reader = *d->segment.reader;
+  const format::ManifestView& m = reader.manifest();
+  const format::SegmentFooter& footer = reader.footer();
+  const bool through_ring = !tiers_[d->source].is_ram();
+  d->file_bytes = footer.file_bytes;
+  const uint64_t tail_bytes = d->file_bytes - footer.manifest_offset;
+  d->head.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlockBytes, kBlockBytes)));
+  d->tail.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlockBytes, tail_bytes)));
+  if (!d->head || !d->tail) {
+    return Status::NoMemory(what + ": allocating " + std::to_string(tail_bytes) +
+                            " bytes for its manifest");
+  }
+  std::memset(d->head.get(), 0, kBlockBytes);
+  format::EncodeSegmentHeader(reader.header(), std::span<uint8_t, 64>(d->head.get(), 64));
+  std::memset(d->tail.get(), 0, tail_bytes);
+  EncodeTail(d->tail.get(), tail_bytes, reader.manifest_bytes(), footer.manifest_xxh3,
+             footer.manifest_offset, footer.version, footer.rank, footer.chunk_count);
+  d->records.reserve(m.chunk_count() + 2);
+  d->records.push_back({0, kBlockBytes, -1});
+  d->records.back().encoded = d->head.get();
+  for (uint32_t c = 0; c < m.chunk_count(); ++c) {
+    const uint64_t bytes = format::RecordBytes(m.chunk(c).payload_bytes());
+    if (through_ring && bytes > ring_->capacity()) {
+      return Status::Invalid(what + ": chunk " + std::to_string(c) + "'s record of " +
+                             std::to_string(bytes) + " bytes does not fit the staging ring of " +
+                             std::to_string(ring_->capacity()) +
+                             " bytes it is read through; raise staging_bytes");
+    }
+    d->records.push_back({m.chunk(c).record_offset(), bytes, static_cast<int64_t>(c)});
+  }
+  d->records.push_back({footer.manifest_offset, tail_bytes, -1});
+  d->records.back().encoded = d->tail.get();
+  return Status::Ok();
+}
+
 Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
                          size_t target, bool for_commit) {
   CKPTDB_ASSERT(!demotion_ && !tiers_[target].is_ram());
@@ -923,6 +968,7 @@ Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, s
                             metadata_queue_.get());
   int fd = -1;
   bool direct = false;
+  if (st.ok()) st = PlanDemotionRecords(&d, what);
   if (st.ok()) {
     st = tiers_[target].dir->CreateTemp(version, identity_.rank, &fd);
     direct = tiers_[target].dir->direct();
@@ -954,35 +1000,6 @@ Status Db::StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, s
   }
   d.fd = fd;
   d.direct = direct;
-  const format::SegmentReader& reader = *d.segment.reader;
-  const format::ManifestView& m = reader.manifest();
-  const format::SegmentFooter& footer = reader.footer();
-  d.file_bytes = footer.file_bytes;
-  const uint64_t tail_bytes = d.file_bytes - footer.manifest_offset;
-  d.head.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlockBytes, kBlockBytes)));
-  d.tail.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlockBytes, tail_bytes)));
-  CKPTDB_ASSERT(d.head && d.tail);
-  std::memset(d.head.get(), 0, kBlockBytes);
-  format::EncodeSegmentHeader(reader.header(), std::span<uint8_t, 64>(d.head.get(), 64));
-  std::memset(d.tail.get(), 0, tail_bytes);
-  EncodeTail(d.tail.get(), tail_bytes, reader.manifest_bytes(), footer.manifest_xxh3,
-             footer.manifest_offset, footer.version, footer.rank, footer.chunk_count);
-  d.records.push_back({0, kBlockBytes, -1});
-  d.records.back().encoded = d.head.get();
-  for (uint32_t c = 0; c < m.chunk_count(); ++c) {
-    d.records.push_back({m.chunk(c).record_offset(),
-                         format::RecordBytes(m.chunk(c).payload_bytes()), static_cast<int64_t>(c)});
-    if (!tiers_[source].is_ram() && d.records.back().bytes > ring_->capacity()) {
-      Status too_big = Status::Invalid(
-          what + ": chunk " + std::to_string(c) + "'s record of " +
-          std::to_string(d.records.back().bytes) + " bytes does not fit the staging ring of " +
-          std::to_string(ring_->capacity()) + " bytes it is read through; raise staging_bytes");
-      d.error = too_big;  // EndDemotion (through PumpDemotion) cleans up
-      break;
-    }
-  }
-  d.records.push_back({footer.manifest_offset, tail_bytes, -1});
-  d.records.back().encoded = d.tail.get();
   if (!for_commit) {
     for (ResidencyRecord& r : versions_.at(version).residency) {
       if (r.tier == tiers_[target].name()) r.state = CKPTDB_RESIDENT_WRITING;

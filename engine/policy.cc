@@ -13,6 +13,7 @@
 //                    or no slower tier will ever want it (superseded); and either t no longer
 //                    keeps it, or (ram, for_space) the arena needs the room.
 #include <algorithm>
+#include <map>
 
 #include "engine/db.h"
 #include "engine/internal.h"
@@ -77,29 +78,33 @@ bool Db::Durable(const VersionEntry& e, size_t tier) const {
   });
 }
 
-bool Db::Wants(size_t tier, uint64_t version) const {
-  const TierState& t = tiers_[tier];
-  if (!t.Takes(version)) return false;
-  if (t.spec.keep == 0) return true;
+namespace {
+
+// Fewer than `keep` committed versions newer than `version` count (keep=0: no limit).
+template <typename Counts>
+bool FewerNewerThan(const std::map<uint64_t, VersionEntry>& versions, uint64_t version,
+                    uint64_t keep, Counts counts) {
+  if (keep == 0) return true;
   uint64_t newer = 0;
-  for (auto it = versions_.upper_bound(version); it != versions_.end(); ++it) {
-    if (it->second.record.state == CKPTDB_STATE_COMMITTED && t.Takes(it->first)) {
-      if (++newer >= t.spec.keep) return false;
+  for (auto it = versions.upper_bound(version); it != versions.end(); ++it) {
+    if (it->second.record.state == CKPTDB_STATE_COMMITTED && counts(*it) && ++newer >= keep) {
+      return false;
     }
   }
   return true;
 }
 
-bool Db::Keeps(size_t tier, uint64_t version) const {
+}  // namespace
+
+bool Db::Wants(size_t tier, uint64_t version) const {
   const TierState& t = tiers_[tier];
-  if (t.spec.keep == 0) return true;
-  uint64_t newer = 0;
-  for (auto it = versions_.upper_bound(version); it != versions_.end(); ++it) {
-    if (it->second.record.state == CKPTDB_STATE_COMMITTED && Durable(it->second, tier)) {
-      if (++newer >= t.spec.keep) return false;
-    }
-  }
-  return true;
+  return t.Takes(version) && FewerNewerThan(versions_, version, t.spec.keep,
+                                            [&](const auto& e) { return t.Takes(e.first); });
+}
+
+bool Db::Keeps(size_t tier, uint64_t version) const {
+  return FewerNewerThan(versions_, version, tiers_[tier].spec.keep,
+                        [&](const auto& e) { return Durable(e.second, tier); });
 }
 
 // A copy a demotion to `tier` could read from: durable on another tier, not given up on.

@@ -23,6 +23,7 @@
 
 #include "ckptdb/ckptdb.h"
 #include "tools/commands.h"
+#include "tools/common.h"
 
 namespace ckpt::tools {
 namespace {
@@ -127,8 +128,7 @@ ckptdb_tensor_info InfoOf(const Tensor& t) {
 }
 
 int Fail(const char* what, int status) {
-  std::fprintf(stderr, "ckptdb demo: %s: %s: %s\n", what, ckptdb_status_name(status),
-               ckptdb_last_error());
+  std::fprintf(stderr, "ckptdb demo: %s: %s\n", what, ErrorText(status).c_str());
   return 1;
 }
 
