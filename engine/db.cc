@@ -218,19 +218,26 @@ Status Db::OpenImpl() {
   io::QueueOptions mqo;
   mqo.queue_depth = 2;
   CKPTDB_RETURN_IF_ERROR(io_->NewQueue(mqo, &metadata_queue_));
-  // Staging is allocated and faulted in once (LIMITS.md: first touch runs at 0.3 GB/s here),
-  // never per checkpoint. Whole records only: a record never wraps.
-  staging_bytes_ = o.staging_bytes / kBlockBytes * kBlockBytes;
-  void* p = ::mmap(nullptr, staging_bytes_, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED) {
-    staging_bytes_ = 0;
-    return Status::FromErrno(errno,
-                             "allocating " + std::to_string(o.staging_bytes) + " bytes of staging");
+  // The staging ring carries chunks to a directory first tier, and chunks a demotion reads from
+  // a directory tier; a ram first tier with a single directory tier behind it has neither (its
+  // captures and demotions go from the arena), so it gets no ring. Allocated and faulted in
+  // once (LIMITS.md: first touch runs at 0.3 GB/s here), never per checkpoint. Whole records
+  // only: a record never wraps.
+  const size_t directory_tiers = static_cast<size_t>(
+      std::count_if(tiers_.begin(), tiers_.end(), [](const TierState& t) { return !t.is_ram(); }));
+  if (!tiers_[0].is_ram() || directory_tiers >= 2) {
+    staging_bytes_ = o.staging_bytes / kBlockBytes * kBlockBytes;
+    void* p = ::mmap(nullptr, staging_bytes_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) {
+      staging_bytes_ = 0;
+      return Status::FromErrno(
+          errno, "allocating " + std::to_string(o.staging_bytes) + " bytes of staging");
+    }
+    staging_ = static_cast<uint8_t*>(p);
+    (void)::mlock(staging_, staging_bytes_);  // best effort: unprivileged limits are small
+    ring_ = std::make_unique<StagingRing>(staging_bytes_, kBlockBytes);
   }
-  staging_ = static_cast<uint8_t*>(p);
-  (void)::mlock(staging_, staging_bytes_);  // best effort: unprivileged limits are small
-  ring_ = std::make_unique<StagingRing>(staging_bytes_, kBlockBytes);
   void* h = ::mmap(nullptr, kDirectHeaders * kBlockBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (h == MAP_FAILED) return Status::FromErrno(errno, "allocating direct-write header blocks");
@@ -246,10 +253,12 @@ Status Db::OpenImpl() {
   }
   CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(canonical));
 
-  // Fixed buffers: the staging ring, then the arena in pieces of at most 1 GiB (the kernel's
-  // limit per registered buffer). Registered after recovery, which may have resized the arena.
+  // Fixed buffers: the staging ring (when there is one), then the arena in pieces of at most
+  // 1 GiB (the kernel's limit per registered buffer). Registered after recovery, which may have
+  // resized the arena.
   std::vector<iovec> buffers;
-  buffers.push_back({staging_, staging_bytes_});
+  if (ring_) buffers.push_back({staging_, staging_bytes_});
+  const size_t arena_base = buffers.size();
   if (tiers_[0].is_ram()) {
     RamTier& ram = *tiers_[0].ram;
     for (uint64_t off = 0; off < ram.capacity(); off += kMaxFixedBufferBytes) {
@@ -257,13 +266,13 @@ Status Db::OpenImpl() {
                                                                         ram.capacity() - off))});
     }
   }
-  Status reg = queue_->RegisterBuffers(buffers);
-  if (!reg.ok() && buffers.size() > 1) {
+  Status reg = buffers.empty() ? Status::Ok() : queue_->RegisterBuffers(buffers);
+  if (!reg.ok() && ring_ && buffers.size() > 1) {
     buffers.resize(1);  // the arena may be too large to pin: the ring alone, then
     reg = queue_->RegisterBuffers(buffers);
   }
-  fixed_buffers_ = reg.ok();
-  fixed_arena_ = reg.ok() && buffers.size() > 1;
+  fixed_buffers_ = reg.ok() && ring_ != nullptr;
+  if (reg.ok() && buffers.size() > arena_base) fixed_arena_base_ = static_cast<int>(arena_base);
 
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return Status::FromErrno(errno, "eventfd for the tier manager");

@@ -375,7 +375,7 @@ class Db {
   uint64_t staging_bytes_ = 0;
   std::unique_ptr<StagingRing> ring_;
   bool fixed_buffers_ = false;  // the ring is io_uring fixed buffer 0
-  bool fixed_arena_ = false;    // the arena is fixed buffers 1.. (1 GiB each)
+  int fixed_arena_base_ = -1;   // the arena's first fixed buffer (1 GiB each), -1: not fixed
   // Header blocks for chunks written straight from callers' buffers (policy direct).
   uint8_t* direct_headers_ = nullptr;
   std::vector<uint32_t> free_direct_headers_;

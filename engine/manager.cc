@@ -1089,7 +1089,9 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
       }
       uint8_t* p = tiers_[d.source].ram->base() + extent->arena_offset;
       const int buffer_index =
-          fixed_arena_ ? 1 + static_cast<int>(extent->arena_offset / kMaxFixedBufferBytes) : -1;
+          fixed_arena_base_ >= 0
+              ? fixed_arena_base_ + static_cast<int>(extent->arena_offset / kMaxFixedBufferBytes)
+              : -1;
       const bool one_buffer = extent->arena_offset / kMaxFixedBufferBytes ==
                               (extent->arena_offset + extent->bytes - 1) / kMaxFixedBufferBytes;
       d.next++;

@@ -749,7 +749,7 @@ Status Db::Stats(ckptdb_stats_t* out) {
   }
   out->staging_bytes = staging_bytes_;
   if (ring_) out->staging_high_water_bytes = ring_->high_water_bytes();
-  out->fixed_buffers = fixed_buffers_ ? 1 : 0;
+  out->fixed_buffers = fixed_buffers_ || fixed_arena_base_ >= 0 ? 1 : 0;
   out->tier_count = static_cast<uint32_t>(std::min<size_t>(tiers_.size(), CKPTDB_MAX_TIERS));
   for (size_t i = 0; i < out->tier_count; ++i) {
     const TierState& t = tiers_[i];

@@ -117,6 +117,7 @@ TEST_F(RamTierTest, CommitsToTheArenaAndRestoresFromItAfterReopen) {
   ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
   EXPECT_EQ(out, a);
   EXPECT_STREQ(Stats().last_restore_tier, "ram");
+  EXPECT_EQ(Stats().staging_bytes, 0u) << "ram with one directory tier needs no staging ring";
   ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK) << ckptdb_last_error();
   Close();
   std::string arena = ArenaFile(ram_dir_);
@@ -173,6 +174,31 @@ TEST_F(RamTierTest, LostArenaFallsBackToTheDiskCopy) {
   ASSERT_EQ(Restore(2, &out), CKPTDB_OK);
   EXPECT_EQ(out, b);
   EXPECT_STREQ(Stats().last_restore_tier, "ram");
+}
+
+TEST_F(RamTierTest, ALostArenaDemotesFromADirectoryTierThroughTheStagingRing) {
+  const std::string tmpfs_dir = mem_.Sub("tmpfs");
+  SetTiers("ram:16M,keep=2,dir=" + ram_dir_ + ";tmpfs:" + tmpfs_dir);
+  Open();
+  auto a = RandomBytes(300 << 10, 9);
+  Commit(1, a);
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "tmpfs", -1), CKPTDB_OK) << ckptdb_last_error();
+  Close();
+  ASSERT_TRUE(fs::remove(ArenaFile(ram_dir_)));  // as after a reboot
+  // A disk tier behind the tmpfs one: version 1 can reach it only from the tmpfs copy, read
+  // into the staging ring, checked, written.
+  SetTiers("ram:16M,keep=2,dir=" + ram_dir_ + ";tmpfs:" + tmpfs_dir + ";disk:" + disk_dir_);
+  Open();
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK) << ckptdb_last_error();
+  ckptdb_stats_t st = Stats();
+  EXPECT_GT(st.staging_bytes, 0u);
+  EXPECT_GT(st.staging_high_water_bytes, 0u);
+  EXPECT_GE(st.tiers[1].bytes_read, a.size());
+  ckptdb_verify_report rep{};
+  EXPECT_EQ(ckptdb_verify(db_, 1, "disk", nullptr, nullptr, &rep), CKPTDB_OK)
+      << ckptdb_last_error();
+  EXPECT_EQ(rep.segments_checked, 1u);
+  EXPECT_EQ(rep.problems, 0u);
 }
 
 TEST_F(RamTierTest, DamagedArenaChunkFallsBackAndVerifyNamesIt) {

@@ -371,7 +371,7 @@ typedef struct ckptdb_stats_t {
   uint64_t restore_bytes;
   uint64_t restore_ns;
   uint64_t checksum_failures; /* chunk reads that failed (xxh3 mismatch, short or failed read) */
-  uint32_t fixed_buffers;     /* 1 when staging (and the ram arena) are io_uring fixed buffers */
+  uint32_t fixed_buffers;     /* 1 when the staging ring or the ram arena is io_uring fixed */
   uint32_t tier_count;
   ckptdb_tier_stats tiers[CKPTDB_MAX_TIERS];
   char last_restore_tier[256]; /* the fastest tier that served any chunk of the last restore */
