@@ -74,6 +74,12 @@ Status ValidateTensorInfo(const ckptdb_tensor_info* info, const std::string& wha
   return Status::Ok();
 }
 
+// A version's failure as a call reports it: a skip exactly as the skip said it (the caller
+// checks for CKPTDB_ESKIPPED and reads why), anything else in the words of the call.
+Status FailureFor(const Status& st, const std::string& what) {
+  return st.code() == CKPTDB_ESKIPPED ? st : st.WithContext(what);
+}
+
 // The record header of chunk `sequence`; the caller sets payload_xxh3 once it has it.
 format::RecordHeader ChunkRecordHeader(uint64_t version, uint32_t rank, uint32_t sequence,
                                        uint64_t payload_bytes, uint64_t record_offset) {
@@ -140,8 +146,7 @@ Status Db::LiveVersionFor(uint64_t version, LiveVersion** out) {
   auto it = live_.find(version);
   if (it != live_.end()) {
     LiveVersion& v = it->second;
-    if (v.skipped) return v.error;
-    if (!v.error.ok()) return v.error.WithContext(V(version) + " failed and is being aborted");
+    if (!v.error.ok()) return FailureFor(v.error, V(version) + " failed and is being aborted");
     if (v.abort_requested) return Status::State(V(version) + " is being aborted");
     if (v.commit_requested) {
       return Status::State(V(version) + " is being committed; put shards into a new version");
@@ -167,9 +172,8 @@ Status Db::LiveVersionFor(uint64_t version, LiveVersion** out) {
   }
   if (auto failed = outcomes_.find(version);
       failed != outcomes_.end() && !failed->second.may_put_again) {
-    const Status& why = failed->second.status;
-    if (why.code() == CKPTDB_ESKIPPED) return why;
-    return why.WithContext(V(version) + " failed; put its shards into a new version");
+    return FailureFor(failed->second.status,
+                      V(version) + " failed; put its shards into a new version");
   }
   LiveVersion& v = live_[version];
   v.version = version;
@@ -302,7 +306,7 @@ Status Db::WaitCapture(uint64_t version, int timeout_ms) {
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   if (it != live_.end()) {
     const LiveVersion& v = it->second;
-    if (!v.error.ok()) return v.skipped ? v.error : v.error.WithContext(what);
+    if (!v.error.ok()) return FailureFor(v.error, what);
     if (v.abort_requested) return Status::State(what + ": the version is being aborted");
     return Status::Ok();
   }
@@ -339,7 +343,7 @@ Status Db::Commit(uint64_t version, unsigned flags) {
   }
   LiveVersion& v = it->second;
   if (v.commit_requested) return Status::State(what + ": its commit is already under way");
-  if (!v.error.ok()) return v.skipped ? v.error : v.error.WithContext(what);
+  if (!v.error.ok()) return FailureFor(v.error, what);
   if (v.abort_requested) return Status::State(what + ": the version is being aborted");
   v.commit_requested = true;
   v.commit_requested_mono_ns = start;
@@ -537,15 +541,13 @@ void Db::FinishChunkLocked(LiveVersion* v, ChunkSlot* c) {
 bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
                         uint64_t bytes, StagingRing::Region* out) {
   auto allocate = [&] {
-    return v->ram ? tiers_[0].ram->Allocate(bytes, out) : ring_->Allocate(bytes, out);
-  };
-  if (allocate()) {
-    if (!v->ram) {
-      v->stats.staging_high_water_bytes =
-          std::max(v->stats.staging_high_water_bytes, ring_->live_bytes());
-    }
+    if (v->ram) return tiers_[0].ram->Allocate(bytes, out);
+    if (!ring_->Allocate(bytes, out)) return false;
+    v->stats.staging_high_water_bytes =
+        std::max(v->stats.staging_high_water_bytes, ring_->live_bytes());
     return true;
-  }
+  };
+  if (allocate()) return true;
   ChunkSlot& c = v->chunks[index];
   stats_.backpressure_waits++;
   v->stats.backpressure_waits++;
@@ -620,10 +622,6 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     FinishChunkLocked(v, &c);
     return false;
   }
-  if (!v->ram) {
-    v->stats.staging_high_water_bytes =
-        std::max(v->stats.staging_high_water_bytes, ring_->live_bytes());
-  }
   return true;
 }
 
@@ -655,10 +653,7 @@ void Db::FailLocked(LiveVersion* v, const Status& st) {
 }
 
 void Db::SkipLocked(LiveVersion* v, const std::string& why) {
-  if (v->error.ok()) {
-    v->skipped = true;
-    stats_.skipped_versions++;
-  }
+  if (v->error.ok()) stats_.skipped_versions++;
   FailLocked(v, Status::Skipped(why));
 }
 
@@ -670,9 +665,7 @@ void Db::RememberOutcome(uint64_t version, const Status& st, bool may_put_again)
 std::optional<Status> Db::FindOutcome(uint64_t version, const std::string& what) const {
   auto it = outcomes_.find(version);
   if (it == outcomes_.end()) return std::nullopt;
-  const Status& st = it->second.status;
-  if (st.code() == CKPTDB_ESKIPPED) return st;
-  return st.WithContext(what);
+  return FailureFor(it->second.status, what);
 }
 
 Status Db::Outcome(uint64_t version, const std::string& what) const {

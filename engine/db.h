@@ -175,7 +175,6 @@ class Db {
     std::vector<uint32_t> to_write;  // kStaged ring chunks and kDirect chunks for the manager
     uint32_t writes_in_flight = 0;   // the manager's requests for this version
     Status error;                    // the first failure: the version can only be aborted
-    bool skipped = false;            // back-pressure policy skip dropped it
     bool abort_requested = false;    // abort, close, a failure, or a newer commit
     bool commit_requested = false;
     CommitPhase phase = CommitPhase::kNone;

@@ -750,11 +750,8 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
 // live version becomes a committed catalog entry.
 Status Db::DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   const uint64_t version = v->version;
-  VersionRecord rec = versions_[version].record;
+  VersionRecord rec = versions_[version].record;  // sizes set when the capture completed
   rec.state = CKPTDB_STATE_PREPARED;
-  rec.data_bytes = v->data_bytes;
-  rec.tensor_count = static_cast<uint32_t>(v->tensors.size());
-  rec.chunk_count = static_cast<uint32_t>(v->chunks.size());
   rec.manifest_xxh3 = v->manifest_xxh3;
   CatalogBatch prepared;
   prepared.put_versions.push_back(rec);
