@@ -355,6 +355,27 @@ class Db {
                     uint8_t* dst, std::vector<uint32_t>* failed, uint64_t* bytes_read);
   void Pin(uint64_t version);
   void Unpin(uint64_t version);
+  // A reader's pin on a ram copy (taken by ReadSegment or Verify, with mu_), given back when it
+  // goes out of scope or at Release, so every way out of a read unpins. Inert for a directory
+  // copy. mu_ must not be held when it is released.
+  class RamPin {
+   public:
+    RamPin(Db* db, uint64_t version, bool pinned) : db_(db), version_(version), pinned_(pinned) {}
+    RamPin(const RamPin&) = delete;
+    RamPin& operator=(const RamPin&) = delete;
+    ~RamPin() { Release(); }
+    void Release() {
+      if (!pinned_) return;
+      pinned_ = false;
+      std::lock_guard<std::mutex> lock(db_->mu_);
+      db_->Unpin(version_);
+    }
+
+   private:
+    Db* db_;
+    uint64_t version_;
+    bool pinned_;
+  };
 
   const DbOptions options_;
   std::unique_ptr<io::Io> owned_io_;

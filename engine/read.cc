@@ -137,10 +137,7 @@ Status Db::ReadSegment(uint64_t version, size_t tier, OpenSegment** out) {
   Status st = OpenSegmentAt(version, tier, res, record, std::move(image), &seg, read_queue_.get());
   if (!st.ok()) {
     segments_.erase(key);
-    if (tiers_[tier].is_ram()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Unpin(version);
-    }
+    RamPin(this, version, tiers_[tier].is_ram()).Release();
     return st;
   }
   while (segments_.size() > kMaxOpenSegments) {
@@ -335,6 +332,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
       errors += (errors.empty() ? "" : "; ") + st.message();
       continue;
     }
+    RamPin pin(this, version, tiers_[ti].is_ram());
     const fb::Tensor* t = seg->reader->manifest().Find(name);
     Status rs;
     if (!laid_out) {
@@ -356,19 +354,12 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
                t->bytes() != nbytes) {
       errors +=
           (errors.empty() ? "" : "; ") + seg->reader->what() + " lays the tensor out differently";
-      if (tiers_[ti].is_ram()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        Unpin(version);
-      }
       continue;
     }
     std::vector<uint32_t> failed;
     if (rs.ok()) rs = ReadChunks(seg, pending, first, out, &failed, &read_by_tier[ti]);
     chunk_failures += failed.size();
-    if (tiers_[ti].is_ram()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Unpin(version);
-    }
+    pin.Release();
     if (!rs.ok()) {
       if (rs.code() == CKPTDB_ENOTFOUND || rs.code() == CKPTDB_ESIZE) return rs;
       // Nothing in the buffer can be vouched for after a queue failure.
@@ -461,10 +452,7 @@ Status Db::WithManifest(
       continue;
     }
     // The manifest is the reader's own copy: visiting it does not need the pin.
-    if (tiers_[ti].is_ram()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Unpin(version);
-    }
+    RamPin(this, version, tiers_[ti].is_ram()).Release();
     return visit(seg->reader->manifest(), ti);
   }
   return Status::Corrupt(what + ": no tier has a readable manifest" +
@@ -641,6 +629,7 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       done_bytes += t.res.file_bytes;
       continue;
     }
+    RamPin pin(this, t.version, ram);  // pinned above when ram
     if (ram) {
       const RamTier* r = tiers_[t.tier].ram.get();
       size = image.file_bytes;
@@ -705,10 +694,7 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       }
     }
     if (fd >= 0) (void)io_->Close(fd);
-    if (ram) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Unpin(t.version);
-    }
+    pin.Release();
     done_bytes = std::min(total, done_bytes);
     rep.segments_checked++;
     if (rep.problems == before) emit(CKPTDB_VERIFY_OK, t, -1, 0, 0, 0, what + ": clean");
