@@ -8,6 +8,9 @@ packages=(
   liburing-dev            # io_uring engine (io/)
   libflatbuffers-dev flatbuffers-compiler  # manifest schema + flatc (format/)
   libxxhash-dev           # xxh3-64 chunk checksums (format/)
+  libucx-dev ucx-utils    # transport between ranks (transport/); ucx_perftest for bench/
+  libsodium-dev           # job-token authentication of every connection (transport/)
+  iproute2                # network namespaces in the multi-node tests
   librocksdb-dev          # catalog (engine/)
   libgtest-dev libgmock-dev  # tests
   libcli11-dev            # the ckptdb command line (tools/)

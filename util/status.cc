@@ -78,6 +78,10 @@ extern "C" const char* ckptdb_status_name(int status) {
       return "CKPTDB_EINTERNAL";
     case CKPTDB_ESKIPPED:
       return "CKPTDB_ESKIPPED";
+    case CKPTDB_EPEER:
+      return "CKPTDB_EPEER";
+    case CKPTDB_EAUTH:
+      return "CKPTDB_EAUTH";
     default:
       return "CKPTDB_E?";
   }

@@ -27,6 +27,10 @@ class [[nodiscard]] Status {
   static Status Busy(std::string m) { return Status(CKPTDB_EBUSY, std::move(m)); }
   static Status Internal(std::string m) { return Status(CKPTDB_EINTERNAL, std::move(m)); }
   static Status Skipped(std::string m) { return Status(CKPTDB_ESKIPPED, std::move(m)); }
+  static Status Peer(std::string m) { return Status(CKPTDB_EPEER, std::move(m)); }
+  static Status Auth(std::string m) { return Status(CKPTDB_EAUTH, std::move(m)); }
+  // A status carried over the wire: `code` must be a CKPTDB_E* value (checked by the receiver).
+  static Status FromCode(int code, std::string m) { return Status(code, std::move(m)); }
   // Maps an errno from a system call on `what` (a path or an operation) to a status.
   static Status FromErrno(int err, const std::string& what);
 

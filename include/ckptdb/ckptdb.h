@@ -42,6 +42,9 @@ extern "C" {
 #define CKPTDB_ESKIPPED                                                    \
   -14 /* back-pressure policy "skip" dropped the version: it will never be \
          committed, and the caller's buffers are free */
+#define CKPTDB_EPEER -15 /* a peer rank, the coordinator or a serving node vanished, timed out or \
+                            broke the protocol */
+#define CKPTDB_EAUTH -16 /* a peer does not hold this job's token (CKPTDB_JOB_TOKEN) */
 
 /* A version value that means "every version" where a call accepts it. Not a valid version. */
 #define CKPTDB_ALL_VERSIONS UINT64_MAX
@@ -108,12 +111,15 @@ typedef struct ckptdb_options {
    * "block". */
   const char* backpressure;
   uint32_t rank;            /* Env: CKPTDB_RANK. Default 0. */
-  uint32_t world_size;      /* Env: CKPTDB_WORLD_SIZE. Default 1. This build supports 1. */
+  uint32_t world_size;      /* Env: CKPTDB_WORLD_SIZE. Default 1. Above 1, ckptdb_open joins the
+                               job through the coordinator and blocks until every rank has. */
   const char* node_id;      /* Env: CKPTDB_NODE_ID. Default: the host name. */
-  const char* coordinator;  /* host:port. Env: CKPTDB_COORDINATOR. Read, but unused while
-                               world_size = 1. */
-  const char* redundancy;   /* "none" (default). Env: CKPTDB_REDUNDANCY. Others: ENOTSUP. */
-  const char* job_token;    /* Env: CKPTDB_JOB_TOKEN. Read, but unused while world_size = 1. */
+  const char* coordinator;  /* host:port where rank 0 listens. Env: CKPTDB_COORDINATOR. Used
+                               when world_size > 1. */
+  const char* redundancy;   /* "none" (default) or "replicate:M": M copies in memory on M distinct
+                               nodes (GEMINI placement). Env: CKPTDB_REDUNDANCY. */
+  const char* job_token;    /* Env: CKPTDB_JOB_TOKEN. Every connection between ranks proves it
+                               holds this secret; required when world_size > 1. */
   uint64_t staging_bytes;   /* Staging memory, allocated once at open. 0: 64 MiB. */
   uint64_t chunk_bytes;     /* Checksummed chunk size, a multiple of 4096. 0: 4 MiB. */
   uint32_t queue_depth;     /* io_uring submission queue entries. 0: 64. */
@@ -376,6 +382,13 @@ typedef struct ckptdb_stats_t {
   ckptdb_tier_stats tiers[CKPTDB_MAX_TIERS];
   char last_restore_tier[256]; /* the fastest tier that served any chunk of the last restore */
 } ckptdb_stats_t;
+
+/* Idle-window hints from the trainer (GEMINI's traffic interleaving): NET_BUSY while the job's
+ * own collectives use the network (replication pauses, for at most 2 s per piece), NET_IDLE when
+ * they do not. A no-op while world_size = 1. EINVAL for unknown bits or both at once. */
+#define CKPTDB_HINT_NET_BUSY 0x1u
+#define CKPTDB_HINT_NET_IDLE 0x2u
+int ckptdb_hint(ckptdb* db, unsigned hints);
 
 /* This handle's figures since it opened. On a read-only handle (the tools), the sums of the
  * per-version figures the catalog holds, and each tier's resident and pending bytes. */

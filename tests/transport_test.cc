@@ -1,0 +1,208 @@
+// The UCX transport between two Transports in one process: calls with bodies and eager and
+// rendezvous payloads, the job-token handshake (a wrong token is refused and nothing it sends is
+// delivered), bounded in-flight calls, timeouts and a peer that vanishes, on UCX_TLS=tcp, shared
+// memory and UCX's own choice.
+#include "transport/transport.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "test_util.h"
+#include "transport/wire.h"
+
+namespace ckpt::transport {
+namespace {
+
+constexpr uint16_t kEcho = 100;   // reply: body and payload back
+constexpr uint16_t kSleep = 101;  // sleeps body[0] * 100 ms, replies empty
+constexpr uint16_t kFail = 102;   // replies CKPTDB_ENOTFOUND
+
+struct Server {
+  std::atomic<int> delivered{0};
+  std::unique_ptr<Transport> t;
+  Status Start(const std::string& token, const std::string& tls) {
+    TransportOptions o;
+    o.name = "server";
+    o.listen = "127.0.0.1:0";
+    o.job_token = token;
+    o.tls = tls;
+    o.max_in_flight = 4;
+    return Transport::Start(
+        o,
+        [this](const Request& r, Reply* reply) {
+          delivered++;
+          if (r.type == kEcho) {
+            reply->body = r.body;
+            auto copy = std::make_shared<std::vector<uint8_t>>(r.payload);
+            reply->payload = copy->data();
+            reply->payload_bytes = copy->size();
+            reply->keep = copy;
+          } else if (r.type == kSleep) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100 * r.body.at(0)));
+          } else {
+            reply->status = CKPTDB_ENOTFOUND;
+            reply->message = "no such thing";
+          }
+        },
+        &t);
+  }
+};
+
+std::unique_ptr<Transport> Client(const std::string& token, const std::string& tls) {
+  TransportOptions o;
+  o.name = "client";
+  o.job_token = token;
+  o.tls = tls;
+  o.max_in_flight = 4;
+  std::unique_ptr<Transport> t;
+  Status st = Transport::Start(
+      o, [](const Request&, Reply*) {}, &t);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return t;
+}
+
+class TransportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TransportTest, CallsCarryBodiesAndPayloadsBothWays) {
+  Server server;
+  {
+    Status s0 = server.Start("secret", GetParam());
+    ASSERT_TRUE(s0.ok()) << s0.ToString();
+  }
+  auto client = Client("secret", GetParam());
+  PeerId peer = 0;
+  Status st = client->Connect(server.t->address(), 10000, &peer);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (size_t bytes : {size_t{0}, size_t{100}, size_t{64} << 10, size_t{8} << 20}) {
+    auto payload = test::RandomBytes(bytes, 7 + bytes);
+    std::vector<uint8_t> back(bytes + 16, 0xee);
+    std::vector<uint8_t> body = {1, 2, 3};
+    std::vector<uint8_t> reply_body;
+    size_t got = 0;
+    st = client->CallSync(peer, kEcho, body, payload.data(), payload.size(), 10000, &reply_body,
+                          back.data(), back.size(), &got);
+    ASSERT_TRUE(st.ok()) << st.ToString() << " at " << bytes;
+    EXPECT_EQ(reply_body, body);
+    ASSERT_EQ(got, bytes);
+    EXPECT_EQ(0, std::memcmp(back.data(), payload.data(), bytes));
+  }
+  std::vector<uint8_t> reply_body;
+  st = client->CallSync(peer, kFail, {}, nullptr, 0, 10000, &reply_body);
+  EXPECT_EQ(st.code(), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(st.message(), "no such thing");
+  // Many calls in flight, more than the connection's window: the caller waits for slots.
+  std::vector<std::unique_ptr<Call>> calls;
+  std::vector<std::vector<uint8_t>> buffers(32, std::vector<uint8_t>(1 << 20));
+  auto data = test::RandomBytes(1 << 20, 99);
+  for (int i = 0; i < 32; ++i) {
+    std::unique_ptr<Call> call;
+    ASSERT_TRUE(client
+                    ->Start(peer, kEcho, {static_cast<uint8_t>(i)}, data.data(), data.size(),
+                            buffers[i].data(), buffers[i].size(), &call)
+                    .ok());
+    calls.push_back(std::move(call));
+  }
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_TRUE(calls[i]->Wait(10000).ok());
+    EXPECT_EQ(calls[i]->body().at(0), i);
+    EXPECT_EQ(buffers[i], data);
+  }
+  EXPECT_GT(client->stats().bytes_sent, uint64_t{40} << 20);
+}
+
+TEST_P(TransportTest, AWrongTokenIsRefusedAndNothingItSendsIsDelivered) {
+  Server server;
+  {
+    Status s0 = server.Start("secret", GetParam());
+    ASSERT_TRUE(s0.ok()) << s0.ToString();
+  }
+  auto intruder = Client("guess", GetParam());
+  PeerId peer = 0;
+  Status st = intruder->Connect(server.t->address(), 10000, &peer);
+  EXPECT_EQ(st.code(), CKPTDB_EAUTH) << st.ToString();
+  EXPECT_NE(st.message().find("token"), std::string::npos) << st.message();
+  EXPECT_EQ(server.delivered.load(), 0);
+  // The server is still fine for the right token.
+  auto client = Client("secret", GetParam());
+  ASSERT_TRUE(client->Connect(server.t->address(), 10000, &peer).ok());
+  std::vector<uint8_t> reply;
+  ASSERT_TRUE(client->CallSync(peer, kEcho, {9}, nullptr, 0, 10000, &reply).ok());
+  EXPECT_EQ(server.delivered.load(), 1);
+}
+
+TEST_P(TransportTest, ATimeoutClosesTheConnectionAndAVanishedPeerFailsCalls) {
+  auto server = std::make_unique<Server>();
+  ASSERT_TRUE(server->Start("secret", GetParam()).ok());
+  auto client = Client("secret", GetParam());
+  PeerId peer = 0;
+  ASSERT_TRUE(client->Connect(server->t->address(), 10000, &peer).ok());
+  std::vector<uint8_t> reply;
+  Status st = client->CallSync(peer, kSleep, {5}, nullptr, 0, 100, &reply);
+  EXPECT_EQ(st.code(), CKPTDB_ETIMEDOUT) << st.ToString();
+  st = client->CallSync(peer, kEcho, {}, nullptr, 0, 1000, &reply);
+  EXPECT_EQ(st.code(), CKPTDB_EPEER) << st.ToString();
+  // A new connection works; then the server goes away under a call.
+  ASSERT_TRUE(client->Connect(server->t->address(), 10000, &peer).ok());
+  std::unique_ptr<Call> call;
+  ASSERT_TRUE(client->Start(peer, kSleep, {10}, nullptr, 0, nullptr, 0, &call).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server.reset();
+  st = call->Wait(20000);
+  EXPECT_EQ(st.code(), CKPTDB_EPEER) << st.ToString();
+}
+
+TEST(TransportOptionsTest, BadOptionsAreRefusedClearly) {
+  TransportOptions o;
+  o.name = "x";
+  std::unique_ptr<Transport> t;
+  Status st = Transport::Start(o, nullptr, &t);
+  EXPECT_EQ(st.code(), CKPTDB_EINVAL);
+  EXPECT_NE(st.message().find("token"), std::string::npos);
+  o.job_token = "s";
+  o.listen = "no-port";
+  st = Transport::Start(o, nullptr, &t);
+  EXPECT_EQ(st.code(), CKPTDB_EINVAL);
+  EXPECT_NE(st.message().find("no-port"), std::string::npos);
+  o.listen = "";
+  ASSERT_TRUE(Transport::Start(o, nullptr, &t).ok());
+  PeerId peer;
+  st = t->Connect("127.0.0.1:1", 2000, &peer);
+  EXPECT_FALSE(st.ok());
+}
+
+TEST(WireTest, ReaderRejectsShortAndOverlongInput) {
+  WireWriter w;
+  w.U32(7);
+  w.Str("hello");
+  auto bytes = w.Take();
+  WireReader ok(bytes, "msg");
+  EXPECT_EQ(ok.U32("a"), 7u);
+  EXPECT_EQ(ok.Str("b", 16), "hello");
+  EXPECT_TRUE(ok.Finish().ok());
+  WireReader too_long(bytes, "msg");
+  too_long.U32("a");
+  too_long.Str("b", 3);
+  EXPECT_FALSE(too_long.Finish().ok());
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    WireReader r(std::span<const uint8_t>(bytes.data(), cut), "msg");
+    r.U32("a");
+    r.Str("b", 16);
+    EXPECT_FALSE(r.Finish().ok()) << cut;
+  }
+  WireReader extra(bytes, "msg");
+  extra.U32("a");
+  EXPECT_FALSE(extra.Finish().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, TransportTest, ::testing::Values("tcp", "shm,tcp", ""),
+                         [](const auto& info) {
+                           return info.param.empty()    ? std::string("ucx_choice")
+                                  : info.param == "tcp" ? "tcp"
+                                                        : "shm";
+                         });
+
+}  // namespace
+}  // namespace ckpt::transport

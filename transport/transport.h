@@ -1,0 +1,140 @@
+// Transport: ckptdb's own channel between ranks (DESIGN.md section 7), on UCX.
+//
+// One UCX context and worker per Transport, owned by one progress thread; every other thread
+// talks to it through a queue and an eventfd, so the worker runs in UCX's single-thread mode.
+// Connections are made by sockaddr (a listener on "host:port", endpoints to peers' addresses) and
+// carry active messages: a small header (the wire header and a message body, sent eagerly) and an
+// optional payload, which UCX sends by rendezvous when it is large (the receiver pulls it straight
+// into the buffer it chose: a chunk goes into the caller's restore buffer without a bounce).
+//
+// Every connection is authenticated before anything else it sends is looked at: both ends prove
+// they hold the job token (CKPTDB_JOB_TOKEN) by an HMAC (libsodium crypto_auth, HMAC-SHA-512-256
+// keyed with a BLAKE2b hash of the token) over two fresh 32-byte nonces, one from each end, so a
+// recorded handshake cannot be replayed. A peer that fails is logged, told REFUSED and
+// disconnected; its requests are never delivered and their payloads never fetched.
+//
+// Bounds: a connection carries at most max_in_flight calls each way (the caller blocks for a slot;
+// a peer exceeding it is disconnected), bodies are at most kMaxBodyBytes, payloads at most
+// max_payload_bytes, and every wait has a timeout. A call whose wait times out tears its
+// connection down (an unresponsive peer is treated as a vanished one) and fails with ETIMEDOUT;
+// a peer that vanishes fails its calls with EPEER naming it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace ckpt::transport {
+
+inline constexpr size_t kMaxBodyBytes =
+    4000;  // fits the active-message header UCX allows on tcp (8 KiB)
+
+struct TransportOptions {
+  std::string name;       // who this is, in logs and errors ("rank 3")
+  std::string listen;     // "host:port" to accept on (port 0: any free port); empty: no listener
+  std::string job_token;  // required: the secret every peer must prove it holds
+  std::string tls;        // UCX_TLS for this context ("tcp", "shm,tcp"...); empty: UCX's choice
+  uint32_t service_threads = 2;  // threads running the request handler
+  uint32_t max_in_flight = 16;   // calls outstanding per connection, each way
+  uint64_t max_payload_bytes = uint64_t{1} << 30;
+  int handshake_timeout_ms = 10000;
+};
+
+using PeerId = uint64_t;
+
+// A request as the handler sees it.
+struct Request {
+  PeerId from = 0;
+  std::string peer;  // the peer's name and address, for messages
+  uint16_t type = 0;
+  std::vector<uint8_t> body;
+  std::vector<uint8_t> payload;
+  uint64_t call_id = 0;  // the transport's, for routing the reply
+};
+
+// The handler's answer. status != 0 (a CKPTDB_E* code) makes the caller's Wait return that code
+// with `message`. The payload is sent from `payload` and `keep` is held until it has been sent.
+struct Reply {
+  int32_t status = 0;
+  std::string message;
+  std::vector<uint8_t> body;
+  const void* payload = nullptr;
+  size_t payload_bytes = 0;
+  std::shared_ptr<const void> keep;
+};
+
+// Runs on a service thread; may block (it delays only this request and its connection's slot).
+using Handler = std::function<void(const Request& request, Reply* reply)>;
+
+struct TransportStats {
+  uint64_t bytes_sent = 0;  // payload and body bytes, both directions of every call
+  uint64_t bytes_received = 0;
+  uint64_t calls = 0;
+  uint64_t refused = 0;  // connections refused for a wrong or missing token
+};
+
+class Transport;
+class TransportImpl;
+
+// One request in flight. The payload it sends and the reply buffer it receives into must stay
+// valid until Wait has returned (whatever it returns).
+class Call {
+ public:
+  // The outcome: Ok, the handler's error, ETIMEDOUT (the connection is then torn down), EPEER.
+  Status Wait(int timeout_ms);
+  const std::vector<uint8_t>& body() const { return body_; }
+  size_t payload_bytes() const { return payload_bytes_; }  // received into the reply buffer
+
+  struct State;  // shared with the progress thread (transport.cc)
+
+ private:
+  friend class Transport;
+  friend class TransportImpl;
+  std::shared_ptr<State> state_;
+  TransportImpl* owner_ = nullptr;
+  std::vector<uint8_t> body_;
+  size_t payload_bytes_ = 0;
+};
+
+class Transport {
+ public:
+  static Status Start(const TransportOptions& options, Handler handler,
+                      std::unique_ptr<Transport>* out);
+  ~Transport();  // closes every connection, waits for the threads
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // The address peers reach the listener at ("host:port"); empty without a listener.
+  const std::string& address() const;
+
+  // Connects to "host:port" and runs the handshake. EPEER when it cannot connect, EAUTH-like
+  // Invalid when the peer refuses the token or cannot prove it holds it, ETIMEDOUT.
+  Status Connect(const std::string& address, int timeout_ms, PeerId* out);
+  void Disconnect(PeerId peer);
+  // The peer's "name (address)", for messages.
+  std::string PeerName(PeerId peer) const;
+
+  // Starts a call: `type` (>= 16; lower ones are the transport's own), `body` (at most
+  // kMaxBodyBytes), a payload, and where a reply's payload may go (up to reply_capacity bytes; a
+  // bigger one fails the call). Blocks while the connection has max_in_flight calls out.
+  Status Start(PeerId peer, uint16_t type, std::vector<uint8_t> body, const void* payload,
+               size_t payload_bytes, void* reply_buffer, size_t reply_capacity,
+               std::unique_ptr<Call>* out);
+  // Start + Wait.
+  Status CallSync(PeerId peer, uint16_t type, std::vector<uint8_t> body, const void* payload,
+                  size_t payload_bytes, int timeout_ms, std::vector<uint8_t>* reply_body,
+                  void* reply_buffer = nullptr, size_t reply_capacity = 0,
+                  size_t* reply_payload_bytes = nullptr);
+
+  TransportStats stats() const;
+
+ private:
+  explicit Transport(std::unique_ptr<TransportImpl> impl);
+  std::unique_ptr<TransportImpl> impl_;
+};
+
+}  // namespace ckpt::transport
