@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   ckpt::tools::AddVerifyCommand(app, &exit_code);
   ckpt::tools::AddRestoreCommand(app, &exit_code);
   ckpt::tools::AddDemoCommand(app, &exit_code);
+  ckpt::tools::AddPlanCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

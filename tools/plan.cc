@@ -1,0 +1,378 @@
+// ckptdb plan --nodes N [--replicas M] [--strategy group|ring|mixed] [--ec K+M] [--failures K]
+// [--weibull LAMBDA,C --days D] [--json]: where each node's in-memory checkpoint copies go
+// (GEMINI Algorithm 1 by default) and how likely a restart from memory is when K nodes fail at
+// once (exact, beside GEMINI's Corollary 1), or over D days of Weibull node lifetimes (REFT
+// section 5). Opens no store: the arithmetic is engine/placement.h's. Exit 0, or 2 for bad
+// arguments. The JSON schema ("format": "ckptdb-plan", "format_version": 1) is in docs/cli.md.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/placement.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace ckpt::tools {
+namespace {
+
+using engine::CodingPlacement;
+using engine::Placement;
+using engine::PlacementStrategy;
+
+struct PlanArgs {
+  int nodes = 0;
+  int replicas = 2;
+  int failures = 0;
+  bool failures_given = false;
+  std::string strategy = "mixed";
+  std::string ec;
+  std::string weibull;
+  double days = 0;
+  bool json = false;
+};
+
+struct Weibull {
+  double lambda = 0;
+  double shape = 0;
+};
+
+// One row of the failure table.
+struct Row {
+  int failures = 0;
+  double recovery = 0;
+  double loss = 0;                   // 1 - recovery, counted directly (keeps a tiny loss)
+  std::optional<double> corollary1;  // GEMINI Corollary 1, where it applies
+  bool corollary1_exact = false;     // the bound is the exact value (k < 2m)
+};
+
+struct WeibullFigures {
+  double node_survival = 0;            // REFT's P_s = exp(-lambda t^c)
+  double survival = 0;                 // every checkpoint still in memory (eq. 5, generalised)
+  double survival_without_copies = 0;  // every node survives (eq. 6 with P_tr = 1)
+};
+
+// A count in decimal digits only ("12"), at most 9 of them.
+bool ParseCount(const std::string& text, int* out) {
+  if (text.empty() || text.size() > 9) return false;
+  int value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + (c - '0');
+  }
+  *out = value;
+  return true;
+}
+
+// A whole decimal number ("0.0001", "1.3e-4"); range checks are the caller's.
+bool ParseNumber(const std::string& text, double* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *out = value;
+  return true;
+}
+
+// "93.3%"; ">99.9%" and "<0.1%" where one decimal would round a possible outcome to a certain
+// one. `complement` is 1 - value, passed in when it is known more precisely than 1 - value
+// (engine/placement.h counts both sides, so a certain outcome is exactly 0 on the other).
+std::string Percent(double value, double complement) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f%%", 100.0 * value);
+  std::string s = text;
+  if (s == "100.0%" && complement > 0) return ">99.9%";
+  if (s == "0.0%" && value > 0) return "<0.1%";
+  return s;
+}
+
+std::string Percent(double value) { return Percent(value, 1.0 - value); }
+
+std::string Number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+
+std::string NodeList(const std::vector<int>& nodes) {
+  std::string text;
+  for (int node : nodes) text += (text.empty() ? "" : " ") + std::to_string(node);
+  return text;
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "ckptdb plan: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+// The failure counts to tabulate: the one asked for, or 1 up to three past the first count that
+// can lose a checkpoint (m failures with replicas, parity + 1 with coding), at most N.
+std::vector<int> FailureCounts(const PlanArgs& args, int first_lossy) {
+  if (args.failures_given) return {args.failures};
+  std::vector<int> counts;
+  for (int k = 1; k <= std::min(args.nodes, first_lossy + 3); k++) counts.push_back(k);
+  return counts;
+}
+
+void PrintRows(const std::vector<Row>& rows, bool with_corollary) {
+  if (with_corollary) {
+    std::printf("\n%-9s %-21s  %s\n", "failures", "recovery from memory", "GEMINI Corollary 1");
+  } else {
+    std::printf("\n%-9s %s\n", "failures", "recovery from memory");
+  }
+  for (const Row& r : rows) {
+    std::string recovery = Percent(r.recovery, r.loss);
+    if (with_corollary && r.corollary1) {
+      std::string bound = Percent(*r.corollary1);
+      std::printf("%-9d %-21s  %s\n", r.failures, recovery.c_str(),
+                  (r.corollary1_exact ? bound : ">= " + bound).c_str());
+    } else {
+      std::printf("%-9d %s\n", r.failures, recovery.c_str());
+    }
+  }
+}
+
+void PrintWeibull(const PlanArgs& args, const Weibull& w, const WeibullFigures& f) {
+  std::printf("\nWeibull node lifetimes (REFT section 5): lambda %g, shape c %g, %g days\n",
+              w.lambda, w.shape, args.days);
+  std::printf("  %-58s %s\n", "one node survives, P_s = exp(-lambda t^c)",
+              Percent(f.node_survival).c_str());
+  std::printf("  %-58s %s\n", "every checkpoint still in memory (REFT eq. 5, this layout)",
+              Percent(f.survival).c_str());
+  std::printf("  %-58s %s\n", "no copies elsewhere: every node survives (REFT eq. 6)",
+              Percent(f.survival_without_copies).c_str());
+}
+
+nlohmann::ordered_json RowsJson(const std::vector<Row>& rows) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const Row& r : rows) {
+    nlohmann::ordered_json j;
+    j["failures"] = r.failures;
+    j["recovery_probability"] = r.recovery;
+    j["loss_probability"] = r.loss;
+    if (r.corollary1) {
+      j["corollary1"] = *r.corollary1;
+      j["corollary1_exact"] = r.corollary1_exact;
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+nlohmann::ordered_json WeibullJson(const PlanArgs& args, const Weibull& w,
+                                   const WeibullFigures& f) {
+  nlohmann::ordered_json j;
+  j["lambda"] = w.lambda;
+  j["shape"] = w.shape;
+  j["days"] = args.days;
+  j["node_survival"] = f.node_survival;
+  j["survival"] = f.survival;
+  j["survival_without_copies"] = f.survival_without_copies;
+  return j;
+}
+
+int RunPlan(const PlanArgs& args) {
+  const std::string nodes_text = "--nodes " + std::to_string(args.nodes);
+  if (args.nodes < 1 || args.nodes > engine::kMaxPlacementNodes) {
+    return Usage(nodes_text + " is outside 1.." + std::to_string(engine::kMaxPlacementNodes));
+  }
+  if (args.failures_given && (args.failures < 0 || args.failures > args.nodes)) {
+    return Usage("--failures " + std::to_string(args.failures) + " is outside 0.." +
+                 std::to_string(args.nodes) + " (" + nodes_text + ")");
+  }
+  std::optional<Weibull> weibull;
+  if (!args.weibull.empty()) {
+    size_t comma = args.weibull.find(',');
+    Weibull w;
+    if (comma == std::string::npos || !ParseNumber(args.weibull.substr(0, comma), &w.lambda) ||
+        !ParseNumber(args.weibull.substr(comma + 1), &w.shape)) {
+      return Usage("--weibull '" + args.weibull +
+                   "' is not LAMBDA,SHAPE (failures per day^c and the Weibull shape c, e.g. "
+                   "0.0001,1.3)");
+    }
+    double check = 0;
+    if (Status st = engine::WeibullNodeSurvival(w.lambda, w.shape, args.days, &check); !st.ok()) {
+      return Usage("--weibull " + args.weibull + " --days " + Number(args.days) + ": " +
+                   st.message());
+    }
+    weibull = w;
+  }
+
+  nlohmann::ordered_json json;
+  json["format"] = "ckptdb-plan";
+  json["format_version"] = 1;
+  json["nodes"] = args.nodes;
+  std::vector<Row> rows;
+  std::optional<WeibullFigures> figures;
+
+  if (!args.ec.empty()) {
+    size_t plus = args.ec.find('+');
+    int data = 0;
+    int parity = 0;
+    if (plus == std::string::npos || !ParseCount(args.ec.substr(0, plus), &data) ||
+        !ParseCount(args.ec.substr(plus + 1), &parity)) {
+      return Usage("--ec '" + args.ec + "' is not DATA+PARITY, e.g. 4+2");
+    }
+    CodingPlacement coding;
+    if (Status st = engine::ComputeCodingPlacement(args.nodes, data, parity, &coding); !st.ok()) {
+      return Usage(nodes_text + " --ec " + args.ec + ": " + st.message());
+    }
+    for (int k : FailureCounts(args, parity + 1)) {
+      Row r;
+      r.failures = k;
+      Status st = engine::RecoveryProbabilityExact(coding, k, &r.recovery);
+      if (st.ok()) st = engine::LossProbabilityExact(coding, k, &r.loss);
+      if (!st.ok()) {
+        return Usage(nodes_text + " --ec " + args.ec + " --failures " + std::to_string(k) + ": " +
+                     st.message());
+      }
+      rows.push_back(r);
+    }
+    if (weibull) {
+      WeibullFigures f;
+      (void)engine::WeibullNodeSurvival(weibull->lambda, weibull->shape, args.days,
+                                        &f.node_survival);
+      if (Status st = engine::InMemorySurvival(coding, f.node_survival, &f.survival); !st.ok()) {
+        return Usage(st.message());
+      }
+      f.survival_without_copies = engine::ReftEquation6(args.nodes, f.node_survival, 1.0);
+      figures = f;
+    }
+    if (args.json) {
+      json["scheme"] = "ec";
+      json["data_shards"] = data;
+      json["parity_shards"] = parity;
+      json["groups"] = coding.groups;
+    } else {
+      std::printf(
+          "placement: erasure coding %d+%d, %d nodes, %zu groups (each survives up to %d "
+          "failed nodes)\n",
+          data, parity, args.nodes, coding.groups.size(), parity);
+      for (size_t g = 0; g < coding.groups.size(); g++) {
+        std::printf("group %zu: nodes %s\n", g, NodeList(coding.groups[g]).c_str());
+      }
+      PrintRows(rows, false);
+    }
+  } else {
+    PlacementStrategy requested = args.strategy == "group"  ? PlacementStrategy::kGroup
+                                  : args.strategy == "ring" ? PlacementStrategy::kRing
+                                                            : PlacementStrategy::kMixed;
+    const std::string options = nodes_text + " --replicas " + std::to_string(args.replicas) +
+                                " --strategy " + args.strategy;
+    Placement placement;
+    if (Status st = engine::ComputePlacement(args.nodes, args.replicas, requested, &placement);
+        !st.ok()) {
+      return Usage(options + ": " + st.message());
+    }
+    // Corollary 1 is about group placement, which needs N divisible by m.
+    const bool corollary_applies = placement.strategy == PlacementStrategy::kGroup;
+    for (int k : FailureCounts(args, args.replicas)) {
+      Row r;
+      r.failures = k;
+      Status st = engine::RecoveryProbabilityExact(placement, k, &r.recovery);
+      if (st.ok()) st = engine::LossProbabilityExact(placement, k, &r.loss);
+      if (!st.ok()) {
+        return Usage(options + " --failures " + std::to_string(k) + ": " + st.message());
+      }
+      if (corollary_applies) {
+        r.corollary1 = engine::GeminiCorollary1(args.nodes, args.replicas, k);
+        r.corollary1_exact = engine::Corollary1IsExact(args.replicas, k);
+      }
+      rows.push_back(r);
+    }
+    if (weibull) {
+      WeibullFigures f;
+      (void)engine::WeibullNodeSurvival(weibull->lambda, weibull->shape, args.days,
+                                        &f.node_survival);
+      if (Status st = engine::InMemorySurvival(placement, f.node_survival, &f.survival); !st.ok()) {
+        return Usage(options + ": " + st.message());
+      }
+      f.survival_without_copies = engine::ReftEquation6(args.nodes, f.node_survival, 1.0);
+      figures = f;
+    }
+    const char* strategy = engine::PlacementStrategyName(placement.strategy);
+    if (args.json) {
+      json["scheme"] = "replicas";
+      json["replicas"] = args.replicas;
+      json["strategy"] = strategy;
+      json["groups"] = placement.groups;
+      json["holders"] = placement.holders;
+    } else {
+      std::printf("placement: %s%s, %d nodes, %d replicas, %zu group(s)\n", strategy,
+                  requested == PlacementStrategy::kMixed ? " (GEMINI Algorithm 1)" : "", args.nodes,
+                  args.replicas, placement.groups.size());
+      for (size_t g = 0; g < placement.groups.size(); g++) {
+        const std::vector<int>& group = placement.groups[g];
+        bool ring = static_cast<int>(group.size()) > args.replicas;
+        std::printf("group %zu%s: nodes %s\n", g, ring ? " (ring)" : "", NodeList(group).c_str());
+      }
+      std::printf("\ncopies of each node's checkpoint:\n");
+      for (int node = 0; node < args.nodes; node++) {
+        std::printf("node %d: on %s\n", node, NodeList(placement.holders[node]).c_str());
+      }
+      PrintRows(rows, corollary_applies);
+      if (!corollary_applies) {
+        std::printf(
+            "(GEMINI Corollary 1 is for group placement, which needs N divisible by m; "
+            "this layout is %s)\n",
+            strategy);
+      }
+    }
+  }
+
+  if (args.json) {
+    json["failures"] = RowsJson(rows);
+    if (figures) json["weibull"] = WeibullJson(args, *weibull, *figures);
+    std::printf("%s\n", json.dump(2).c_str());
+  } else if (figures) {
+    PrintWeibull(args, *weibull, *figures);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddPlanCommand(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan",
+      "Where each node's in-memory checkpoint copies go (GEMINI Algorithm 1) and the odds of "
+      "restarting from memory after K failures or over D days; opens no store");
+  cmd->add_option("--nodes,-n", args->nodes, "Number of nodes N")->required();
+  CLI::Option* replicas = cmd->add_option("--replicas,-m", args->replicas,
+                                          "Copies of each node's checkpoint, the local one "
+                                          "included")
+                              ->capture_default_str();
+  CLI::Option* failures = cmd->add_option(
+      "--failures,-k", args->failures,
+      "Nodes failing at once (default: a table from 1 to three past the first lossy count)");
+  CLI::Option* strategy =
+      cmd->add_option("--strategy", args->strategy,
+                      "group, ring, or mixed (GEMINI Algorithm 1: group when m divides N)")
+          ->check(CLI::IsMember({"group", "ring", "mixed"}))
+          ->capture_default_str();
+  cmd->add_option("--ec", args->ec,
+                  "Erasure-coded groups of DATA+PARITY consecutive nodes instead of replicas, "
+                  "e.g. 4+2 (N must be divisible by DATA+PARITY)")
+      ->excludes(replicas)
+      ->excludes(strategy);
+  CLI::Option* days =
+      cmd->add_option("--days", args->days, "How long the checkpoint must survive, for --weibull");
+  cmd->add_option("--weibull", args->weibull,
+                  "LAMBDA,SHAPE: Weibull node lifetimes, P_s = exp(-LAMBDA t^SHAPE) with t in "
+                  "days (REFT section 5); needs --days")
+      ->needs(days);
+  days->needs("--weibull");
+  cmd->add_flag("--json", args->json,
+                "Print one JSON document (schema in docs/cli.md) instead of the table");
+  cmd->callback([args, exit_code, failures] {
+    args->failures_given = failures->count() > 0;
+    *exit_code = RunPlan(*args);
+  });
+}
+
+}  // namespace ckpt::tools
