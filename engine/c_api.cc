@@ -154,6 +154,20 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
   if (const char* c = EnvOr(o->coordinator, "CKPTDB_COORDINATOR")) d.coordinator = c;
   if (const char* j = EnvOr(o->job_token, "CKPTDB_JOB_TOKEN")) d.job_token = j;
   if (const char* c = EnvOr(o->commit_tier, "CKPTDB_COMMIT_TIER")) d.commit_tier = c;
+  // Job knobs read from the environment only (docs/api.md, "A job of many ranks").
+  if (const char* l = std::getenv("CKPTDB_LISTEN")) d.listen = l;
+  if (const char* t = std::getenv("CKPTDB_UCX_TLS")) d.ucx_tls = t;
+  uint32_t ms = 0;
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_HEARTBEAT_MS", 200, &ms);
+  d.heartbeat_ms = static_cast<int>(std::max(ms, 10u));
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_DEAD_AFTER_MS", 3000, &ms);
+  d.dead_after_ms = static_cast<int>(std::max(ms, 2u * static_cast<uint32_t>(d.heartbeat_ms)));
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_JOIN_TIMEOUT_MS", 60000, &ms);
+  d.join_timeout_ms = static_cast<int>(ms);
+  uint32_t mbps = 0;
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_REPLICATE_MBPS", 0, &mbps);
+  d.replicate_bytes_per_s = uint64_t{mbps} << 20;
+  if (!st.ok()) return Fail(st);
   if (const char* b = EnvOr(o->backpressure, "CKPTDB_BACKPRESSURE")) {
     st = ckpt::engine::ParseBackpressure(b, &d.backpressure);
     if (!st.ok()) return Fail(st);
@@ -246,6 +260,11 @@ int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_
                   ckptdb_verify_report* out) {
   if (db == nullptr) return NullHandle("ckptdb_verify");
   return Guard("ckptdb_verify", [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
+}
+
+int ckptdb_hint(ckptdb* db, unsigned hints) {
+  if (db == nullptr) return NullHandle("ckptdb_hint");
+  return Guard("ckptdb_hint", [&] { return Done(db->db->Hint(hints)); });
 }
 
 int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out) {

@@ -182,6 +182,24 @@ Status Catalog::PutTiers(const std::string& spec) {
   return FromRocks(db_->Put(o, "meta/tiers", spec), "catalog " + dir_);
 }
 
+Status Catalog::GetMeta(const std::string& key, std::string* value) {
+  return FromRocks(db_->Get(rocksdb::ReadOptions(), key, value), "catalog " + dir_ + " " + key);
+}
+
+Status Catalog::PutMeta(const std::string& key, const std::string& value, bool sync) {
+  rocksdb::WriteOptions o;
+  o.sync = sync;
+  return FromRocks(db_->Put(o, key, value), "catalog " + dir_ + " " + key);
+}
+
+Status Catalog::ListMeta(const std::string& prefix, std::map<std::string, std::string>* out) {
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    (*out)[it->key().ToString()] = it->value().ToString();
+  }
+  return FromRocks(it->status(), "catalog " + dir_ + " " + prefix);
+}
+
 std::string Catalog::EncodeVersion(const VersionRecord& r) {
   Writer w;
   w.Put<uint8_t>(kRecordFormat);

@@ -113,6 +113,11 @@ class Catalog {
   Status PutIdentity(const Identity& id);
   Status GetTiers(std::string* spec);
   Status PutTiers(const std::string& spec);
+  // The coordinator's records (docs/commit-protocol.md): its epoch and its decisions, under
+  // "coord/". NotFound when absent.
+  Status GetMeta(const std::string& key, std::string* value);
+  Status PutMeta(const std::string& key, const std::string& value, bool sync);
+  Status ListMeta(const std::string& prefix, std::map<std::string, std::string>* out);
 
   Status Apply(const CatalogBatch& batch, bool sync);
   // Every version, with its residency, by version.

@@ -80,17 +80,19 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
 Status Db::OpenImpl() {
   const DbOptions& o = options_;
   if (o.root.empty()) return Status::Invalid("options: root is empty; name the store's directory");
-  if (o.world_size != 1) {
-    return Status::NotSupported("options: world_size " + std::to_string(o.world_size) +
-                                ": this build runs one rank (world_size = 1) per store");
+  if (o.world_size == 0 || o.world_size > 65536) {
+    return Status::Invalid("options: world_size " + std::to_string(o.world_size) +
+                           " must be 1..65536");
   }
   if (o.rank >= o.world_size) {
     return Status::Invalid("options: rank " + std::to_string(o.rank) + " is not below world_size " +
                            std::to_string(o.world_size));
   }
-  if (!o.redundancy.empty() && o.redundancy != "none") {
-    return Status::NotSupported("options: redundancy \"" + o.redundancy +
-                                "\": this build supports only \"none\"");
+  uint32_t replicas = 1;
+  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(o.redundancy, &replicas).WithContext("options"));
+  if (replicas > 1 && o.world_size == 1) {
+    return Status::Invalid("options: redundancy \"" + o.redundancy +
+                           "\" needs peers: world_size is 1");
   }
   if (o.chunk_bytes < kBlockBytes || o.chunk_bytes > format::kMaxChunkBytes ||
       !format::IsAligned(o.chunk_bytes)) {
@@ -244,6 +246,12 @@ Status Db::OpenImpl() {
   direct_headers_ = static_cast<uint8_t*>(h);
   for (uint32_t i = kDirectHeaders; i > 0; --i) free_direct_headers_.push_back(i - 1);
 
+  if (o.world_size > 1) {
+    // Join the job before recovery: versions this rank PREPARED are decided by the coordinator
+    // (docs/commit-protocol.md, recovery), not presumed aborted locally.
+    CKPTDB_RETURN_IF_ERROR(StartCluster());
+    CKPTDB_RETURN_IF_ERROR(ResolveInDoubt());
+  }
   CKPTDB_RETURN_IF_ERROR(Recover());
   // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
   // copy is refused there).
@@ -456,6 +464,12 @@ Status Db::Close() {
   lock.unlock();
   for (std::thread& w : workers_) w.join();
   if (manager_.joinable()) manager_.join();
+  lock.lock();
+  cluster_stop_ = true;
+  cluster_cv_.notify_all();
+  lock.unlock();
+  if (cluster_worker_.joinable()) cluster_worker_.join();
+  cluster_.reset();
   lock.lock();
   for (auto& [key, seg] : segments_) {
     if (seg.fd >= 0) (void)io_->Close(seg.fd);

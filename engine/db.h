@@ -39,6 +39,7 @@
 
 #include "ckptdb/ckptdb.h"
 #include "engine/catalog.h"
+#include "engine/cluster.h"
 #include "engine/ram_tier.h"
 #include "engine/staging_ring.h"
 #include "engine/tier.h"
@@ -58,8 +59,14 @@ struct DbOptions {
   uint32_t world_size = 1;
   std::string node_id;
   std::string redundancy = "none";
-  std::string coordinator;  // host:port; unused while world_size = 1
-  std::string job_token;    // unused while world_size = 1
+  std::string coordinator;  // host:port of rank 0's listener (world_size > 1)
+  std::string job_token;    // authenticates every connection between ranks (world_size > 1)
+  std::string listen;       // host:port this rank accepts peers on; empty: coordinator's host
+  std::string ucx_tls;      // UCX_TLS for ckptdb's channel; empty: UCX's choice
+  uint64_t replicate_bytes_per_s = 0;  // replication bandwidth cap; 0: none
+  int heartbeat_ms = 200;
+  int dead_after_ms = 3000;
+  int join_timeout_ms = 60000;
   std::string commit_tier;  // a tier name or kind; empty: the first tier
   Backpressure backpressure = Backpressure::kBlock;
   uint64_t staging_bytes = 64ull << 20;
@@ -105,6 +112,9 @@ class Db {
   Status Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                 ckptdb_verify_report* report);
   Status Stats(ckptdb_stats_t* out);
+  Status Hint(unsigned hints);
+  // world_size > 1: where this rank's last restore came from, replication figures.
+  Cluster* cluster() { return cluster_.get(); }
   Status GetVersionStats(uint64_t version, ckptdb_version_stats_t* out);
 
  private:
@@ -150,10 +160,12 @@ class Db {
   };
   enum class CommitPhase : uint8_t {
     kNone,
-    kTail,    // the header block (ram), manifest record and footer are being placed or written
-    kSync,    // directory capture: the file is being fsynced
-    kDemote,  // the commit tier is slower than tier 0: demoting to the tiers up to it
-    kDecide,  // safe on the commit tier: PREPARED and COMMITTED are next
+    kTail,       // the header block (ram), manifest record and footer are being placed or written
+    kSync,       // directory capture: the file is being fsynced
+    kDemote,     // the commit tier is slower than tier 0: demoting to the tiers up to it
+    kDecide,     // safe on the commit tier: PREPARED and COMMITTED are next
+    kReplicate,  // world_size > 1: the cluster worker is pushing the image to placement peers
+    kVoting,     // PREPARED is durable and the vote is cast: waiting for the coordinator
   };
   struct LiveVersion {
     uint64_t version = 0;
@@ -195,6 +207,11 @@ class Db {
     std::vector<size_t> demote_to;           // commit-path demotions still to run
     uint64_t tier0_started_mono_ns = 0;
     bool synced = false;  // directory capture: the fsync of the commit completed
+    // world_size > 1 (the cluster worker sets these and wakes the manager).
+    bool replicating = false;  // the worker reads the arena image: an abort waits for it
+    int replicated = 0;        // 1: every peer holds a verified copy, -1: failed (replicate_error)
+    Status replicate_error;
+    int decision = 0;  // 1: the coordinator committed it, -1: aborted
     VersionStatsRecord stats;
   };
 
@@ -316,6 +333,16 @@ class Db {
   void HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r);
   bool RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   Status DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  Status WritePrepared(std::unique_lock<std::mutex>& lock, LiveVersion* v, VersionRecord* rec);
+  Status WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, VersionRecord rec);
+  // cluster.cc hooks and the cluster worker (engine/distributed.cc).
+  Status StartCluster();
+  Status ResolveInDoubt();
+  Status OnDecision(uint64_t version, bool committed);
+  void ClusterWorkerLoop();
+  void PostClusterJob(std::function<void()> job);
+  Status RestoreFromPeers(uint64_t version, const std::string& name, void* dst, size_t nbytes,
+                          const std::string& what);
   void FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   bool PlanDemotion(std::unique_lock<std::mutex>& lock);
   Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
@@ -446,6 +473,12 @@ class Db {
   std::atomic<bool> wake_pending_{false};
 
   std::thread manager_;
+  std::unique_ptr<Cluster> cluster_;  // world_size > 1
+  std::thread cluster_worker_;        // replication pushes and votes, off the manager thread
+  std::deque<std::function<void()>> cluster_jobs_;  // mu_
+  std::condition_variable cluster_cv_;
+  bool cluster_stop_ = false;         // mu_
+  std::set<uint64_t> job_committed_;  // mu_: versions the coordinator committed
   std::vector<std::thread> workers_;
 
   // Readers (read_mu_).

@@ -170,7 +170,7 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
         progress = true;
       }
       bool demoting = demotion_ && demotion_->version == version;
-      bool idle = v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting;
+      bool idle = v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting && !v->replicating;
       if (idle) {
         FinishAbort(lock, v);
         progress = true;
@@ -186,6 +186,21 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
     if (!v->to_write.empty() && FreeRequestSlots(requests_.size(), options_.queue_depth) > 0) {
       SubmitWrites(lock, v);
       progress = true;
+    }
+    if (closing_ && v->phase == CommitPhase::kVoting && v->decision == 0) {
+      // Closing with a vote cast and no decision yet: the version stays PREPARED, in doubt,
+      // with its copies; the next open asks the coordinator (docs/commit-protocol.md).
+      RememberOutcome(
+          version,
+          Status::State(V(version) +
+                        " is PREPARED and in doubt: the store was closed "
+                        "before the coordinator's decision arrived; reopen to learn it"),
+          /*may_put_again=*/false);
+      if (v->ram) v->image = RamImage{};
+      live_.erase(version);
+      state_cv_.notify_all();
+      progress = true;
+      continue;
     }
     if (v->commit_requested && v->error.ok() && v->phase != CommitPhase::kSync) {
       bool capture_done = v->uncaptured == 0 && v->unwritten == 0 && v->writes_in_flight == 0;
@@ -738,8 +753,78 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     }
     v->phase = CommitPhase::kDecide;
   }
-  if (v->phase == CommitPhase::kDecide) {
+  if (v->phase == CommitPhase::kDecide && cluster_ == nullptr) {
     st = DecideCommit(lock, v);
+    if (!st.ok() && live_.count(version)) FailLocked(&live_.at(version), st);
+    return true;
+  }
+  if (v->phase == CommitPhase::kDecide) {
+    // world_size > 1: the rank's redundancy must be safe too before it may vote (GEMINI's
+    // replicas in peers' memory), pushed by the cluster worker straight from the arena.
+    if (!v->ram)
+      return fail(Status::NotSupported(V(version) + ": world_size > 1 needs a ram first tier"));
+    std::vector<SendExtent> extents;
+    for (const RamExtent& e : v->image.extents) {
+      extents.push_back({e.logical_offset, tiers_[0].ram->base() + e.arena_offset, e.bytes});
+    }
+    const uint64_t file_bytes = v->image.file_bytes;
+    v->replicating = true;
+    v->phase = CommitPhase::kReplicate;
+    const uint64_t generation = v->generation;
+    PostClusterJob([this, version, generation, file_bytes, extents] {
+      Status rs = cluster_->Replicate(version, file_bytes, extents);
+      std::lock_guard<std::mutex> guard(mu_);
+      auto it = live_.find(version);
+      if (it == live_.end() || it->second.generation != generation) return;
+      it->second.replicating = false;
+      it->second.replicated = rs.ok() ? 1 : -1;
+      it->second.replicate_error = rs;
+      WakeManager();
+    });
+    return true;
+  }
+  if (v->phase == CommitPhase::kReplicate) {
+    if (v->replicated == 0) return false;
+    if (v->replicated < 0) return fail(v->replicate_error);
+    VersionRecord rec;
+    st = WritePrepared(lock, v, &rec);
+    if (!live_.count(version)) return true;
+    if (!st.ok()) return fail(st);
+    v->phase = CommitPhase::kVoting;
+    PostClusterJob([this, version] {
+      Status vs = cluster_->Vote(version);
+      if (vs.ok()) return;
+      std::lock_guard<std::mutex> guard(mu_);
+      auto it = live_.find(version);
+      if (it == live_.end()) return;
+      if (vs.code() == CKPTDB_ESTATE) {
+        it->second.decision = -1;  // refused (fenced, or already aborted): it cannot commit
+      } else if (it->second.decision == 0) {
+        // The vote may or may not have arrived (the coordinator may have committed and died):
+        // the version stays PREPARED with its copies, in doubt, until an open asks the
+        // coordinator. Nothing here may abort it.
+        RememberOutcome(version,
+                        vs.WithContext(V(version) + " is PREPARED and in doubt; reopen to learn "
+                                                    "the coordinator's decision"),
+                        /*may_put_again=*/false);
+        if (it->second.ram) it->second.image = RamImage{};
+        live_.erase(it);
+        state_cv_.notify_all();
+      }
+      WakeManager();
+    });
+    return true;
+  }
+  if (v->phase == CommitPhase::kVoting) {
+    if (v->decision == 0) return false;
+    if (v->decision < 0) {
+      return fail(Status::State(V(version) + " was aborted by the coordinator (a rank failed, "
+                                             "was fenced, or did not vote)"));
+    }
+    VersionRecord rec = versions_[version].record;
+    rec.state = CKPTDB_STATE_PREPARED;
+    rec.manifest_xxh3 = v->manifest_xxh3;
+    st = WriteCommitted(lock, v, rec);
     if (!st.ok() && live_.count(version)) FailLocked(&live_.at(version), st);
     return true;
   }
@@ -749,6 +834,13 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
 // PREPARED, then COMMITTED, each synced (docs/commit-protocol.md steps 6-7). On success the
 // live version becomes a committed catalog entry.
 Status Db::DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  VersionRecord rec;
+  CKPTDB_RETURN_IF_ERROR(WritePrepared(lock, v, &rec));
+  // world_size = 1: this rank is its own coordinator and every vote (its own) is in.
+  return WriteCommitted(lock, v, rec);
+}
+
+Status Db::WritePrepared(std::unique_lock<std::mutex>& lock, LiveVersion* v, VersionRecord* out) {
   const uint64_t version = v->version;
   VersionRecord rec = versions_[version].record;  // sizes set when the capture completed
   rec.state = CKPTDB_STATE_PREPARED;
@@ -761,7 +853,12 @@ Status Db::DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   lock.lock();
   if (!st.ok()) return st.WithContext("commit " + V(version) + ": writing PREPARED");
   CrashPoint("commit:after_prepared");
-  // world_size = 1: this rank is its own coordinator and every vote (its own) is in.
+  *out = rec;
+  return Status::Ok();
+}
+
+Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, VersionRecord rec) {
+  const uint64_t version = v->version;
   rec.state = CKPTDB_STATE_COMMITTED;
   rec.committed_unix_ns = NowNs();
   v->stats.commit_ns = MonoNs() - v->commit_requested_mono_ns;
@@ -769,7 +866,7 @@ Status Db::DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   committed.put_versions.push_back(rec);
   committed.put_stats.emplace_back(version, v->stats);
   lock.unlock();
-  st = catalog_->Apply(committed, /*sync=*/true);
+  Status st = catalog_->Apply(committed, /*sync=*/true);
   lock.lock();
   if (!st.ok()) {
     // The decision may or may not be durable; the next open decides from the catalog. Until

@@ -314,7 +314,12 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   if (dst == nullptr && nbytes > 0) return Status::Invalid(what + ": dst is NULL");
   std::lock_guard<std::mutex> read_lock(read_mu_);
   std::vector<size_t> candidates;
-  CKPTDB_RETURN_IF_ERROR(CommittedCopies(version, what, &candidates));
+  Status copies = CommittedCopies(version, what, &candidates);
+  if (!copies.ok() && cluster_ != nullptr && copies.code() == CKPTDB_ENOTFOUND) {
+    // No local copy (a replacement node, or copies evicted): a peer's memory.
+    return RestoreFromPeers(version, name, dst, nbytes, what);
+  }
+  CKPTDB_RETURN_IF_ERROR(copies);
   last_problem_.clear();
   std::string errors;
   uint32_t first = 0, count = 0;
@@ -370,6 +375,12 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     pending = std::move(failed);
     if (pending.empty()) break;
   }
+  if (cluster_ != nullptr && (!laid_out || !pending.empty())) {
+    // A local copy failed its checks: the tensor from a peer's replica instead.
+    Status ps = RestoreFromPeers(version, name, dst, nbytes, what);
+    if (ps.ok()) return ps;
+    errors += (errors.empty() ? "" : "; ") + ps.message();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
   if (!laid_out) return Status::Corrupt(what + ": no tier has a readable segment: " + errors);
@@ -399,6 +410,8 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
 }
 
 Status Db::Latest(uint64_t* version) {
+  // A job: the coordinator's answer, the same on every rank (DESIGN.md section 6).
+  if (cluster_ != nullptr) return cluster_->Latest(version);
   // Candidates newest first, looked at under the lock; files are checked without it.
   struct Copy {
     uint64_t version;

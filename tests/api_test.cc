@@ -310,9 +310,15 @@ TEST_F(ApiTest, TmpfsTierLostAfterRebootFallsBackToDisk) {
 TEST_F(ApiTest, OpenRejectsBadOptionsClearly) {
   ckptdb* db = nullptr;
   ckptdb_options bad = o_;
-  bad.world_size = 4;
-  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_ENOTSUP);
+  bad.world_size = 4;  // a job needs a ram first tier (replicas and restores from memory)
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
   EXPECT_TRUE(Mentions("world_size 4"));
+  bad.world_size = 0;
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
+  bad = o_;
+  bad.redundancy = "replicate:2";  // needs peers
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("replicate:2"));
   bad = o_;
   bad.chunk_bytes = 5000;
   EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);

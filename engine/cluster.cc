@@ -1,0 +1,1122 @@
+// Cluster (see cluster.h): membership, the coordinator's half of the two-phase commit, and
+// replicas in peers' memory. Message bodies are WireWriter fields in the order written here;
+// docs/commit-protocol.md lists the messages and the order of durable steps.
+#include "engine/cluster.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sodium.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/internal.h"
+#include "format/checksum.h"
+#include "format/segment_format.h"
+#include "format/segment_reader.h"
+#include "transport/wire.h"
+#include "util/assert.h"
+
+namespace ckpt::engine {
+namespace {
+
+using transport::Reply;
+using transport::Request;
+using transport::WireReader;
+using transport::WireWriter;
+
+enum MessageType : uint16_t {
+  kRegister = 20,   // rank -> coordinator
+  kHeartbeat = 21,  // rank -> coordinator
+  kVote = 22,       // rank -> coordinator
+  kDecision = 23,   // coordinator -> rank
+  kLatest = 24,     // rank -> coordinator
+  kHolders = 25,    // rank -> coordinator
+  kDecisions = 26,  // rank -> coordinator
+  kReplica = 27,    // rank -> placement peer: a range of a segment image
+  kFetch = 28,      // rank -> replica holder: a range of a replica
+};
+
+constexpr uint64_t kMaxPieceBytes = 8ull << 20;  // one replica or fetch call's payload
+constexpr uint32_t kPiecesInFlight = 8;
+constexpr size_t kMaxTable = 1 << 20;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void Fail(Reply* reply, const Status& st) {
+  reply->status = st.code();
+  reply->message = st.message();
+}
+
+std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
+
+// True once something accepts TCP connections at host:port (an IPv4 address). UCX 1.13's
+// sockaddr connect to a port nobody listens on yet can leave the worker unable to reach that
+// address later, so a rank waits for the coordinator's listener with a plain socket first.
+bool Listening(const std::string& address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return true;  // let the transport report the bad address
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + colon + 1)));
+  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr) != 1) return true;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+Status ParseRedundancy(const std::string& text, uint32_t* replicas) {
+  if (text.empty() || text == "none") {
+    *replicas = 1;
+    return Status::Ok();
+  }
+  const std::string prefix = "replicate:";
+  if (text.rfind(prefix, 0) == 0) {
+    std::string n = text.substr(prefix.size());
+    if (!n.empty() && n.size() <= 2 && std::all_of(n.begin(), n.end(), ::isdigit)) {
+      uint32_t m = static_cast<uint32_t>(std::stoul(n));
+      if (m >= 1 && m <= 8) {
+        *replicas = m;
+        return Status::Ok();
+      }
+    }
+    return Status::Invalid("redundancy '" + text + "': replicate:M needs M in 1..8");
+  }
+  if (text.rfind("ec:", 0) == 0 || text.rfind("xor:", 0) == 0) {
+    return Status::NotSupported("redundancy '" + text +
+                                "': erasure coding is not built yet (use replicate:M)");
+  }
+  return Status::Invalid("redundancy '" + text + "': expected none or replicate:M");
+}
+
+Cluster::Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog)
+    : options_(std::move(options)), hooks_(std::move(hooks)), catalog_(catalog) {}
+
+Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catalog,
+                      std::unique_ptr<Cluster>* out) {
+  const std::string who = R(options.rank) + " of " + std::to_string(options.world_size);
+  if (options.world_size < 2 || options.world_size > 65536 || options.rank >= options.world_size) {
+    return Status::Invalid(who + ": rank must be below world_size (2..65536)");
+  }
+  if (options.coordinator.empty()) {
+    return Status::Invalid(who + ": no coordinator address (set CKPTDB_COORDINATOR=host:port)");
+  }
+  if (options.job_token.empty()) {
+    return Status::Invalid(who +
+                           ": no job token (set CKPTDB_JOB_TOKEN): every connection "
+                           "between ranks is authenticated with it");
+  }
+  if (options.replicas > 1 && options.replica_dir.empty()) {
+    return Status::Invalid(who + ": replication needs a ram tier (replicas live in its directory)");
+  }
+  std::unique_ptr<Cluster> c(new Cluster(options, std::move(hooks), catalog));
+  randombytes_buf(&c->incarnation_, sizeof c->incarnation_);
+  c->incarnation_ |= 1;
+  if (options.replicas > 1) {
+    std::error_code ec;
+    std::filesystem::create_directories(options.replica_dir, ec);
+    if (ec)
+      return Status::IoError("replica directory " + options.replica_dir + ": " + ec.message());
+    // Partial replicas of a previous process are never served.
+    for (const auto& entry : std::filesystem::directory_iterator(options.replica_dir, ec)) {
+      if (entry.path().extension() == ".tmp") std::filesystem::remove(entry.path(), ec);
+    }
+  }
+  if (options.rank == 0 && !options.serve_only) {
+    CKPTDB_ASSERT(catalog != nullptr);
+    std::string value;
+    Status st = catalog->GetMeta("coord/epoch", &value);
+    uint64_t epoch = st.ok() ? std::strtoull(value.c_str(), nullptr, 10) : 0;
+    if (!st.ok() && st.code() != CKPTDB_ENOTFOUND) return st;
+    // A new coordinator incarnation: every vote cast to an older one is void.
+    CKPTDB_RETURN_IF_ERROR(catalog->PutMeta("coord/epoch", std::to_string(epoch + 1), true));
+    c->epoch_ = epoch + 1;
+    std::map<std::string, std::string> decided;
+    CKPTDB_RETURN_IF_ERROR(catalog->ListMeta("coord/committed/", &decided));
+    for (const auto& [key, v] : decided) {
+      c->committed_.insert(
+          std::strtoull(key.c_str() + std::strlen("coord/committed/"), nullptr, 16));
+    }
+    c->members_.resize(options.world_size);
+  }
+  transport::TransportOptions to;
+  to.name = R(options.rank) + (options.serve_only ? " (serve)" : "");
+  to.job_token = options.job_token;
+  to.tls = options.tls;
+  to.max_payload_bytes = kMaxPieceBytes + format::kBlockBytes;
+  to.service_threads = 2;
+  to.max_in_flight = 16;
+  if (!options.listen.empty()) {
+    to.listen = options.listen;
+  } else if (options.rank == 0 && !options.serve_only) {
+    to.listen = options.coordinator;
+  } else {
+    to.listen = options.coordinator.substr(0, options.coordinator.rfind(':')) + ":0";
+  }
+  Cluster* self = c.get();
+  CKPTDB_RETURN_IF_ERROR(transport::Transport::Start(
+      to, [self](const Request& r, Reply* reply) { self->Handle(r, reply); }, &c->transport_));
+  if (options.serve_only) {
+    *out = std::move(c);
+    return Status::Ok();
+  }
+  if (options.rank == 0) c->coordinator_ = std::thread([self] { self->CoordinatorLoop(); });
+  Status st = c->Join();
+  if (!st.ok()) return st;
+  c->heartbeat_ = std::thread([self] { self->HeartbeatLoop(); });
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Cluster::~Cluster() {
+  stop_ = true;
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (coordinator_.joinable()) coordinator_.join();
+  transport_.reset();
+}
+
+Status Cluster::PeerFor(const std::string& address, transport::PeerId* out) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(address);
+    if (it != peers_.end()) {
+      *out = it->second;
+      return Status::Ok();
+    }
+  }
+  transport::PeerId id = 0;
+  CKPTDB_RETURN_IF_ERROR(transport_->Connect(address, options_.call_timeout_ms, &id));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = peers_.emplace(address, id);
+  if (!inserted) transport_->Disconnect(id);
+  *out = it->second;
+  return Status::Ok();
+}
+
+void Cluster::DropPeer(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(address);
+  if (it == peers_.end()) return;
+  transport_->Disconnect(it->second);
+  peers_.erase(it);
+}
+
+// ---- Joining and heartbeats ---------------------------------------------------------------
+
+Status Cluster::Join() {
+  const int64_t deadline = NowMs() + options_.join_timeout_ms;
+  Status last;
+  while (NowMs() < deadline && !stop_) {
+    if (!Listening(options_.coordinator)) {
+      last = Status::Peer("nothing listens at " + options_.coordinator + " yet");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    transport::PeerId coord = 0;
+    last = PeerFor(options_.coordinator, &coord);
+    if (!last.ok()) {
+      if (last.code() == CKPTDB_EAUTH) return last;
+      DropPeer(options_.coordinator);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    WireWriter w;
+    w.U32(options_.rank);
+    w.U32(options_.world_size);
+    w.U64(incarnation_);
+    w.Str(options_.node_id);
+    w.Str(transport_->address());
+    auto holdings = Holdings();
+    std::vector<uint8_t> body;
+    std::vector<uint8_t> table(kMaxTable);
+    size_t got = 0;
+    last = transport_->CallSync(coord, kRegister, w.Take(), holdings.data(), holdings.size(),
+                                options_.call_timeout_ms, &body, table.data(), table.size(), &got);
+    if (!last.ok()) {
+      if (last.code() == CKPTDB_EPEER || last.code() == CKPTDB_ETIMEDOUT) {
+        DropPeer(options_.coordinator);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      return last.WithContext(R(options_.rank) + " joining the job at " + options_.coordinator);
+    }
+    WireReader r(body, "the coordinator's reply to register");
+    uint64_t epoch = r.U64("epoch");
+    bool complete = r.U8("complete") != 0;
+    CKPTDB_RETURN_IF_ERROR(r.Finish());
+    if (!complete) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    WireReader t({table.data(), got}, "the membership table");
+    uint32_t n = t.U32("ranks");
+    if (n != options_.world_size) {
+      return Status::Corrupt("the membership table has " + std::to_string(n) + " ranks, expected " +
+                             std::to_string(options_.world_size));
+    }
+    std::vector<Member> members(n);
+    for (Member& m : members) {
+      m.node_id = t.Str("node_id", 256);
+      m.address = t.Str("address", 256);
+      m.registered = true;
+    }
+    CKPTDB_RETURN_IF_ERROR(t.Finish());
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch_ = epoch;
+    stats_.epoch = epoch;
+    table_ = std::move(members);
+    return ComputePlacementLocked();
+  }
+  return Status::TimedOut(R(options_.rank) + ": the job did not assemble within " +
+                          std::to_string(options_.join_timeout_ms) + " ms (coordinator " +
+                          options_.coordinator + (last.ok() ? "" : ": " + last.message()) + ")");
+}
+
+// Nodes in order of their first rank; GEMINI's placement over them.
+Status Cluster::ComputePlacementLocked() {
+  std::vector<std::string> nodes;
+  for (const Member& m : table_) {
+    if (std::find(nodes.begin(), nodes.end(), m.node_id) == nodes.end()) nodes.push_back(m.node_id);
+  }
+  if (options_.replicas > nodes.size()) {
+    return Status::Invalid("redundancy replicate:" + std::to_string(options_.replicas) + " needs " +
+                           std::to_string(options_.replicas) + " distinct nodes; the job has " +
+                           std::to_string(nodes.size()) +
+                           " (never two copies on one node: check CKPTDB_NODE_ID)");
+  }
+  return ComputePlacement(static_cast<int>(nodes.size()), static_cast<int>(options_.replicas),
+                          PlacementStrategy::kMixed, &placement_);
+}
+
+std::vector<uint32_t> Cluster::ReplicaTargets() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> nodes;
+  std::vector<std::vector<uint32_t>> ranks_on;
+  for (uint32_t r = 0; r < table_.size(); ++r) {
+    auto it = std::find(nodes.begin(), nodes.end(), table_[r].node_id);
+    if (it == nodes.end()) {
+      nodes.push_back(table_[r].node_id);
+      ranks_on.push_back({r});
+    } else {
+      ranks_on[it - nodes.begin()].push_back(r);
+    }
+  }
+  std::vector<uint32_t> out;
+  if (options_.replicas <= 1 || table_.empty()) return out;
+  size_t my_node =
+      std::find(nodes.begin(), nodes.end(), table_[options_.rank].node_id) - nodes.begin();
+  const auto& mine = ranks_on[my_node];
+  size_t local = std::find(mine.begin(), mine.end(), options_.rank) - mine.begin();
+  for (int holder : placement_.holders[my_node]) {
+    if (static_cast<size_t>(holder) == my_node) continue;
+    const auto& there = ranks_on[holder];
+    out.push_back(there[local % there.size()]);
+  }
+  return out;
+}
+
+// What this rank can restore from its own tiers and which peers' replicas it holds: the
+// coordinator's input for Latest and Holders.
+std::vector<uint8_t> Cluster::Holdings() const {
+  WireWriter held;
+  std::vector<uint64_t> local =
+      hooks_.local_versions ? hooks_.local_versions() : std::vector<uint64_t>{};
+  if (local.size() > 256) local.resize(256);
+  held.U32(static_cast<uint32_t>(local.size()));
+  for (uint64_t v : local) held.U64(v);
+  auto replicas = HeldReplicas();
+  if (replicas.size() > 4096) replicas.resize(4096);
+  held.U32(static_cast<uint32_t>(replicas.size()));
+  for (auto [owner, v] : replicas) {
+    held.U32(owner);
+    held.U64(v);
+  }
+  return held.Take();
+}
+
+Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
+                     std::vector<uint64_t>* local,
+                     std::vector<std::pair<uint32_t, uint64_t>>* replicas) {
+  WireReader h(in, what);
+  uint32_t n = h.U32("local versions");
+  if (n > 256) return Status::Corrupt(what + ": " + std::to_string(n) + " local versions");
+  for (uint32_t i = 0; i < n && h.ok(); ++i) local->push_back(h.U64("version"));
+  uint32_t m = h.U32("replicas");
+  if (m > 4096) return Status::Corrupt(what + ": " + std::to_string(m) + " replicas");
+  for (uint32_t i = 0; i < m && h.ok(); ++i) {
+    uint32_t owner = h.U32("owner");
+    uint64_t v = h.U64("version");
+    replicas->emplace_back(owner, v);
+  }
+  return h.Finish();
+}
+
+void Cluster::HeartbeatLoop() {
+  while (!stop_) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_ms),
+                   [this] { return stop_.load(); });
+    }
+    if (stop_) return;
+    transport::PeerId coord = 0;
+    if (!PeerFor(options_.coordinator, &coord).ok()) continue;
+    WireWriter w;
+    w.U32(options_.rank);
+    w.U64(incarnation_);
+    w.U64(epoch_);
+    auto payload = Holdings();
+    std::vector<uint8_t> reply;
+    Status st = transport_->CallSync(coord, kHeartbeat, w.Take(), payload.data(), payload.size(),
+                                     options_.call_timeout_ms, &reply);
+    if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
+      DropPeer(options_.coordinator);
+      continue;
+    }
+    if (st.ok()) {
+      WireReader r(reply, "heartbeat reply");
+      uint64_t e = r.U64("epoch");
+      if (r.Finish().ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.epoch = e;
+      }
+    }
+  }
+}
+
+// ---- Requests -------------------------------------------------------------------------------
+
+void Cluster::Handle(const Request& request, Reply* reply) {
+  const bool coordinator = options_.rank == 0 && !options_.serve_only;
+  switch (request.type) {
+    case kReplica:
+      return HandleReplica(request, reply);
+    case kFetch:
+      return HandleFetch(request, reply);
+    case kDecision: {
+      WireReader r(request.body, "decision from " + request.peer);
+      uint64_t version = r.U64("version");
+      bool committed = r.U8("committed") != 0;
+      Status st = r.Finish();
+      if (st.ok() && hooks_.decided) st = hooks_.decided(version, committed);
+      if (!st.ok()) Fail(reply, st);
+      return;
+    }
+    default:
+      break;
+  }
+  if (!coordinator) {
+    Fail(reply, Status::Invalid(R(options_.rank) + " is not the coordinator; " + request.peer +
+                                " sent it message type " + std::to_string(request.type)));
+    return;
+  }
+  switch (request.type) {
+    case kRegister:
+      return HandleRegister(request, reply);
+    case kHeartbeat:
+      return HandleHeartbeat(request, reply);
+    case kVote:
+      return HandleVote(request, reply);
+    case kLatest:
+      return HandleLatest(request, reply);
+    case kHolders:
+      return HandleHolders(request, reply);
+    case kDecisions:
+      return HandleDecisions(request, reply);
+    default:
+      Fail(reply, Status::Invalid("unknown message type " + std::to_string(request.type) +
+                                  " from " + request.peer));
+  }
+}
+
+// ---- Coordinator ----------------------------------------------------------------------------
+
+Status Cluster::BumpEpochLocked(const std::string& why) {
+  uint64_t next = epoch_ + 1;
+  CKPTDB_RETURN_IF_ERROR(catalog_->PutMeta("coord/epoch", std::to_string(next), true));
+  epoch_ = next;
+  stats_.epoch = next;
+  std::fprintf(stderr, "ckptdb[coordinator]: epoch %" PRIu64 ": %s\n", next, why.c_str());
+  return Status::Ok();
+}
+
+// Presumed abort: a version without a durable COMMITTED decision is aborted.
+void Cluster::AbortUndecidedLocked(const std::string& why) {
+  for (auto& [version, voters] : votes_) {
+    if (committed_.count(version) || aborted_.count(version)) continue;
+    aborted_.insert(version);
+    to_announce_.emplace_back(version, false);
+    std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s\n", version, why.c_str());
+  }
+  votes_.clear();
+  cv_.notify_all();
+}
+
+void Cluster::HandleRegister(const Request& request, Reply* reply) {
+  WireReader r(request.body, "register from " + request.peer);
+  uint32_t rank = r.U32("rank");
+  uint32_t world = r.U32("world_size");
+  uint64_t incarnation = r.U64("incarnation");
+  std::string node = r.Str("node_id", 256);
+  std::string address = r.Str("address", 256);
+  Status st = r.Finish();
+  std::vector<uint64_t> local;
+  std::vector<std::pair<uint32_t, uint64_t>> replicas;
+  if (st.ok())
+    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas);
+  if (st.ok() && (world != options_.world_size || rank >= world)) {
+    st =
+        Status::Invalid(request.peer + " registers as " + R(rank) + " of " + std::to_string(world) +
+                        "; this job has " + std::to_string(options_.world_size) + " ranks");
+  }
+  if (st.ok() && node.empty()) st = Status::Invalid(request.peer + ": an empty node_id");
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  Member& m = members_[rank];
+  if (m.registered && m.incarnation != incarnation) {
+    // A restarted rank: its old incarnation is fenced, and what it left undecided is aborted.
+    AbortUndecidedLocked(R(rank) + " restarted");
+    if (complete_) {
+      st = BumpEpochLocked(R(rank) + " rejoined as a new incarnation");
+      if (!st.ok()) return Fail(reply, st);
+    }
+  }
+  if (!m.registered || m.incarnation != incarnation) {
+    m.registered = true;
+    m.dead = false;
+    m.incarnation = incarnation;
+    m.voted.clear();
+    m.node_id = node;
+    m.address = address;
+  }
+  m.local_versions = std::move(local);
+  m.replicas = std::move(replicas);
+  m.last_seen_ms = NowMs();
+  complete_ = std::all_of(members_.begin(), members_.end(),
+                          [](const Member& x) { return x.registered && !x.dead; });
+  WireWriter w;
+  w.U64(epoch_);
+  w.U8(complete_ ? 1 : 0);
+  reply->body = w.Take();
+  if (complete_) {
+    WireWriter t;
+    t.U32(static_cast<uint32_t>(members_.size()));
+    for (const Member& x : members_) {
+      t.Str(x.node_id);
+      t.Str(x.address);
+    }
+    auto table = std::make_shared<std::vector<uint8_t>>(t.Take());
+    reply->payload = table->data();
+    reply->payload_bytes = table->size();
+    reply->keep = table;
+  }
+}
+
+void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
+  WireReader r(request.body, "heartbeat from " + request.peer);
+  uint32_t rank = r.U32("rank");
+  uint64_t incarnation = r.U64("incarnation");
+  (void)r.U64("epoch");
+  Status st = r.Finish();
+  std::vector<uint64_t> local;
+  std::vector<std::pair<uint32_t, uint64_t>> replicas;
+  if (st.ok())
+    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas);
+  if (st.ok() && rank >= options_.world_size)
+    st = Status::Invalid("heartbeat from rank " + std::to_string(rank));
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  Member& m = members_[rank];
+  if (!m.registered || m.incarnation != incarnation || m.dead) {
+    return Fail(reply, Status::State(R(rank) + " (" + request.peer +
+                                     ") is not a member of this epoch: it was declared dead or "
+                                     "replaced; restart it"));
+  }
+  m.last_seen_ms = NowMs();
+  m.local_versions = std::move(local);
+  m.replicas = std::move(replicas);
+  WireWriter w;
+  w.U64(epoch_);
+  reply->body = w.Take();
+}
+
+void Cluster::HandleVote(const Request& request, Reply* reply) {
+  WireReader r(request.body, "vote from " + request.peer);
+  uint32_t rank = r.U32("rank");
+  uint64_t incarnation = r.U64("incarnation");
+  uint64_t epoch = r.U64("epoch");
+  uint64_t version = r.U64("version");
+  Status st = r.Finish();
+  if (st.ok() && rank >= options_.world_size)
+    st = Status::Invalid("vote from rank " + std::to_string(rank));
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  const Member& m = members_[rank];
+  if (!m.registered || m.dead || m.incarnation != incarnation || epoch != epoch_) {
+    return Fail(reply, Status::State("fenced: the vote of " + R(rank) + " for v" +
+                                     std::to_string(version) + " was cast in epoch " +
+                                     std::to_string(epoch) + "; the job is in epoch " +
+                                     std::to_string(epoch_.load()) + " and has " +
+                                     (m.incarnation == incarnation ? "declared that rank dead"
+                                                                   : "a newer incarnation of it")));
+  }
+  if (aborted_.count(version)) {
+    return Fail(reply, Status::State("v" + std::to_string(version) + " was already aborted"));
+  }
+  if (committed_.count(version)) return;  // a repeated vote
+  auto& voters = votes_[version];
+  voters.insert(rank);
+  if (voters.size() == options_.world_size) {
+    // Every vote is in: the decision is durable before anyone hears of it.
+    Status w = catalog_->PutMeta("coord/committed/" + format::Hex64(version).substr(2), "1", true);
+    if (!w.ok()) {
+      aborted_.insert(version);
+      to_announce_.emplace_back(version, false);
+      votes_.erase(version);
+      cv_.notify_all();
+      return Fail(reply, w.WithContext("recording the decision for v" + std::to_string(version)));
+    }
+    committed_.insert(version);
+    for (uint32_t voter : votes_[version]) {
+      members_[voter].voted.insert(version);
+      if (members_[voter].voted.size() > 64)
+        members_[voter].voted.erase(members_[voter].voted.begin());
+    }
+    votes_.erase(version);
+    CrashPoint("coordinator:after_committed_written");
+    to_announce_.emplace_back(version, true);
+    cv_.notify_all();
+  }
+}
+
+// Tells every rank each decision, in order, retrying until the rank acknowledges, is declared
+// dead, or the cluster stops. Rank 0's own decision goes straight to its hook.
+void Cluster::CoordinatorLoop() {
+  while (!stop_) {
+    std::pair<uint64_t, bool> d;
+    std::vector<Member> members;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_ms),
+                   [this] { return stop_ || !to_announce_.empty(); });
+      if (stop_) return;
+      // Failure detection.
+      int64_t now = NowMs();
+      for (uint32_t rank = 1; rank < members_.size(); ++rank) {
+        Member& m = members_[rank];
+        if (complete_ && m.registered && !m.dead && now - m.last_seen_ms > options_.dead_after_ms) {
+          m.dead = true;
+          complete_ = false;
+          std::string why = R(rank) + " (node " + m.node_id + ") sent no heartbeat for " +
+                            std::to_string(now - m.last_seen_ms) + " ms";
+          AbortUndecidedLocked(why);
+          (void)BumpEpochLocked(why + ": declared dead");
+        }
+      }
+      if (to_announce_.empty()) continue;
+      d = to_announce_.front();
+      to_announce_.pop_front();
+      members = members_;
+    }
+    for (uint32_t rank = 0; rank < members.size(); ++rank) {
+      if (!members[rank].registered || members[rank].dead) continue;
+      if (rank == 0) {
+        if (hooks_.decided) (void)hooks_.decided(d.first, d.second);
+        continue;
+      }
+      WireWriter w;
+      w.U64(d.first);
+      w.U8(d.second ? 1 : 0);
+      transport::PeerId peer = 0;
+      Status st = PeerFor(members[rank].address, &peer);
+      if (st.ok()) {
+        std::vector<uint8_t> reply;
+        st = transport_->CallSync(peer, kDecision, w.Take(), nullptr, 0, options_.call_timeout_ms,
+                                  &reply);
+      }
+      if (!st.ok()) {
+        // The rank learns it when it next asks (at its next open, Decisions()).
+        DropPeer(members[rank].address);
+        std::fprintf(stderr, "ckptdb[coordinator]: telling %s about v%" PRIu64 " failed: %s\n",
+                     R(rank).c_str(), d.first, st.message().c_str());
+      }
+    }
+  }
+}
+
+void Cluster::HandleDecisions(const Request&, Reply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WireWriter w;
+  std::vector<uint64_t> newest(committed_.rbegin(), committed_.rend());
+  if (newest.size() > 256) newest.resize(256);
+  w.U32(static_cast<uint32_t>(newest.size()));
+  for (uint64_t v : newest) w.U64(v);
+  reply->body = w.Take();
+}
+
+// The newest committed version every rank can restore: from its own tiers, or from a live
+// peer holding its replica.
+void Cluster::HandleLatest(const Request&, Reply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
+    uint64_t v = *it;
+    bool all = true;
+    for (uint32_t rank = 0; rank < members_.size() && all; ++rank) {
+      const Member& m = members_[rank];
+      bool ok = m.registered && !m.dead &&
+                (m.voted.count(v) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                               v) != m.local_versions.end());
+      for (uint32_t other = 0; other < members_.size() && !ok; ++other) {
+        const Member& o = members_[other];
+        if (!o.registered || o.dead) continue;
+        ok = std::find(o.replicas.begin(), o.replicas.end(), std::make_pair(rank, v)) !=
+             o.replicas.end();
+      }
+      all = ok;
+    }
+    if (all) {
+      WireWriter w;
+      w.U64(v);
+      reply->body = w.Take();
+      return;
+    }
+  }
+  Fail(reply, Status::NotFound(committed_.empty()
+                                   ? "the job has no committed version"
+                                   : std::to_string(committed_.size()) +
+                                         " committed versions, but none that every rank can "
+                                         "still restore from its tiers or a peer's memory"));
+}
+
+void Cluster::HandleHolders(const Request& request, Reply* reply) {
+  WireReader r(request.body, "holders query from " + request.peer);
+  uint32_t owner = r.U32("owner");
+  uint64_t version = r.U64("version");
+  Status st = r.Finish();
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  WireWriter w;
+  std::vector<uint32_t> holders;
+  for (uint32_t rank = 0; rank < members_.size(); ++rank) {
+    const Member& m = members_[rank];
+    if (!m.registered || m.dead) continue;
+    if (std::find(m.replicas.begin(), m.replicas.end(), std::make_pair(owner, version)) !=
+        m.replicas.end()) {
+      holders.push_back(rank);
+    }
+  }
+  w.U32(static_cast<uint32_t>(holders.size()));
+  for (uint32_t h : holders) {
+    w.U32(h);
+    w.Str(members_[h].node_id);
+    w.Str(members_[h].address);
+  }
+  reply->body = w.Take();
+}
+
+// ---- Rank side ------------------------------------------------------------------------------
+
+Status Cluster::Vote(uint64_t version) {
+  transport::PeerId coord = 0;
+  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+  WireWriter w;
+  w.U32(options_.rank);
+  w.U64(incarnation_);
+  w.U64(epoch_);
+  w.U64(version);
+  std::vector<uint8_t> reply;
+  Status st =
+      transport_->CallSync(coord, kVote, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
+  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(options_.coordinator);
+  return st.WithContext(R(options_.rank) + " voting for v" + std::to_string(version));
+}
+
+Status Cluster::Decisions(std::set<uint64_t>* committed) {
+  transport::PeerId coord = 0;
+  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+  std::vector<uint8_t> reply;
+  CKPTDB_RETURN_IF_ERROR(
+      transport_->CallSync(coord, kDecisions, {}, nullptr, 0, options_.call_timeout_ms, &reply));
+  WireReader r(reply, "the coordinator's decisions");
+  uint32_t n = r.U32("count");
+  for (uint32_t i = 0; i < n && r.ok() && i < 256; ++i) committed->insert(r.U64("version"));
+  return r.Finish();
+}
+
+Status Cluster::Latest(uint64_t* version) {
+  transport::PeerId coord = 0;
+  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+  std::vector<uint8_t> reply;
+  Status st =
+      transport_->CallSync(coord, kLatest, {}, nullptr, 0, options_.call_timeout_ms, &reply);
+  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(options_.coordinator);
+  CKPTDB_RETURN_IF_ERROR(st);
+  WireReader r(reply, "the coordinator's latest");
+  *version = r.U64("version");
+  return r.Finish();
+}
+
+Status Cluster::Holders(uint32_t owner, uint64_t version, std::vector<ReplicaHolder>* out) {
+  transport::PeerId coord = 0;
+  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+  WireWriter w;
+  w.U32(owner);
+  w.U64(version);
+  std::vector<uint8_t> reply;
+  CKPTDB_RETURN_IF_ERROR(transport_->CallSync(coord, kHolders, w.Take(), nullptr, 0,
+                                              options_.call_timeout_ms, &reply));
+  WireReader r(reply, "the coordinator's holders");
+  uint32_t n = r.U32("count");
+  for (uint32_t i = 0; i < n && r.ok() && i < options_.world_size; ++i) {
+    ReplicaHolder h;
+    h.rank = r.U32("rank");
+    h.node_id = r.Str("node_id", 256);
+    h.address = r.Str("address", 256);
+    out->push_back(std::move(h));
+  }
+  return r.Finish();
+}
+
+void Cluster::Hint(bool net_busy) {
+  net_busy_ = net_busy;
+  cv_.notify_all();
+}
+
+ClusterStats Cluster::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ClusterStats s = stats_;
+  s.refused = transport_->stats().refused;
+  return s;
+}
+
+// ---- Replication ----------------------------------------------------------------------------
+
+std::string Cluster::ReplicaPath(uint32_t owner, uint64_t version, bool temporary) const {
+  char name[96];
+  std::snprintf(name, sizeof name, "/r%05" PRIu32 "-v%020" PRIu64 ".seg%s", owner, version,
+                temporary ? ".tmp" : "");
+  return options_.replica_dir + name;
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> Cluster::HeldReplicas() const {
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  if (options_.replica_dir.empty()) return out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(options_.replica_dir, ec)) {
+    unsigned owner = 0;
+    unsigned long long version = 0;
+    char tail[8] = {};
+    std::string name = entry.path().filename().string();
+    if (std::sscanf(name.c_str(), "r%5u-v%20llu.se%1s", &owner, &version, tail) == 3 &&
+        name.size() == std::strlen("r00000-v00000000000000000000.seg") && tail[0] == 'g') {
+      out.emplace_back(owner, version);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
+                          const std::vector<SendExtent>& extents) {
+  std::vector<uint32_t> targets = ReplicaTargets();
+  if (targets.empty()) return Status::Ok();
+  const int64_t start = NowMs();
+  std::vector<Member> table;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    table = table_;
+  }
+  // Pieces: each extent cut to kMaxPieceBytes.
+  struct Piece {
+    uint64_t offset;
+    const uint8_t* data;
+    uint64_t bytes;
+  };
+  std::vector<Piece> pieces;
+  for (const SendExtent& e : extents) {
+    for (uint64_t off = 0; off < e.bytes; off += kMaxPieceBytes) {
+      pieces.push_back(
+          {e.logical_offset + off, e.data + off, std::min(kMaxPieceBytes, e.bytes - off)});
+    }
+  }
+  uint64_t sent = 0;
+  for (uint32_t target : targets) {
+    const std::string what = "replicating v" + std::to_string(version) + " of " + R(options_.rank) +
+                             " to " + R(target) + " (node " + table[target].node_id + ")";
+    transport::PeerId peer = 0;
+    Status st = PeerFor(table[target].address, &peer);
+    if (!st.ok()) return st.WithContext(what);
+    std::deque<std::unique_ptr<transport::Call>> in_flight;
+    auto drain_one = [&]() -> Status {
+      Status s = in_flight.front()->Wait(options_.call_timeout_ms);
+      in_flight.pop_front();
+      return s;
+    };
+    for (size_t i = 0; i <= pieces.size(); ++i) {
+      // Idle-window hints and the bandwidth cap pace the pushes (GEMINI's interleaving).
+      for (int waited = 0; net_busy_ && !stop_ && waited < 2000; waited += 10) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (options_.bandwidth_bytes_per_s > 0 && sent > 0) {
+        double due_ms = 1000.0 * static_cast<double>(sent) / options_.bandwidth_bytes_per_s;
+        int64_t ahead = static_cast<int64_t>(due_ms) - (NowMs() - start);
+        if (ahead > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ahead));
+      }
+      bool last = i == pieces.size();  // the last call carries no bytes: it seals the replica
+      if (last) {
+        while (!in_flight.empty()) CKPTDB_RETURN_IF_ERROR(drain_one().WithContext(what));
+      }
+      WireWriter w;
+      w.U32(options_.rank);
+      w.U64(version);
+      w.U64(epoch_);
+      w.U64(file_bytes);
+      w.U64(last ? file_bytes : pieces[i].offset);
+      w.U8(last ? 1 : 0);
+      std::unique_ptr<transport::Call> call;
+      st = transport_->Start(peer, kReplica, w.Take(), last ? nullptr : pieces[i].data,
+                             last ? 0 : pieces[i].bytes, nullptr, 0, &call);
+      if (!st.ok()) {
+        DropPeer(table[target].address);
+        return st.WithContext(what);
+      }
+      in_flight.push_back(std::move(call));
+      if (!last) sent += pieces[i].bytes;
+      while (in_flight.size() >= kPiecesInFlight || (last && !in_flight.empty())) {
+        st = drain_one();
+        if (!st.ok()) {
+          while (!in_flight.empty()) (void)drain_one();
+          if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
+            DropPeer(table[target].address);
+          }
+          return st.WithContext(what);
+        }
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.replica_bytes_sent += sent;
+  stats_.replica_ns += static_cast<uint64_t>(NowMs() - start) * 1000000;
+  return Status::Ok();
+}
+
+// A range of a peer's segment image: written into the replica's temporary file; the sealing call
+// checks the whole file (framing, manifest, every chunk's xxh3) before it becomes visible.
+void Cluster::HandleReplica(const Request& request, Reply* reply) {
+  WireReader r(request.body, "replica piece from " + request.peer);
+  uint32_t owner = r.U32("owner");
+  uint64_t version = r.U64("version");
+  (void)r.U64("epoch");
+  uint64_t file_bytes = r.U64("file_bytes");
+  uint64_t offset = r.U64("offset");
+  bool last = r.U8("last") != 0;
+  Status st = r.Finish();
+  const std::string what =
+      "replica of v" + std::to_string(version) + " of " + R(owner) + " from " + request.peer;
+  if (st.ok() && options_.replica_dir.empty()) {
+    st = Status::State(R(options_.rank) + " keeps no replicas (no ram tier)");
+  }
+  if (st.ok() && (owner >= options_.world_size || owner == options_.rank)) {
+    st = Status::Invalid(what + ": bad owner rank");
+  }
+  if (st.ok() && (file_bytes > (uint64_t{1} << 40) ||
+                  offset + request.payload.size() > file_bytes || offset > file_bytes)) {
+    st = Status::Invalid(what + ": range [" + std::to_string(offset) + ", +" +
+                         std::to_string(request.payload.size()) + ") outside its " +
+                         std::to_string(file_bytes) + " bytes");
+  }
+  if (!st.ok()) return Fail(reply, st);
+  const std::string tmp = ReplicaPath(owner, version, true);
+  if (!last) {
+    int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return Fail(reply, Status::FromErrno(errno, tmp));
+    if (offset == 0 && ftruncate(fd, static_cast<off_t>(file_bytes)) != 0) {
+      int err = errno;
+      close(fd);
+      return Fail(reply, Status::FromErrno(err, tmp));
+    }
+    size_t done = 0;
+    while (done < request.payload.size()) {
+      ssize_t n = pwrite(fd, request.payload.data() + done, request.payload.size() - done,
+                         static_cast<off_t>(offset + done));
+      if (n <= 0) {
+        int err = n < 0 ? errno : ENOSPC;
+        close(fd);
+        return Fail(reply, Status::FromErrno(err, tmp));
+      }
+      done += static_cast<size_t>(n);
+    }
+    close(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.replica_bytes_received += request.payload.size();
+    return;
+  }
+  // Seal: check everything, then rename into place.
+  int fd = open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Fail(reply, Status::FromErrno(errno, tmp));
+  struct stat sb {};
+  fstat(fd, &sb);
+  std::unique_ptr<format::SegmentReader> reader;
+  st = static_cast<uint64_t>(sb.st_size) != file_bytes
+           ? Status::Corrupt(what + ": " + std::to_string(sb.st_size) + " bytes arrived of " +
+                             std::to_string(file_bytes))
+           : format::SegmentReader::Open(
+                 what, file_bytes,
+                 [fd, what](uint64_t off, void* buf, size_t len) -> Status {
+                   ssize_t n = pread(fd, buf, len, static_cast<off_t>(off));
+                   if (n != static_cast<ssize_t>(len)) {
+                     return Status::Corrupt(what + ": short read at " + std::to_string(off));
+                   }
+                   return Status::Ok();
+                 },
+                 &reader);
+  if (st.ok() && (reader->footer().version != version || reader->footer().rank != owner)) {
+    st = Status::Corrupt(what + ": the segment is v" + std::to_string(reader->footer().version) +
+                         " of " + R(reader->footer().rank));
+  }
+  std::vector<uint8_t> scratch;
+  for (uint32_t i = 0; st.ok() && i < reader->footer().chunk_count; ++i) {
+    format::ChunkProblem problem;
+    st = reader->CheckChunk(i, &scratch, &problem);
+  }
+  close(fd);
+  if (!st.ok()) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    std::fprintf(stderr, "ckptdb[%s]: refused %s\n", R(options_.rank).c_str(),
+                 st.message().c_str());
+    return Fail(reply, st);
+  }
+  if (rename(tmp.c_str(), ReplicaPath(owner, version, false).c_str()) != 0) {
+    return Fail(reply, Status::FromErrno(errno, tmp));
+  }
+  // Retention: the newest replica_keep replicas of this owner.
+  std::vector<uint64_t> versions;
+  for (auto [o, v] : HeldReplicas()) {
+    if (o == owner) versions.push_back(v);
+  }
+  std::sort(versions.rbegin(), versions.rend());
+  for (size_t i = options_.replica_keep; i < versions.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove(ReplicaPath(owner, versions[i], false), ec);
+  }
+}
+
+void Cluster::HandleFetch(const Request& request, Reply* reply) {
+  WireReader r(request.body, "fetch from " + request.peer);
+  uint32_t owner = r.U32("owner");
+  uint64_t version = r.U64("version");
+  uint64_t offset = r.U64("offset");
+  uint64_t bytes = r.U64("bytes");
+  Status st = r.Finish();
+  if (st.ok() && bytes > kMaxPieceBytes) st = Status::Invalid("a fetch of more than 8 MiB");
+  if (!st.ok()) return Fail(reply, st);
+  const std::string path = ReplicaPath(owner, version, false);
+  int fd = options_.replica_dir.empty() ? -1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return Fail(reply, Status::NotFound(R(options_.rank) + " holds no replica of v" +
+                                        std::to_string(version) + " of " + R(owner)));
+  }
+  if (bytes == 0) {  // the replica's size
+    struct stat sb {};
+    fstat(fd, &sb);
+    close(fd);
+    WireWriter w;
+    w.U64(static_cast<uint64_t>(sb.st_size));
+    reply->body = w.Take();
+    return;
+  }
+  auto buffer = std::make_shared<std::vector<uint8_t>>(bytes);
+  ssize_t n = pread(fd, buffer->data(), bytes, static_cast<off_t>(offset));
+  close(fd);
+  if (n != static_cast<ssize_t>(bytes)) {
+    return Fail(reply, Status::Invalid(path + ": the range [" + std::to_string(offset) + ", +" +
+                                       std::to_string(bytes) + ") is past its end"));
+  }
+  reply->payload = buffer->data();
+  reply->payload_bytes = bytes;
+  reply->keep = buffer;
+}
+
+Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
+                             uint64_t* bytes) {
+  transport::PeerId peer = 0;
+  CKPTDB_RETURN_IF_ERROR(PeerFor(holder.address, &peer));
+  WireWriter w;
+  w.U32(owner);
+  w.U64(version);
+  w.U64(0);
+  w.U64(0);
+  std::vector<uint8_t> reply;
+  Status st =
+      transport_->CallSync(peer, kFetch, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
+  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(holder.address);
+  CKPTDB_RETURN_IF_ERROR(st);
+  WireReader r(reply, "replica size from " + R(holder.rank));
+  *bytes = r.U64("bytes");
+  return r.Finish();
+}
+
+Status Cluster::Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
+                      uint64_t offset, void* dst, uint64_t bytes) {
+  transport::PeerId peer = 0;
+  CKPTDB_RETURN_IF_ERROR(PeerFor(holder.address, &peer));
+  auto* out = static_cast<uint8_t*>(dst);
+  std::deque<std::unique_ptr<transport::Call>> in_flight;
+  std::deque<uint64_t> expect;
+  Status st;
+  for (uint64_t off = 0; off < bytes || !in_flight.empty();) {
+    if (st.ok() && off < bytes && in_flight.size() < kPiecesInFlight) {
+      uint64_t n = std::min(kMaxPieceBytes, bytes - off);
+      WireWriter w;
+      w.U32(owner);
+      w.U64(version);
+      w.U64(offset + off);
+      w.U64(n);
+      std::unique_ptr<transport::Call> call;
+      st = transport_->Start(peer, kFetch, w.Take(), nullptr, 0, out + off, n, &call);
+      if (st.ok()) {
+        in_flight.push_back(std::move(call));
+        expect.push_back(n);
+        off += n;
+        continue;
+      }
+    }
+    if (in_flight.empty()) break;
+    Status s = in_flight.front()->Wait(options_.call_timeout_ms);
+    if (s.ok() && in_flight.front()->payload_bytes() != expect.front()) {
+      s = Status::Corrupt("a short reply");
+    }
+    in_flight.pop_front();
+    expect.pop_front();
+    if (st.ok() && !s.ok()) {
+      st = s;
+      off = bytes;  // start nothing more
+    }
+  }
+  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(holder.address);
+  if (st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.fetch_bytes += bytes;
+  }
+  return st.WithContext("fetching v" + std::to_string(version) + " of " + R(owner) + " from " +
+                        R(holder.rank) + " (node " + holder.node_id + ")");
+}
+
+}  // namespace ckpt::engine

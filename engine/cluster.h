@@ -1,0 +1,201 @@
+// Cluster: one rank's part in a job of world_size ranks (DESIGN.md sections 6-7,
+// docs/commit-protocol.md): membership, the cross-rank two-phase commit, replication of each
+// version to the rank's placement peers' memory, and fetching a rank's segment back from them.
+//
+// Every rank runs a Transport with a listener. Rank 0 also runs the coordinator: it keeps the
+// membership table (rank -> node_id, address, incarnation), the epoch (bumped, durably, at every
+// coordinator start and every membership change; a vote carries the epoch and incarnation it was
+// cast in, and any other is refused, which fences a zombie), the votes, and the decisions, which
+// it writes to its catalog (synced) before telling anyone. A rank that is silent for
+// dead_after_ms is declared dead: undecided versions are aborted and the epoch moves on.
+//
+// Placement is GEMINI's Algorithm 1 over nodes (engine/placement.h): node i's ranks send their
+// segment to one rank on each other node of i's holder set. A replica is stored in the receiving
+// node's memory (the ram tier's directory, a tmpfs) as a segment file, every chunk checked against
+// its xxh3 before it is acknowledged. The receiving rank's process (or `ckptdb serve` after the
+// trainer died) serves it back by byte range.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/catalog.h"
+#include "engine/placement.h"
+#include "transport/transport.h"
+#include "util/status.h"
+
+namespace ckpt::engine {
+
+struct ClusterOptions {
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  std::string node_id;
+  std::string coordinator;  // host:port of rank 0's listener
+  std::string listen;       // host:port (port 0: any); empty: the coordinator's host, any port
+  std::string job_token;
+  std::string tls;                     // UCX_TLS; empty: UCX's choice
+  uint32_t replicas = 1;               // copies of each rank's segment in memory, its own included
+  std::string replica_dir;             // where this node keeps peers' replicas (a tmpfs directory)
+  uint32_t replica_keep = 2;           // replicas kept per peer rank (newest first)
+  uint64_t bandwidth_bytes_per_s = 0;  // replication cap; 0: none
+  int heartbeat_ms = 200;
+  int dead_after_ms = 3000;
+  int join_timeout_ms = 60000;
+  int call_timeout_ms = 30000;
+  bool serve_only = false;  // `ckptdb serve`: a replica holder, not a voting rank
+};
+
+// A range of a local segment image to send (the ram arena's extents).
+struct SendExtent {
+  uint64_t logical_offset = 0;
+  const uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+};
+
+struct ReplicaHolder {
+  uint32_t rank = 0;
+  std::string node_id;
+  std::string address;
+};
+
+struct ClusterStats {
+  uint64_t replica_bytes_sent = 0;
+  uint64_t replica_bytes_received = 0;
+  uint64_t replica_ns = 0;
+  uint64_t fetch_bytes = 0;
+  uint64_t refused = 0;
+  uint64_t epoch = 0;
+};
+
+class Cluster {
+ public:
+  struct Hooks {
+    // A decision for `version` arrived from the coordinator. Must record it before returning.
+    std::function<Status(uint64_t version, bool committed)> decided;
+    // Committed versions this rank can restore from its own tiers, newest first.
+    std::function<std::vector<uint64_t>()> local_versions;
+  };
+
+  // Joins the job: starts the transport (and the coordinator on rank 0), registers and waits
+  // until every rank has (join_timeout_ms). `catalog` is rank 0's, for decisions and the epoch.
+  static Status Start(const ClusterOptions& options, Hooks hooks, Catalog* catalog,
+                      std::unique_ptr<Cluster>* out);
+  ~Cluster();
+
+  const ClusterOptions& options() const { return options_; }
+  uint64_t epoch() const { return epoch_.load(); }
+  const std::string& address() const { return transport_->address(); }
+
+  // Pushes a version's segment image to this rank's placement peers and waits for each to
+  // acknowledge a verified copy. Ok at once when replicas = 1.
+  Status Replicate(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
+  // Casts this rank's vote for `version` (after PREPARED is durable). The decision arrives
+  // later through Hooks::decided.
+  Status Vote(uint64_t version);
+  // Committed versions the coordinator has decided, and for versions newer than any this
+  // rank holds, whether they are committed: used to resolve PREPARED versions at open.
+  Status Decisions(std::set<uint64_t>* committed);
+  // The newest committed version every live rank can restore (from its own tiers or from a
+  // peer's replica), as the coordinator computes it: the same answer on every rank.
+  Status Latest(uint64_t* version);
+  // Ranks holding a verified replica of `owner`'s segment of `version`.
+  Status Holders(uint32_t owner, uint64_t version, std::vector<ReplicaHolder>* out);
+  // Reads [offset, offset + bytes) of owner's replica of `version` from `holder` into dst.
+  Status Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t version, uint64_t offset,
+               void* dst, uint64_t bytes);
+
+  // The size of owner's replica of `version` on `holder`.
+  Status ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
+                      uint64_t* bytes);
+  void Hint(bool net_busy);
+  ClusterStats stats() const;
+  // The placement over this job's nodes (valid after Start).
+  const Placement& placement() const { return placement_; }
+  std::vector<uint32_t> ReplicaTargets() const;  // the ranks this rank's segment goes to
+
+  struct Member {
+    std::string node_id;
+    std::string address;
+    uint64_t incarnation = 0;
+    bool registered = false;
+    bool dead = false;
+    int64_t last_seen_ms = 0;
+    std::vector<uint64_t> local_versions;                 // newest first
+    std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
+    std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
+                               // tier (and its replicas acknowledged) when it voted
+  };
+
+ private:
+  explicit Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog);
+  Status Join();
+  void Handle(const transport::Request& request, transport::Reply* reply);
+  void HeartbeatLoop();
+  void CoordinatorLoop();
+  Status PeerFor(const std::string& address, transport::PeerId* out);
+  void DropPeer(const std::string& address);
+  // Replica store (this node's memory).
+  std::string ReplicaPath(uint32_t owner, uint64_t version, bool temporary) const;
+  void HandleReplica(const transport::Request& request, transport::Reply* reply);
+  void HandleFetch(const transport::Request& request, transport::Reply* reply);
+  std::vector<std::pair<uint32_t, uint64_t>> HeldReplicas() const;
+  std::vector<uint8_t> Holdings() const;
+  // Coordinator.
+  void HandleRegister(const transport::Request& request, transport::Reply* reply);
+  void HandleHeartbeat(const transport::Request& request, transport::Reply* reply);
+  void HandleVote(const transport::Request& request, transport::Reply* reply);
+  void HandleLatest(const transport::Request& request, transport::Reply* reply);
+  void HandleHolders(const transport::Request& request, transport::Reply* reply);
+  void HandleDecisions(const transport::Request& request, transport::Reply* reply);
+  Status BumpEpochLocked(const std::string& why);
+  void AbortUndecidedLocked(const std::string& why);
+  void Decide(uint64_t version, bool committed);
+  Status ComputePlacementLocked();
+
+  const ClusterOptions options_;
+  Hooks hooks_;
+  Catalog* catalog_;  // rank 0: decisions and the epoch
+  uint64_t incarnation_ = 0;
+  std::unique_ptr<transport::Transport> transport_;
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> net_busy_{false};
+  std::thread heartbeat_;
+  std::thread coordinator_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, transport::PeerId> peers_;  // by address
+  std::vector<Member> table_;                       // the membership as last received
+  Placement placement_;
+  ClusterStats stats_;
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> receiving_;  // replicas being received: bytes
+
+  // Coordinator state (rank 0), under mu_.
+  std::vector<Member> members_;
+  bool complete_ = false;
+  std::map<uint64_t, std::set<uint32_t>> votes_;
+  std::set<uint64_t> committed_;  // decided COMMITTED (durable in the catalog)
+  std::set<uint64_t> aborted_;
+  std::deque<std::pair<uint64_t, bool>> to_announce_;
+};
+
+Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
+                     std::vector<uint64_t>* local,
+                     std::vector<std::pair<uint32_t, uint64_t>>* replicas);
+
+// Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8).
+Status ParseRedundancy(const std::string& text, uint32_t* replicas);
+
+}  // namespace ckpt::engine

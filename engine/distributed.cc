@@ -1,0 +1,195 @@
+// The Db's side of a job of world_size > 1 ranks (DESIGN.md sections 6-7): joining through the
+// Cluster, resolving versions left in doubt, the worker that pushes replicas and casts votes off
+// the manager thread, decisions from the coordinator, and restoring from peers' memory.
+#include <cstring>
+
+#include "engine/db.h"
+#include "engine/internal.h"
+#include "format/checksum.h"
+#include "format/segment_format.h"
+
+namespace ckpt::engine {
+
+Status Db::StartCluster() {
+  ClusterOptions co;
+  co.rank = options_.rank;
+  co.world_size = options_.world_size;
+  co.node_id = options_.node_id;
+  co.coordinator = options_.coordinator;
+  co.listen = options_.listen;
+  co.job_token = options_.job_token;
+  co.tls = options_.ucx_tls;
+  co.heartbeat_ms = options_.heartbeat_ms;
+  co.dead_after_ms = options_.dead_after_ms;
+  co.join_timeout_ms = options_.join_timeout_ms;
+  co.bandwidth_bytes_per_s = options_.replicate_bytes_per_s;
+  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(options_.redundancy, &co.replicas));
+  if (!tiers_[0].is_ram()) {
+    return Status::Invalid("options: world_size " + std::to_string(options_.world_size) +
+                           " needs a ram first tier (checkpoints live in host memory and are "
+                           "replicated to peers' memory), e.g. \"ram:8G;disk:/nvme/ck\"");
+  }
+  co.replica_dir = tiers_[0].spec.path + "/ckptdb-replicas-r" + std::to_string(options_.rank);
+  co.replica_keep = std::max<uint32_t>(2, tiers_[0].spec.keep);
+  Cluster::Hooks hooks;
+  hooks.decided = [this](uint64_t version, bool committed) {
+    return OnDecision(version, committed);
+  };
+  hooks.local_versions = [this] {
+    std::vector<uint64_t> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = versions_.rbegin(); it != versions_.rend() && out.size() < 256; ++it) {
+      if (it->second.record.state != CKPTDB_STATE_COMMITTED) continue;
+      for (size_t ti = 0; ti < tiers_.size(); ++ti) {
+        if (Durable(it->second, ti)) {
+          out.push_back(it->first);
+          break;
+        }
+      }
+    }
+    return out;
+  };
+  CKPTDB_RETURN_IF_ERROR(Cluster::Start(co, std::move(hooks), catalog_.get(), &cluster_));
+  cluster_worker_ = std::thread([this] { ClusterWorkerLoop(); });
+  return Status::Ok();
+}
+
+// PREPARED versions are decided by the coordinator: committed ones become COMMITTED here, the
+// rest are left to Recover, which aborts every undecided version (presumed abort: the
+// coordinator aborted them when this incarnation registered).
+Status Db::ResolveInDoubt() {
+  std::set<uint64_t> committed;
+  CKPTDB_RETURN_IF_ERROR(cluster_->Decisions(&committed)
+                             .WithContext("rank " + std::to_string(options_.rank) +
+                                          ": asking the coordinator about versions in doubt"));
+  std::lock_guard<std::mutex> lock(mu_);
+  job_committed_ = committed;
+  CatalogBatch batch;
+  for (auto& [version, e] : versions_) {
+    if (e.record.state == CKPTDB_STATE_PREPARED && committed.count(version)) {
+      e.record.state = CKPTDB_STATE_COMMITTED;
+      e.record.committed_unix_ns = NowNs();
+      batch.put_versions.push_back(e.record);
+    }
+  }
+  if (batch.put_versions.empty()) return Status::Ok();
+  return catalog_->Apply(batch, /*sync=*/true);
+}
+
+Status Db::OnDecision(uint64_t version, bool committed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (committed) job_committed_.insert(version);
+  auto it = live_.find(version);
+  if (it != live_.end() && it->second.phase == CommitPhase::kVoting) {
+    it->second.decision = committed ? 1 : -1;
+    WakeManager();
+  } else if (it != live_.end() && !committed) {
+    // Aborted before this rank voted (another rank failed): stop here.
+    FailLocked(&it->second, Status::State(V(version) + " was aborted by the coordinator"));
+    WakeManager();
+  }
+  return Status::Ok();
+}
+
+void Db::PostClusterJob(std::function<void()> job) {
+  cluster_jobs_.push_back(std::move(job));  // mu_ held by the caller (the manager)
+  cluster_cv_.notify_all();
+}
+
+void Db::ClusterWorkerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cluster_cv_.wait(lock, [this] { return cluster_stop_ || !cluster_jobs_.empty(); });
+    if (cluster_jobs_.empty()) return;  // stopping, and nothing left
+    auto job = std::move(cluster_jobs_.front());
+    cluster_jobs_.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+  }
+}
+
+Status Db::Hint(unsigned hints) {
+  if (hints & ~(CKPTDB_HINT_NET_BUSY | CKPTDB_HINT_NET_IDLE)) {
+    return Status::Invalid("hint: unknown bits " + std::to_string(hints));
+  }
+  if ((hints & CKPTDB_HINT_NET_BUSY) && (hints & CKPTDB_HINT_NET_IDLE)) {
+    return Status::Invalid("hint: NET_BUSY and NET_IDLE at once");
+  }
+  if (cluster_ != nullptr && hints != 0) cluster_->Hint((hints & CKPTDB_HINT_NET_BUSY) != 0);
+  return Status::Ok();
+}
+
+// The restore planner's second step (DESIGN.md section 7): this rank's segment from a peer's
+// memory, each chunk checked against the manifest's xxh3 as it lands in dst; a holder that
+// fails in any way is passed over for the next.
+Status Db::RestoreFromPeers(uint64_t version, const std::string& name, void* dst, size_t nbytes,
+                            const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!job_committed_.count(version)) {
+      CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, what));
+    }
+  }
+  std::vector<ReplicaHolder> holders;
+  CKPTDB_RETURN_IF_ERROR(cluster_->Holders(options_.rank, version, &holders).WithContext(what));
+  if (holders.empty()) {
+    return Status::NotFound(what + ": no live peer holds a replica of this rank's segment");
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  std::string errors;
+  for (const ReplicaHolder& h : holders) {
+    const std::string src =
+        "replica on rank " + std::to_string(h.rank) + " (node " + h.node_id + ")";
+    uint64_t file_bytes = 0;
+    Status st = cluster_->ReplicaBytes(h, options_.rank, version, &file_bytes);
+    std::unique_ptr<format::SegmentReader> reader;
+    if (st.ok()) {
+      st = format::SegmentReader::Open(
+          what + " from " + src, file_bytes,
+          [this, &h, version](uint64_t off, void* buf, size_t len) {
+            return cluster_->Fetch(h, options_.rank, version, off, buf, len);
+          },
+          &reader);
+    }
+    const fb::Tensor* t = st.ok() ? reader->manifest().Find(name) : nullptr;
+    if (st.ok() && t == nullptr) st = Status::NotFound(what + ": the version has no such tensor");
+    if (st.ok() && t->bytes() != nbytes) {
+      st = Status::Size(what + ": the tensor is " + std::to_string(t->bytes()) +
+                        " bytes, the buffer is " + std::to_string(nbytes));
+    }
+    if (!st.ok() && (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESIZE) && t == nullptr &&
+        reader != nullptr) {
+      return st;
+    }
+    uint64_t off = 0;
+    for (uint32_t c = 0; st.ok() && c < t->chunk_count(); ++c) {
+      const fb::Chunk& chunk = reader->manifest().chunk(t->first_chunk() + c);
+      st = cluster_->Fetch(h, options_.rank, version, chunk.record_offset() + format::kBlockBytes,
+                           out + off, chunk.payload_bytes());
+      if (st.ok()) {
+        st = format::CheckXxh3(out + off, chunk.payload_bytes(), chunk.xxh3(),
+                               "chunk " + std::to_string(t->first_chunk() + c) + " of " + src);
+      }
+      off += chunk.payload_bytes();
+    }
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "peer:rank%u",
+                    h.rank);
+      stats_.restore_calls++;
+      stats_.restore_bytes += nbytes;
+      return Status::Ok();
+    }
+    if (st.code() == CKPTDB_ECORRUPT) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.checksum_failures++;
+    }
+    errors += (errors.empty() ? "" : "; ") + st.message();
+  }
+  if (nbytes > 0) std::memset(out, 0, nbytes);  // never wrong bytes
+  return Status::Corrupt(what + ": no peer supplied a verified copy (" + errors +
+                         "); the buffer is zeroed");
+}
+
+}  // namespace ckpt::engine

@@ -1,0 +1,296 @@
+// A job of 4 ranks on 4 simulated nodes, each rank a process (fork) with its own node_id and
+// directories, talking over UCX on loopback (DESIGN.md section 8): cross-rank two-phase commit,
+// replication to placement peers' memory, a lost node restored from peers, the coordinator killed
+// between writing COMMITTED and telling anyone, a rank killed before it prepared, and a rank with
+// the wrong job token.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "engine/db.h"
+#include "test_util.h"
+
+namespace ckpt {
+namespace {
+
+constexpr uint32_t kRanks = 4;
+constexpr size_t kTensorBytes = (3u << 20) + 1234;  // a partial last chunk
+
+std::vector<uint8_t> TensorData(uint32_t rank, uint64_t version, int which) {
+  return test::RandomBytes(kTensorBytes, (uint64_t{rank} << 40) ^ (version << 8) ^ which * 977);
+}
+
+struct Job {
+  test::TempDir dir{"/dev/shm"};
+  int port = 0;
+  std::string Node(uint32_t rank) const { return dir.Sub("node" + std::to_string(rank)); }
+  void WipeNode(uint32_t rank) const { std::filesystem::remove_all(Node(rank)); }
+};
+
+int FreePort() {
+  static int next = 20000 + (getpid() % 20000);
+  return next++;
+}
+
+// Opens rank `rank` of the job (its node is node<rank>); returns the status.
+int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
+  std::string node = job.Node(rank);
+  std::filesystem::create_directories(node + "/shm");
+  std::string root = node + "/root";
+  std::string tiers = "ram:48M,keep=2,dir=" + node + "/shm";
+  std::string coordinator = "127.0.0.1:" + std::to_string(job.port);
+  std::string node_id = "node" + std::to_string(rank);
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.root = root.c_str();
+  o.tiers = tiers.c_str();
+  o.rank = rank;
+  o.world_size = kRanks;
+  o.node_id = node_id.c_str();
+  o.coordinator = coordinator.c_str();
+  o.job_token = token;
+  o.redundancy = "replicate:2";
+  o.staging_bytes = 16 << 20;
+  o.chunk_bytes = 1 << 20;
+  setenv("CKPTDB_HEARTBEAT_MS", "100", 1);
+  setenv("CKPTDB_DEAD_AFTER_MS", "1500", 1);
+  setenv("CKPTDB_JOIN_TIMEOUT_MS", "20000", 0);
+  setenv("CKPTDB_UCX_TLS", "tcp", 1);
+  return ckptdb_open(&o, db);
+}
+
+// Rank body: returns the process's exit code (0 = all checks passed), reasons on stderr.
+using RankFn = std::function<int(uint32_t rank)>;
+
+// Runs fn in kRanks child processes; returns their exit codes (SIGKILL = 128 + 9).
+std::vector<int> RunRanks(const RankFn& fn) {
+  std::vector<pid_t> pids;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(90);  // never outlive the test
+      _exit(fn(r));
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+#define RANK_CHECK(cond, ...)                                           \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      std::fprintf(stderr, "rank %u: check failed: %s: ", rank, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                \
+      std::fprintf(stderr, " (%s)\n", ckptdb_last_error());             \
+      return 1;                                                         \
+    }                                                                   \
+  } while (0)
+
+// Rank 0 hosts the coordinator: it closes last, after every rank said it is done (a job's ranks
+// close together; docs/api.md).
+void Done(const Job& job, uint32_t rank, const char* phase) {
+  test::WriteWholeFile(job.dir.Sub(std::string(phase) + "-done" + std::to_string(rank)), "1");
+  if (rank != 0) return;
+  for (uint32_t r = 1; r < kRanks; ++r) {
+    std::string path = job.dir.Sub(std::string(phase) + "-done" + std::to_string(r));
+    for (int i = 0; i < 60000 && !std::filesystem::exists(path); ++i) usleep(1000);
+  }
+}
+
+int Save(ckptdb* db, uint32_t rank, uint64_t version) {
+  for (int which = 0; which < 2; ++which) {
+    auto data = TensorData(rank, version, which);
+    std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
+    int rc = ckptdb_put_shard(db, version, name.c_str(), data.data(), data.size(), nullptr,
+                              CKPTDB_PUT_COPY_NOW);
+    RANK_CHECK(rc == 0, "put v%llu: %d", (unsigned long long)version, rc);
+  }
+  int rc = ckptdb_commit(db, version, 0);
+  RANK_CHECK(rc == 0, "commit v%llu: %d", (unsigned long long)version, rc);
+  return 0;
+}
+
+int CheckRestore(ckptdb* db, uint32_t rank, uint64_t version, std::string* source) {
+  for (int which = 0; which < 2; ++which) {
+    std::vector<uint8_t> out(kTensorBytes);
+    std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
+    int rc = ckptdb_restore(db, version, name.c_str(), out.data(), out.size(), 0);
+    RANK_CHECK(rc == 0, "restore %s v%llu: %d", name.c_str(), (unsigned long long)version, rc);
+    RANK_CHECK(out == TensorData(rank, version, which), "restored bytes of %s differ",
+               name.c_str());
+  }
+  ckptdb_stats_t stats;
+  ckptdb_stats(db, &stats);
+  *source = stats.last_restore_tier;
+  return 0;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override { job_.port = FreePort(); }
+  Job job_;
+};
+
+TEST_F(ClusterTest, ALostNodeRestoresFromPeersAndEveryRankAgrees) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    for (uint64_t v = 1; v <= 3; ++v) {
+      if (Save(db, rank, v) != 0) return 1;
+    }
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 3, "latest %d %llu", rc, (unsigned long long)latest);
+    Done(job_, rank, "save");
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  // Node 1 is lost: its processes (already gone) and its directories, memory included.
+  job_.WipeNode(1);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 3, "latest after the loss %d %llu", rc,
+               (unsigned long long)latest);
+    std::string source;
+    if (CheckRestore(db, rank, 3, &source) != 0) return 1;
+    if (rank == 1) {
+      RANK_CHECK(source.rfind("peer:", 0) == 0, "rank 1 restored from %s, not a peer",
+                 source.c_str());
+    } else {
+      RANK_CHECK(source == "ram", "rank %u restored from %s", rank, source.c_str());
+    }
+    Done(job_, rank, "restore");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+void KillAt(const char* point) {
+  const char* want = std::getenv("CKPTDB_TEST_KILL_AT");
+  if (want != nullptr && std::strcmp(want, point) == 0) kill(getpid(), SIGKILL);
+}
+
+TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (Save(db, rank, 1) != 0) return 1;
+    if (rank == 0) {
+      setenv("CKPTDB_TEST_KILL_AT", "coordinator:after_committed_written", 1);
+      engine::SetCrashHookForTesting(KillAt);
+    }
+    for (int which = 0; which < 2; ++which) {
+      auto data = TensorData(rank, 2, which);
+      std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
+      ckptdb_put_shard(db, 2, name.c_str(), data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW);
+    }
+    rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
+    rc = ckptdb_wait_commit(db, 2, nullptr, 5000);
+    // Ranks 1-3 never hear the decision: their wait fails (the coordinator is gone) and the
+    // version stays PREPARED, in doubt.
+    RANK_CHECK(rc != 0, "rank %u saw v2 committed without the coordinator's message", rank);
+    _exit(0);  // a crash of the whole job
+  });
+  EXPECT_EQ(codes[0], 128 + SIGKILL);
+  for (uint32_t r = 1; r < kRanks; ++r) EXPECT_EQ(codes[r], 0) << r;
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu: the durable decision was lost", rc,
+               (unsigned long long)latest);
+    std::string source;
+    int bad = CheckRestore(db, rank, 2, &source);
+    Done(job_, rank, "restore");
+    if (bad != 0) return 1;
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (Save(db, rank, 1) != 0) return 1;
+    for (int which = 0; which < 2; ++which) {
+      auto data = TensorData(rank, 2, which);
+      std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
+      ckptdb_put_shard(db, 2, name.c_str(), data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW);
+    }
+    if (rank == 2) kill(getpid(), SIGKILL);  // before it prepares v2
+    rc = ckptdb_commit(db, 2, 0);
+    if (rank != 2) Done(job_, rank == 3 ? 2 : rank, "abort");  // rank 3 stands in for rank 2
+    if (rank == 3) Done(job_, 3, "abort");
+    RANK_CHECK(rc != 0, "v2 committed without rank 2's vote");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes[2], 128 + SIGKILL);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 1, "latest %d %llu", rc, (unsigned long long)latest);
+    std::string source;
+    if (CheckRestore(db, rank, 1, &source) != 0) return 1;
+    std::vector<uint8_t> out(kTensorBytes);
+    std::string name = "w0/r" + std::to_string(rank);
+    rc = ckptdb_restore(db, 2, name.c_str(), out.data(), out.size(), 0);
+    Done(job_, rank, "restore");
+    RANK_CHECK(rc != 0, "a torn v2 restored");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+TEST_F(ClusterTest, ARankWithTheWrongTokenIsRefused) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    setenv("CKPTDB_JOIN_TIMEOUT_MS", "3000", 1);
+    int rc = OpenRank(job_, rank, rank == 3 ? "a-guess" : "job-secret", &db);
+    if (rank == 3) {
+      RANK_CHECK(rc == CKPTDB_EAUTH, "open with a wrong token returned %d", rc);
+      return 0;
+    }
+    // The others never assemble: the intruder is not a member.
+    RANK_CHECK(rc != 0, "the job assembled with an intruder");
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+}  // namespace
+}  // namespace ckpt
