@@ -111,7 +111,8 @@ void Done(const Job& job, uint32_t rank, const char* phase) {
   }
 }
 
-int Save(ckptdb* db, uint32_t rank, uint64_t version) {
+// Puts both of the rank's tensors of `version` (not committed).
+int Put(ckptdb* db, uint32_t rank, uint64_t version) {
   for (int which = 0; which < 2; ++which) {
     auto data = TensorData(rank, version, which);
     std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
@@ -119,6 +120,11 @@ int Save(ckptdb* db, uint32_t rank, uint64_t version) {
                               CKPTDB_PUT_COPY_NOW);
     RANK_CHECK(rc == 0, "put v%llu: %d", (unsigned long long)version, rc);
   }
+  return 0;
+}
+
+int Save(ckptdb* db, uint32_t rank, uint64_t version) {
+  if (Put(db, rank, version) != 0) return 1;
   int rc = ckptdb_commit(db, version, 0);
   RANK_CHECK(rc == 0, "commit v%llu: %d", (unsigned long long)version, rc);
   return 0;
@@ -202,11 +208,7 @@ TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits
       setenv("CKPTDB_TEST_KILL_AT", "coordinator:after_committed_written", 1);
       engine::SetCrashHookForTesting(KillAt);
     }
-    for (int which = 0; which < 2; ++which) {
-      auto data = TensorData(rank, 2, which);
-      std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
-      ckptdb_put_shard(db, 2, name.c_str(), data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW);
-    }
+    if (Put(db, rank, 2) != 0) return 1;
     rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
     rc = ckptdb_wait_commit(db, 2, nullptr, 5000);
     // Ranks 1-3 never hear the decision: their wait fails (the coordinator is gone) and the
@@ -241,11 +243,7 @@ TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "open: %d", rc);
     if (Save(db, rank, 1) != 0) return 1;
-    for (int which = 0; which < 2; ++which) {
-      auto data = TensorData(rank, 2, which);
-      std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
-      ckptdb_put_shard(db, 2, name.c_str(), data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW);
-    }
+    if (Put(db, rank, 2) != 0) return 1;
     if (rank == 2) kill(getpid(), SIGKILL);  // before it prepares v2
     rc = ckptdb_commit(db, 2, 0);
     if (rank != 2) Done(job_, rank == 3 ? 2 : rank, "abort");  // rank 3 stands in for rank 2

@@ -42,7 +42,8 @@ extern "C" {
 #define CKPTDB_ESKIPPED                                                    \
   -14 /* back-pressure policy "skip" dropped the version: it will never be \
          committed, and the caller's buffers are free */
-#define CKPTDB_EPEER -15 /* a peer rank, the coordinator or a serving node vanished, timed out or \
+#define CKPTDB_EPEER                                                                              \
+  -15                    /* a peer rank, the coordinator or a serving node vanished, timed out or \
                             broke the protocol */
 #define CKPTDB_EAUTH -16 /* a peer does not hold this job's token (CKPTDB_JOB_TOKEN) */
 
