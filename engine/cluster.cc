@@ -837,6 +837,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   std::vector<uint32_t> targets = ReplicaTargets();
   if (targets.empty()) return Status::Ok();
   const int64_t start = NowMs();
+  const auto start_clock = std::chrono::steady_clock::now();
   std::vector<Member> table;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -912,7 +913,9 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.replica_bytes_sent += sent;
-  stats_.replica_ns += static_cast<uint64_t>(NowMs() - start) * 1000000;
+  stats_.replica_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 std::chrono::steady_clock::now() - start_clock)
+                                                 .count());
   return Status::Ok();
 }
 

@@ -746,6 +746,14 @@ Status Db::Stats(ckptdb_stats_t* out) {
       out->fsyncs += s.fsyncs;
     }
   }
+  if (cluster_ != nullptr) {
+    ClusterStats cs = cluster_->stats();
+    out->replica_bytes_sent = cs.replica_bytes_sent;
+    out->replica_ns = cs.replica_ns;
+    out->replica_bytes_received = cs.replica_bytes_received;
+    out->peer_fetch_bytes = cs.fetch_bytes;
+    out->epoch = cs.epoch;
+  }
   out->staging_bytes = staging_bytes_;
   if (ring_) out->staging_high_water_bytes = ring_->high_water_bytes();
   out->fixed_buffers = fixed_buffers_ || fixed_arena_base_ >= 0 ? 1 : 0;

@@ -9,6 +9,8 @@
 // costs. Versions divisible by 10 are demoted to a disk tier in the background. Then the store is
 // reopened as a restarted trainer would, the latest version is restored from ram and checked
 // bit for bit against the live state.
+#include "tools/demo.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -28,6 +30,14 @@
 namespace ckpt::tools {
 namespace {
 
+using demo::Allocate;
+using demo::ForwardBackward;
+using demo::InfoOf;
+using demo::Seconds;
+using demo::Seed;
+using demo::Step;
+using demo::Tensor;
+
 struct DemoArgs {
   std::string root = "./ckptdb-demo";
   // The ram arena is sized from the model at run time unless --tiers is given.
@@ -39,28 +49,6 @@ struct DemoArgs {
   int compute_ms = 100;
   bool drop_ram = false;
 };
-
-struct Tensor {
-  std::string name;
-  int dtype;
-  std::vector<uint64_t> shape;
-  size_t bytes = 0;
-  uint8_t* data = nullptr;      // the live training state
-  uint8_t* restored = nullptr;  // where the restarted trainer restores into
-};
-
-double Seconds(std::chrono::steady_clock::duration d) {
-  return std::chrono::duration<double>(d).count();
-}
-
-uint8_t* Allocate(size_t bytes) {
-  // Populated up front: LIMITS.md measured first touch at 0.3 GB/s on these VMs, and the demo
-  // measures ckptdb, not the page allocator.
-  size_t rounded = (bytes + 4095) & ~size_t{4095};
-  void* p = mmap(nullptr, rounded ? rounded : 4096, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
-}
 
 std::vector<Tensor> BuildModel(int layers) {
   const uint64_t vocab = 32000, hidden = 1024, ffn = 4096;
@@ -97,36 +85,6 @@ std::vector<Tensor> BuildModel(int layers) {
   return all;
 }
 
-// One "training step": every 8-byte word changes (an LCG step salted by the iteration), so a
-// restore of the wrong version can never match by accident.
-void Step(Tensor& t, uint64_t iteration) {
-  size_t words = t.bytes / 8;
-  auto* w = reinterpret_cast<uint64_t*>(t.data);
-  for (size_t i = 0; i < words; ++i) w[i] = w[i] * 6364136223846793005ull + iteration;
-  for (size_t i = words * 8; i < t.bytes; ++i)
-    t.data[i] = static_cast<uint8_t>(t.data[i] + iteration);
-}
-
-void Seed(Tensor& t, uint64_t seed) {
-  uint64_t x = seed;
-  size_t words = t.bytes / 8;
-  auto* w = reinterpret_cast<uint64_t*>(t.data);
-  for (size_t i = 0; i < words; ++i) {
-    x += 0x9E3779B97F4A7C15ull;
-    uint64_t z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    w[i] = z ^ (z >> 31);
-  }
-  for (size_t i = words * 8; i < t.bytes; ++i) t.data[i] = static_cast<uint8_t>(i * 31 + seed);
-}
-
-ckptdb_tensor_info InfoOf(const Tensor& t) {
-  ckptdb_tensor_info info{};
-  info.dtype = t.dtype;
-  info.ndim = static_cast<uint32_t>(t.shape.size());
-  for (size_t d = 0; d < t.shape.size(); ++d) info.shape[d] = t.shape[d];
-  return info;
-}
-
 int Fail(const char* what, int status) {
   std::fprintf(stderr, "ckptdb demo: %s: %s\n", what, ErrorText(status).c_str());
   return 1;
@@ -154,16 +112,6 @@ double SyncWriteSeconds(const std::vector<Tensor>& model, const std::string& dir
   double s = Seconds(std::chrono::steady_clock::now() - t0);
   unlink(path.c_str());
   return s;
-}
-
-// The forward and backward pass: work that reads no checkpointed state (the GPU's, here the
-// CPU's), during which the capture of the previous version runs.
-void ForwardBackward(int ms) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  volatile uint64_t x = 1;
-  while (std::chrono::steady_clock::now() < until) {
-    for (int i = 0; i < 1000; ++i) x = x * 6364136223846793005ull + 1;
-  }
 }
 
 int PutAll(ckptdb* db, uint64_t version, const std::vector<Tensor>& model) {
@@ -377,33 +325,64 @@ int RunDemo(const DemoArgs& a) {
 
 void AddDemoCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<DemoArgs>();
+  auto cluster = std::make_shared<demo::ClusterArgs>();
   CLI::App* cmd = app.add_subcommand(
       "demo",
-      "Train a synthetic model (>= 512 MiB, mixed dtypes), checkpoint every iteration into ram "
-      "while it computes, restart, restore the latest version and check it bit for bit");
+      "A job of --ranks trainer processes on --nodes simulated nodes (default 4 on 4) checkpoints "
+      "every iteration into memory replicated to another node, loses a node, restarts and "
+      "restores from peers' memory bit for bit. With --ranks 1: one trainer with a synthetic "
+      "model (>= 512 MiB, mixed dtypes), lazy capture, disk demotion, restart, restore");
+  cmd->add_option("--ranks", cluster->ranks, "Trainer processes (1: the single-trainer demo)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--nodes", cluster->nodes, "Simulated nodes the ranks are spread over")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--kill-node", cluster->kill_node, "The node that is lost (default: the last)")
+      ->check(CLI::Range(1, 63));
+  cmd->add_option("--mib-per-rank", cluster->mib_per_rank, "State per rank in MiB (many ranks)")
+      ->check(CLI::Range(1.0, 4096.0))
+      ->capture_default_str();
+  cmd->add_option("--tls", cluster->tls, "UCX_TLS between the ranks (tcp, shm, or empty)")
+      ->capture_default_str();
   cmd->add_option("--root", args->root, "Store directory (removed and recreated)")
       ->capture_default_str();
   cmd->add_option("--tiers", args->tiers,
-                  "Tier spec, fastest first (default: a ram tier in --ram-dir sized for four "
-                  "versions, keep=2; --disk-dir every=10, keep=2)");
-  cmd->add_option("--ram-dir", args->ram_dir, "Directory of the ram tier's arena (removed first)")
+                  "Tier spec, fastest first (one rank; default: a ram tier in --ram-dir sized for "
+                  "four versions, keep=2; --disk-dir every=10, keep=2)");
+  cmd->add_option("--ram-dir", args->ram_dir,
+                  "Directory of the ram tier's arena; with many ranks, the nodes' memory (removed "
+                  "first)")
       ->capture_default_str();
-  cmd->add_option("--disk-dir", args->disk_dir, "The disk tier's directory (removed first)")
+  cmd->add_option("--disk-dir", args->disk_dir, "The disk tier's directory (one rank)")
       ->capture_default_str();
-  cmd->add_option("--iterations", args->iterations, "Training iterations (one checkpoint each)")
-      ->check(CLI::Range(1, 100000))
-      ->capture_default_str();
-  cmd->add_option("--layers", args->layers, "Transformer layers (each adds about 120 MiB)")
+  auto* iterations = cmd->add_option("--iterations", args->iterations,
+                                     "Training iterations, one checkpoint each (default: 20 with "
+                                     "one rank, 10 with many)")
+                         ->check(CLI::Range(1, 100000));
+  cmd->add_option("--layers", args->layers,
+                  "Transformer layers (one rank; each adds about 120 MiB)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
-  cmd->add_option("--compute-ms", args->compute_ms,
-                  "Forward and backward pass per iteration, during which capture runs")
-      ->check(CLI::Range(0, 600000))
-      ->capture_default_str();
+  auto* compute = cmd->add_option("--compute-ms", args->compute_ms,
+                                  "Forward and backward pass per iteration, during which capture "
+                                  "(and replication) runs (default: 100 with one rank, 300 with "
+                                  "many: a version's replication must fit in it)")
+                      ->check(CLI::Range(0, 600000));
   cmd->add_flag("--drop-ram", args->drop_ram,
-                "Delete the ram tier's arena at the end, as a reboot would (verify then "
+                "Delete the ram tier's arena at the end, as a reboot would (one rank; verify then "
                 "reports those copies missing)");
-  cmd->callback([args, exit_code]() { *exit_code = RunDemo(*args); });
+  cmd->callback([args, cluster, iterations, compute, exit_code]() {
+    if (cluster->ranks == 1) {
+      *exit_code = RunDemo(*args);
+      return;
+    }
+    cluster->root = args->root;
+    cluster->ram_dir = args->ram_dir;
+    if (compute->count() > 0) cluster->compute_ms = args->compute_ms;
+    if (iterations->count() > 0) cluster->iterations = args->iterations;
+    *exit_code = demo::RunClusterDemo(*cluster);
+  });
 }
 
 }  // namespace ckpt::tools

@@ -16,6 +16,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -342,6 +344,11 @@ Status TransportImpl::Init() {
   crypto_generichash(key_, sizeof key_, reinterpret_cast<const uint8_t*>(options_.job_token.data()),
                      options_.job_token.size(), nullptr, 0);
 
+  // A restarted coordinator listens on its old port at once, though connections of its killed
+  // predecessor linger in TIME_WAIT there: SO_REUSEADDR on the listener. UCX reads this knob of
+  // its tcp connection manager from the environment only (ucp_config_modify does not reach the
+  // connection managers in 1.13); a value the user set wins.
+  setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return Status::Internal("UCX: ucp_config_read: " + UcsText(s));

@@ -381,7 +381,14 @@ typedef struct ckptdb_stats_t {
   uint32_t fixed_buffers;     /* 1 when the staging ring or the ram arena is io_uring fixed */
   uint32_t tier_count;
   ckptdb_tier_stats tiers[CKPTDB_MAX_TIERS];
-  char last_restore_tier[256]; /* the fastest tier that served any chunk of the last restore */
+  char last_restore_tier[256]; /* the fastest tier that served any chunk of the last restore;
+                                  "peer:rankN" or "serve:NODE" when from another node's memory */
+  /* world_size > 1 (zero otherwise): replication traffic and time, this rank's part. */
+  uint64_t replica_bytes_sent;     /* this rank's segments pushed into peers' memory */
+  uint64_t replica_ns;             /* time spent pushing them, acknowledgements included */
+  uint64_t replica_bytes_received; /* peers' segments this rank stored for them */
+  uint64_t peer_fetch_bytes;       /* bytes restored from other nodes' memory */
+  uint64_t epoch;                  /* the job's membership epoch as last heard */
 } ckptdb_stats_t;
 
 /* Idle-window hints from the trainer (GEMINI's traffic interleaving): NET_BUSY while the job's

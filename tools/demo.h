@@ -1,0 +1,100 @@
+// What the two demos share (tools/demo.cc, one trainer; tools/demo_cluster.cc, a job of many
+// ranks on simulated nodes): the synthetic state, its deterministic "training step", and the
+// compute phase during which capture runs.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+
+namespace ckpt::tools::demo {
+
+struct Tensor {
+  std::string name;
+  int dtype;
+  std::vector<uint64_t> shape;
+  size_t bytes = 0;
+  uint8_t* data = nullptr;      // the live training state
+  uint8_t* restored = nullptr;  // where the restarted trainer restores into
+};
+
+inline double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+inline uint8_t* Allocate(size_t bytes) {
+  // Populated up front: LIMITS.md measured first touch at 0.3 GB/s on these VMs, and the demo
+  // measures ckptdb, not the page allocator.
+  size_t rounded = (bytes + 4095) & ~size_t{4095};
+  void* p = mmap(nullptr, rounded ? rounded : 4096, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
+inline void Free(uint8_t* p, size_t bytes) {
+  if (p != nullptr) munmap(p, bytes ? (bytes + 4095) & ~size_t{4095} : 4096);
+}
+
+// One "training step": every 8-byte word changes (an LCG step salted by the iteration), so a
+// restore of the wrong version can never match by accident.
+inline void Step(Tensor& t, uint64_t iteration) {
+  size_t words = t.bytes / 8;
+  auto* w = reinterpret_cast<uint64_t*>(t.data);
+  for (size_t i = 0; i < words; ++i) w[i] = w[i] * 6364136223846793005ull + iteration;
+  for (size_t i = words * 8; i < t.bytes; ++i)
+    t.data[i] = static_cast<uint8_t>(t.data[i] + iteration);
+}
+
+inline void Seed(Tensor& t, uint64_t seed) {
+  uint64_t x = seed;
+  size_t words = t.bytes / 8;
+  auto* w = reinterpret_cast<uint64_t*>(t.data);
+  for (size_t i = 0; i < words; ++i) {
+    x += 0x9E3779B97F4A7C15ull;
+    uint64_t z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    w[i] = z ^ (z >> 31);
+  }
+  for (size_t i = words * 8; i < t.bytes; ++i) t.data[i] = static_cast<uint8_t>(i * 31 + seed);
+}
+
+inline ckptdb_tensor_info InfoOf(const Tensor& t) {
+  ckptdb_tensor_info info{};
+  info.dtype = t.dtype;
+  info.ndim = static_cast<uint32_t>(t.shape.size());
+  for (size_t d = 0; d < t.shape.size(); ++d) info.shape[d] = t.shape[d];
+  return info;
+}
+
+// The forward and backward pass: work that reads no checkpointed state (the GPU's, here the
+// CPU's), during which the capture of the previous version runs.
+inline void ForwardBackward(int ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  volatile uint64_t x = 1;
+  while (std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 1000; ++i) x = x * 6364136223846793005ull + 1;
+  }
+}
+
+struct ClusterArgs {
+  int ranks = 4;
+  int nodes = 4;
+  int kill_node = -1;  // -1: the last node
+  std::string root = "./ckptdb-demo";
+  std::string ram_dir = "/dev/shm/ckptdb-demo";
+  int iterations = 10;
+  int compute_ms = 300;  // above one version's replication time on a 2-core machine
+  double mib_per_rank = 32;
+  std::string tls = "tcp";
+  int port = 0;  // 0: a free one
+};
+
+// `ckptdb demo --ranks R --nodes N` (R > 1): tools/demo_cluster.cc. Returns the exit code.
+int RunClusterDemo(const ClusterArgs& args);
+
+}  // namespace ckpt::tools::demo

@@ -1,0 +1,514 @@
+// ckptdb demo --ranks R --nodes N (R > 1): GEMINI made real on one machine. R trainer processes
+// on N simulated nodes (each node a node_id, a directory for its disks and one under /dev/shm for
+// its memory) checkpoint every iteration into their ram tier, replicated (replicate:2) into the
+// memory of a rank on another node over UCX on loopback, with the cross-rank two-phase commit.
+// Then one node is lost: its processes are SIGKILLed and its directories deleted, and the rest
+// of the job is torn down the way a scheduler does it (SIGKILL; their memory and disks stay).
+// The job restarts, the lost node's ranks on empty directories, every rank restores the latest
+// version (the lost ones from their peers' memory) and checks it bit for bit against the state
+// it recomputes. The tables show the time the trainer was blocked per checkpoint, the
+// replication traffic per rank and node, and where each rank's restore came from.
+//
+// The parent is the scheduler: it forks the ranks and reads one fixed-size report from each
+// down a pipe; a byte down another pipe tells a rank to close (rank 0, the coordinator, last).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "tools/common.h"
+#include "tools/demo.h"
+
+namespace ckpt::tools::demo {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What a rank tells the scheduler after each phase. Plain data, written with one write().
+struct Report {
+  int32_t status = 0;  // a ckptdb status, or 1 for a failed check
+  char error[1024] = {};
+  uint32_t checkpoints = 0;
+  double blocked_sum_ms = 0;
+  double blocked_max_ms = 0;
+  uint64_t state_bytes = 0;
+  uint64_t replica_sent = 0;
+  uint64_t replica_received = 0;
+  uint64_t replica_ns = 0;
+  uint64_t backpressure_ns = 0;
+  uint64_t epoch = 0;
+  uint64_t latest = 0;
+  double open_ms = 0;
+  double restore_ms = 0;
+  uint64_t peer_fetch_bytes = 0;
+  char source[64] = {};
+  int32_t bit_exact = 0;
+};
+
+struct Job {
+  ClusterArgs args;
+  std::string token;
+  std::string coordinator;
+  int NodeOf(int rank) const { return rank * args.nodes / args.ranks; }
+  std::string DiskDir(int node) const { return args.root + "/node" + std::to_string(node); }
+  std::string RamDir(int node) const { return args.ram_dir + "/node" + std::to_string(node); }
+};
+
+// One rank's shard of a model: bf16 parameters and their f32 Adam moments, a step counter and
+// an RNG state, about mib_per_rank MiB in all.
+std::vector<Tensor> BuildShard(int rank, double mib) {
+  const uint64_t cols = 1024;
+  uint64_t param_bytes = static_cast<uint64_t>(mib * 1048576.0 / 5);  // moments are 4x
+  uint64_t rows = std::max<uint64_t>(1, param_bytes / 4 / (cols * 2));
+  std::vector<Tensor> out;
+  for (int l = 0; l < 4; ++l) {
+    std::string p = "layers." + std::to_string(l) + ".mlp.w.shard" + std::to_string(rank);
+    // A partial last chunk in every tensor: 3 extra rows.
+    uint64_t r = rows + 3;
+    out.push_back(Tensor{p, CKPTDB_DTYPE_BF16, {r, cols}, r * cols * 2});
+    out.push_back(Tensor{"optimizer.exp_avg." + p, CKPTDB_DTYPE_F32, {r, cols}, r * cols * 4});
+    out.push_back(Tensor{"optimizer.exp_avg_sq." + p, CKPTDB_DTYPE_F32, {r, cols}, r * cols * 4});
+  }
+  out.push_back(Tensor{"optimizer.step", CKPTDB_DTYPE_I64, {}, 8});
+  out.push_back(Tensor{"rng.cpu_state", CKPTDB_DTYPE_U8, {5056}, 5056});
+  return out;
+}
+
+void SeedShard(std::vector<Tensor>& shard, int rank) {
+  for (size_t i = 0; i < shard.size(); ++i) Seed(shard[i], uint64_t(rank + 1) * 1000 + i + 1);
+}
+
+void SetError(Report* r, int status, const std::string& what) {
+  r->status = status;
+  std::snprintf(r->error, sizeof r->error, "%s", what.c_str());
+}
+
+int OpenRank(const Job& job, int rank, uint64_t version_bytes, ckptdb** db) {
+  const int node = job.NodeOf(rank);
+  std::error_code ec;
+  fs::create_directories(job.RamDir(node), ec);
+  fs::create_directories(job.DiskDir(node), ec);
+  // Four versions fit in the arena: the two it keeps, one being demoted, one being captured.
+  std::string tiers = "ram:" + std::to_string((4 * version_bytes >> 20) + 16) +
+                      "M,keep=2,dir=" + job.RamDir(node) + ";disk:" + job.DiskDir(node) +
+                      "/disk-r" + std::to_string(rank) + ",every=5,keep=2";
+  std::string root = job.DiskDir(node) + "/rank" + std::to_string(rank);
+  std::string node_id = "node" + std::to_string(node);
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.root = root.c_str();
+  o.tiers = tiers.c_str();
+  o.rank = static_cast<uint32_t>(rank);
+  o.world_size = static_cast<uint32_t>(job.args.ranks);
+  o.node_id = node_id.c_str();
+  o.coordinator = job.coordinator.c_str();
+  o.job_token = job.token.c_str();
+  o.redundancy = "replicate:2";
+  o.staging_bytes = 16 << 20;
+  setenv("CKPTDB_UCX_TLS", job.args.tls.c_str(), 1);
+  return ckptdb_open(&o, db);
+}
+
+uint64_t VersionBytes(const std::vector<Tensor>& shard) {
+  uint64_t total = 0;
+  for (const Tensor& t : shard) total += t.bytes;
+  return total + (total >> 10) + shard.size() * 8192 + (1 << 20);
+}
+
+// Phase 1: train `iterations` iterations, one checkpoint each (put, lazy capture during the
+// next compute phase, wait_capture before the optimizer step, asynchronous commit).
+void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Report* r) {
+  double put_ms = 0;
+  for (int it = 1; it <= job.args.iterations + 1; ++it) {
+    // The forward and backward pass runs on the GPU: the host's cores stay free for capture
+    // and replication (four ranks spinning on this machine's two cores would measure the
+    // scheduler, not ckptdb).
+    std::this_thread::sleep_for(std::chrono::milliseconds(job.args.compute_ms));
+    if (it > 1) {
+      uint64_t version = static_cast<uint64_t>(it - 1);
+      auto w0 = std::chrono::steady_clock::now();
+      int rc = ckptdb_wait_capture(db, version, -1);
+      if (rc == CKPTDB_OK) rc = ckptdb_commit(db, version, CKPTDB_COMMIT_ASYNC);
+      if (rc != CKPTDB_OK)
+        return SetError(r, rc, "v" + std::to_string(version) + ": " + ErrorText(rc));
+      double blocked = put_ms + Seconds(std::chrono::steady_clock::now() - w0) * 1e3;
+      r->blocked_sum_ms += blocked;
+      r->blocked_max_ms = std::max(r->blocked_max_ms, blocked);
+      r->checkpoints++;
+    }
+    if (it > job.args.iterations) break;
+    for (Tensor& t : shard) Step(t, static_cast<uint64_t>(it));
+    auto p0 = std::chrono::steady_clock::now();
+    for (const Tensor& t : shard) {
+      ckptdb_tensor_info info = InfoOf(t);
+      int rc = ckptdb_put_shard(db, static_cast<uint64_t>(it), t.name.c_str(), t.data, t.bytes,
+                                &info, 0);
+      if (rc != CKPTDB_OK) return SetError(r, rc, "put " + t.name + ": " + ErrorText(rc));
+    }
+    put_ms = Seconds(std::chrono::steady_clock::now() - p0) * 1e3;
+  }
+  int rc = ckptdb_wait_commit(db, static_cast<uint64_t>(job.args.iterations), nullptr, 120000);
+  if (rc != CKPTDB_OK) SetError(r, rc, "wait_commit: " + ErrorText(rc));
+  (void)rank;
+}
+
+// Phase 2: the restarted rank restores the latest version and checks every byte against the
+// state recomputed from the seed.
+void Restore(ckptdb* db, int rank, std::vector<Tensor>& shard, Report* r) {
+  int rc = ckptdb_latest(db, &r->latest);
+  if (rc != CKPTDB_OK) return SetError(r, rc, "latest: " + ErrorText(rc));
+  auto t0 = std::chrono::steady_clock::now();
+  for (Tensor& t : shard) {
+    rc = ckptdb_restore(db, r->latest, t.name.c_str(), t.restored, t.bytes, 0);
+    if (rc != CKPTDB_OK) return SetError(r, rc, "restore " + t.name + ": " + ErrorText(rc));
+  }
+  r->restore_ms = Seconds(std::chrono::steady_clock::now() - t0) * 1e3;
+  SeedShard(shard, rank);
+  for (uint64_t it = 1; it <= r->latest; ++it) {
+    for (Tensor& t : shard) Step(t, it);
+  }
+  r->bit_exact = 1;
+  for (const Tensor& t : shard) {
+    if (std::memcmp(t.data, t.restored, t.bytes) != 0) {
+      r->bit_exact = 0;
+      SetError(r, 1, t.name + " differs from the state of v" + std::to_string(r->latest));
+    }
+  }
+}
+
+// A rank process: runs its phase, reports, then waits for the word to close (or its SIGKILL).
+int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd) {
+  alarm(600);  // never outlive a scheduler that went away
+  std::vector<Tensor> shard = BuildShard(rank, job.args.mib_per_rank);
+  Report r;
+  for (Tensor& t : shard) {
+    t.data = Allocate(t.bytes);
+    t.restored = phase == 2 ? Allocate(t.bytes) : nullptr;
+    r.state_bytes += t.bytes;
+    if (t.data == nullptr || (phase == 2 && t.restored == nullptr)) {
+      SetError(&r, CKPTDB_ENOMEM, "cannot allocate " + t.name);
+    }
+  }
+  ckptdb* db = nullptr;
+  if (r.status == 0) {
+    SeedShard(shard, rank);
+    auto o0 = std::chrono::steady_clock::now();
+    int rc = OpenRank(job, rank, VersionBytes(shard), &db);
+    r.open_ms = Seconds(std::chrono::steady_clock::now() - o0) * 1e3;
+    if (rc != CKPTDB_OK) {
+      db = nullptr;
+      SetError(&r, rc, "open: " + ErrorText(rc));
+    }
+  }
+  if (db != nullptr) {
+    if (phase == 1) Train(job, rank, db, shard, &r);
+    if (phase == 2) Restore(db, rank, shard, &r);
+    ckptdb_stats_t st;
+    if (ckptdb_stats(db, &st) == CKPTDB_OK) {
+      r.replica_sent = st.replica_bytes_sent;
+      r.replica_received = st.replica_bytes_received;
+      r.replica_ns = st.replica_ns;
+      r.backpressure_ns = st.backpressure_wait_ns;
+      r.epoch = st.epoch;
+      r.peer_fetch_bytes = st.peer_fetch_bytes;
+      std::snprintf(r.source, sizeof r.source, "%s", st.last_restore_tier);
+    }
+  }
+  if (write(report_fd, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) return 3;
+  char word = 0;
+  if (read(control_fd, &word, 1) != 1) word = 'k';  // the scheduler is gone: close anyway
+  int rc = db != nullptr ? ckptdb_close(db) : CKPTDB_OK;
+  return r.status == 0 && rc == CKPTDB_OK ? 0 : 1;
+}
+
+struct Proc {
+  pid_t pid = -1;
+  int report_fd = -1;
+  int control_fd = -1;
+  Report report;
+  bool reported = false;
+};
+
+std::vector<Proc> Spawn(const Job& job, int phase) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<Proc> procs(job.args.ranks);
+  for (int rank = 0; rank < job.args.ranks; ++rank) {
+    int report[2], control[2];
+    if (pipe2(report, O_CLOEXEC) != 0 || pipe2(control, O_CLOEXEC) != 0) break;
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(report[0]);
+      close(control[1]);
+      for (int k = 0; k < rank; ++k) {  // the other ranks' pipes stay with the scheduler
+        close(procs[k].report_fd);
+        close(procs[k].control_fd);
+      }
+      _exit(RankMain(job, rank, phase, report[1], control[0]));
+    }
+    close(report[1]);
+    close(control[0]);
+    procs[rank].pid = pid;
+    procs[rank].report_fd = report[0];
+    procs[rank].control_fd = control[1];
+  }
+  return procs;
+}
+
+// Reads every rank's report, or notes which rank died or stayed silent past the deadline.
+bool Collect(std::vector<Proc>& procs, int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  bool ok = true;
+  for (size_t rank = 0; rank < procs.size(); ++rank) {
+    Proc& p = procs[rank];
+    size_t got = 0;
+    auto* out = reinterpret_cast<char*>(&p.report);
+    while (got < sizeof p.report) {
+      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline - std::chrono::steady_clock::now())
+                                      .count());
+      pollfd pfd{p.report_fd, POLLIN, 0};
+      if (left <= 0 || poll(&pfd, 1, left) <= 0) break;
+      ssize_t n = read(p.report_fd, out + got, sizeof p.report - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    p.reported = got == sizeof p.report;
+    if (!p.reported) {
+      std::fprintf(stderr, "ckptdb demo: rank %zu %s\n", rank,
+                   got == 0 ? "died or stayed silent" : "sent a short report");
+      ok = false;
+    } else if (p.report.status != 0) {
+      std::fprintf(stderr, "ckptdb demo: rank %zu: %s\n", rank, p.report.error);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+void KillAll(std::vector<Proc>& procs, const std::vector<int>& ranks) {
+  for (int rank : ranks) {
+    if (procs[rank].pid > 0) kill(procs[rank].pid, SIGKILL);
+  }
+  for (int rank : ranks) {
+    if (procs[rank].pid > 0) waitpid(procs[rank].pid, nullptr, 0);
+    close(procs[rank].report_fd);
+    close(procs[rank].control_fd);
+    procs[rank].pid = -1;
+  }
+}
+
+// Closes every rank, the coordinator (rank 0) last; true when all exited 0.
+bool CloseAll(std::vector<Proc>& procs) {
+  bool ok = true;
+  for (size_t i = 1; i <= procs.size(); ++i) {
+    Proc& p = procs[i % procs.size()];
+    if (p.pid <= 0) continue;
+    (void)!write(p.control_fd, "c", 1);
+    int status = 0;
+    waitpid(p.pid, &status, 0);
+    ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    close(p.report_fd);
+    close(p.control_fd);
+    p.pid = -1;
+  }
+  return ok;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+std::string RandomToken() {
+  unsigned char bytes[16] = {};
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)!read(fd, bytes, sizeof bytes);
+    close(fd);
+  }
+  std::string out;
+  char hex[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(hex, sizeof hex, "%02x", b);
+    out += hex;
+  }
+  return out;
+}
+
+double MiB(uint64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+}  // namespace
+
+int RunClusterDemo(const ClusterArgs& a) {
+  Job job{a, RandomToken(), ""};
+  if (a.ranks < 2 || a.nodes < 2 || a.nodes > a.ranks) {
+    std::fprintf(stderr,
+                 "ckptdb demo: --ranks %d --nodes %d: a job needs 2 <= nodes <= ranks (replicas "
+                 "go to another node; use --ranks 1 for the single-trainer demo)\n",
+                 a.ranks, a.nodes);
+    return kExitUsage;
+  }
+  if (job.args.kill_node < 0) job.args.kill_node = a.nodes - 1;
+  if (job.args.kill_node == 0 || job.args.kill_node >= a.nodes) {
+    std::fprintf(stderr,
+                 "ckptdb demo: --kill-node %d: choose a node from 1 to %d (node 0 runs rank 0, "
+                 "the coordinator, whose decision log lives on that node's disk)\n",
+                 job.args.kill_node, a.nodes - 1);
+    return kExitUsage;
+  }
+  int port = a.port > 0 ? a.port : FreePort();
+  if (port <= 0) {
+    std::fprintf(stderr, "ckptdb demo: no free TCP port on 127.0.0.1 for the coordinator\n");
+    return kExitProblem;
+  }
+  job.coordinator = "127.0.0.1:" + std::to_string(port);
+  signal(SIGPIPE, SIG_IGN);  // a rank that died must not take the scheduler with it
+  std::error_code ec;
+  fs::remove_all(a.root, ec);
+  fs::remove_all(a.ram_dir, ec);
+  const int victim = job.args.kill_node;
+
+  std::vector<Tensor> probe = BuildShard(0, a.mib_per_rank);
+  uint64_t state_bytes = 0;
+  for (const Tensor& t : probe) state_bytes += t.bytes;
+  std::printf(
+      "ckptdb demo: %d ranks on %d simulated nodes, %.1f MiB of state per rank, %d iterations "
+      "of %d ms compute (a sleep: the GPU's work), a checkpoint every iteration\n",
+      a.ranks, a.nodes, MiB(state_bytes), a.iterations, a.compute_ms);
+  std::printf(
+      "each node: memory %s/nodeK (ram tier, keep=2, and peers' replicas), disks %s/nodeK "
+      "(catalogs; disk tier every=5)\n",
+      a.ram_dir.c_str(), a.root.c_str());
+  std::printf(
+      "redundancy replicate:2 (GEMINI mixed placement over nodes: `ckptdb plan --nodes %d "
+      "--replicas 2`), UCX_TLS=%s on loopback, coordinator %s\n",
+      a.nodes, a.tls.c_str(), job.coordinator.c_str());
+  std::printf("ranks per node:");
+  for (int n = 0; n < a.nodes; ++n) {
+    std::printf(" node%d{", n);
+    bool first = true;
+    for (int r = 0; r < a.ranks; ++r) {
+      if (job.NodeOf(r) != n) continue;
+      std::printf("%s%d", first ? "" : ",", r);
+      first = false;
+    }
+    std::printf("}");
+  }
+  std::printf("\n\n== training: %d checkpoints per rank ==\n", a.iterations);
+
+  std::vector<Proc> procs = Spawn(job, 1);
+  std::vector<int> all;
+  for (int r = 0; r < a.ranks; ++r) all.push_back(r);
+  if (static_cast<int>(procs.size()) != a.ranks || !Collect(procs, 300)) {
+    KillAll(procs, all);
+    std::fprintf(stderr, "ckptdb demo: FAILED during training\n");
+    return kExitProblem;
+  }
+  std::printf("%4s %6s %6s %12s %9s %8s %14s %10s %10s %11s %6s\n", "rank", "node", "ckpts",
+              "blocked_ms", "max_ms", "full_ms", "replicate_ms", "sent_MiB", "recv_MiB",
+              "repl_GB/s", "epoch");
+  std::map<int, std::pair<uint64_t, uint64_t>> per_node;
+  double blocked_all = 0, replicate_all = 0;
+  for (int r = 0; r < a.ranks; ++r) {
+    const Report& p = procs[r].report;
+    double mean = p.checkpoints ? p.blocked_sum_ms / p.checkpoints : 0;
+    double repl = p.checkpoints ? p.replica_ns / 1e6 / p.checkpoints : 0;
+    blocked_all += mean;
+    replicate_all += repl;
+    std::printf("%4d %6s %6u %12.2f %9.2f %8.2f %14.1f %10.1f %10.1f %11.2f %6" PRIu64 "\n", r,
+                ("node" + std::to_string(job.NodeOf(r))).c_str(), p.checkpoints, mean,
+                p.blocked_max_ms, p.checkpoints ? p.backpressure_ns / 1e6 / p.checkpoints : 0.0,
+                repl, MiB(p.replica_sent), MiB(p.replica_received),
+                p.replica_ns ? static_cast<double>(p.replica_sent) / p.replica_ns : 0.0, p.epoch);
+    per_node[job.NodeOf(r)].first += p.replica_sent;
+    per_node[job.NodeOf(r)].second += p.replica_received;
+  }
+  std::printf(
+      "blocked_ms: put + wait_capture + commit per checkpoint, what the trainer waited (mean; "
+      "max_ms the worst); full_ms: of capture's time per checkpoint, waiting for arena space "
+      "(versions not yet replicated cannot be evicted); replicate_ms: the push of a version to a "
+      "peer's memory, in the background\n");
+  std::printf("mean over ranks: blocked %.2f ms, replication %.1f ms per version (%.1f%%)\n",
+              blocked_all / a.ranks, replicate_all / a.ranks,
+              replicate_all > 0 ? 100 * blocked_all / replicate_all : 0.0);
+  std::printf("replication traffic per node:");
+  for (const auto& [node, t] : per_node) {
+    std::printf("  node%d out %.0f MiB, in %.0f MiB", node, MiB(t.first), MiB(t.second));
+  }
+  std::printf("\n\n== node%d is lost ==\n", victim);
+  std::vector<int> victims, survivors;
+  for (int r = 0; r < a.ranks; ++r) (job.NodeOf(r) == victim ? victims : survivors).push_back(r);
+  KillAll(procs, victims);
+  fs::remove_all(job.DiskDir(victim), ec);
+  fs::remove_all(job.RamDir(victim), ec);
+  std::printf("SIGKILLed rank(s)");
+  for (int r : victims) std::printf(" %d", r);
+  std::printf(" and deleted %s and %s\n", job.DiskDir(victim).c_str(), job.RamDir(victim).c_str());
+  KillAll(procs, survivors);
+  std::printf(
+      "the job is torn down (the other %zu ranks SIGKILLed, as a scheduler does); their nodes "
+      "keep their memory and disks\n",
+      survivors.size());
+
+  std::printf(
+      "\n== restart: every rank restores the latest version; node%d's on empty directories ==\n",
+      victim);
+  procs = Spawn(job, 2);
+  bool ok = static_cast<int>(procs.size()) == a.ranks && Collect(procs, 300);
+  std::printf("%4s %6s %7s %9s %11s %9s %-14s %10s %10s\n", "rank", "node", "latest", "open_ms",
+              "restore_ms", "GB/s", "source", "peer_MiB", "bit-exact");
+  for (int r = 0; r < a.ranks && ok; ++r) {
+    const Report& p = procs[r].report;
+    std::printf("%4d %6s %7" PRIu64 " %9.1f %11.1f %9.2f %-14s %10.1f %10s\n", r,
+                ("node" + std::to_string(job.NodeOf(r))).c_str(), p.latest, p.open_ms, p.restore_ms,
+                p.restore_ms > 0 ? p.state_bytes / (p.restore_ms * 1e6) : 0.0, p.source,
+                MiB(p.peer_fetch_bytes), p.bit_exact ? "yes" : "NO");
+    const bool lost = job.NodeOf(r) == victim;
+    if (!p.bit_exact || p.latest != static_cast<uint64_t>(a.iterations)) ok = false;
+    if (lost != (std::strncmp(p.source, "peer:", 5) == 0)) {
+      std::fprintf(stderr, "ckptdb demo: rank %d restored from %s, expected %s\n", r, p.source,
+                   lost ? "a peer's memory" : "its own ram tier");
+      ok = false;
+    }
+  }
+  bool closed = CloseAll(procs);
+  if (!ok || !closed) {
+    std::fprintf(stderr, "ckptdb demo: FAILED%s\n",
+                 closed ? "" : " (a rank did not close cleanly)");
+    return kExitProblem;
+  }
+  std::printf(
+      "\nok: every rank restored v%d bit for bit; node%d's ranks from their peers' memory, the "
+      "rest from their own ram tier\n",
+      a.iterations, victim);
+  std::printf("the nodes' memory is in %s: rm -rf it to free it (the next demo replaces it)\n",
+              a.ram_dir.c_str());
+  return kExitOk;
+}
+
+}  // namespace ckpt::tools::demo
