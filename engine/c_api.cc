@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -17,6 +18,10 @@
 
 struct ckptdb {
   std::unique_ptr<ckpt::engine::Db> db;
+};
+
+struct ckptdb_server {
+  std::unique_ptr<ckpt::engine::Cluster> cluster;
 };
 
 namespace {
@@ -82,6 +87,40 @@ ckpt::Status EnvU32(uint32_t value, const char* name, uint32_t fallback, uint32_
   return ckpt::Status::Ok();
 }
 
+// The options ckptdb_open and ckptdb_serve share: tiers and the job's, from the environment
+// where unset.
+ckpt::Status ResolveJobOptions(const ckptdb_options* o, ckpt::engine::DbOptions* out) {
+  ckpt::engine::DbOptions& d = *out;
+  if (const char* t = EnvOr(o->tiers, "CKPTDB_TIERS")) d.tiers = t;
+  ckpt::Status st = EnvU32(o->rank, "CKPTDB_RANK", 0, &d.rank);
+  if (st.ok()) st = EnvU32(o->world_size, "CKPTDB_WORLD_SIZE", 1, &d.world_size);
+  if (!st.ok()) return st;
+  if (const char* n = EnvOr(o->node_id, "CKPTDB_NODE_ID")) {
+    d.node_id = n;
+  } else {
+    char host[HOST_NAME_MAX + 1] = {};
+    if (gethostname(host, sizeof host - 1) == 0) d.node_id = host;
+  }
+  if (const char* r = EnvOr(o->redundancy, "CKPTDB_REDUNDANCY")) d.redundancy = r;
+  if (const char* c = EnvOr(o->coordinator, "CKPTDB_COORDINATOR")) d.coordinator = c;
+  if (const char* j = EnvOr(o->job_token, "CKPTDB_JOB_TOKEN")) d.job_token = j;
+  if (const char* c = EnvOr(o->commit_tier, "CKPTDB_COMMIT_TIER")) d.commit_tier = c;
+  // Job knobs read from the environment only (docs/api.md, "A job of many ranks").
+  if (const char* l = std::getenv("CKPTDB_LISTEN")) d.listen = l;
+  if (const char* t = std::getenv("CKPTDB_UCX_TLS")) d.ucx_tls = t;
+  uint32_t ms = 0;
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_HEARTBEAT_MS", 200, &ms);
+  d.heartbeat_ms = static_cast<int>(std::max(ms, 10u));
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_DEAD_AFTER_MS", 3000, &ms);
+  d.dead_after_ms = static_cast<int>(std::max(ms, 2u * static_cast<uint32_t>(d.heartbeat_ms)));
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_JOIN_TIMEOUT_MS", 60000, &ms);
+  d.join_timeout_ms = static_cast<int>(ms);
+  uint32_t mbps = 0;
+  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_REPLICATE_MBPS", 0, &mbps);
+  d.replicate_bytes_per_s = uint64_t{mbps} << 20;
+  return st;
+}
+
 }  // namespace
 
 extern "C" {
@@ -140,34 +179,8 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
     return Fail(ckpt::Status::Invalid("ckptdb_open: no root: set options.root or CKPTDB_ROOT"));
   }
   d.root = root;
-  if (const char* t = EnvOr(o->tiers, "CKPTDB_TIERS")) d.tiers = t;
-  ckpt::Status st = EnvU32(o->rank, "CKPTDB_RANK", 0, &d.rank);
-  if (st.ok()) st = EnvU32(o->world_size, "CKPTDB_WORLD_SIZE", 1, &d.world_size);
-  if (!st.ok()) return Fail(st);
-  if (const char* n = EnvOr(o->node_id, "CKPTDB_NODE_ID")) {
-    d.node_id = n;
-  } else {
-    char host[HOST_NAME_MAX + 1] = {};
-    if (gethostname(host, sizeof host - 1) == 0) d.node_id = host;
-  }
-  if (const char* r = EnvOr(o->redundancy, "CKPTDB_REDUNDANCY")) d.redundancy = r;
-  if (const char* c = EnvOr(o->coordinator, "CKPTDB_COORDINATOR")) d.coordinator = c;
-  if (const char* j = EnvOr(o->job_token, "CKPTDB_JOB_TOKEN")) d.job_token = j;
-  if (const char* c = EnvOr(o->commit_tier, "CKPTDB_COMMIT_TIER")) d.commit_tier = c;
-  // Job knobs read from the environment only (docs/api.md, "A job of many ranks").
-  if (const char* l = std::getenv("CKPTDB_LISTEN")) d.listen = l;
-  if (const char* t = std::getenv("CKPTDB_UCX_TLS")) d.ucx_tls = t;
-  uint32_t ms = 0;
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_HEARTBEAT_MS", 200, &ms);
-  d.heartbeat_ms = static_cast<int>(std::max(ms, 10u));
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_DEAD_AFTER_MS", 3000, &ms);
-  d.dead_after_ms = static_cast<int>(std::max(ms, 2u * static_cast<uint32_t>(d.heartbeat_ms)));
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_JOIN_TIMEOUT_MS", 60000, &ms);
-  d.join_timeout_ms = static_cast<int>(ms);
-  uint32_t mbps = 0;
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_REPLICATE_MBPS", 0, &mbps);
-  d.replicate_bytes_per_s = uint64_t{mbps} << 20;
-  if (!st.ok()) return Fail(st);
+  if (ckpt::Status st = ResolveJobOptions(o, &d); !st.ok()) return Fail(st);
+  ckpt::Status st;
   if (const char* b = EnvOr(o->backpressure, "CKPTDB_BACKPRESSURE")) {
     st = ckpt::engine::ParseBackpressure(b, &d.backpressure);
     if (!st.ok()) return Fail(st);
@@ -277,6 +290,47 @@ int ckptdb_version_stats(ckptdb* db, uint64_t version, ckptdb_version_stats_t* o
   if (db == nullptr) return NullHandle("ckptdb_version_stats");
   if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_version_stats: out is NULL"));
   return Guard("ckptdb_version_stats", [&] { return Done(db->db->GetVersionStats(version, out)); });
+}
+
+int ckptdb_serve(const ckptdb_options* o, ckptdb_server** out) {
+  if (o == nullptr || out == nullptr) {
+    t_last_error = "ckptdb_serve: options or out is NULL";
+    return CKPTDB_EINVAL;
+  }
+  *out = nullptr;
+  ckpt::engine::DbOptions d;
+  if (ckpt::Status st = ResolveJobOptions(o, &d); !st.ok()) return Fail(st);
+  return Guard("ckptdb_serve", [&] {
+    auto h = std::make_unique<ckptdb_server>();
+    ckpt::Status st = ckpt::engine::ServeNodeMemory(d, &h->cluster);
+    if (!st.ok()) return Fail(st);
+    *out = h.release();
+    return CKPTDB_OK;
+  });
+}
+
+int ckptdb_server_stats(ckptdb_server* s, ckptdb_server_stats_t* out) {
+  if (s == nullptr || out == nullptr) {
+    t_last_error = "ckptdb_server_stats: the server or out is NULL";
+    return CKPTDB_EINVAL;
+  }
+  return Guard("ckptdb_server_stats", [&] {
+    *out = ckptdb_server_stats_t{};
+    ckpt::engine::ClusterStats cs = s->cluster->stats();
+    out->replicas = s->cluster->HeldReplicas().size();
+    out->served_bytes = cs.served_bytes;
+    out->refused = cs.refused;
+    std::snprintf(out->address, sizeof out->address, "%s", s->cluster->address().c_str());
+    return CKPTDB_OK;
+  });
+}
+
+int ckptdb_serve_stop(ckptdb_server* s) {
+  if (s == nullptr) return CKPTDB_OK;
+  return Guard("ckptdb_serve_stop", [&] {
+    delete s;
+    return CKPTDB_OK;
+  });
 }
 
 }  // extern "C"

@@ -42,6 +42,7 @@ enum MessageType : uint16_t {
   kDecisions = 26,  // rank -> coordinator
   kReplica = 27,    // rank -> placement peer: a range of a segment image
   kFetch = 28,      // rank -> replica holder: a range of a replica
+  kServe = 29,      // `ckptdb serve` -> coordinator: the replicas a node's daemon serves
 };
 
 constexpr uint64_t kMaxPieceBytes = 8ull << 20;  // one replica or fetch call's payload
@@ -109,8 +110,11 @@ Cluster::Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog)
 
 Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catalog,
                       std::unique_ptr<Cluster>* out) {
-  const std::string who = R(options.rank) + " of " + std::to_string(options.world_size);
-  if (options.world_size < 2 || options.world_size > 65536 || options.rank >= options.world_size) {
+  const std::string who = options.serve_only
+                              ? "ckptdb serve on node " + options.node_id
+                              : R(options.rank) + " of " + std::to_string(options.world_size);
+  if (!options.serve_only && (options.world_size < 2 || options.world_size > 65536 ||
+                              options.rank >= options.world_size)) {
     return Status::Invalid(who + ": rank must be below world_size (2..65536)");
   }
   if (options.coordinator.empty()) {
@@ -121,13 +125,22 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
                            ": no job token (set CKPTDB_JOB_TOKEN): every connection "
                            "between ranks is authenticated with it");
   }
-  if (options.replicas > 1 && options.replica_dir.empty()) {
+  if ((options.replicas > 1 || options.serve_only) && options.replica_dir.empty()) {
     return Status::Invalid(who + ": replication needs a ram tier (replicas live in its directory)");
   }
+  if (options.serve_only) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(options.replica_dir, ec)) {
+      return Status::NotFound(who + ": " + options.replica_dir +
+                              " is not a directory (the node's ram tier directory, where ranks "
+                              "keep their peers' replicas)");
+    }
+  }
   std::unique_ptr<Cluster> c(new Cluster(options, std::move(hooks), catalog));
+  c->started_ms_ = NowMs();
   randombytes_buf(&c->incarnation_, sizeof c->incarnation_);
   c->incarnation_ |= 1;
-  if (options.replicas > 1) {
+  if (options.replicas > 1 && !options.serve_only) {
     std::error_code ec;
     std::filesystem::create_directories(options.replica_dir, ec);
     if (ec)
@@ -155,7 +168,7 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
     c->members_.resize(options.world_size);
   }
   transport::TransportOptions to;
-  to.name = R(options.rank) + (options.serve_only ? " (serve)" : "");
+  to.name = options.serve_only ? "serve:" + options.node_id : R(options.rank);
   to.job_token = options.job_token;
   to.tls = options.tls;
   to.max_payload_bytes = kMaxPieceBytes + format::kBlockBytes;
@@ -172,6 +185,7 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   CKPTDB_RETURN_IF_ERROR(transport::Transport::Start(
       to, [self](const Request& r, Reply* reply) { self->Handle(r, reply); }, &c->transport_));
   if (options.serve_only) {
+    c->serve_ = std::thread([self] { self->ServeLoop(); });
     *out = std::move(c);
     return Status::Ok();
   }
@@ -188,6 +202,7 @@ Cluster::~Cluster() {
   cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (coordinator_.joinable()) coordinator_.join();
+  if (serve_.joinable()) serve_.join();
   transport_.reset();
 }
 
@@ -439,6 +454,8 @@ void Cluster::Handle(const Request& request, Reply* reply) {
       return HandleHolders(request, reply);
     case kDecisions:
       return HandleDecisions(request, reply);
+    case kServe:
+      return HandleServe(request, reply);
     default:
       Fail(reply, Status::Invalid("unknown message type " + std::to_string(request.type) +
                                   " from " + request.peer));
@@ -673,7 +690,9 @@ void Cluster::HandleDecisions(const Request&, Reply* reply) {
 // The newest committed version every rank can restore: from its own tiers, or from a live
 // peer holding its replica.
 void Cluster::HandleLatest(const Request&, Reply* reply) {
+  AwaitServers();
   std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = NowMs();
   for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
     uint64_t v = *it;
     bool all = true;
@@ -687,6 +706,11 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
         if (!o.registered || o.dead) continue;
         ok = std::find(o.replicas.begin(), o.replicas.end(), std::make_pair(rank, v)) !=
              o.replicas.end();
+      }
+      for (auto s = servers_.begin(); s != servers_.end() && !ok; ++s) {
+        ok = now - s->second.last_seen_ms <= options_.dead_after_ms &&
+             std::find(s->second.replicas.begin(), s->second.replicas.end(),
+                       std::make_pair(rank, v)) != s->second.replicas.end();
       }
       all = ok;
     }
@@ -710,6 +734,7 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
   uint64_t version = r.U64("version");
   Status st = r.Finish();
   if (!st.ok()) return Fail(reply, st);
+  AwaitServers();
   std::lock_guard<std::mutex> lock(mu_);
   WireWriter w;
   std::vector<uint32_t> holders;
@@ -721,12 +746,61 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
       holders.push_back(rank);
     }
   }
-  w.U32(static_cast<uint32_t>(holders.size()));
+  // Then the serving daemons, after the ranks: a live rank serves from memory it also uses.
+  std::vector<const std::pair<const std::string, Server>*> serving;
+  const int64_t now = NowMs();
+  for (const auto& entry : servers_) {
+    const Server& s = entry.second;
+    if (now - s.last_seen_ms <= options_.dead_after_ms &&
+        std::find(s.replicas.begin(), s.replicas.end(), std::make_pair(owner, version)) !=
+            s.replicas.end()) {
+      serving.push_back(&entry);
+    }
+  }
+  w.U32(static_cast<uint32_t>(holders.size() + serving.size()));
   for (uint32_t h : holders) {
     w.U32(h);
     w.Str(members_[h].node_id);
     w.Str(members_[h].address);
   }
+  for (const auto* entry : serving) {
+    w.U32(kServeRank);
+    w.Str(entry->second.node_id);
+    w.Str(entry->first);
+  }
+  reply->body = w.Take();
+}
+
+void Cluster::AwaitServers() const {
+  int64_t wait = started_ms_ + 2 * options_.heartbeat_ms - NowMs();
+  if (wait > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+}
+
+// A `ckptdb serve` daemon announces (again) what it serves. Kept for dead_after_ms.
+void Cluster::HandleServe(const Request& request, Reply* reply) {
+  WireReader r(request.body, "serve announcement from " + request.peer);
+  std::string node = r.Str("node_id", 256);
+  std::string address = r.Str("address", 256);
+  Status st = r.Finish();
+  std::vector<uint64_t> local;
+  std::vector<std::pair<uint32_t, uint64_t>> replicas;
+  if (st.ok())
+    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas);
+  if (st.ok() && (node.empty() || address.empty()))
+    st = Status::Invalid(request.peer + ": a serve announcement without node_id or address");
+  if (!st.ok()) return Fail(reply, st);
+  std::erase_if(replicas, [this](const auto& p) { return p.first >= options_.world_size; });
+  std::lock_guard<std::mutex> lock(mu_);
+  Server& s = servers_[address];
+  if (s.node_id.empty()) {
+    std::fprintf(stderr, "ckptdb[coordinator]: ckptdb serve on node %s (%s) holds %zu replicas\n",
+                 node.c_str(), address.c_str(), replicas.size());
+  }
+  s.node_id = node;
+  s.replicas = std::move(replicas);
+  s.last_seen_ms = NowMs();
+  WireWriter w;
+  w.U64(epoch_);
   reply->body = w.Take();
 }
 
@@ -783,7 +857,10 @@ Status Cluster::Holders(uint32_t owner, uint64_t version, std::vector<ReplicaHol
                                               options_.call_timeout_ms, &reply));
   WireReader r(reply, "the coordinator's holders");
   uint32_t n = r.U32("count");
-  for (uint32_t i = 0; i < n && r.ok() && i < options_.world_size; ++i) {
+  if (n > options_.world_size + 1024u) {
+    return Status::Corrupt("the coordinator lists " + std::to_string(n) + " holders");
+  }
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
     ReplicaHolder h;
     h.rank = r.U32("rank");
     h.node_id = r.Str("node_id", 256);
@@ -814,22 +891,84 @@ std::string Cluster::ReplicaPath(uint32_t owner, uint64_t version, bool temporar
   return options_.replica_dir + name;
 }
 
-std::vector<std::pair<uint32_t, uint64_t>> Cluster::HeldReplicas() const {
-  std::vector<std::pair<uint32_t, uint64_t>> out;
-  if (options_.replica_dir.empty()) return out;
+std::vector<std::string> Cluster::ReplicaDirs() const {
+  std::vector<std::string> dirs;
+  if (options_.replica_dir.empty()) return dirs;
+  if (!options_.serve_only) return {options_.replica_dir};
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(options_.replica_dir, ec)) {
-    unsigned owner = 0;
-    unsigned long long version = 0;
-    char tail[8] = {};
-    std::string name = entry.path().filename().string();
-    if (std::sscanf(name.c_str(), "r%5u-v%20llu.se%1s", &owner, &version, tail) == 3 &&
-        name.size() == std::strlen("r00000-v00000000000000000000.seg") && tail[0] == 'g') {
-      out.emplace_back(owner, version);
+    if (entry.path().filename().string().rfind("ckptdb-replicas-r", 0) == 0 &&
+        entry.is_directory(ec)) {
+      dirs.push_back(entry.path().string());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+std::string Cluster::FindReplica(uint32_t owner, uint64_t version) const {
+  char name[96];
+  std::snprintf(name, sizeof name, "/r%05" PRIu32 "-v%020" PRIu64 ".seg", owner, version);
+  for (const std::string& dir : ReplicaDirs()) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(dir + name, ec)) return dir + name;
+  }
+  return {};
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> Cluster::HeldReplicas() const {
+  std::vector<std::pair<uint32_t, uint64_t>> out;
+  for (const std::string& dir : ReplicaDirs()) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      unsigned owner = 0;
+      unsigned long long version = 0;
+      char tail[8] = {};
+      std::string name = entry.path().filename().string();
+      if (std::sscanf(name.c_str(), "r%5u-v%20llu.se%1s", &owner, &version, tail) == 3 &&
+          name.size() == std::strlen("r00000-v00000000000000000000.seg") && tail[0] == 'g') {
+        out.emplace_back(owner, version);
+      }
     }
   }
   std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
+}
+
+// `ckptdb serve`: tells the coordinator (whichever incarnation listens at the address now) what
+// this node's memory holds, every heartbeat, for as long as the daemon runs.
+void Cluster::ServeLoop() {
+  std::string last_error;
+  while (!stop_) {
+    Status st;
+    if (!Listening(options_.coordinator)) {
+      st = Status::Peer("nothing listens at " + options_.coordinator);
+    } else {
+      transport::PeerId coord = 0;
+      st = PeerFor(options_.coordinator, &coord);
+      if (st.ok()) {
+        WireWriter w;
+        w.Str(options_.node_id);
+        w.Str(transport_->address());
+        auto holdings = Holdings();
+        std::vector<uint8_t> reply;
+        st = transport_->CallSync(coord, kServe, w.Take(), holdings.data(), holdings.size(),
+                                  options_.call_timeout_ms, &reply);
+      }
+      if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
+        DropPeer(options_.coordinator);
+      }
+    }
+    if (!st.ok() && st.message() != last_error && st.code() != CKPTDB_EPEER) {
+      std::fprintf(stderr, "ckptdb[serve:%s]: %s\n", options_.node_id.c_str(),
+                   st.message().c_str());
+    }
+    last_error = st.ok() ? "" : st.message();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_ms),
+                 [this] { return stop_.load(); });
+  }
 }
 
 Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
@@ -932,8 +1071,10 @@ void Cluster::HandleReplica(const Request& request, Reply* reply) {
   Status st = r.Finish();
   const std::string what =
       "replica of v" + std::to_string(version) + " of " + R(owner) + " from " + request.peer;
-  if (st.ok() && options_.replica_dir.empty()) {
-    st = Status::State(R(options_.rank) + " keeps no replicas (no ram tier)");
+  if (st.ok() && (options_.replica_dir.empty() || options_.serve_only)) {
+    st = Status::State(options_.serve_only ? "ckptdb serve on node " + options_.node_id +
+                                                 " only serves replicas, it takes none"
+                                           : R(options_.rank) + " keeps no replicas (no ram tier)");
   }
   if (st.ok() && (owner >= options_.world_size || owner == options_.rank)) {
     st = Status::Invalid(what + ": bad owner rank");
@@ -1030,11 +1171,13 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
   Status st = r.Finish();
   if (st.ok() && bytes > kMaxPieceBytes) st = Status::Invalid("a fetch of more than 8 MiB");
   if (!st.ok()) return Fail(reply, st);
-  const std::string path = ReplicaPath(owner, version, false);
-  int fd = options_.replica_dir.empty() ? -1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const std::string path = FindReplica(owner, version);
+  int fd = path.empty() ? -1 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return Fail(reply, Status::NotFound(R(options_.rank) + " holds no replica of v" +
-                                        std::to_string(version) + " of " + R(owner)));
+    return Fail(reply, Status::NotFound(
+                           (options_.serve_only ? "ckptdb serve on node " + options_.node_id
+                                                : R(options_.rank)) +
+                           " holds no replica of v" + std::to_string(version) + " of " + R(owner)));
   }
   if (bytes == 0) {  // the replica's size
     struct stat sb {};
@@ -1055,6 +1198,8 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
   reply->payload = buffer->data();
   reply->payload_bytes = bytes;
   reply->keep = buffer;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.served_bytes += bytes;
 }
 
 Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
@@ -1119,7 +1264,8 @@ Status Cluster::Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t vers
     stats_.fetch_bytes += bytes;
   }
   return st.WithContext("fetching v" + std::to_string(version) + " of " + R(owner) + " from " +
-                        R(holder.rank) + " (node " + holder.node_id + ")");
+                        (holder.rank == kServeRank ? std::string("ckptdb serve") : R(holder.rank)) +
+                        " (node " + holder.node_id + ")");
 }
 
 }  // namespace ckpt::engine

@@ -53,8 +53,14 @@ struct ClusterOptions {
   int dead_after_ms = 3000;
   int join_timeout_ms = 60000;
   int call_timeout_ms = 30000;
-  bool serve_only = false;  // `ckptdb serve`: a replica holder, not a voting rank
+  // `ckptdb serve`: not a rank but a node's daemon that serves the replicas kept under
+  // replica_dir (the node's ram directory: every ckptdb-replicas-r* in it) to a restarting job,
+  // announcing them to the coordinator every heartbeat. rank and world_size are unused.
+  bool serve_only = false;
 };
+
+// The rank field of a ReplicaHolder that is a `ckptdb serve` daemon rather than a rank.
+inline constexpr uint32_t kServeRank = 0xFFFFFFFFu;
 
 // A range of a local segment image to send (the ram arena's extents).
 struct SendExtent {
@@ -64,7 +70,7 @@ struct SendExtent {
 };
 
 struct ReplicaHolder {
-  uint32_t rank = 0;
+  uint32_t rank = 0;  // kServeRank: a `ckptdb serve` daemon on node_id
   std::string node_id;
   std::string address;
 };
@@ -74,6 +80,7 @@ struct ClusterStats {
   uint64_t replica_bytes_received = 0;
   uint64_t replica_ns = 0;
   uint64_t fetch_bytes = 0;
+  uint64_t served_bytes = 0;  // replica bytes sent to ranks that fetched them
   uint64_t refused = 0;
   uint64_t epoch = 0;
 };
@@ -123,6 +130,8 @@ class Cluster {
   // The placement over this job's nodes (valid after Start).
   const Placement& placement() const { return placement_; }
   std::vector<uint32_t> ReplicaTargets() const;  // the ranks this rank's segment goes to
+  // serve_only: the replicas this daemon holds now, (owner rank, version).
+  std::vector<std::pair<uint32_t, uint64_t>> HeldReplicas() const;
 
   struct Member {
     std::string node_id;
@@ -147,10 +156,14 @@ class Cluster {
   void DropPeer(const std::string& address);
   // Replica store (this node's memory).
   std::string ReplicaPath(uint32_t owner, uint64_t version, bool temporary) const;
+  // The directories replicas are read from: replica_dir, or for serve_only every
+  // ckptdb-replicas-r* under it.
+  std::vector<std::string> ReplicaDirs() const;
+  std::string FindReplica(uint32_t owner, uint64_t version) const;  // empty: not held
   void HandleReplica(const transport::Request& request, transport::Reply* reply);
   void HandleFetch(const transport::Request& request, transport::Reply* reply);
-  std::vector<std::pair<uint32_t, uint64_t>> HeldReplicas() const;
   std::vector<uint8_t> Holdings() const;
+  void ServeLoop();  // serve_only: announces the held replicas to the coordinator
   // Coordinator.
   void HandleRegister(const transport::Request& request, transport::Reply* reply);
   void HandleHeartbeat(const transport::Request& request, transport::Reply* reply);
@@ -158,6 +171,10 @@ class Cluster {
   void HandleLatest(const transport::Request& request, transport::Reply* reply);
   void HandleHolders(const transport::Request& request, transport::Reply* reply);
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);
+  void HandleServe(const transport::Request& request, transport::Reply* reply);
+  // A restarted coordinator gives serving daemons two heartbeats to announce themselves before
+  // it says where data lives (Latest, Holders).
+  void AwaitServers() const;
   Status BumpEpochLocked(const std::string& why);
   void AbortUndecidedLocked(const std::string& why);
   void Decide(uint64_t version, bool committed);
@@ -173,6 +190,8 @@ class Cluster {
   std::atomic<bool> net_busy_{false};
   std::thread heartbeat_;
   std::thread coordinator_;
+  std::thread serve_;
+  int64_t started_ms_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -189,6 +208,12 @@ class Cluster {
   std::set<uint64_t> committed_;  // decided COMMITTED (durable in the catalog)
   std::set<uint64_t> aborted_;
   std::deque<std::pair<uint64_t, bool>> to_announce_;
+  struct Server {
+    std::string node_id;
+    std::vector<std::pair<uint32_t, uint64_t>> replicas;
+    int64_t last_seen_ms = 0;
+  };
+  std::map<std::string, Server> servers_;  // `ckptdb serve` daemons, by address
 };
 
 Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,

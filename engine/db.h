@@ -82,6 +82,10 @@ struct DbOptions {
 // Parses "block", "direct", "skip".
 Status ParseBackpressure(const std::string& text, Backpressure* out);
 
+// `ckptdb serve` (ckptdb_serve): serves the replicas kept in the directory of options.tiers' ram
+// tier to the job whose coordinator is options.coordinator, until *out is destroyed.
+Status ServeNodeMemory(const DbOptions& options, std::unique_ptr<Cluster>* out);
+
 // Named points in the commit, demotion and recovery sequences where tests may stop the process.
 // A hook that returns makes the point a no-op. Called from whichever thread reaches the point.
 using CrashHook = void (*)(const char* point);

@@ -7,6 +7,7 @@
 #include "engine/internal.h"
 #include "format/checksum.h"
 #include "format/segment_format.h"
+#include "io/tier_spec.h"
 
 namespace ckpt::engine {
 
@@ -52,6 +53,33 @@ Status Db::StartCluster() {
   CKPTDB_RETURN_IF_ERROR(Cluster::Start(co, std::move(hooks), catalog_.get(), &cluster_));
   cluster_worker_ = std::thread([this] { ClusterWorkerLoop(); });
   return Status::Ok();
+}
+
+Status ServeNodeMemory(const DbOptions& options, std::unique_ptr<Cluster>* out) {
+  std::vector<io::TierSpec> tiers;
+  if (options.tiers.empty()) {
+    return Status::Invalid(
+        "ckptdb serve: no tiers: give the ram tier whose directory to serve "
+        "(e.g. \"ram:1G,dir=/dev/shm/job\")");
+  }
+  CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(options.tiers, "", &tiers));
+  if (tiers.empty() || tiers[0].kind != io::TierKind::kRam) {
+    return Status::Invalid("ckptdb serve: tiers '" + options.tiers +
+                           "' have no ram tier: replicas live in the ram tier's directory");
+  }
+  if (options.node_id.empty()) return Status::Invalid("ckptdb serve: no node_id");
+  ClusterOptions co;
+  co.serve_only = true;
+  co.node_id = options.node_id;
+  co.coordinator = options.coordinator;
+  co.listen = options.listen;
+  co.job_token = options.job_token;
+  co.tls = options.ucx_tls;
+  co.heartbeat_ms = options.heartbeat_ms;
+  co.dead_after_ms = options.dead_after_ms;
+  co.replica_dir = tiers[0].path;
+  co.world_size = 65536;  // owners above the job's size are dropped by the coordinator
+  return Cluster::Start(co, Cluster::Hooks{}, nullptr, out);
 }
 
 // PREPARED versions are decided by the coordinator: committed ones become COMMITTED here, the
@@ -139,8 +167,10 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, void* dst
   auto* out = static_cast<uint8_t*>(dst);
   std::string errors;
   for (const ReplicaHolder& h : holders) {
+    const bool daemon = h.rank == kServeRank;
     const std::string src =
-        "replica on rank " + std::to_string(h.rank) + " (node " + h.node_id + ")";
+        (daemon ? "replica served by ckptdb serve" : "replica on rank " + std::to_string(h.rank)) +
+        " (node " + h.node_id + ")";
     uint64_t file_bytes = 0;
     Status st = cluster_->ReplicaBytes(h, options_.rank, version, &file_bytes);
     std::unique_ptr<format::SegmentReader> reader;
@@ -175,8 +205,13 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, void* dst
     }
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "peer:rank%u",
-                    h.rank);
+      if (daemon) {
+        std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "serve:%s",
+                      h.node_id.c_str());
+      } else {
+        std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "peer:rank%u",
+                      h.rank);
+      }
       stats_.restore_calls++;
       stats_.restore_bytes += nbytes;
       return Status::Ok();

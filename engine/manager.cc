@@ -793,7 +793,10 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     v->phase = CommitPhase::kVoting;
     PostClusterJob([this, version] {
       Status vs = cluster_->Vote(version);
-      if (vs.ok()) return;
+      if (vs.ok()) {
+        CrashPoint("commit:after_vote");
+        return;
+      }
       std::lock_guard<std::mutex> guard(mu_);
       auto it = live_.find(version);
       if (it == live_.end()) return;

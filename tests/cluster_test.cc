@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,12 @@ std::vector<uint8_t> TensorData(uint32_t rank, uint64_t version, int which) {
 struct Job {
   test::TempDir dir{"/dev/shm"};
   int port = 0;
-  std::string Node(uint32_t rank) const { return dir.Sub("node" + std::to_string(rank)); }
+  uint32_t replicas = 2;
+  int dead_after_ms = 1500;
+  // Where each rank runs; a rank moved to a spare node gets another name (and empty directories).
+  std::vector<std::string> node_of = {"node0", "node1", "node2", "node3"};
+  std::string Node(uint32_t rank) const { return dir.Sub(node_of[rank]); }
+  std::string NodeDir(const std::string& node) const { return dir.Sub(node); }
   void WipeNode(uint32_t rank) const { std::filesystem::remove_all(Node(rank)); }
 };
 
@@ -47,7 +53,8 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   std::string root = node + "/root";
   std::string tiers = "ram:48M,keep=2,dir=" + node + "/shm";
   std::string coordinator = "127.0.0.1:" + std::to_string(job.port);
-  std::string node_id = "node" + std::to_string(rank);
+  std::string node_id = job.node_of[rank];
+  std::string redundancy = "replicate:" + std::to_string(job.replicas);
   ckptdb_options o;
   ckptdb_options_init(&o);
   o.root = root.c_str();
@@ -57,11 +64,11 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   o.node_id = node_id.c_str();
   o.coordinator = coordinator.c_str();
   o.job_token = token;
-  o.redundancy = "replicate:2";
+  o.redundancy = redundancy.c_str();
   o.staging_bytes = 16 << 20;
   o.chunk_bytes = 1 << 20;
   setenv("CKPTDB_HEARTBEAT_MS", "100", 1);
-  setenv("CKPTDB_DEAD_AFTER_MS", "1500", 1);
+  setenv("CKPTDB_DEAD_AFTER_MS", std::to_string(job.dead_after_ms).c_str(), 1);
   setenv("CKPTDB_JOIN_TIMEOUT_MS", "20000", 0);
   setenv("CKPTDB_UCX_TLS", "tcp", 1);
   return ckptdb_open(&o, db);
@@ -102,10 +109,10 @@ std::vector<int> RunRanks(const RankFn& fn) {
 
 // Rank 0 hosts the coordinator: it closes last, after every rank said it is done (a job's ranks
 // close together; docs/api.md).
-void Done(const Job& job, uint32_t rank, const char* phase) {
+void Done(const Job& job, uint32_t rank, const char* phase, bool all_wait = false) {
   test::WriteWholeFile(job.dir.Sub(std::string(phase) + "-done" + std::to_string(rank)), "1");
-  if (rank != 0) return;
-  for (uint32_t r = 1; r < kRanks; ++r) {
+  if (rank != 0 && !all_wait) return;
+  for (uint32_t r = 0; r < kRanks; ++r) {
     std::string path = job.dir.Sub(std::string(phase) + "-done" + std::to_string(r));
     for (int i = 0; i < 60000 && !std::filesystem::exists(path); ++i) usleep(1000);
   }
@@ -285,6 +292,263 @@ TEST_F(ClusterTest, ARankWithTheWrongTokenIsRefused) {
     }
     // The others never assemble: the intruder is not a member.
     RANK_CHECK(rc != 0, "the job assembled with an intruder");
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// The state the rank's catalog records for `version` (-1: none).
+int StateOf(ckptdb* db, uint64_t version) {
+  std::pair<uint64_t, int> arg{version, -1};
+  ckptdb_list_versions(
+      db,
+      [](void* a, const ckptdb_version_info* i) {
+        auto* p = static_cast<std::pair<uint64_t, int>*>(a);
+        if (i->version != p->first) return 0;
+        p->second = i->state;
+        return 1;
+      },
+      &arg);
+  return arg.second;
+}
+
+TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhere) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (Save(db, rank, 1) != 0) return 1;
+    if (Put(db, rank, 2) != 0) return 1;
+    if (rank == 2) {
+      setenv("CKPTDB_TEST_KILL_AT", "commit:after_prepared", 1);
+      engine::SetCrashHookForTesting(KillAt);
+    }
+    rc = ckptdb_commit(db, 2, 0);  // rank 2 dies with v2 PREPARED, its vote never cast
+    if (rank != 2) Done(job_, rank == 3 ? 2 : rank, "abort");  // rank 3 stands in for rank 2
+    if (rank == 3) Done(job_, 3, "abort");
+    RANK_CHECK(rc != 0, "v2 committed without rank 2's vote");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes[2], 128 + SIGKILL);
+  for (uint32_t r : {0u, 1u, 3u}) EXPECT_EQ(codes[r], 0) << r;
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    // Rank 2's PREPARED v2 was in doubt; the coordinator never committed it: aborted.
+    RANK_CHECK(StateOf(db, 2) == CKPTDB_STATE_ABORTED, "v2 is in state %d", StateOf(db, 2));
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 1, "latest %d %llu", rc, (unsigned long long)latest);
+    std::string source;
+    if (CheckRestore(db, rank, 1, &source) != 0) return 1;
+    std::vector<uint8_t> out(kTensorBytes);
+    std::string name = "w0/r" + std::to_string(rank);
+    rc = ckptdb_restore(db, 2, name.c_str(), out.data(), out.size(), 0);
+    Done(job_, rank, "restore");
+    RANK_CHECK(rc != 0, "a torn v2 restored");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// For the test below: every rank notes when its v2 is PREPARED (its replicas acknowledged);
+// rank 2 dies right after voting, once the others have prepared, so that every vote is cast.
+const Job* g_job = nullptr;
+uint32_t g_rank = 0;
+void DieAfterVotingOnceAllPrepared(const char* point) {
+  if (std::strcmp(point, "commit:after_prepared") == 0) {
+    test::WriteWholeFile(g_job->dir.Sub("prepared" + std::to_string(g_rank)), "1");
+  }
+  if (g_rank == 2 && std::strcmp(point, "commit:after_vote") == 0) {
+    for (uint32_t r : {0u, 1u, 3u}) {
+      std::string path = g_job->dir.Sub("prepared" + std::to_string(r));
+      for (int i = 0; i < 20000 && !std::filesystem::exists(path); ++i) usleep(1000);
+    }
+    kill(getpid(), SIGKILL);
+  }
+}
+
+TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
+  // Rank 2 must not be declared dead (which aborts v2) before the other votes arrive.
+  job_.dead_after_ms = 10000;
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (Save(db, rank, 1) != 0) return 1;
+    if (Put(db, rank, 2) != 0) return 1;
+    g_job = &job_;
+    g_rank = rank;
+    engine::SetCrashHookForTesting(DieAfterVotingOnceAllPrepared);
+    rc = ckptdb_commit(db, 2, 0);  // rank 2 dies after voting, before it hears the decision
+    if (rank != 2) Done(job_, rank == 3 ? 2 : rank, "commit");
+    if (rank == 3) Done(job_, 3, "commit");
+    RANK_CHECK(rc == 0, "v2 did not commit with every vote in: %d", rc);
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes[2], 128 + SIGKILL);
+  for (uint32_t r : {0u, 1u, 3u}) EXPECT_EQ(codes[r], 0) << r;
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    // Rank 2's PREPARED v2 resolves to COMMITTED: the coordinator's decision is durable.
+    RANK_CHECK(StateOf(db, 2) == CKPTDB_STATE_COMMITTED, "v2 is in state %d", StateOf(db, 2));
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu", rc, (unsigned long long)latest);
+    std::string source;
+    int bad = CheckRestore(db, rank, 2, &source);
+    Done(job_, rank, "restore");
+    if (bad != 0) return 1;
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// Nodes 2 and 3 lose their GPUs but not their memory: their trainers are gone for good, ranks 2
+// and 3 restart on spare nodes with empty directories, and `ckptdb serve` on nodes 2 and 3 hands
+// out the replicas those nodes held (rank 2's is on node 3, rank 3's on node 2).
+TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    for (uint64_t v = 1; v <= 2; ++v) {
+      if (Save(db, rank, v) != 0) return 1;
+    }
+    Done(job_, rank, "save");
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  job_.port = FreePort();
+  const std::string coordinator = "127.0.0.1:" + std::to_string(job_.port);
+  std::vector<pid_t> servers;
+  for (const char* node : {"node2", "node3"}) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(90);
+      sigset_t stop;
+      sigemptyset(&stop);
+      sigaddset(&stop, SIGTERM);
+      pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+      std::string tiers = "ram:1M,dir=" + job_.NodeDir(node) + "/shm";
+      ckptdb_options o;
+      ckptdb_options_init(&o);
+      o.tiers = tiers.c_str();
+      o.node_id = node;
+      o.coordinator = coordinator.c_str();
+      o.job_token = "job-secret";
+      setenv("CKPTDB_HEARTBEAT_MS", "100", 1);
+      setenv("CKPTDB_UCX_TLS", "tcp", 1);
+      ckptdb_server* server = nullptr;
+      if (ckptdb_serve(&o, &server) != 0) {
+        std::fprintf(stderr, "serve on %s: %s\n", node, ckptdb_last_error());
+        _exit(2);
+      }
+      ckptdb_server_stats_t st;
+      ckptdb_server_stats(server, &st);
+      if (st.replicas != 2) {  // the two versions of one peer's segment
+        std::fprintf(stderr, "serve on %s holds %llu replicas\n", node,
+                     (unsigned long long)st.replicas);
+        _exit(4);
+      }
+      int sig = 0;
+      sigwait(&stop, &sig);
+      ckptdb_server_stats(server, &st);
+      ckptdb_serve_stop(server);
+      _exit(st.served_bytes > 0 ? 0 : 3);
+    }
+    servers.push_back(pid);
+  }
+  job_.node_of[2] = "spare2";
+  job_.node_of[3] = "spare3";
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu", rc, (unsigned long long)latest);
+    std::string source;
+    int bad = CheckRestore(db, rank, 2, &source);
+    Done(job_, rank, "restore");
+    if (bad != 0) return 1;
+    const char* want = rank == 2 ? "serve:node3" : rank == 3 ? "serve:node2" : "ram";
+    RANK_CHECK(source == want, "rank %u restored from %s, not %s", rank, source.c_str(), want);
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+  for (pid_t pid : servers) {
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a serve daemon served nothing or failed: status " << status;
+  }
+}
+
+// Three copies (ring placement over 4 nodes): node 1 is lost, and the first peer copy of its
+// rank's segment has a flipped byte. The restore detects it and takes the other peer's copy.
+TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
+  job_.replicas = 3;
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (Save(db, rank, 1) != 0) return 1;
+    Done(job_, rank, "save");
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  job_.WipeNode(1);
+  // Rank 1's copies are on nodes 2 and 3; the coordinator lists holders in rank order.
+  std::string replica = job_.Node(2) + "/shm/ckptdb-replicas-r2/r00001-v00000000000000000001.seg";
+  ASSERT_TRUE(std::filesystem::exists(replica)) << replica;
+  ASSERT_TRUE(std::filesystem::exists(job_.Node(3) +
+                                      "/shm/ckptdb-replicas-r3/r00001-v00000000000000000001.seg"));
+  {
+    std::string bytes = test::ReadWholeFile(replica);
+    bytes[4096 + 12345] ^= 0x20;  // inside the first chunk's payload
+    test::WriteWholeFile(replica, bytes);
+  }
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    // Tensor by tensor: the one with the flipped byte comes from rank 3, the other from rank 2.
+    std::set<std::string> sources;
+    int bad = 0;
+    for (int which = 0; which < 2 && bad == 0; ++which) {
+      std::vector<uint8_t> out(kTensorBytes);
+      std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
+      rc = ckptdb_restore(db, 1, name.c_str(), out.data(), out.size(), 0);
+      if (rc != 0 || out != TensorData(rank, 1, which)) bad = 1;
+      ckptdb_stats_t st;
+      ckptdb_stats(db, &st);
+      sources.insert(st.last_restore_tier);
+    }
+    ckptdb_stats_t st;
+    ckptdb_stats(db, &st);
+    Done(job_, rank, "restore", /*all_wait=*/true);  // the holders stay up until rank 1 is done
+    RANK_CHECK(bad == 0, "a restore failed or differs");
+    if (rank == 1) {
+      RANK_CHECK(sources == std::set<std::string>({"peer:rank2", "peer:rank3"}),
+                 "rank 1's tensors came from %zu sources, not ranks 2 and 3", sources.size());
+      RANK_CHECK(st.checksum_failures >= 1, "the corrupt chunk went unnoticed");
+    }
+    ckptdb_close(db);
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));

@@ -12,7 +12,8 @@ void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddVerifyCommand(CLI::App& app, int* exit_code);
 void AddRestoreCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
-void AddPlanCommand(CLI::App& app, int* exit_code);  // arithmetic only: engine/placement.h
+void AddPlanCommand(CLI::App& app, int* exit_code);
+void AddServeCommand(CLI::App& app, int* exit_code);  // arithmetic only: engine/placement.h
 
 // The file name `ckptdb restore` writes tensor `name` to (one safe path component; see
 // tools/restore.cc and docs/cli.md).

@@ -1,4 +1,4 @@
-// ckptdb: the command a user reaches for first (inspect, verify, restore, demo).
+// ckptdb: the command a user reaches for first (inspect, verify, restore, demo, plan, serve).
 #include <CLI/CLI.hpp>
 
 #include "ckptdb/ckptdb.h"
@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   ckpt::tools::AddRestoreCommand(app, &exit_code);
   ckpt::tools::AddDemoCommand(app, &exit_code);
   ckpt::tools::AddPlanCommand(app, &exit_code);
+  ckpt::tools::AddServeCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

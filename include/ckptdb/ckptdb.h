@@ -398,6 +398,26 @@ typedef struct ckptdb_stats_t {
 #define CKPTDB_HINT_NET_IDLE 0x2u
 int ckptdb_hint(ckptdb* db, unsigned hints);
 
+/* ---- Serving a node's memory (`ckptdb serve`) ---------------------------------------------- */
+/* A node's daemon that serves the replicas this node's ranks keep for their peers (under the
+ * directory of the ram tier in o->tiers) to a restarting job while the trainers that kept them
+ * are down: every CKPTDB_HEARTBEAT_MS it tells the coordinator at o->coordinator what it holds,
+ * and it answers fetches from ranks holding o->job_token. Reads o->tiers (the first tier must be
+ * ram; only its dir= matters), o->node_id, o->coordinator, o->job_token and the environment's
+ * CKPTDB_LISTEN, CKPTDB_UCX_TLS and CKPTDB_HEARTBEAT_MS; not root, rank or world_size. It never
+ * takes new replicas and never changes the directory. Errors: EINVAL (options), ENOTFOUND (no
+ * such directory), EPEER (cannot listen). */
+typedef struct ckptdb_server ckptdb_server;
+typedef struct ckptdb_server_stats_t {
+  uint64_t replicas;     /* replicas held now */
+  uint64_t served_bytes; /* bytes sent to ranks that fetched them */
+  uint64_t refused;      /* connections refused for a wrong or missing token */
+  char address[64];      /* host:port where it listens */
+} ckptdb_server_stats_t;
+int ckptdb_serve(const ckptdb_options* o, ckptdb_server** out);
+int ckptdb_server_stats(ckptdb_server* s, ckptdb_server_stats_t* out);
+int ckptdb_serve_stop(ckptdb_server* s); /* stops serving and frees s; NULL is a no-op */
+
 /* This handle's figures since it opened. On a read-only handle (the tools), the sums of the
  * per-version figures the catalog holds, and each tier's resident and pending bytes. */
 int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out);
