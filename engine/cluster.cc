@@ -390,27 +390,37 @@ void Cluster::HeartbeatLoop() {
                    [this] { return stop_.load(); });
     }
     if (stop_) return;
-    transport::PeerId coord = 0;
-    if (!PeerFor(options_.coordinator, &coord).ok()) continue;
-    WireWriter w;
-    w.U32(options_.rank);
-    w.U64(incarnation_);
-    w.U64(epoch_);
-    auto payload = Holdings();
-    std::vector<uint8_t> reply;
-    Status st = transport_->CallSync(coord, kHeartbeat, w.Take(), payload.data(), payload.size(),
-                                     options_.call_timeout_ms, &reply);
-    if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
-      DropPeer(options_.coordinator);
-      continue;
-    }
-    if (st.ok()) {
-      WireReader r(reply, "heartbeat reply");
-      uint64_t e = r.U64("epoch");
-      if (r.Finish().ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.epoch = e;
-      }
+    SendHeartbeat();
+  }
+}
+
+void Cluster::Ready() {
+  ready_ = true;
+  SendHeartbeat();
+}
+
+void Cluster::SendHeartbeat() {
+  transport::PeerId coord = 0;
+  if (!PeerFor(options_.coordinator, &coord).ok()) return;
+  WireWriter w;
+  w.U32(options_.rank);
+  w.U64(incarnation_);
+  w.U64(epoch_);
+  w.U8(ready_ ? 1 : 0);
+  auto payload = Holdings();
+  std::vector<uint8_t> reply;
+  Status st = transport_->CallSync(coord, kHeartbeat, w.Take(), payload.data(), payload.size(),
+                                   options_.call_timeout_ms, &reply);
+  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
+    DropPeer(options_.coordinator);
+    return;
+  }
+  if (st.ok()) {
+    WireReader r(reply, "heartbeat reply");
+    uint64_t e = r.U64("epoch");
+    if (r.Finish().ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.epoch = e;
     }
   }
 }
@@ -517,6 +527,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   if (!m.registered || m.incarnation != incarnation) {
     m.registered = true;
     m.dead = false;
+    m.ready = false;
     m.incarnation = incarnation;
     m.voted.clear();
     m.node_id = node;
@@ -550,6 +561,7 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   uint32_t rank = r.U32("rank");
   uint64_t incarnation = r.U64("incarnation");
   (void)r.U64("epoch");
+  bool ready = r.U8("ready") != 0;
   Status st = r.Finish();
   std::vector<uint64_t> local;
   std::vector<std::pair<uint32_t, uint64_t>> replicas;
@@ -568,6 +580,10 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   m.last_seen_ms = NowMs();
   m.local_versions = std::move(local);
   m.replicas = std::move(replicas);
+  if (ready && !m.ready) {
+    m.ready = true;
+    cv_.notify_all();
+  }
   WireWriter w;
   w.U64(epoch_);
   reply->body = w.Take();
@@ -690,8 +706,8 @@ void Cluster::HandleDecisions(const Request&, Reply* reply) {
 // The newest committed version every rank can restore: from its own tiers, or from a live
 // peer holding its replica.
 void Cluster::HandleLatest(const Request&, Reply* reply) {
-  AwaitServers();
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
   const int64_t now = NowMs();
   for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
     uint64_t v = *it;
@@ -734,8 +750,8 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
   uint64_t version = r.U64("version");
   Status st = r.Finish();
   if (!st.ok()) return Fail(reply, st);
-  AwaitServers();
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
   WireWriter w;
   std::vector<uint32_t> holders;
   for (uint32_t rank = 0; rank < members_.size(); ++rank) {
@@ -771,9 +787,36 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
   reply->body = w.Take();
 }
 
-void Cluster::AwaitServers() const {
-  int64_t wait = started_ms_ + 2 * options_.heartbeat_ms - NowMs();
-  if (wait > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+// Busy (the asker retries) while a restarted coordinator gives serving daemons two heartbeats to
+// announce themselves, or while a live rank has not yet recovered: no answer about where data
+// lives is computed from holdings that are about to change. Never blocks a service thread.
+Status Cluster::SettledLocked() const {
+  if (NowMs() < started_ms_ + 2 * options_.heartbeat_ms) {
+    return Status::Busy("the coordinator just started; serving daemons are still announcing");
+  }
+  for (uint32_t rank = 0; rank < members_.size(); ++rank) {
+    const Member& m = members_[rank];
+    if (!m.dead && !(m.registered && m.ready)) {
+      return Status::Busy(R(rank) + " has not finished recovering");
+    }
+  }
+  return Status::Ok();
+}
+
+// Calls the coordinator, again while it answers Busy, until call_timeout_ms.
+Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
+                               std::vector<uint8_t>* reply) {
+  const int64_t deadline = NowMs() + options_.call_timeout_ms;
+  while (true) {
+    transport::PeerId coord = 0;
+    CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+    reply->clear();
+    Status st =
+        transport_->CallSync(coord, type, body, nullptr, 0, options_.call_timeout_ms, reply);
+    if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(options_.coordinator);
+    if (st.code() != CKPTDB_EBUSY || NowMs() >= deadline || stop_) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 // A `ckptdb serve` daemon announces (again) what it serves. Kept for dead_after_ms.
@@ -834,27 +877,19 @@ Status Cluster::Decisions(std::set<uint64_t>* committed) {
 }
 
 Status Cluster::Latest(uint64_t* version) {
-  transport::PeerId coord = 0;
-  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
   std::vector<uint8_t> reply;
-  Status st =
-      transport_->CallSync(coord, kLatest, {}, nullptr, 0, options_.call_timeout_ms, &reply);
-  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(options_.coordinator);
-  CKPTDB_RETURN_IF_ERROR(st);
+  CKPTDB_RETURN_IF_ERROR(AskCoordinator(kLatest, {}, &reply));
   WireReader r(reply, "the coordinator's latest");
   *version = r.U64("version");
   return r.Finish();
 }
 
 Status Cluster::Holders(uint32_t owner, uint64_t version, std::vector<ReplicaHolder>* out) {
-  transport::PeerId coord = 0;
-  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
   WireWriter w;
   w.U32(owner);
   w.U64(version);
   std::vector<uint8_t> reply;
-  CKPTDB_RETURN_IF_ERROR(transport_->CallSync(coord, kHolders, w.Take(), nullptr, 0,
-                                              options_.call_timeout_ms, &reply));
+  CKPTDB_RETURN_IF_ERROR(AskCoordinator(kHolders, w.Take(), &reply));
   WireReader r(reply, "the coordinator's holders");
   uint32_t n = r.U32("count");
   if (n > options_.world_size + 1024u) {

@@ -125,6 +125,10 @@ class Cluster {
   // The size of owner's replica of `version` on `holder`.
   Status ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
                       uint64_t* bytes);
+  // The rank has recovered (its holdings are final for this incarnation): tells the
+  // coordinator at once. Latest and Holders wait for every live rank's Ready, so that no answer
+  // is computed from what a rank held before it recovered.
+  void Ready();
   void Hint(bool net_busy);
   ClusterStats stats() const;
   // The placement over this job's nodes (valid after Start).
@@ -139,6 +143,7 @@ class Cluster {
     uint64_t incarnation = 0;
     bool registered = false;
     bool dead = false;
+    bool ready = false;  // recovered in this incarnation: its holdings are final
     int64_t last_seen_ms = 0;
     std::vector<uint64_t> local_versions;                 // newest first
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
@@ -151,6 +156,7 @@ class Cluster {
   Status Join();
   void Handle(const transport::Request& request, transport::Reply* reply);
   void HeartbeatLoop();
+  void SendHeartbeat();
   void CoordinatorLoop();
   Status PeerFor(const std::string& address, transport::PeerId* out);
   void DropPeer(const std::string& address);
@@ -172,9 +178,8 @@ class Cluster {
   void HandleHolders(const transport::Request& request, transport::Reply* reply);
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);
   void HandleServe(const transport::Request& request, transport::Reply* reply);
-  // A restarted coordinator gives serving daemons two heartbeats to announce themselves before
-  // it says where data lives (Latest, Holders).
-  void AwaitServers() const;
+  Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
+  Status AskCoordinator(uint16_t type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
   Status BumpEpochLocked(const std::string& why);
   void AbortUndecidedLocked(const std::string& why);
   void Decide(uint64_t version, bool committed);
@@ -188,6 +193,7 @@ class Cluster {
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> net_busy_{false};
+  std::atomic<bool> ready_{false};
   std::thread heartbeat_;
   std::thread coordinator_;
   std::thread serve_;

@@ -4,6 +4,7 @@
 #include "engine/db.h"
 
 #include <fcntl.h>
+#include <sodium.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -177,7 +178,15 @@ Status Db::OpenImpl() {
   if (st.code() == CKPTDB_ENOTFOUND) {
     if (o.read_only) return Status::NotFound("store " + root + " has no identity record");
     uint64_t job_id = 0;
-    if (getrandom(&job_id, sizeof job_id, 0) != sizeof job_id) {
+    if (o.world_size > 1 && !o.job_token.empty()) {
+      // Every store of a job gets the job's id, derived from its token: a replacement rank on
+      // empty directories then recognizes its job's segments on tiers that outlived its node.
+      const std::string label = "ckptdb job id\n" + o.job_token;
+      uint8_t digest[crypto_generichash_BYTES_MIN];
+      crypto_generichash(digest, sizeof digest, reinterpret_cast<const uint8_t*>(label.data()),
+                         label.size(), nullptr, 0);
+      std::memcpy(&job_id, digest, sizeof job_id);
+    } else if (getrandom(&job_id, sizeof job_id, 0) != sizeof job_id) {
       return Status::FromErrno(errno, "getrandom for the store's job id");
     }
     identity_ = Identity{job_id, o.rank, o.world_size, o.chunk_bytes, NowNs()};
@@ -251,8 +260,10 @@ Status Db::OpenImpl() {
     // (docs/commit-protocol.md, recovery), not presumed aborted locally.
     CKPTDB_RETURN_IF_ERROR(StartCluster());
     CKPTDB_RETURN_IF_ERROR(ResolveInDoubt());
+    CKPTDB_RETURN_IF_ERROR(AdoptSegments());
   }
   CKPTDB_RETURN_IF_ERROR(Recover());
+  if (cluster_ != nullptr) cluster_->Ready();
   // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
   // copy is refused there).
   std::string canonical;

@@ -342,6 +342,9 @@ class Db {
   // cluster.cc hooks and the cluster worker (engine/distributed.cc).
   Status StartCluster();
   Status ResolveInDoubt();
+  // A rank whose catalog was lost (a replacement node) finds its committed segments on tiers
+  // that outlived the node (a shared file system) and records them (DESIGN.md section 7).
+  Status AdoptSegments();
   Status OnDecision(uint64_t version, bool committed);
   void ClusterWorkerLoop();
   void PostClusterJob(std::function<void()> job);

@@ -1,12 +1,16 @@
 // The Db's side of a job of world_size > 1 ranks (DESIGN.md sections 6-7): joining through the
 // Cluster, resolving versions left in doubt, the worker that pushes replicas and casts votes off
 // the manager thread, decisions from the coordinator, and restoring from peers' memory.
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 
 #include "engine/db.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
 #include "format/segment_format.h"
+#include "format/segment_reader.h"
+#include "io/io.h"
 #include "io/tier_spec.h"
 
 namespace ckpt::engine {
@@ -101,6 +105,84 @@ Status Db::ResolveInDoubt() {
     }
   }
   if (batch.put_versions.empty()) return Status::Ok();
+  return catalog_->Apply(batch, /*sync=*/true);
+}
+
+// Segments of this rank on directory tiers that the catalog does not know, of versions the
+// coordinator committed: checked (framing, footer, manifest) and recorded COMMITTED with their
+// residency, so that Recover keeps them and restore and latest see them. Anything else unknown
+// is left to Recover, which removes it.
+Status Db::AdoptSegments() {
+  std::lock_guard<std::mutex> lock(mu_);
+  CatalogBatch batch;
+  for (const TierState& tier : tiers_) {
+    if (tier.is_ram()) continue;
+    std::vector<SegmentFileName> files;
+    CKPTDB_RETURN_IF_ERROR(tier.dir->ListSegments(&files));
+    for (const SegmentFileName& f : files) {
+      if (f.temporary || f.rank != identity_.rank || versions_.count(f.version) ||
+          !job_committed_.count(f.version)) {
+        continue;
+      }
+      const std::string path = tier.spec.path + "/" + f.name;
+      const std::string what = "segment " + path + " (tier " + tier.name() + ")";
+      int fd = -1;
+      bool direct = false;
+      Status st = io_->Open(path, io::OpenOptions{}, &fd, &direct).WithContext(what);
+      uint64_t size = 0;
+      if (st.ok()) st = io_->FileSize(fd, &size);
+      std::unique_ptr<format::SegmentReader> reader;
+      if (st.ok()) {
+        io::IoQueue* q = read_queue_.get();
+        st = format::SegmentReader::Open(
+            what, size,
+            [q, fd, what](uint64_t off, void* buf, size_t len) {
+              return io::ReadAt(*q, fd, off, buf, len, what);
+            },
+            &reader);
+      }
+      if (fd >= 0) (void)io_->Close(fd);
+      if (st.ok() && (reader->footer().version != f.version || reader->footer().rank != f.rank)) {
+        st = Status::Corrupt(what + ": its footer says v" +
+                             std::to_string(reader->footer().version) + " of rank " +
+                             std::to_string(reader->footer().rank));
+      }
+      if (!st.ok()) {
+        std::fprintf(stderr, "ckptdb[rank %u]: not adopting %s\n", identity_.rank,
+                     st.message().c_str());
+        continue;  // Recover removes it
+      }
+      VersionRecord rec;
+      rec.version = f.version;
+      rec.state = CKPTDB_STATE_COMMITTED;
+      rec.rank = f.rank;
+      const format::ManifestView& m = reader->manifest();
+      rec.tensor_count = m.tensor_count();
+      for (uint32_t i = 0; i < m.tensor_count(); ++i) rec.data_bytes += m.tensor(i).bytes();
+      rec.chunk_count = reader->footer().chunk_count;
+      rec.created_unix_ns = rec.committed_unix_ns = NowNs();
+      rec.manifest_xxh3 = reader->footer().manifest_xxh3;
+      ResidencyRecord res;
+      res.tier = tier.name();
+      res.state = CKPTDB_RESIDENT_DURABLE;
+      res.path = path;
+      res.file_bytes = size;
+      VersionEntry& e = versions_[f.version];
+      if (!e.has_record) {
+        e.has_record = true;
+        e.record = rec;
+        batch.put_versions.push_back(rec);
+      }
+      e.residency.push_back(res);
+      batch.put_residency.emplace_back(f.version, res);
+      std::fprintf(stderr,
+                   "ckptdb[rank %u]: adopted v%" PRIu64
+                   " from %s: the coordinator committed it and this rank's catalog did not know "
+                   "it (a replacement node)\n",
+                   identity_.rank, f.version, what.c_str());
+    }
+  }
+  if (batch.put_versions.empty() && batch.put_residency.empty()) return Status::Ok();
   return catalog_->Apply(batch, /*sync=*/true);
 }
 

@@ -34,6 +34,7 @@ struct Job {
   int port = 0;
   uint32_t replicas = 2;
   int dead_after_ms = 1500;
+  bool shared_tier = false;  // a disk tier per rank in a directory no node loss touches
   // Where each rank runs; a rank moved to a spare node gets another name (and empty directories).
   std::vector<std::string> node_of = {"node0", "node1", "node2", "node3"};
   std::string Node(uint32_t rank) const { return dir.Sub(node_of[rank]); }
@@ -52,6 +53,9 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   std::filesystem::create_directories(node + "/shm");
   std::string root = node + "/root";
   std::string tiers = "ram:48M,keep=2,dir=" + node + "/shm";
+  if (job.shared_tier) {
+    tiers += ";disk:" + job.dir.Sub("shared/rank" + std::to_string(rank)) + ",every=2,keep=2";
+  }
   std::string coordinator = "127.0.0.1:" + std::to_string(job.port);
   std::string node_id = job.node_of[rank];
   std::string redundancy = "replicate:" + std::to_string(job.replicas);
@@ -547,6 +551,56 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
       RANK_CHECK(sources == std::set<std::string>({"peer:rank2", "peer:rank3"}),
                  "rank 1's tensors came from %zu sources, not ranks 2 and 3", sources.size());
       RANK_CHECK(st.checksum_failures >= 1, "the corrupt chunk went unnoticed");
+    }
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// Both nodes of a placement group (nodes 2 and 3) are lost, memory, disks and catalogs: the
+// newest version in memory (v5) is gone for ranks 2 and 3, so the job falls back to the newest
+// version every rank can still restore, v4, which ranks 2 and 3 find on the shared tier with
+// empty catalogs (replacement nodes), and every rank restores it.
+TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedTier) {
+  job_.shared_tier = true;
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    for (uint64_t v = 1; v <= 5; ++v) {
+      if (Save(db, rank, v) != 0) return 1;
+    }
+    Done(job_, rank, "save");
+    rc = ckptdb_close(db);  // drains the demotions of v2 and v4 to the shared tier
+    RANK_CHECK(rc == 0, "close: %d", rc);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  job_.WipeNode(2);
+  job_.WipeNode(3);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 4, "latest %d %llu, expected v4", rc,
+               (unsigned long long)latest);
+    std::string source;
+    int bad = CheckRestore(db, rank, 4, &source);
+    std::vector<uint8_t> out(kTensorBytes);
+    std::string name = "w0/r" + std::to_string(rank);
+    int v5 = ckptdb_restore(db, 5, name.c_str(), out.data(), out.size(), 0);
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    if (bad != 0) return 1;
+    if (rank >= 2) {
+      RANK_CHECK(source.rfind("disk:", 0) == 0, "rank %u restored v4 from %s, not the shared tier",
+                 rank, source.c_str());
+      RANK_CHECK(v5 != 0, "rank %u restored v5, which no surviving copy holds", rank);
+    } else {
+      RANK_CHECK(source == "ram", "rank %u restored v4 from %s", rank, source.c_str());
     }
     ckptdb_close(db);
     return 0;

@@ -26,18 +26,19 @@ extern "C" {
 
 /* ---- Status codes ------------------------------------------------------------------------- */
 #define CKPTDB_OK 0
-#define CKPTDB_EINVAL -1     /* a bad argument: NULL or empty name, bad options, bad tier spec */
-#define CKPTDB_ENOTFOUND -2  /* no such version, tensor or store */
-#define CKPTDB_EEXIST -3     /* a name already put in this version */
-#define CKPTDB_ESTATE -4     /* the call does not fit the version's state (put after commit, ...) */
-#define CKPTDB_ECORRUPT -5   /* a checksum or format check failed on every copy */
-#define CKPTDB_EIO -6        /* the operating system reported an I/O error */
-#define CKPTDB_ENOSPC -7     /* a tier is full */
-#define CKPTDB_ETIMEDOUT -8  /* a wait ran out of time */
-#define CKPTDB_ENOMEM -9     /* memory for staging or metadata could not be had */
-#define CKPTDB_ESIZE -10     /* a buffer's size does not match the stored tensor */
-#define CKPTDB_ENOTSUP -11   /* valid, but not supported by this build or configuration */
-#define CKPTDB_EBUSY -12     /* the store is locked by another process */
+#define CKPTDB_EINVAL -1    /* a bad argument: NULL or empty name, bad options, bad tier spec */
+#define CKPTDB_ENOTFOUND -2 /* no such version, tensor or store */
+#define CKPTDB_EEXIST -3    /* a name already put in this version */
+#define CKPTDB_ESTATE -4    /* the call does not fit the version's state (put after commit, ...) */
+#define CKPTDB_ECORRUPT -5  /* a checksum or format check failed on every copy */
+#define CKPTDB_EIO -6       /* the operating system reported an I/O error */
+#define CKPTDB_ENOSPC -7    /* a tier is full */
+#define CKPTDB_ETIMEDOUT -8 /* a wait ran out of time */
+#define CKPTDB_ENOMEM -9    /* memory for staging or metadata could not be had */
+#define CKPTDB_ESIZE -10    /* a buffer's size does not match the stored tensor */
+#define CKPTDB_ENOTSUP -11  /* valid, but not supported by this build or configuration */
+#define CKPTDB_EBUSY \
+  -12 /* the store is locked by another process; or the job is still recovering */
 #define CKPTDB_EINTERNAL -13 /* an unexpected exception inside ckptdb: please report it */
 #define CKPTDB_ESKIPPED                                                    \
   -14 /* back-pressure policy "skip" dropped the version: it will never be \
