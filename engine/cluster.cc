@@ -174,10 +174,10 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   to.max_payload_bytes = kMaxPieceBytes + format::kBlockBytes;
   to.service_threads = 2;
   to.max_in_flight = 16;
-  if (!options.listen.empty()) {
+  if (options.rank == 0 && !options.serve_only) {
+    to.listen = options.coordinator;  // the coordinator is where the job says it is
+  } else if (!options.listen.empty()) {
     to.listen = options.listen;
-  } else if (options.rank == 0 && !options.serve_only) {
-    to.listen = options.coordinator;
   } else {
     to.listen = options.coordinator.substr(0, options.coordinator.rfind(':')) + ":0";
   }

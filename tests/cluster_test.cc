@@ -3,11 +3,16 @@
 // replication to placement peers' memory, a lost node restored from peers, the coordinator killed
 // between writing COMMITTED and telling anyone, a rank killed before it prepared, and a rank with
 // the wrong job token.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -35,6 +40,8 @@ struct Job {
   uint32_t replicas = 2;
   int dead_after_ms = 1500;
   bool shared_tier = false;  // a disk tier per rank in a directory no node loss touches
+  std::string coordinator_host = "127.0.0.1";
+  std::vector<std::string> listen;  // per rank (CKPTDB_LISTEN); empty: the default
   // Where each rank runs; a rank moved to a spare node gets another name (and empty directories).
   std::vector<std::string> node_of = {"node0", "node1", "node2", "node3"};
   std::string Node(uint32_t rank) const { return dir.Sub(node_of[rank]); }
@@ -56,7 +63,8 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   if (job.shared_tier) {
     tiers += ";disk:" + job.dir.Sub("shared/rank" + std::to_string(rank)) + ",every=2,keep=2";
   }
-  std::string coordinator = "127.0.0.1:" + std::to_string(job.port);
+  std::string coordinator = job.coordinator_host + ":" + std::to_string(job.port);
+  if (!job.listen.empty()) setenv("CKPTDB_LISTEN", job.listen[rank].c_str(), 1);
   std::string node_id = job.node_of[rank];
   std::string redundancy = "replicate:" + std::to_string(job.replicas);
   ckptdb_options o;
@@ -602,6 +610,103 @@ TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedT
     } else {
       RANK_CHECK(source == "ram", "rank %u restored v4 from %s", rank, source.c_str());
     }
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// Four simulated nodes in four network namespaces on one bridge (ip netns, veth), each rank
+// with its own address: the job assembles, replicates across the bridge, loses node 3 and
+// restores its rank from a peer at another address.
+class NetnsClusterTest : public ClusterTest {
+ protected:
+  void SetUp() override {
+    ClusterTest::SetUp();
+    id_ = std::to_string(getpid() % 100000);
+    subnet_ = "10.79." + std::to_string(getpid() % 200 + 20) + ".";
+    sw_ = "cksw" + id_;
+    if (!Ip("netns add " + sw_)) {
+      GTEST_SKIP() << "SKIPPED: cannot create network namespaces here (needs root and "
+                      "CAP_NET_ADMIN): the netns test did not run";
+    }
+    made_.push_back(sw_);
+    ASSERT_TRUE(Ip("-n " + sw_ + " link add br0 type bridge") &&
+                Ip("-n " + sw_ + " link set br0 up"));
+    for (uint32_t k = 0; k < kRanks; ++k) {
+      std::string ns = Ns(k), v = "ckv" + id_ + std::to_string(k),
+                  e = "cke" + id_ + std::to_string(k);
+      ASSERT_TRUE(Ip("netns add " + ns));
+      made_.push_back(ns);
+      ASSERT_TRUE(Ip("link add " + v + " type veth peer name " + e) &&
+                  Ip("link set " + v + " netns " + sw_) && Ip("link set " + e + " netns " + ns) &&
+                  Ip("-n " + sw_ + " link set " + v + " master br0") &&
+                  Ip("-n " + sw_ + " link set " + v + " up") &&
+                  Ip("-n " + ns + " addr add " + Addr(k) + "/24 dev " + e) &&
+                  Ip("-n " + ns + " link set " + e + " up") && Ip("-n " + ns + " link set lo up"));
+      job_.listen.push_back(Addr(k) + ":0");
+    }
+    job_.coordinator_host = Addr(0);
+  }
+  void TearDown() override {
+    for (const std::string& ns : made_) Ip("netns del " + ns);  // takes its veth ends along
+  }
+  static bool Ip(const std::string& args) {
+    return std::system(("ip " + args + " >/dev/null 2>&1").c_str()) == 0;
+  }
+  std::string Ns(uint32_t k) const { return "ckn" + id_ + "-" + std::to_string(k); }
+  std::string Addr(uint32_t k) const { return subnet_ + std::to_string(k + 1); }
+  // In a rank's process, before it opens: move into its node's namespace, and (as `ip netns
+  // exec` does) give it a /sys of that namespace, where UCX finds the node's interfaces.
+  int Enter(uint32_t rank) const {
+    int fd = open(("/run/netns/" + Ns(rank)).c_str(), O_RDONLY | O_CLOEXEC);
+    int rc = fd >= 0 ? setns(fd, CLONE_NEWNET) : -1;
+    if (fd >= 0) close(fd);
+    if (rc == 0) rc = unshare(CLONE_NEWNS);
+    if (rc == 0) rc = mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr);
+    if (rc == 0) rc = umount2("/sys", MNT_DETACH);
+    if (rc == 0) rc = mount(Ns(rank).c_str(), "/sys", "sysfs", 0, nullptr);
+    return rc;
+  }
+  std::string id_, subnet_, sw_;
+  std::vector<std::string> made_;
+};
+
+TEST_F(NetnsClusterTest, RanksAtDistinctAddressesReplicateAndRestoreAcrossABridge) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    RANK_CHECK(Enter(rank) == 0, "setns into %s: %s", Ns(rank).c_str(), std::strerror(errno));
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open at %s: %d", Addr(rank).c_str(), rc);
+    for (uint64_t v = 1; v <= 2; ++v) {
+      if (Save(db, rank, v) != 0) return 1;
+    }
+    ckptdb_stats_t st;
+    ckptdb_stats(db, &st);
+    RANK_CHECK(st.replica_bytes_sent >= 2 * kTensorBytes && st.replica_bytes_received > 0,
+               "replicated %llu bytes, received %llu", (unsigned long long)st.replica_bytes_sent,
+               (unsigned long long)st.replica_bytes_received);
+    Done(job_, rank, "save");
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  job_.WipeNode(3);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    RANK_CHECK(Enter(rank) == 0, "setns into %s: %s", Ns(rank).c_str(), std::strerror(errno));
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen at %s: %d", Addr(rank).c_str(), rc);
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu", rc, (unsigned long long)latest);
+    std::string source;
+    int bad = CheckRestore(db, rank, 2, &source);
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    if (bad != 0) return 1;
+    const char* want = rank == 3 ? "peer:rank2" : "ram";
+    RANK_CHECK(source == want, "rank %u restored from %s, not %s", rank, source.c_str(), want);
     ckptdb_close(db);
     return 0;
   });
