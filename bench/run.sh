@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmarks against their physical limits; the figures go into docs/performance.md.
-# Usage: bench/run.sh [BUILD_DIR]   (about 10 minutes on the 2-core VM; needs ~9 GiB of memory,
-# /dev/shm and /var/tmp)
+# Usage: bench/run.sh [BUILD_DIR]   (about 12 minutes on the 2-core VM; needs ~9 GiB of memory,
+# /dev/shm and /var/tmp; bench_cluster runs ucx_perftest from ucx-utils, and its throttled tier
+# needs root for a blkio/io cgroup: without one it says so and measures the rest)
 set -euo pipefail
 build=${1:-build}
 echo "== copy and hash in pieces: the piece size capture uses =="
@@ -18,3 +19,12 @@ echo "== commit/restore of 2 GiB on a tmpfs tier =="
 echo
 echo "== commit/restore of 1 GiB on a disk tier (O_DIRECT) =="
 "$build/bench_commit_restore" --dir /var/tmp/ckptdb-bench --gib 1 --tensor-mib 64 --repeats 3
+echo
+echo "== issue 4: replication to a peer's memory against ucx_perftest (2 ranks, 512 MiB each) =="
+"$build/bench_cluster" --mode replicate --mib 512 --versions 6 --tls tcp --tls shm,tcp
+echo
+echo "== issue 4: commit latency on 1, 2, 4, 8 ranks (4 MiB a rank, replicate:2 and none) =="
+"$build/bench_cluster" --mode commit --commit-kib 4096 --versions 20 --ranks 2,4,8 --tls tcp
+echo
+echo "== issue 4: restore of 256 MiB from a peer's memory, a disk tier and a throttled one =="
+"$build/bench_cluster" --mode restore --mib 256 --repeats 4 --tls tcp

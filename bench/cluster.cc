@@ -1,0 +1,1135 @@
+// Benchmarks of issue 4 (docs/performance.md, "Many ranks"): a job of ranks run as forked
+// processes on simulated nodes (one directory tree and one node_id per rank under --shm), talking
+// over UCX on loopback through the public C API, as tests/cluster_test.cc runs them. Every ckptdb
+// handle lives in a child process (the parent only forks, runs ucx_perftest and measures limits),
+// so no process forks with ckptdb's or RocksDB's threads running. Each figure is set against a
+// limit measured in the same run:
+//
+//   replicate  2 ranks on 2 nodes, replicate:2: each commit pushes the rank's segment into its
+//              peer's memory, where it is written into a tmpfs file and every chunk's xxh3 is
+//              checked before it is accepted. Replication rate = replica_bytes_sent / replica_ns
+//              (ckptdb_stats, taken after each commit: one figure per version), against
+//              ucx_perftest's ucp_am_bw (active messages with rendezvous, what ckptdb's transport
+//              uses) with the same UCX_TLS, run just before and just after. "One way": rank 1's
+//              state is a single chunk, so rank 0 alone pushes (as ucx_perftest's one sender);
+//              "both ways": both push at once, against two ucx_perftest pairs run at once. Where
+//              the time goes: the same commits with redundancy none, and the receiver's work
+//              (write into a new tmpfs file, read back and hash) timed alone.
+//   commit     Commit latency: ckptdb_commit (synchronous: it returns once the version is
+//              COMMITTED, decided by the coordinator and recorded by the rank) of a small state on
+//              2, 4 and 8 ranks, replicate:2 and none. All ranks start their commit at a barrier;
+//              the job's latency of a version is from the first rank's call to the last rank's
+//              return. Against a single rank (world_size 1) committing the same state, and the
+//              UCX round trip (ucx_perftest ucp_am_lat, which reports half a round trip).
+//   restore    One rank's segment restored (a) from a peer's memory after its node was wiped (its
+//              directories deleted, the rank reopened on empty ones), (b) from a local disk tier
+//              (page cache dropped), against a raw read(2) of the segment, and (c) from the same
+//              disk tier read by a process whose reads of that disk are throttled (cgroup blkio,
+//              v1 read_bps_device or v2 io.max) to a tenth of the raw read rate measured in (b):
+//              a stand-in for a slow shared tier (ckptdb has no nfs tier yet).
+//
+// Usage: bench_cluster [--mode replicate|commit|restore|all] [--mib M] [--versions V]
+//                      [--tls "UCX_TLS [UCX_NAME=VALUE]..."]... [--ranks 2,4,8] [--commit-kib K]
+//                      [--repeats R] [--shm DIR] [--disk DIR] [--timeout S]
+// --tls may be given more than once (replicate runs each; commit and restore use the first);
+// default: tcp, then shm,tcp.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxh_x86dispatch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "ckptdb/ckptdb.h"
+
+namespace {
+
+using bench::Allocate;
+using bench::Clock;
+using bench::Median;
+using bench::Since;
+namespace fs = std::filesystem;
+
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kShardBytes = 64 * kMiB;  // the ranks' tensors
+constexpr size_t kChunkBytes = 4 * kMiB;   // ckptdb's default chunk
+constexpr size_t kPieceBytes = 8 * kMiB;   // ckptdb's replica and fetch calls; ucx_perftest's -s
+constexpr uint32_t kMaxRanks = 8;
+constexpr int kMaxVersions = 64;
+
+struct Args {
+  std::string mode = "all";
+  size_t mib = 0;                                     // 0: 512 for replicate, 256 for restore
+  int versions = 0;                                   // 0: 6 for replicate, 20 for commit
+  std::vector<std::string> tls = {"tcp", "shm,tcp"};  // UCX_TLS values
+  std::vector<uint32_t> ranks = {2, 4, 8};
+  size_t commit_kib = 4096;
+  int repeats = 4;
+  std::string shm = "/dev/shm/ckptdb-bench-cluster";
+  std::string disk = "/var/tmp/ckptdb-bench-cluster";
+  int timeout_s = 170;  // a rank process never outlives this (alarm)
+};
+
+double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(std::ceil(p * v.size()));
+  return v[std::min(v.size() - 1, i == 0 ? 0 : i - 1)];
+}
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string piece;
+  while (std::getline(in, piece, sep)) {
+    if (!piece.empty()) out.push_back(piece);
+  }
+  return out;
+}
+
+// A --tls entry, "TLS [NAME=VALUE]...": UCX_TLS for ckptdb's ranks (CKPTDB_UCX_TLS) and for
+// ucx_perftest, then UCX settings put in the environment of both. Returns the UCX_TLS value.
+std::string ApplyTls(const std::string& entry) {
+  std::vector<std::string> words = Split(entry, ' ');
+  for (size_t i = 1; i < words.size(); ++i) {
+    size_t eq = words[i].find('=');
+    if (eq != std::string::npos)
+      setenv(words[i].substr(0, eq).c_str(), words[i].c_str() + eq + 1, 1);
+  }
+  std::string tls = words.empty() ? "" : words[0];
+  setenv("CKPTDB_UCX_TLS", tls.c_str(), 1);
+  return tls;
+}
+
+void UnapplyTls(const std::string& entry) {
+  std::vector<std::string> words = Split(entry, ' ');
+  for (size_t i = 1; i < words.size(); ++i)
+    unsetenv(words[i].substr(0, words[i].find('=')).c_str());
+}
+
+// ---- what the rank processes share with the parent ---------------------------------------------
+
+// One anonymous shared mapping made before any fork: a process-shared barrier and the figures
+// each rank reports (one slot per rank and version).
+struct Shared {
+  pthread_barrier_t barrier;
+  double t0[kMaxRanks][kMaxVersions];  // steady clock, seconds: commit called
+  double t1[kMaxRanks][kMaxVersions];  // commit returned
+  double replica_bytes[kMaxRanks][kMaxVersions];
+  double replica_ns[kMaxRanks][kMaxVersions];
+  double commit_ns[kMaxRanks][kMaxVersions];  // ckptdb_version_stats' commit_ns
+  double value[kMaxRanks][8];
+  char text[kMaxRanks][256];
+};
+
+Shared* g_shared = nullptr;
+
+void ResetShared(uint32_t ranks) {
+  static bool initialised = false;
+  if (initialised) pthread_barrier_destroy(&g_shared->barrier);
+  std::memset(static_cast<void*>(g_shared), 0, sizeof *g_shared);
+  pthread_barrierattr_t attr;
+  pthread_barrierattr_init(&attr);
+  pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_barrier_init(&g_shared->barrier, &attr, ranks);
+  pthread_barrierattr_destroy(&attr);
+  initialised = true;
+}
+
+void Barrier() { pthread_barrier_wait(&g_shared->barrier); }
+
+// Runs fn(rank) in `ranks` child processes; true when every one exits 0. When one fails, the
+// others (which may wait for it at a barrier) are killed.
+bool RunRanks(uint32_t ranks, const std::function<int(uint32_t)>& fn, int timeout_s) {
+  ResetShared(ranks);
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      std::exit(2);
+    }
+    if (pid == 0) {
+      alarm(static_cast<unsigned>(timeout_s));
+      int rc = fn(r);
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  size_t left = pids.size();
+  while (left > 0) {
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    auto it = std::find(pids.begin(), pids.end(), pid);
+    if (it == pids.end()) continue;
+    uint32_t rank = static_cast<uint32_t>(it - pids.begin());
+    *it = -1;
+    left--;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    std::fprintf(stderr, "rank %u: %s %d\n", rank, WIFEXITED(status) ? "exited with" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    if (ok) {
+      for (pid_t other : pids) {
+        if (other > 0) kill(other, SIGKILL);
+      }
+    }
+    ok = false;
+  }
+  return ok;
+}
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    std::perror("a free port");
+    std::exit(2);
+  }
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+#define RANK_CHECK(expr, what)                                                           \
+  do {                                                                                   \
+    int rc_ = (expr);                                                                    \
+    if (rc_ != CKPTDB_OK) {                                                              \
+      std::fprintf(stderr, "rank %u: %s: %s: %s\n", rank, what, ckptdb_status_name(rc_), \
+                   ckptdb_last_error());                                                 \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+// ---- a rank's state and store ------------------------------------------------------------------
+
+struct RankState {
+  size_t shard_bytes = 0;
+  size_t bytes = 0;
+  std::vector<uint8_t*> shards;
+  std::vector<std::string> names;
+};
+
+// Pre-faulted, incompressible, distinct per rank (allocated in the rank's process, outside any
+// timed region: LIMITS.md, first touch).
+RankState MakeRankState(uint32_t rank, size_t bytes) {
+  RankState s;
+  s.shard_bytes = std::min(bytes, kShardBytes);
+  size_t n = (bytes + s.shard_bytes - 1) / s.shard_bytes;
+  s.bytes = s.shard_bytes * n;
+  for (size_t i = 0; i < n; ++i) {
+    s.shards.push_back(Allocate(s.shard_bytes));
+    bench::Fill(s.shards.back(), s.shard_bytes, (uint64_t{rank} << 32) + i * 7919);
+    s.names.push_back("r" + std::to_string(rank) + ".layer" + std::to_string(i));
+  }
+  return s;
+}
+
+// The optimizer step: every shard changes a little.
+void Step(RankState& s, uint64_t version) {
+  for (uint8_t* p : s.shards) {
+    for (size_t off = 0; off < s.shard_bytes; off += kMiB) p[off] ^= static_cast<uint8_t>(version);
+  }
+}
+
+struct Job {
+  std::string dir;  // holds node<R>/ for every rank
+  uint32_t ranks = 2;
+  std::string redundancy = "none";
+  uint32_t keep = 1;
+  int port = 0;
+  std::string Node(uint32_t rank) const { return dir + "/node" + std::to_string(rank); }
+};
+
+// A ram arena for keep + 1 versions of `bytes` (one being captured while `keep` are kept), plus
+// record headers and slack.
+std::string RamMib(size_t bytes, uint32_t keep) {
+  size_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+  size_t per_version = bytes + chunks * 4096 + 64 * 8192 + kMiB;
+  return std::to_string(per_version * (keep + 1) / kMiB + 64) + "M";
+}
+
+// Opens rank `rank` of the job on its node, as tests/cluster_test.cc does; world_size 1 when the
+// job has one rank (no coordinator, no transport).
+int OpenRank(const Job& job, uint32_t rank, size_t bytes, ckptdb** db) {
+  std::string node = job.Node(rank);
+  fs::create_directories(node + "/shm");
+  std::string root = node + "/root";
+  std::string tiers = "ram:" + RamMib(bytes, job.keep) + ",keep=" + std::to_string(job.keep) +
+                      ",dir=" + node + "/shm";
+  std::string coordinator = "127.0.0.1:" + std::to_string(job.port);
+  std::string node_id = "node" + std::to_string(rank);
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.root = root.c_str();
+  o.tiers = tiers.c_str();
+  o.rank = rank;
+  o.world_size = job.ranks;
+  if (job.ranks > 1) {
+    o.node_id = node_id.c_str();
+    o.coordinator = coordinator.c_str();
+    o.job_token = "bench-cluster-token";
+    o.redundancy = job.redundancy.c_str();
+  }
+  return ckptdb_open(&o, db);
+}
+
+int PutAll(ckptdb* db, const RankState& s, uint64_t version) {
+  for (size_t i = 0; i < s.shards.size(); ++i) {
+    int rc =
+        ckptdb_put_shard(db, version, s.names[i].c_str(), s.shards[i], s.shard_bytes, nullptr, 0);
+    if (rc != CKPTDB_OK) return rc;
+  }
+  return ckptdb_wait_capture(db, version, -1);
+}
+
+// A job's ranks close together, rank 0 (the coordinator) last.
+int CloseRanks(ckptdb* db, uint32_t rank, uint32_t ranks) {
+  if (ranks == 1) return ckptdb_close(db);
+  Barrier();
+  int rc = CKPTDB_OK;
+  if (rank != 0) rc = ckptdb_close(db);
+  Barrier();
+  if (rank == 0) rc = ckptdb_close(db);
+  return rc;
+}
+
+// ---- ucx_perftest ------------------------------------------------------------------------------
+
+struct Perf {
+  bool ok = false;
+  double gbs = 0;         // overall bandwidth, 10^9 bytes/s (ucx_perftest prints MiB/s)
+  double typical_us = 0;  // latency median (ping-pong tests: half a round trip)
+  double average_us = 0;
+};
+
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& tls, int out_fd) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("UCX_TLS", tls.c_str(), 1);
+    int devnull = open("/dev/null", O_RDWR);
+    dup2(out_fd >= 0 ? out_fd : devnull, 1);
+    dup2(out_fd >= 0 ? out_fd : devnull, 2);
+    alarm(120);  // survives exec
+    std::vector<char*> args;
+    for (const std::string& s : argv) args.push_back(const_cast<char*>(s.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The last line of ucx_perftest's output with its 8 figures: iterations, latency 50th percentile,
+// average and overall (usec), bandwidth average and overall (MB/s, which ucx_perftest computes
+// with 1024*1024), message rate average and overall.
+Perf ParsePerf(const std::string& out) {
+  Perf p;
+  std::stringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::stringstream in(line);
+    std::vector<double> v;
+    std::string tok;
+    while (in >> tok) {
+      if (tok == "Final:") continue;
+      char* end = nullptr;
+      double x = std::strtod(tok.c_str(), &end);
+      if (end == tok.c_str() || *end != '\0') {
+        v.clear();
+        break;
+      }
+      v.push_back(x);
+    }
+    if (v.size() == 8) {
+      p.ok = true;
+      p.typical_us = v[1];
+      p.average_us = v[3];
+      p.gbs = v[5] * 1048576.0 / 1e9;
+    }
+  }
+  return p;
+}
+
+// `pairs` servers and clients of ucx_perftest test `test` at once, UCX_TLS=tls; one Perf a pair.
+std::vector<Perf> PerfTest(const std::string& tls, const std::string& test, size_t bytes, int iters,
+                           int pairs) {
+  std::fflush(nullptr);
+  std::vector<pid_t> servers, clients;
+  std::vector<int> ports, outs;
+  for (int i = 0; i < pairs; ++i) {
+    ports.push_back(FreePort());
+    servers.push_back(Spawn({"ucx_perftest", "-p", std::to_string(ports.back())}, tls, -1));
+  }
+  usleep(500 * 1000);  // the servers listen
+  for (int i = 0; i < pairs; ++i) {
+    outs.push_back(memfd_create("ucx_perftest", MFD_CLOEXEC));
+    clients.push_back(Spawn({"ucx_perftest", "127.0.0.1", "-p", std::to_string(ports[i]), "-t",
+                             test, "-s", std::to_string(bytes), "-n", std::to_string(iters), "-f"},
+                            tls, outs.back()));
+  }
+  std::vector<Perf> out;
+  for (int i = 0; i < pairs; ++i) {
+    int status = 0;
+    waitpid(clients[i], &status, 0);
+    std::string text;
+    char buf[4096];
+    lseek(outs[i], 0, SEEK_SET);
+    for (ssize_t n; (n = read(outs[i], buf, sizeof buf)) > 0;) text.append(buf, n);
+    close(outs[i]);
+    Perf p = ParsePerf(text);
+    if (!p.ok) {
+      std::fprintf(stderr, "ucx_perftest %s (UCX_TLS=%s) gave no result:\n%s\n", test.c_str(),
+                   tls.c_str(), text.c_str());
+    }
+    out.push_back(p);
+  }
+  for (pid_t s : servers) {
+    int status = 0;
+    for (int i = 0; i < 50 && waitpid(s, &status, WNOHANG) == 0; ++i) usleep(100 * 1000);
+    if (waitpid(s, &status, WNOHANG) == 0) {
+      kill(s, SIGKILL);
+      waitpid(s, &status, 0);
+    }
+  }
+  return out;
+}
+
+Perf PerfOne(const std::string& tls, const std::string& test, size_t bytes, int iters) {
+  return PerfTest(tls, test, bytes, iters, 1)[0];
+}
+
+// ---- replicate ---------------------------------------------------------------------------------
+
+struct ReplicateResult {
+  bool ok = false;
+  double rate_gbs[2] = {0, 0};    // median per-version replica_bytes_sent / replica_ns, a rank
+  double commit_ms[2] = {0, 0};   // median commit call to return
+  double replica_ms[2] = {0, 0};  // median replica_ns
+  std::vector<double> rates[2];
+  double received[2] = {0, 0};
+};
+
+// Two ranks on two nodes; rank 0 checkpoints bytes0, rank 1 bytes1, `versions` times.
+ReplicateResult ReplicateJob(const Args& a, const std::string& redundancy, size_t bytes0,
+                             size_t bytes1, int versions) {
+  Job job;
+  job.dir = a.shm + "/job";
+  job.ranks = 2;
+  job.redundancy = redundancy;
+  job.keep = 1;
+  job.port = FreePort();
+  fs::remove_all(job.dir);
+  ReplicateResult res;
+  res.ok = RunRanks(
+      2,
+      [&](uint32_t rank) {
+        RankState s = MakeRankState(rank, rank == 0 ? bytes0 : bytes1);
+        ckptdb* db = nullptr;
+        RANK_CHECK(OpenRank(job, rank, s.bytes, &db), "open");
+        ckptdb_stats_t st;
+        RANK_CHECK(ckptdb_stats(db, &st), "stats");
+        uint64_t sent = st.replica_bytes_sent, ns = st.replica_ns;
+        for (int v = 1; v <= versions; ++v) {
+          Step(s, v);
+          RANK_CHECK(PutAll(db, s, v), "put");
+          Barrier();
+          g_shared->t0[rank][v] = Now();
+          RANK_CHECK(ckptdb_commit(db, v, 0), "commit");
+          g_shared->t1[rank][v] = Now();
+          RANK_CHECK(ckptdb_stats(db, &st), "stats");
+          g_shared->replica_bytes[rank][v] = static_cast<double>(st.replica_bytes_sent - sent);
+          g_shared->replica_ns[rank][v] = static_cast<double>(st.replica_ns - ns);
+          sent = st.replica_bytes_sent;
+          ns = st.replica_ns;
+        }
+        g_shared->value[rank][0] = static_cast<double>(st.replica_bytes_received);
+        RANK_CHECK(CloseRanks(db, rank, 2), "close");
+        return 0;
+      },
+      a.timeout_s);
+  fs::remove_all(job.dir);
+  if (!res.ok) return res;
+  for (uint32_t r = 0; r < 2; ++r) {
+    std::vector<double> commit, replica;
+    for (int v = 2; v <= versions; ++v) {  // version 1 warms up (connections, first files)
+      double ns = g_shared->replica_ns[r][v];
+      if (ns > 0) res.rates[r].push_back(g_shared->replica_bytes[r][v] / ns);
+      replica.push_back(ns / 1e6);
+      commit.push_back((g_shared->t1[r][v] - g_shared->t0[r][v]) * 1e3);
+    }
+    res.rate_gbs[r] = Median(res.rates[r]);
+    res.commit_ms[r] = Median(commit);
+    res.replica_ms[r] = Median(replica);
+    res.received[r] = g_shared->value[r][0];
+  }
+  return res;
+}
+
+std::string List(const std::vector<double>& v, const char* fmt = "%.2f") {
+  std::string out;
+  char buf[64];
+  for (double x : v) {
+    std::snprintf(buf, sizeof buf, fmt, x);
+    out += (out.empty() ? "" : " ") + std::string(buf);
+  }
+  return out;
+}
+
+// What a receiver does with a replica besides the transfer (engine/cluster.cc HandleReplica), timed
+// alone on the same machine: each 8 MiB piece pwritten into a new file on tmpfs by whichever of
+// the transport's 2 service threads has it (both write into the same file), then at the seal
+// every 4 MiB chunk record pread back and its payload hashed (xxh3, the dispatch variant ckptdb
+// uses), then the rename and retention: the replica two versions older is deleted (replica_keep
+// is 2), so each version's file gets pages freshly freed. `versions` rounds, medians of all but
+// the first; with threads = 1 the same with one writer.
+void ReceiverWork(const Args& a, size_t bytes, int versions) {
+  uint8_t* src = Allocate(bytes);
+  uint8_t* dst = Allocate(bytes);
+  bench::Fill(src, bytes, 99);
+  std::vector<uint8_t> record(kChunkBytes + 4096);
+  std::memset(record.data(), 1, record.size());
+  uint64_t sink = 0;
+  auto path = [&](int v) { return a.shm + "/receiver-v" + std::to_string(v) + ".seg"; };
+  std::printf("\n  the receiver's work alone on %zu MiB, %d versions (medians of versions 2..):\n",
+              bytes >> 20, versions);
+  std::vector<double> copy_s;
+  for (int r = 0; r < 3; ++r) {
+    auto t0 = Clock::now();
+    std::memcpy(dst, src, bytes);
+    copy_s.push_back(Since(t0));
+  }
+  std::printf("    memcpy                                          %8.2f GB/s\n",
+              bytes / Median(copy_s) / 1e9);
+  for (int threads : {1, 2}) {
+    std::vector<double> write_s, check_s;
+    for (int v = 1; v <= versions; ++v) {
+      auto t0 = Clock::now();
+      int fd = open((path(v) + ".tmp").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+        std::perror(path(v).c_str());
+        std::exit(2);
+      }
+      auto writer = [&](int which) {
+        for (size_t off = which * kPieceBytes; off < bytes; off += threads * kPieceBytes) {
+          size_t n = std::min(kPieceBytes, bytes - off);
+          if (pwrite(fd, src + off, n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
+            std::perror("pwrite");
+            std::exit(2);
+          }
+        }
+      };
+      std::vector<std::thread> pool;
+      for (int t = 1; t < threads; ++t) pool.emplace_back(writer, t);
+      writer(0);
+      for (std::thread& t : pool) t.join();
+      close(fd);
+      double w = Since(t0);
+      t0 = Clock::now();
+      fd = open((path(v) + ".tmp").c_str(), O_RDONLY | O_CLOEXEC);
+      for (size_t off = 0; off + record.size() <= bytes; off += record.size()) {
+        if (pread(fd, record.data(), record.size(), static_cast<off_t>(off)) !=
+            static_cast<ssize_t>(record.size())) {
+          std::perror("pread");
+          std::exit(2);
+        }
+        sink ^= XXH3_64bits_dispatch(record.data() + 4096, kChunkBytes);
+      }
+      close(fd);
+      double c = Since(t0);
+      fs::rename(path(v) + ".tmp", path(v));
+      fs::remove(path(v - 2));
+      if (v > 1) {
+        write_s.push_back(w);
+        check_s.push_back(c);
+      }
+    }
+    for (int v = versions - 1; v <= versions; ++v) fs::remove(path(v));
+    double w = bytes / Median(write_s) / 1e9, h = bytes / Median(check_s) / 1e9;
+    std::vector<double> rates;
+    for (double x : write_s) rates.push_back(bytes / x / 1e9);
+    std::printf("    %d writer%s: pwrite into a new tmpfs file  %8.2f GB/s (%s)\n", threads,
+                threads == 1 ? " " : "s", w, List(rates).c_str());
+    std::printf("               pread back + xxh3 (the seal)  %8.2f GB/s\n", h);
+    std::printf("               the two one after the other   %8.2f GB/s\n", 1 / (1 / w + 1 / h));
+  }
+  std::printf("    (checksums %04llx)\n", static_cast<unsigned long long>(sink & 0xffff));
+  munmap(src, bytes);
+  munmap(dst, bytes);
+}
+
+void RunReplicate(const Args& a, const std::string& tls, size_t bytes, int versions, int iters);
+
+void Replicate(const Args& a) {
+  const size_t bytes = (a.mib ? a.mib : 512) * kMiB;
+  const int versions = std::min(a.versions ? a.versions : 6, kMaxVersions - 1);
+  const int iters = static_cast<int>(std::max<size_t>(64, 2 * bytes / kPieceBytes));
+  std::printf(
+      "== replicate: 2 ranks on 2 nodes, %zu MiB a rank, %d versions (version 1 warms up), "
+      "replicate:2 ==\n",
+      bytes >> 20, versions);
+  for (const std::string& entry : a.tls) {
+    const std::string tls = ApplyTls(entry);
+    std::printf("\n-- UCX_TLS=%s --\n", entry.c_str());
+    RunReplicate(a, tls, bytes, versions, iters);
+    UnapplyTls(entry);
+  }
+  ReceiverWork(a, bytes, versions);
+}
+
+void RunReplicate(const Args& a, const std::string& tls, size_t bytes, int versions, int iters) {
+  Perf before = PerfOne(tls, "ucp_am_bw", kPieceBytes, iters);
+  Perf tag = PerfOne(tls, "tag_bw", kPieceBytes, iters);
+  if (!before.ok) {
+    std::printf("  ucx_perftest ucp_am_bw failed with UCX_TLS=%s: skipped\n", tls.c_str());
+    return;
+  }
+  ReplicateResult one = ReplicateJob(a, "replicate:2", bytes, kChunkBytes, versions);
+  if (!one.ok) {
+    std::printf("  the job failed (see stderr): UCX_TLS=%s not measured\n", tls.c_str());
+    return;
+  }
+  Perf after = PerfOne(tls, "ucp_am_bw", kPieceBytes, iters);
+  ReplicateResult none = ReplicateJob(a, "none", bytes, kChunkBytes, versions);
+  std::vector<Perf> pairs_before = PerfTest(tls, "ucp_am_bw", kPieceBytes, iters, 2);
+  ReplicateResult both = ReplicateJob(a, "replicate:2", bytes, bytes, versions);
+  std::vector<Perf> pairs_after = PerfTest(tls, "ucp_am_bw", kPieceBytes, iters, 2);
+  if (!one.ok || !none.ok || !both.ok) {
+    std::printf("  a job failed (see stderr): UCX_TLS=%s not measured\n", tls.c_str());
+    return;
+  }
+  const double perf = (before.gbs + (after.ok ? after.gbs : before.gbs)) / (after.ok ? 2 : 1);
+  std::printf(
+      "  ucx_perftest ucp_am_bw, 8 MiB x %d: before %.2f GB/s, after %.2f GB/s "
+      "(tag_bw %.2f)\n",
+      iters, before.gbs, after.gbs, tag.gbs);
+  std::printf("  one way (rank 0 pushes %zu MiB a version to rank 1):\n", bytes >> 20);
+  std::printf("    replication rate per version      %s GB/s\n", List(one.rates[0]).c_str());
+  std::printf("    replication rate, median          %8.2f GB/s\n", one.rate_gbs[0]);
+  std::printf(
+      "    replication / ucx_perftest        %8.0f%%  (bar: 80%%; ucx_perftest the mean "
+      "of before and after)\n",
+      100 * one.rate_gbs[0] / perf);
+  std::printf("    commit, replicate:2 (median)      %8.1f ms, of which replica_ns %.1f ms\n",
+              one.commit_ms[0], one.replica_ms[0]);
+  std::printf("    commit, redundancy none (median)  %8.1f ms\n", none.commit_ms[0]);
+  std::printf("    replication's share of the commit %8.1f ms (difference)\n",
+              one.commit_ms[0] - none.commit_ms[0]);
+  std::printf("    at ucx_perftest's rate the bytes take %.1f ms\n", bytes / perf / 1e6);
+  double pb = 0, pa = 0;
+  for (const Perf& p : pairs_before) pb += p.gbs / pairs_before.size();
+  for (const Perf& p : pairs_after) pa += p.gbs / pairs_after.size();
+  const double pair = (pb + pa) / 2;
+  std::printf("  both ways (each rank pushes %zu MiB a version to the other, at once):\n",
+              bytes >> 20);
+  std::printf("    ucx_perftest, two pairs at once: before %.2f + %.2f, after %.2f + %.2f GB/s\n",
+              pairs_before[0].gbs, pairs_before[1].gbs, pairs_after[0].gbs, pairs_after[1].gbs);
+  std::printf("    replication rate, median          %8.2f GB/s (rank 0), %.2f GB/s (rank 1)\n",
+              both.rate_gbs[0], both.rate_gbs[1]);
+  std::printf("    replication / ucx_perftest pair   %8.0f%% (rank 0), %.0f%% (rank 1)\n",
+              100 * both.rate_gbs[0] / pair, 100 * both.rate_gbs[1] / pair);
+  std::printf("    commit (median)                   %8.1f ms (rank 0), replica_ns %.1f ms\n",
+              both.commit_ms[0], both.replica_ms[0]);
+}
+
+// ---- commit ------------------------------------------------------------------------------------
+
+struct CommitResult {
+  bool ok = false;
+  std::vector<double> job_ms;   // a version: first rank's call to the last rank's return
+  std::vector<double> rank_ms;  // every rank's call to return
+  std::vector<double> stat_ms;  // ckptdb_version_stats' commit_ns, every rank
+};
+
+CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redundancy, size_t bytes,
+                       int warmup, int versions) {
+  Job job;
+  job.dir = a.shm + "/job";
+  job.ranks = ranks;
+  job.redundancy = redundancy;
+  job.keep = 1;
+  job.port = FreePort();
+  fs::remove_all(job.dir);
+  CommitResult res;
+  const int total = warmup + versions;
+  res.ok = RunRanks(
+      ranks,
+      [&](uint32_t rank) {
+        RankState s = MakeRankState(rank, bytes);
+        ckptdb* db = nullptr;
+        RANK_CHECK(OpenRank(job, rank, s.bytes, &db), "open");
+        for (int v = 1; v <= total; ++v) {
+          Step(s, v);
+          RANK_CHECK(PutAll(db, s, v), "put");
+          Barrier();
+          g_shared->t0[rank][v] = Now();
+          RANK_CHECK(ckptdb_commit(db, v, 0), "commit");
+          g_shared->t1[rank][v] = Now();
+          ckptdb_version_stats_t vs;
+          if (ckptdb_version_stats(db, v, &vs) == CKPTDB_OK) {
+            g_shared->commit_ns[rank][v] = static_cast<double>(vs.commit_ns);
+          }
+        }
+        RANK_CHECK(CloseRanks(db, rank, ranks), "close");
+        return 0;
+      },
+      a.timeout_s);
+  fs::remove_all(job.dir);
+  if (!res.ok) return res;
+  for (int v = warmup + 1; v <= total; ++v) {
+    double first = 1e300, last = 0;
+    for (uint32_t r = 0; r < ranks; ++r) {
+      first = std::min(first, g_shared->t0[r][v]);
+      last = std::max(last, g_shared->t1[r][v]);
+      res.rank_ms.push_back((g_shared->t1[r][v] - g_shared->t0[r][v]) * 1e3);
+      res.stat_ms.push_back(g_shared->commit_ns[r][v] / 1e6);
+    }
+    res.job_ms.push_back((last - first) * 1e3);
+  }
+  return res;
+}
+
+void Commit(const Args& a) {
+  const size_t bytes = a.commit_kib * 1024;
+  const int versions = std::min(a.versions ? a.versions : 20, kMaxVersions - 3);
+  const int warmup = 2;
+  const std::string tls = ApplyTls(a.tls.front());
+  std::printf(
+      "== commit latency: %zu KiB a rank, one rank a node, UCX_TLS=%s, %d versions after %d "
+      "warm-up; ckptdb_commit synchronous ==\n",
+      a.commit_kib, tls.c_str(), versions, warmup);
+  Perf lat = PerfOne(tls, "ucp_am_lat", 8, 20000);
+  Perf bw = PerfOne(tls, "ucp_am_bw", std::min(bytes, kPieceBytes), 200);
+  CommitResult single = CommitJob(a, 1, "none", bytes, warmup, versions);
+  if (!single.ok) {
+    std::printf("  the single-rank job failed (see stderr)\n");
+    return;
+  }
+  const double single_ms = Median(single.job_ms);
+  const double rtt_ms = lat.ok ? 2 * lat.typical_us / 1e3 : 0;
+  std::printf(
+      "  limits: one rank (world_size 1) commits the same state in %.2f ms (median, p90 "
+      "%.2f); UCX round trip %.1f us (ucx_perftest ucp_am_lat: median %.2f us one way)\n",
+      single_ms, Percentile(single.job_ms, 0.9), rtt_ms * 1e3, lat.typical_us);
+  if (bw.ok) {
+    std::printf("  the state's bytes at ucx_perftest's ucp_am_bw rate (%.2f GB/s): %.2f ms\n",
+                bw.gbs, bytes / bw.gbs / 1e6);
+  }
+  std::printf("  %-5s %-11s %10s %10s %12s %14s %12s %12s\n", "ranks", "redundancy", "median ms",
+              "p90 ms", "rank median", "stats median", "/ 1 rank", "/ UCX RTT");
+  std::printf("  %-5u %-11s %10.2f %10.2f %12.2f %14.2f %12.2f %12.0f\n", 1u, "none", single_ms,
+              Percentile(single.job_ms, 0.9), Median(single.rank_ms), Median(single.stat_ms), 1.0,
+              rtt_ms > 0 ? single_ms / rtt_ms : 0);
+  for (uint32_t n : a.ranks) {
+    for (const char* redundancy : {"replicate:2", "none"}) {
+      CommitResult r = CommitJob(a, n, redundancy, bytes, warmup, versions);
+      if (!r.ok) {
+        std::printf("  %-5u %-11s failed (see stderr)\n", n, redundancy);
+        continue;
+      }
+      double m = Median(r.job_ms);
+      std::printf("  %-5u %-11s %10.2f %10.2f %12.2f %14.2f %12.2f %12.0f\n", n, redundancy, m,
+                  Percentile(r.job_ms, 0.9), Median(r.rank_ms), Median(r.stat_ms), m / single_ms,
+                  rtt_ms > 0 ? m / rtt_ms : 0);
+    }
+  }
+  std::printf(
+      "  (median and p90 over the versions of the job's latency: the first rank's call to "
+      "the last rank's return; \"rank median\" over every rank's own call; \"stats\" is "
+      "ckptdb_version_stats' commit_ns)\n");
+}
+
+// ---- restore -----------------------------------------------------------------------------------
+
+// The restoring process's reads of `dir`'s disk limited to bytes_per_s: a cgroup (v1 blkio or v2
+// io) this process joins. Returns the cgroup's directory ("" and a reason when impossible).
+std::string MakeThrottle(const std::string& dir, uint64_t bytes_per_s, std::string* why) {
+  struct stat sb {};
+  if (stat(dir.c_str(), &sb) != 0) {
+    *why = dir + ": " + std::strerror(errno);
+    return "";
+  }
+  std::string dev = std::to_string(major(sb.st_dev)) + ":" + std::to_string(minor(sb.st_dev));
+  std::error_code ec;
+  fs::path sys = fs::canonical("/sys/dev/block/" + dev, ec);
+  if (ec) {
+    *why = dir + " is not on a block device (" + dev + ")";
+    return "";
+  }
+  if (fs::exists(sys / "partition")) {  // throttles apply to whole disks
+    std::ifstream in(sys.parent_path() / "dev");
+    std::getline(in, dev);
+  }
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream out(path);
+    out << text << std::flush;
+    return static_cast<bool>(out);
+  };
+  const std::string v1 = "/sys/fs/cgroup/blkio";
+  if (fs::exists(v1 + "/blkio.throttle.read_bps_device")) {
+    std::string g = v1 + "/ckptdb-bench-cluster";
+    fs::create_directories(g, ec);
+    if (!ec &&
+        write(g + "/blkio.throttle.read_bps_device", dev + " " + std::to_string(bytes_per_s))) {
+      return g;
+    }
+    *why = "cgroup v1 blkio: cannot set " + g + "/blkio.throttle.read_bps_device";
+    return "";
+  }
+  const std::string v2 = "/sys/fs/cgroup";
+  std::ifstream controllers(v2 + "/cgroup.controllers");
+  std::string c((std::istreambuf_iterator<char>(controllers)), std::istreambuf_iterator<char>());
+  if (c.find("io") != std::string::npos) {
+    std::string g = v2 + "/ckptdb-bench-cluster";
+    write(v2 + "/cgroup.subtree_control", "+io");
+    fs::create_directories(g, ec);
+    if (!ec && write(g + "/io.max", dev + " rbps=" + std::to_string(bytes_per_s))) return g;
+    *why = "cgroup v2: cannot set " + g + "/io.max";
+    return "";
+  }
+  *why = "no cgroup blkio (v1) or io (v2) controller";
+  return "";
+}
+
+std::string FindSegment(const std::string& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().extension() == ".seg") return e.path().string();
+  }
+  return "";
+}
+
+int RestoreAll(ckptdb* db, const RankState& s, uint8_t* dst, uint64_t version, double* seconds) {
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < s.shards.size(); ++i) {
+    int rc =
+        ckptdb_restore(db, version, s.names[i].c_str(), dst + i * s.shard_bytes, s.shard_bytes, 0);
+    if (rc != CKPTDB_OK) return rc;
+  }
+  *seconds = Since(t0);
+  for (size_t i = 0; i < s.shards.size(); ++i) {
+    if (std::memcmp(dst + i * s.shard_bytes, s.shards[i], s.shard_bytes) != 0) {
+      std::fprintf(stderr, "restored bytes of %s differ\n", s.names[i].c_str());
+      return CKPTDB_ECORRUPT;
+    }
+  }
+  return CKPTDB_OK;
+}
+
+// One process with a disk-only handle on the store (as after a reboot): drops the page cache and
+// reads the segment raw, drops it again and restores every shard, or the same the other way round
+// (the virtual disk reads faster what it read a moment ago: the rounds alternate the order).
+// value[0][0] raw seconds, value[0][1] restore seconds, value[0][2] segment bytes. With `cgroup`,
+// joins it first.
+bool DiskRound(const Args& a, size_t bytes, const std::string& cgroup, bool raw_first) {
+  return RunRanks(
+      1,
+      [&](uint32_t rank) {
+        if (!cgroup.empty()) {
+          std::ofstream procs(cgroup + "/cgroup.procs");
+          procs << getpid() << std::flush;
+          if (!procs) {
+            std::fprintf(stderr, "cannot join %s\n", cgroup.c_str());
+            return 1;
+          }
+        }
+        RankState s = MakeRankState(0, bytes);
+        uint8_t* dst = Allocate(s.bytes);
+        const std::string tier = a.disk + "/tier";
+        const std::string segment = FindSegment(tier);
+        const size_t seg_bytes = fs::file_size(segment);
+        uint8_t* raw = Allocate(seg_bytes);
+        std::string root = a.disk + "/root", tiers = "disk:" + tier;
+        ckptdb_options o;
+        ckptdb_options_init(&o);
+        o.root = root.c_str();
+        o.tiers = tiers.c_str();
+        ckptdb* db = nullptr;
+        RANK_CHECK(ckptdb_open(&o, &db), "open disk");
+        g_shared->value[0][2] = static_cast<double>(seg_bytes);
+        for (int i = 0; i < 2; ++i) {
+          bench::DropCache(tier);
+          if ((i == 0) == raw_first) {
+            g_shared->value[0][0] = bench::RawRead(segment, raw, seg_bytes, kChunkBytes);
+          } else {
+            double t = 0;
+            RANK_CHECK(RestoreAll(db, s, dst, 1, &t), "restore from disk");
+            g_shared->value[0][1] = t;
+          }
+        }
+        ckptdb_stats_t st;
+        RANK_CHECK(ckptdb_stats(db, &st), "stats");
+        std::snprintf(g_shared->text[0], sizeof g_shared->text[0], "%s", st.last_restore_tier);
+        RANK_CHECK(ckptdb_close(db), "close");
+        return 0;
+      },
+      a.timeout_s);
+}
+
+void Restore(const Args& a) {
+  const size_t bytes = (a.mib ? a.mib : 256) * kMiB;
+  const std::string tls = ApplyTls(a.tls.front());
+  std::printf(
+      "== restore: one rank's %zu MiB from a peer's memory (UCX_TLS=%s), a local disk "
+      "tier and a throttled one; %d rounds ==\n",
+      bytes >> 20, tls.c_str(), a.repeats);
+  // (a) From a peer. Both ranks save version 1 (replicate:2: each holds the other's replica);
+  // then node 1 is lost (its directories, memory included) and rank 1 reopens on empty ones.
+  Job job;
+  job.dir = a.shm + "/job";
+  job.ranks = 2;
+  job.redundancy = "replicate:2";
+  job.keep = 2;
+  job.port = FreePort();
+  fs::remove_all(job.dir);
+  bool ok = RunRanks(
+      2,
+      [&](uint32_t rank) {
+        RankState s = MakeRankState(rank, bytes);
+        ckptdb* db = nullptr;
+        RANK_CHECK(OpenRank(job, rank, s.bytes, &db), "open");
+        RANK_CHECK(PutAll(db, s, 1), "put");
+        RANK_CHECK(ckptdb_commit(db, 1, 0), "commit");
+        RANK_CHECK(CloseRanks(db, rank, 2), "close");
+        return 0;
+      },
+      a.timeout_s);
+  std::vector<double> peer_s, perf_gbs;
+  std::string peer_source;
+  for (int r = 0; ok && r < a.repeats; ++r) {
+    Perf p = PerfOne(tls, "ucp_am_bw", kPieceBytes, 64);
+    if (p.ok) perf_gbs.push_back(p.gbs);
+    fs::remove_all(job.Node(1));
+    job.port = FreePort();
+    ok = RunRanks(
+        2,
+        [&](uint32_t rank) {
+          RankState s;
+          uint8_t* dst = nullptr;
+          if (rank == 1) {
+            s = MakeRankState(1, bytes);
+            dst = Allocate(s.bytes);
+          }
+          ckptdb* db = nullptr;
+          RANK_CHECK(OpenRank(job, rank, bytes, &db), "reopen");
+          uint64_t latest = 0;
+          RANK_CHECK(ckptdb_latest(db, &latest), "latest");
+          Barrier();
+          if (rank == 1) {
+            double t = 0;
+            RANK_CHECK(RestoreAll(db, s, dst, latest, &t), "restore from a peer");
+            ckptdb_stats_t st;
+            RANK_CHECK(ckptdb_stats(db, &st), "stats");
+            g_shared->value[1][0] = t;
+            g_shared->value[1][1] = static_cast<double>(st.peer_fetch_bytes);
+            std::snprintf(g_shared->text[1], sizeof g_shared->text[1], "%s", st.last_restore_tier);
+          }
+          RANK_CHECK(CloseRanks(db, rank, 2), "close");
+          return 0;
+        },
+        a.timeout_s);
+    if (!ok) break;
+    peer_s.push_back(g_shared->value[1][0]);
+    peer_source = g_shared->text[1];
+    std::printf(
+        "  round %d: from the peer %.2f GB/s (%s, %.0f MiB fetched); ucx_perftest "
+        "ucp_am_bw just before %.2f GB/s\n",
+        r, bytes / g_shared->value[1][0] / 1e9, g_shared->text[1], g_shared->value[1][1] / kMiB,
+        p.gbs);
+    if (peer_source.rfind("peer:", 0) != 0) {
+      std::printf("  the restore came from %s, not a peer: not a peer restore\n",
+                  peer_source.c_str());
+      ok = false;
+    }
+  }
+  fs::remove_all(job.dir);
+  if (!ok) std::printf("  restore from a peer failed (see stderr)\n");
+  // (b) From a local disk tier: one rank's store with the disk tier as its only tier.
+  fs::remove_all(a.disk);
+  fs::create_directories(a.disk);
+  bool disk_ok = RunRanks(
+      1,
+      [&](uint32_t rank) {
+        RankState s = MakeRankState(0, bytes);
+        std::string root = a.disk + "/root", tiers = "disk:" + a.disk + "/tier";
+        ckptdb_options o;
+        ckptdb_options_init(&o);
+        o.root = root.c_str();
+        o.tiers = tiers.c_str();
+        ckptdb* db = nullptr;
+        RANK_CHECK(ckptdb_open(&o, &db), "open disk");
+        RANK_CHECK(PutAll(db, s, 1), "put");
+        RANK_CHECK(ckptdb_commit(db, 1, 0), "commit");
+        RANK_CHECK(ckptdb_close(db), "close");
+        return 0;
+      },
+      a.timeout_s);
+  std::vector<double> raw_s, disk_s;
+  double seg_bytes = 0;
+  for (int r = 0; disk_ok && r < a.repeats; ++r) {
+    disk_ok = DiskRound(a, bytes, "", r % 2 == 0);
+    if (!disk_ok) break;
+    raw_s.push_back(g_shared->value[0][0]);
+    disk_s.push_back(g_shared->value[0][1]);
+    seg_bytes = g_shared->value[0][2];
+    std::printf(
+        "  round %d: raw read of the segment %.2f GB/s, restore from disk %.2f GB/s (%s; %s "
+        "first)\n",
+        r, seg_bytes / raw_s.back() / 1e9, bytes / disk_s.back() / 1e9, g_shared->text[0],
+        r % 2 == 0 ? "raw read" : "restore");
+  }
+  // (c) The same tier read through a throttle of a tenth of (b)'s raw read rate.
+  std::vector<double> slow_raw_s, slow_s;
+  uint64_t limit = 0;
+  std::string why;
+  if (disk_ok) {
+    limit = static_cast<uint64_t>(seg_bytes / Median(raw_s) / 10);
+    std::string cgroup = MakeThrottle(a.disk, limit, &why);
+    for (int r = 0; !cgroup.empty() && r < a.repeats; ++r) {
+      if (!DiskRound(a, bytes, cgroup, r % 2 == 0)) {
+        why = "the throttled restore failed (see stderr)";
+        break;
+      }
+      slow_raw_s.push_back(g_shared->value[0][0]);
+      slow_s.push_back(g_shared->value[0][1]);
+      std::printf("  round %d, throttled to %.3f GB/s: raw read %.3f GB/s, restore %.3f GB/s\n", r,
+                  limit / 1e9, seg_bytes / slow_raw_s.back() / 1e9, bytes / slow_s.back() / 1e9);
+    }
+    if (!cgroup.empty()) rmdir(cgroup.c_str());
+  }
+  fs::remove_all(a.disk);
+  // A peer restore fetches one 4 MiB chunk at a time: ucx_perftest's ping-pong of 4 MiB
+  // messages (half a round trip each) is that pattern's transport limit.
+  const Perf lat = PerfOne(tls, "ucp_am_lat", kChunkBytes, 100);
+  const double peer = peer_s.empty() ? 0 : bytes / Median(peer_s) / 1e9;
+  const double perf = Median(perf_gbs);
+  std::printf(
+      "  restore from a peer's memory    %8.2f GB/s  (%s; ucx_perftest ucp_am_bw %.2f "
+      "GB/s: %.0f%%)\n",
+      peer, peer_source.c_str(), perf, perf > 0 ? 100 * peer / perf : 0);
+  if (lat.ok) {
+    const double one = kChunkBytes / lat.typical_us / 1e3;
+    std::printf(
+        "  one 4 MiB message at a time     %8.2f GB/s  (ucx_perftest ucp_am_lat -s 4 MiB, "
+        "%.0f us each way: the peer restore is %.0f%% of it)\n",
+        one, lat.typical_us, 100 * peer / one);
+  }
+  if (!disk_ok) {
+    std::printf("  restore from disk failed (see stderr)\n");
+    return;
+  }
+  const double raw = seg_bytes / Median(raw_s) / 1e9, disk = bytes / Median(disk_s) / 1e9;
+  std::printf("  raw read of the segment (disk)  %8.2f GB/s\n", raw);
+  std::printf("  restore from a local disk tier  %8.2f GB/s  (%.0f%% of the raw read)\n", disk,
+              100 * disk / raw);
+  if (slow_s.empty()) {
+    std::printf("  slow tier: not measured: %s\n", why.c_str());
+  } else {
+    const double slow_raw = seg_bytes / Median(slow_raw_s) / 1e9;
+    const double slow = bytes / Median(slow_s) / 1e9;
+    std::printf(
+        "  slow tier: throttle %.3f GB/s (a tenth of the raw read), raw read through it "
+        "%.3f GB/s, restore %.3f GB/s (%.0f%% of its raw read)\n",
+        limit / 1e9, slow_raw, slow, 100 * slow / slow_raw);
+    std::printf("  peer / slow tier                %8.1fx\n", peer / slow);
+  }
+  std::printf("  peer / disk                     %8.2fx\n", peer / disk);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  bool tls_given = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--mode") {
+      a.mode = next();
+    } else if (k == "--mib") {
+      a.mib = std::stoul(next());
+    } else if (k == "--versions") {
+      a.versions = std::stoi(next());
+    } else if (k == "--tls") {  // repeatable: one UCX_TLS value each
+      if (!tls_given) a.tls.clear();
+      tls_given = true;
+      a.tls.push_back(next());
+    } else if (k == "--ranks") {
+      a.ranks.clear();
+      for (const std::string& r : Split(next(), ',')) {
+        a.ranks.push_back(std::min<uint32_t>(kMaxRanks, std::stoul(r)));
+      }
+    } else if (k == "--commit-kib") {
+      a.commit_kib = std::stoul(next());
+    } else if (k == "--repeats") {
+      a.repeats = std::stoi(next());
+    } else if (k == "--shm") {
+      a.shm = next();
+    } else if (k == "--disk") {
+      a.disk = next();
+    } else if (k == "--timeout") {
+      a.timeout_s = std::stoi(next());
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--mode replicate|commit|restore|all] [--mib M] [--versions V] "
+                   "[--tls UCX_TLS]... [--ranks 2,4,8] [--commit-kib K] [--repeats R] [--shm DIR] "
+                   "[--disk DIR] [--timeout S]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (a.tls.empty()) a.tls = {"tcp"};
+  void* p =
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    return 2;
+  }
+  g_shared = static_cast<Shared*>(p);
+  // Heartbeats and failure detection at their defaults; a job that cannot assemble fails in 20 s.
+  setenv("CKPTDB_JOIN_TIMEOUT_MS", "20000", 0);
+  fs::remove_all(a.shm);
+  fs::create_directories(a.shm);
+  const bool all = a.mode == "all";
+  if (all || a.mode == "replicate") Replicate(a);
+  if (all || a.mode == "commit") {
+    if (all) std::printf("\n");
+    Commit(a);
+  }
+  if (all || a.mode == "restore") {
+    if (all) std::printf("\n");
+    Restore(a);
+  }
+  fs::remove_all(a.shm);
+  fs::remove_all(a.disk);
+  return 0;
+}
