@@ -1,6 +1,7 @@
 // The ckptdb command's subcommands. Each Add*Command registers one CLI11 subcommand whose
 // callback sets *exit_code. Subcommands use the public C API (and format/ for inspect's chunk
-// detail), never engine internals (DESIGN.md section 2).
+// detail), never engine internals (DESIGN.md section 2); the one exception is plan, which only
+// does arithmetic with engine/placement.h (no store, no I/O).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -12,8 +13,8 @@ void AddInspectCommand(CLI::App& app, int* exit_code);
 void AddVerifyCommand(CLI::App& app, int* exit_code);
 void AddRestoreCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
-void AddPlanCommand(CLI::App& app, int* exit_code);
-void AddServeCommand(CLI::App& app, int* exit_code);  // arithmetic only: engine/placement.h
+void AddPlanCommand(CLI::App& app, int* exit_code);  // arithmetic only: engine/placement.h
+void AddServeCommand(CLI::App& app, int* exit_code);
 
 // The file name `ckptdb restore` writes tensor `name` to (one safe path component; see
 // tools/restore.cc and docs/cli.md).

@@ -405,7 +405,7 @@ int RunClusterDemo(const ClusterArgs& a) {
       "(catalogs; disk tier every=5)\n",
       a.ram_dir.c_str(), a.root.c_str());
   std::printf(
-      "redundancy replicate:2 (GEMINI mixed placement over nodes: `ckptdb plan --nodes %d "
+      "redundancy replicate:2 (GEMINI Algorithm 1 placement over nodes: `ckptdb plan --nodes %d "
       "--replicas 2`), UCX_TLS=%s on loopback, coordinator %s\n",
       a.nodes, a.tls.c_str(), job.coordinator.c_str());
   std::printf("ranks per node:");
