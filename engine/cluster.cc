@@ -79,6 +79,13 @@ bool Listening(const std::string& address) {
   return ok;
 }
 
+// Whether a holdings list names owner's replica of `version`.
+bool Holds(const std::vector<std::pair<uint32_t, uint64_t>>& replicas, uint32_t owner,
+           uint64_t version) {
+  return std::find(replicas.begin(), replicas.end(), std::make_pair(owner, version)) !=
+         replicas.end();
+}
+
 }  // namespace
 
 Status ParseRedundancy(const std::string& text, uint32_t* replicas) {
@@ -224,6 +231,12 @@ Status Cluster::PeerFor(const std::string& address, transport::PeerId* out) {
   return Status::Ok();
 }
 
+bool Cluster::DropIfGone(const Status& st, const std::string& address) {
+  if (st.code() != CKPTDB_EPEER && st.code() != CKPTDB_ETIMEDOUT) return false;
+  DropPeer(address);
+  return true;
+}
+
 void Cluster::DropPeer(const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = peers_.find(address);
@@ -264,8 +277,7 @@ Status Cluster::Join() {
     last = transport_->CallSync(coord, kRegister, w.Take(), holdings.data(), holdings.size(),
                                 options_.call_timeout_ms, &body, table.data(), table.size(), &got);
     if (!last.ok()) {
-      if (last.code() == CKPTDB_EPEER || last.code() == CKPTDB_ETIMEDOUT) {
-        DropPeer(options_.coordinator);
+      if (DropIfGone(last, options_.coordinator)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       }
@@ -411,10 +423,7 @@ void Cluster::SendHeartbeat() {
   std::vector<uint8_t> reply;
   Status st = transport_->CallSync(coord, kHeartbeat, w.Take(), payload.data(), payload.size(),
                                    options_.call_timeout_ms, &reply);
-  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
-    DropPeer(options_.coordinator);
-    return;
-  }
+  if (DropIfGone(st, options_.coordinator)) return;
   if (st.ok()) {
     WireReader r(reply, "heartbeat reply");
     uint64_t e = r.U64("epoch");
@@ -720,13 +729,11 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
       for (uint32_t other = 0; other < members_.size() && !ok; ++other) {
         const Member& o = members_[other];
         if (!o.registered || o.dead) continue;
-        ok = std::find(o.replicas.begin(), o.replicas.end(), std::make_pair(rank, v)) !=
-             o.replicas.end();
+        ok = Holds(o.replicas, rank, v);
       }
       for (auto s = servers_.begin(); s != servers_.end() && !ok; ++s) {
         ok = now - s->second.last_seen_ms <= options_.dead_after_ms &&
-             std::find(s->second.replicas.begin(), s->second.replicas.end(),
-                       std::make_pair(rank, v)) != s->second.replicas.end();
+             Holds(s->second.replicas, rank, v);
       }
       all = ok;
     }
@@ -757,8 +764,7 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
   for (uint32_t rank = 0; rank < members_.size(); ++rank) {
     const Member& m = members_[rank];
     if (!m.registered || m.dead) continue;
-    if (std::find(m.replicas.begin(), m.replicas.end(), std::make_pair(owner, version)) !=
-        m.replicas.end()) {
+    if (Holds(m.replicas, owner, version)) {
       holders.push_back(rank);
     }
   }
@@ -767,9 +773,7 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
   const int64_t now = NowMs();
   for (const auto& entry : servers_) {
     const Server& s = entry.second;
-    if (now - s.last_seen_ms <= options_.dead_after_ms &&
-        std::find(s.replicas.begin(), s.replicas.end(), std::make_pair(owner, version)) !=
-            s.replicas.end()) {
+    if (now - s.last_seen_ms <= options_.dead_after_ms && Holds(s.replicas, owner, version)) {
       serving.push_back(&entry);
     }
   }
@@ -813,7 +817,7 @@ Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
     reply->clear();
     Status st =
         transport_->CallSync(coord, type, body, nullptr, 0, options_.call_timeout_ms, reply);
-    if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(options_.coordinator);
+    DropIfGone(st, options_.coordinator);
     if (st.code() != CKPTDB_EBUSY || NowMs() >= deadline || stop_) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -860,7 +864,7 @@ Status Cluster::Vote(uint64_t version) {
   std::vector<uint8_t> reply;
   Status st =
       transport_->CallSync(coord, kVote, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
-  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(options_.coordinator);
+  DropIfGone(st, options_.coordinator);
   return st.WithContext(R(options_.rank) + " voting for v" + std::to_string(version));
 }
 
@@ -991,9 +995,7 @@ void Cluster::ServeLoop() {
         st = transport_->CallSync(coord, kServe, w.Take(), holdings.data(), holdings.size(),
                                   options_.call_timeout_ms, &reply);
       }
-      if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
-        DropPeer(options_.coordinator);
-      }
+      DropIfGone(st, options_.coordinator);
     }
     if (!st.ok() && st.message() != last_error && st.code() != CKPTDB_EPEER) {
       std::fprintf(stderr, "ckptdb[serve:%s]: %s\n", options_.node_id.c_str(),
@@ -1077,9 +1079,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
         st = drain_one();
         if (!st.ok()) {
           while (!in_flight.empty()) (void)drain_one();
-          if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) {
-            DropPeer(table[target].address);
-          }
+          DropIfGone(st, table[target].address);
           return st.WithContext(what);
         }
       }
@@ -1249,7 +1249,7 @@ Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64
   std::vector<uint8_t> reply;
   Status st =
       transport_->CallSync(peer, kFetch, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
-  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(holder.address);
+  DropIfGone(st, holder.address);
   CKPTDB_RETURN_IF_ERROR(st);
   WireReader r(reply, "replica size from " + R(holder.rank));
   *bytes = r.U64("bytes");
@@ -1293,7 +1293,7 @@ Status Cluster::Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t vers
       off = bytes;  // start nothing more
     }
   }
-  if (st.code() == CKPTDB_EPEER || st.code() == CKPTDB_ETIMEDOUT) DropPeer(holder.address);
+  DropIfGone(st, holder.address);
   if (st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.fetch_bytes += bytes;

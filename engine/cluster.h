@@ -160,6 +160,9 @@ class Cluster {
   void CoordinatorLoop();
   Status PeerFor(const std::string& address, transport::PeerId* out);
   void DropPeer(const std::string& address);
+  // Drops the connection to `address` when `st` says the peer vanished or timed out (the next
+  // call reconnects); true if it did.
+  bool DropIfGone(const Status& st, const std::string& address);
   // Replica store (this node's memory).
   std::string ReplicaPath(uint32_t owner, uint64_t version, bool temporary) const;
   // The directories replicas are read from: replica_dir, or for serve_only every

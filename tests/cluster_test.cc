@@ -149,6 +149,25 @@ int Save(ckptdb* db, uint32_t rank, uint64_t version) {
   return 0;
 }
 
+// Opens the rank and commits versions 1..through (each its own commit).
+int OpenAndSave(const Job& job, uint32_t rank, uint64_t through, ckptdb** db) {
+  int rc = OpenRank(job, rank, "job-secret", db);
+  RANK_CHECK(rc == 0, "open: %d", rc);
+  for (uint64_t v = 1; v <= through; ++v) {
+    if (Save(*db, rank, v) != 0) return 1;
+  }
+  return 0;
+}
+
+// The job's latest version, as this rank is told, is `want`.
+int CheckLatest(ckptdb* db, uint32_t rank, uint64_t want) {
+  uint64_t latest = 0;
+  int rc = ckptdb_latest(db, &latest);
+  RANK_CHECK(rc == 0 && latest == want, "latest: status %d, v%llu, expected v%llu", rc,
+             (unsigned long long)latest, (unsigned long long)want);
+  return 0;
+}
+
 int CheckRestore(ckptdb* db, uint32_t rank, uint64_t version, std::string* source) {
   for (int which = 0; which < 2; ++which) {
     std::vector<uint8_t> out(kTensorBytes);
@@ -173,14 +192,8 @@ class ClusterTest : public ::testing::Test {
 TEST_F(ClusterTest, ALostNodeRestoresFromPeersAndEveryRankAgrees) {
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    for (uint64_t v = 1; v <= 3; ++v) {
-      if (Save(db, rank, v) != 0) return 1;
-    }
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 3, "latest %d %llu", rc, (unsigned long long)latest);
+    if (OpenAndSave(job_, rank, 3, &db) != 0) return 1;
+    if (CheckLatest(db, rank, 3) != 0) return 1;
     Done(job_, rank, "save");
     ckptdb_close(db);
     return 0;
@@ -193,10 +206,7 @@ TEST_F(ClusterTest, ALostNodeRestoresFromPeersAndEveryRankAgrees) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 3, "latest after the loss %d %llu", rc,
-               (unsigned long long)latest);
+    if (CheckLatest(db, rank, 3) != 0) return 1;
     std::string source;
     if (CheckRestore(db, rank, 3, &source) != 0) return 1;
     if (rank == 1) {
@@ -220,15 +230,13 @@ void KillAt(const char* point) {
 TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits) {
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (Save(db, rank, 1) != 0) return 1;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (rank == 0) {
       setenv("CKPTDB_TEST_KILL_AT", "coordinator:after_committed_written", 1);
       engine::SetCrashHookForTesting(KillAt);
     }
     if (Put(db, rank, 2) != 0) return 1;
-    rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
+    int rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
     rc = ckptdb_wait_commit(db, 2, nullptr, 5000);
     // Ranks 1-3 never hear the decision: their wait fails (the coordinator is gone) and the
     // version stays PREPARED, in doubt.
@@ -242,10 +250,7 @@ TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu: the durable decision was lost", rc,
-               (unsigned long long)latest);
+    if (CheckLatest(db, rank, 2) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 2, &source);
     Done(job_, rank, "restore");
@@ -259,12 +264,10 @@ TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits
 TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (Save(db, rank, 1) != 0) return 1;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
     if (rank == 2) kill(getpid(), SIGKILL);  // before it prepares v2
-    rc = ckptdb_commit(db, 2, 0);
+    int rc = ckptdb_commit(db, 2, 0);
     if (rank != 2) Done(job_, rank == 3 ? 2 : rank, "abort");  // rank 3 stands in for rank 2
     if (rank == 3) Done(job_, 3, "abort");
     RANK_CHECK(rc != 0, "v2 committed without rank 2's vote");
@@ -277,9 +280,7 @@ TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 1, "latest %d %llu", rc, (unsigned long long)latest);
+    if (CheckLatest(db, rank, 1) != 0) return 1;
     std::string source;
     if (CheckRestore(db, rank, 1, &source) != 0) return 1;
     std::vector<uint8_t> out(kTensorBytes);
@@ -327,15 +328,13 @@ int StateOf(ckptdb* db, uint64_t version) {
 TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhere) {
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (Save(db, rank, 1) != 0) return 1;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
     if (rank == 2) {
       setenv("CKPTDB_TEST_KILL_AT", "commit:after_prepared", 1);
       engine::SetCrashHookForTesting(KillAt);
     }
-    rc = ckptdb_commit(db, 2, 0);  // rank 2 dies with v2 PREPARED, its vote never cast
+    int rc = ckptdb_commit(db, 2, 0);  // rank 2 dies with v2 PREPARED, its vote never cast
     if (rank != 2) Done(job_, rank == 3 ? 2 : rank, "abort");  // rank 3 stands in for rank 2
     if (rank == 3) Done(job_, 3, "abort");
     RANK_CHECK(rc != 0, "v2 committed without rank 2's vote");
@@ -351,9 +350,7 @@ TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhe
     RANK_CHECK(rc == 0, "reopen: %d", rc);
     // Rank 2's PREPARED v2 was in doubt; the coordinator never committed it: aborted.
     RANK_CHECK(StateOf(db, 2) == CKPTDB_STATE_ABORTED, "v2 is in state %d", StateOf(db, 2));
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 1, "latest %d %llu", rc, (unsigned long long)latest);
+    if (CheckLatest(db, rank, 1) != 0) return 1;
     std::string source;
     if (CheckRestore(db, rank, 1, &source) != 0) return 1;
     std::vector<uint8_t> out(kTensorBytes);
@@ -389,14 +386,12 @@ TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
   job_.dead_after_ms = 10000;
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (Save(db, rank, 1) != 0) return 1;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
     g_job = &job_;
     g_rank = rank;
     engine::SetCrashHookForTesting(DieAfterVotingOnceAllPrepared);
-    rc = ckptdb_commit(db, 2, 0);  // rank 2 dies after voting, before it hears the decision
+    int rc = ckptdb_commit(db, 2, 0);  // rank 2 dies after voting, before it hears the decision
     if (rank != 2) Done(job_, rank == 3 ? 2 : rank, "commit");
     if (rank == 3) Done(job_, 3, "commit");
     RANK_CHECK(rc == 0, "v2 did not commit with every vote in: %d", rc);
@@ -412,9 +407,7 @@ TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
     RANK_CHECK(rc == 0, "reopen: %d", rc);
     // Rank 2's PREPARED v2 resolves to COMMITTED: the coordinator's decision is durable.
     RANK_CHECK(StateOf(db, 2) == CKPTDB_STATE_COMMITTED, "v2 is in state %d", StateOf(db, 2));
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu", rc, (unsigned long long)latest);
+    if (CheckLatest(db, rank, 2) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 2, &source);
     Done(job_, rank, "restore");
@@ -431,11 +424,7 @@ TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
 TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    for (uint64_t v = 1; v <= 2; ++v) {
-      if (Save(db, rank, v) != 0) return 1;
-    }
+    if (OpenAndSave(job_, rank, 2, &db) != 0) return 1;
     Done(job_, rank, "save");
     ckptdb_close(db);
     return 0;
@@ -487,9 +476,7 @@ TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu", rc, (unsigned long long)latest);
+    if (CheckLatest(db, rank, 2) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 2, &source);
     Done(job_, rank, "restore");
@@ -515,9 +502,7 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
   job_.replicas = 3;
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (Save(db, rank, 1) != 0) return 1;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     Done(job_, rank, "save");
     ckptdb_close(db);
     return 0;
@@ -574,13 +559,9 @@ TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedT
   job_.shared_tier = true;
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    for (uint64_t v = 1; v <= 5; ++v) {
-      if (Save(db, rank, v) != 0) return 1;
-    }
+    if (OpenAndSave(job_, rank, 5, &db) != 0) return 1;
     Done(job_, rank, "save");
-    rc = ckptdb_close(db);  // drains the demotions of v2 and v4 to the shared tier
+    int rc = ckptdb_close(db);  // drains the demotions of v2 and v4 to the shared tier
     RANK_CHECK(rc == 0, "close: %d", rc);
     return 0;
   });
@@ -592,10 +573,7 @@ TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedT
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 4, "latest %d %llu, expected v4", rc,
-               (unsigned long long)latest);
+    if (CheckLatest(db, rank, 4) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 4, &source);
     std::vector<uint8_t> out(kTensorBytes);
@@ -698,9 +676,7 @@ TEST_F(NetnsClusterTest, RanksAtDistinctAddressesReplicateAndRestoreAcrossABridg
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen at %s: %d", Addr(rank).c_str(), rc);
-    uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
-    RANK_CHECK(rc == 0 && latest == 2, "latest %d %llu", rc, (unsigned long long)latest);
+    if (CheckLatest(db, rank, 2) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 2, &source);
     Done(job_, rank, "restore", /*all_wait=*/true);
