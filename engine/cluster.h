@@ -32,6 +32,7 @@
 
 #include "engine/catalog.h"
 #include "engine/placement.h"
+#include "engine/replica_store.h"
 #include "transport/transport.h"
 #include "util/status.h"
 
@@ -164,11 +165,12 @@ class Cluster {
   // call reconnects); true if it did.
   bool DropIfGone(const Status& st, const std::string& address);
   // Replica store (this node's memory).
-  std::string ReplicaPath(uint32_t owner, uint64_t version, bool temporary) const;
   // The directories replicas are read from: replica_dir, or for serve_only every
   // ckptdb-replicas-r* under it.
   std::vector<std::string> ReplicaDirs() const;
   std::string FindReplica(uint32_t owner, uint64_t version) const;  // empty: not held
+  transport::PayloadPlace PlaceReplicaPiece(uint16_t type, std::span<const uint8_t> body,
+                                            size_t payload_bytes);
   void HandleReplica(const transport::Request& request, transport::Reply* reply);
   void HandleFetch(const transport::Request& request, transport::Reply* reply);
   std::vector<uint8_t> Holdings() const;
@@ -192,6 +194,7 @@ class Cluster {
   Hooks hooks_;
   Catalog* catalog_;  // rank 0: decisions and the epoch
   uint64_t incarnation_ = 0;
+  std::unique_ptr<ReplicaStore> replicas_;  // peers' replicas in this node's memory (replicas > 1)
   std::unique_ptr<transport::Transport> transport_;
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> stop_{false};
@@ -208,7 +211,6 @@ class Cluster {
   std::vector<Member> table_;                       // the membership as last received
   Placement placement_;
   ClusterStats stats_;
-  std::map<std::pair<uint32_t, uint64_t>, uint64_t> receiving_;  // replicas being received: bytes
 
   // Coordinator state (rank 0), under mu_.
   std::vector<Member> members_;

@@ -22,21 +22,35 @@ constexpr uint16_t kFail = 102;   // replies CKPTDB_ENOTFOUND
 
 struct Server {
   std::atomic<int> delivered{0};
+  std::atomic<int> placed{0};  // requests whose payload the handler found in `arena`
+  std::vector<uint8_t> arena;  // with a placer: where echo payloads whose body starts 'P' go
   std::unique_ptr<Transport> t;
-  Status Start(const std::string& token, const std::string& tls) {
+  Status Start(const std::string& token, const std::string& tls, bool with_placer = false) {
     TransportOptions o;
     o.name = "server";
     o.listen = "127.0.0.1:0";
     o.job_token = token;
     o.tls = tls;
     o.max_in_flight = 4;
+    if (with_placer) {
+      arena.assign(16 << 20, 0);
+      o.placer = [this](uint16_t type, std::span<const uint8_t> body, size_t bytes) {
+        PayloadPlace p;
+        if (type == kEcho && !body.empty() && body[0] == 'P' && bytes <= arena.size()) {
+          p.data = arena.data();
+        }
+        return p;
+      };
+    }
     return Transport::Start(
         o,
         [this](const Request& r, Reply* reply) {
           delivered++;
+          if (r.placed.data == arena.data() && !arena.empty()) placed++;
           if (r.type == kEcho) {
             reply->body = r.body;
-            auto copy = std::make_shared<std::vector<uint8_t>>(r.payload);
+            auto payload = r.Payload();
+            auto copy = std::make_shared<std::vector<uint8_t>>(payload.begin(), payload.end());
             reply->payload = copy->data();
             reply->payload_bytes = copy->size();
             reply->keep = copy;
@@ -111,6 +125,39 @@ TEST_P(TransportTest, CallsCarryBodiesAndPayloadsBothWays) {
     EXPECT_EQ(buffers[i], data);
   }
   EXPECT_GT(client->stats().bytes_sent, uint64_t{40} << 20);
+}
+
+// A Placer has a large (rendezvous) payload received straight into memory it chose; small
+// (eager) payloads and payloads it declines arrive in the request's vector as before.
+TEST_P(TransportTest, APlacerChoosesWhereALargePayloadLands) {
+  Server server;
+  {
+    Status s0 = server.Start("secret", GetParam(), /*with_placer=*/true);
+    ASSERT_TRUE(s0.ok()) << s0.ToString();
+  }
+  auto client = Client("secret", GetParam());
+  PeerId peer = 0;
+  ASSERT_TRUE(client->Connect(server.t->address(), 10000, &peer).ok());
+  auto big = test::RandomBytes(8 << 20, 4242);
+  std::vector<uint8_t> back(big.size());
+  std::vector<uint8_t> reply_body;
+  size_t got = 0;
+  Status st = client->CallSync(peer, kEcho, {'P'}, big.data(), big.size(), 10000, &reply_body,
+                               back.data(), back.size(), &got);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(back, big);
+  EXPECT_EQ(server.placed.load(), 1);
+  EXPECT_EQ(0, std::memcmp(server.arena.data(), big.data(), big.size()));
+  // Declined (body not 'P'), and eager: both through the vector, both intact.
+  for (auto [tag, bytes] : {std::pair<uint8_t, size_t>{'x', 8 << 20}, {'P', 100}}) {
+    auto data = test::RandomBytes(bytes, 77 + bytes);
+    back.assign(bytes, 0);
+    st = client->CallSync(peer, kEcho, {tag}, data.data(), data.size(), 10000, &reply_body,
+                          back.data(), back.size(), &got);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(back, data);
+  }
+  EXPECT_EQ(server.placed.load(), 1);
 }
 
 TEST_P(TransportTest, AWrongTokenIsRefusedAndNothingItSendsIsDelivered) {

@@ -234,6 +234,7 @@ class TransportImpl {
     WireHeader header;
     std::vector<uint8_t> body;
     std::vector<uint8_t> payload;       // a request's payload
+    PayloadPlace placed;                // ... or where the Placer had it go
     std::shared_ptr<Call::State> call;  // a reply's call (payload into its buffer)
   };
 
@@ -288,7 +289,7 @@ class TransportImpl {
                         size_t length, bool rndv);
   void HandleHandshake(Conn* c, const WireHeader& h, std::span<const uint8_t> body);
   void Deliver(uint64_t conn, const WireHeader& h, std::vector<uint8_t> body,
-               std::vector<uint8_t> payload);
+               std::vector<uint8_t> payload, PayloadPlace placed = {}, size_t placed_bytes = 0);
   Status ReplyStatus(const WireHeader& h, std::span<const uint8_t> body);
   void Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, int32_t status,
             std::span<const uint8_t> body, const void* payload, size_t payload_bytes,
@@ -699,13 +700,18 @@ void TransportImpl::StartPendingRecvs() {
   std::vector<PendingRecv> recvs;
   recvs.swap(pending_recvs_);
   for (PendingRecv& pr : recvs) {
-    auto* ctx = new RecvCtx{this, pr.conn, pr.header, std::move(pr.body), {}, pr.call};
+    auto* ctx = new RecvCtx{this, pr.conn, pr.header, std::move(pr.body), {}, {}, pr.call};
     void* buffer = nullptr;
     if (pr.call != nullptr) {
       buffer = pr.call->reply_buffer;
     } else {
-      ctx->payload.resize(pr.length);
-      buffer = ctx->payload.data();
+      if (options_.placer) ctx->placed = options_.placer(pr.header.type, ctx->body, pr.length);
+      if (ctx->placed.data != nullptr) {
+        buffer = ctx->placed.data;
+      } else {
+        ctx->payload.resize(pr.length);
+        buffer = ctx->payload.data();
+      }
     }
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -742,16 +748,20 @@ void TransportImpl::OnRecvDone(void* request, ucs_status_t status, size_t length
     self->CloseConn(ctx->conn, "receiving a request's payload failed: " + UcsText(status), false);
     return;
   }
-  self->Deliver(ctx->conn, ctx->header, std::move(ctx->body), std::move(ctx->payload));
+  self->Deliver(ctx->conn, ctx->header, std::move(ctx->body), std::move(ctx->payload),
+                std::move(ctx->placed), length);
 }
 
 void TransportImpl::Deliver(uint64_t conn, const WireHeader& h, std::vector<uint8_t> body,
-                            std::vector<uint8_t> payload) {
+                            std::vector<uint8_t> payload, PayloadPlace placed,
+                            size_t placed_bytes) {
   Request r;
   r.from = conn;
   r.type = h.type;
   r.body = std::move(body);
   r.payload = std::move(payload);
+  r.placed = std::move(placed);
+  r.placed_bytes = r.placed.data != nullptr ? placed_bytes : 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = conns_.find(conn);

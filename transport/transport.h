@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,22 @@ namespace ckpt::transport {
 inline constexpr size_t kMaxBodyBytes =
     4000;  // fits the active-message header UCX allows on tcp (8 KiB)
 
+// Where a request's payload goes when it arrives by rendezvous (a large payload): memory the
+// receiver chose before any payload byte was fetched, so that bulk data lands once, in its final
+// place (a replica piece straight into the replica's mapped memory), instead of in a fresh
+// vector that the handler then copies. `keep` keeps `data` valid until the handler has returned.
+struct PayloadPlace {
+  uint8_t* data = nullptr;  // nullptr: receive into Request::payload
+  std::shared_ptr<void> keep;
+};
+// Chooses a PayloadPlace for a request of `type` with `body` (not yet checked by anything but
+// the wire decoder) and a payload of payload_bytes. Runs on the progress thread, only for peers
+// that authenticated: it must not block, and must return nullptr for anything it does not
+// recognize or whose range it cannot vouch for (the handler then sees the payload in a vector
+// and refuses it with a clear error).
+using Placer = std::function<PayloadPlace(uint16_t type, std::span<const uint8_t> body,
+                                          size_t payload_bytes)>;
+
 struct TransportOptions {
   std::string name;       // who this is, in logs and errors ("rank 3")
   std::string listen;     // "host:port" to accept on (port 0: any free port); empty: no listener
@@ -42,6 +59,7 @@ struct TransportOptions {
   uint32_t max_in_flight = 16;   // calls outstanding per connection, each way
   uint64_t max_payload_bytes = uint64_t{1} << 30;
   int handshake_timeout_ms = 10000;
+  Placer placer;  // optional: where rendezvous payloads of requests go
 };
 
 using PeerId = uint64_t;
@@ -52,8 +70,16 @@ struct Request {
   std::string peer;  // the peer's name and address, for messages
   uint16_t type = 0;
   std::vector<uint8_t> body;
-  std::vector<uint8_t> payload;
+  std::vector<uint8_t> payload;  // the payload, unless the Placer placed it
+  PayloadPlace placed;           // where the Placer had it received (placed_bytes of it)
+  size_t placed_bytes = 0;
   uint64_t call_id = 0;  // the transport's, for routing the reply
+
+  // The payload's bytes, wherever they were received.
+  std::span<const uint8_t> Payload() const {
+    return placed.data != nullptr ? std::span<const uint8_t>(placed.data, placed_bytes)
+                                  : std::span<const uint8_t>(payload);
+  }
 };
 
 // The handler's answer. status != 0 (a CKPTDB_E* code) makes the caller's Wait return that code

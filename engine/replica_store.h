@@ -1,0 +1,118 @@
+// ReplicaStore: the replicas a rank keeps in its node's memory for its placement peers (DESIGN.md
+// section 7, GEMINI), one segment file per (owner rank, version) in a directory on a tmpfs, so
+// that they outlive this process and `ckptdb serve` can serve them after it died.
+//
+// Why it is more than "write a file": replication must run near the network's rate, and on these
+// machines a new tmpfs page costs far more than the copy into it (LIMITS.md: first touch 0.3 GB/s,
+// tmpfs writes 2-6 GB/s because page allocation dominates). So the store
+//   - receives each piece straight into the replica's mapped memory (the transport's Placer
+//     hands UCX that address before it fetches the payload: one copy, tcp's or shm's, no
+//     receive buffer, no pwrite);
+//   - recycles: the replica that retention drops becomes its owner's spare, pages and mapping
+//     kept, and the next replica of that owner is received into it; after the first versions a
+//     replica costs no page allocation, no page fault and no unlink;
+//   - verifies a sealed replica (framing, manifest, every chunk's record header and xxh3) from the
+//     mapping, with no reread through read(2);
+//   - serves fetches from the mapping (the reply's payload is sent from it).
+// Memory: per owner, `keep` sealed replicas plus one spare (or the replica being received).
+//
+// Files in the directory: r{owner}-v{version}.seg (sealed, verified), .seg.tmp (being received),
+// r{owner}.spare (a dropped replica's pages, waiting to be reused). A .tmp left by a dead
+// process is turned into its owner's spare when the store opens.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "util/status.h"
+
+namespace ckpt::engine {
+
+// A file mapped shared and writable; unmapped and closed when the last holder lets go (a fetch
+// being sent keeps its replica's mapping alive even after retention dropped the file).
+class MappedFile {
+ public:
+  // Maps `path` (created when `create`) at exactly `bytes` (the file is resized to that).
+  static Status Open(const std::string& path, bool create, uint64_t bytes,
+                     std::shared_ptr<MappedFile>* out);
+  // Maps `path` read-only at its size (`ckptdb serve`, which never writes a replica).
+  static Status OpenReadOnly(const std::string& path, std::shared_ptr<MappedFile>* out);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  uint8_t* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+  // Resizes the file and its mapping (a no-op at the same size: the mapping, and so the
+  // page-table entries, stay).
+  Status Resize(uint64_t bytes, const std::string& what);
+
+ private:
+  MappedFile() = default;
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+class ReplicaStore {
+ public:
+  // `dir` is created if missing. keep >= 1: sealed replicas kept per owner (newest first).
+  static Status Open(const std::string& dir, uint32_t keep, std::unique_ptr<ReplicaStore>* out);
+
+  // Where bytes [offset, offset + bytes) of owner's replica of `version` (file_bytes long) go:
+  // the replica being received, begun now (in the owner's spare when it has one) if it is not
+  // yet. Cheap (tmpfs metadata only): the transport's Placer calls it on its progress thread.
+  Status Place(uint32_t owner, uint64_t version, uint64_t file_bytes, uint64_t offset,
+               uint64_t bytes, uint8_t** at, std::shared_ptr<MappedFile>* keep);
+  // Records that a piece landed (`data` is where it is: copied into place unless it was received
+  // there already).
+  Status Received(uint32_t owner, uint64_t version, uint64_t file_bytes, uint64_t offset,
+                  std::span<const uint8_t> data, const std::string& what);
+  // The last call of a replica: every byte must have arrived; the image is checked (framing,
+  // footer naming owner and version, manifest, every chunk) and only then becomes visible.
+  // Retention then turns the owner's replicas beyond `keep` into its spare. A replica that fails
+  // is dropped (its memory becomes the spare) and the error names what failed.
+  Status Seal(uint32_t owner, uint64_t version, uint64_t file_bytes, const std::string& what);
+  // A sealed replica, mapped (nullptr: not held).
+  std::shared_ptr<MappedFile> Find(uint32_t owner, uint64_t version);
+  // Sealed replicas, (owner, version), sorted.
+  std::vector<std::pair<uint32_t, uint64_t>> Held() const;
+  uint64_t held_bytes() const;  // sealed, spare and incoming replicas' memory
+
+  std::string SealedPath(uint32_t owner, uint64_t version) const;
+
+ private:
+  using Key = std::pair<uint32_t, uint64_t>;
+  struct Incoming {
+    std::shared_ptr<MappedFile> map;
+    uint64_t file_bytes = 0;
+    uint64_t received_bytes = 0;
+  };
+  struct Sealed {
+    uint64_t file_bytes = 0;
+    std::shared_ptr<MappedFile> map;  // mapped on first use
+  };
+  ReplicaStore(std::string dir, uint32_t keep) : dir_(std::move(dir)), keep_(keep) {}
+  std::string TemporaryPath(uint32_t owner, uint64_t version) const;
+  std::string SparePath(uint32_t owner) const;
+  // Makes `map` (the file now at `path`, nobody else holding it) the owner's spare, or removes
+  // the file when the owner has one or someone still reads the mapping.
+  void RetireLocked(uint32_t owner, const std::string& path, std::shared_ptr<MappedFile> map);
+  // Abandons the replicas of `owner` still being received that are older than `version`.
+  void AbandonOlderLocked(uint32_t owner, uint64_t version);
+
+  const std::string dir_;
+  const uint32_t keep_;
+  mutable std::mutex mu_;
+  std::map<Key, Incoming> incoming_;
+  std::map<Key, Sealed> sealed_;
+  std::map<uint32_t, std::shared_ptr<MappedFile>> spares_;  // by owner; nullptr: not mapped yet
+};
+
+}  // namespace ckpt::engine

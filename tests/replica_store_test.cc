@@ -1,0 +1,207 @@
+// The memory a rank keeps its peers' replicas in (engine/replica_store.h): pieces in any order,
+// the seal's checks, recycling of dropped replicas' memory, and what a restarted process finds.
+// The segment images are real ones, written by a one-rank store through the C API.
+#include "engine/replica_store.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "ckptdb/ckptdb.h"
+#include "tests/test_util.h"
+
+namespace ckpt::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+// Real segment images of versions 1..n of rank 0 (a one-rank store's), each with a 200 KiB tensor
+// in 64 KiB chunks (so several records), read back from a tmpfs tier.
+std::vector<std::string> SegmentImages(const TempDir& dir, int n) {
+  const std::string root = dir.Sub("store");
+  const std::string tiers = "tmpfs:" + dir.Sub("tier");
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.root = root.c_str();
+  o.tiers = tiers.c_str();
+  o.chunk_bytes = 64 << 10;
+  o.staging_bytes = 1 << 20;
+  ckptdb* db = nullptr;
+  EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_OK) << ckptdb_last_error();
+  std::vector<std::string> images;
+  for (int v = 1; v <= n && db != nullptr; ++v) {
+    auto data = test::RandomBytes(200 << 10, 1000 * v);
+    EXPECT_EQ(ckptdb_put_shard(db, v, "w", data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW),
+              CKPTDB_OK);
+    EXPECT_EQ(ckptdb_commit(db, v, 0), CKPTDB_OK) << ckptdb_last_error();
+  }
+  if (db != nullptr) EXPECT_EQ(ckptdb_close(db), CKPTDB_OK);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir.Sub("tier"))) {
+    if (e.path().extension() == ".seg") files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());  // v00..01 before v00..02
+  for (const std::string& f : files) images.push_back(test::ReadWholeFile(f));
+  EXPECT_EQ(images.size(), static_cast<size_t>(n));
+  return images;
+}
+
+// Sends `image` as owner's `version` in pieces of `piece` bytes, in a shuffled order, each placed
+// the way the transport's Placer does (received straight into the returned address).
+Status Send(ReplicaStore* store, uint32_t owner, uint64_t version, const std::string& image,
+            size_t piece, uint64_t seed) {
+  std::vector<uint64_t> offsets;
+  for (uint64_t off = 0; off < image.size(); off += piece) offsets.push_back(off);
+  std::shuffle(offsets.begin(), offsets.end(), std::mt19937_64(seed));
+  for (uint64_t off : offsets) {
+    size_t n = std::min<size_t>(piece, image.size() - off);
+    uint8_t* at = nullptr;
+    std::shared_ptr<MappedFile> keep;
+    CKPTDB_RETURN_IF_ERROR(store->Place(owner, version, image.size(), off, n, &at, &keep));
+    std::memcpy(at, image.data() + off, n);  // what UCX does
+    CKPTDB_RETURN_IF_ERROR(store->Received(owner, version, image.size(), off, {at, n}, "piece"));
+  }
+  return store->Seal(owner, version, image.size(), "test replica");
+}
+
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(ReplicaStoreTest, PiecesInAnyOrderSealIntoAVerifiedReplicaServedFromItsMapping) {
+  TempDir dir;
+  auto images = SegmentImages(dir, 1);
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  Status st = Send(store.get(), 0, 1, images[0], 12345, 7);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 1}}));
+  auto map = store->Find(0, 1);
+  ASSERT_NE(map, nullptr);
+  ASSERT_EQ(map->bytes(), images[0].size());
+  EXPECT_EQ(std::memcmp(map->data(), images[0].data(), images[0].size()), 0);
+  EXPECT_EQ(test::ReadWholeFile(store->SealedPath(0, 1)), images[0]);
+  EXPECT_EQ(store->Find(0, 2), nullptr);
+}
+
+TEST(ReplicaStoreTest, RetentionRecyclesTheDroppedReplicasMemoryForTheNext) {
+  TempDir dir;
+  auto images = SegmentImages(dir, 5);
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  uint8_t* v1_memory = nullptr;
+  for (uint64_t v = 1; v <= 5; ++v) {
+    if (v == 4) {
+      // v1 was dropped when v3 sealed: its pages are the spare, and v4 lands in them.
+      uint8_t* at = nullptr;
+      std::shared_ptr<MappedFile> keep;
+      ASSERT_TRUE(store->Place(0, 4, images[3].size(), 0, 1, &at, &keep).ok());
+      EXPECT_TRUE(fs::exists(dir.Sub("replicas") + "/r00000-v00000000000000000004.seg.tmp"));
+      EXPECT_FALSE(fs::exists(dir.Sub("replicas") + "/r00000.spare"));
+      EXPECT_EQ(at, v1_memory) << "the spare's mapping is reused as it is";
+    }
+    Status st = Send(store.get(), 0, v, images[v - 1], 64 << 10, v);
+    ASSERT_TRUE(st.ok()) << "v" << v << ": " << st.message();
+    if (v == 1) v1_memory = store->Find(0, 1)->data();
+  }
+  EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 4}, {0, 5}}));
+  EXPECT_EQ(Names(dir.Sub("replicas")),
+            (std::vector<std::string>{"r00000-v00000000000000000004.seg",
+                                      "r00000-v00000000000000000005.seg", "r00000.spare"}));
+  EXPECT_EQ(test::ReadWholeFile(store->SealedPath(0, 5)), images[4]);
+}
+
+TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
+  TempDir dir;
+  auto images = SegmentImages(dir, 2);
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  // A flipped byte in a chunk's payload.
+  std::string bad = images[0];
+  bad[2 * 4096 + 100] ^= 1;  // the first record: header block at 4096, payload at 8192
+  Status st = Send(store.get(), 0, 1, bad, 1 << 20, 1);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.message();
+  EXPECT_NE(st.message().find("xxh3"), std::string::npos) << st.message();
+  EXPECT_TRUE(store->Held().empty());
+  // An image of another version (or another rank) under this name.
+  st = Send(store.get(), 0, 7, images[1], 1 << 20, 1);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.message();
+  EXPECT_NE(st.message().find("the segment is v2"), std::string::npos) << st.message();
+  // A piece missing: the seal refuses before looking at the bytes.
+  uint8_t* at = nullptr;
+  std::shared_ptr<MappedFile> keep;
+  ASSERT_TRUE(store->Place(0, 1, images[0].size(), 0, 4096, &at, &keep).ok());
+  std::memcpy(at, images[0].data(), 4096);
+  ASSERT_TRUE(store->Received(0, 1, images[0].size(), 0, {at, 4096}, "piece").ok());
+  st = store->Seal(0, 1, images[0].size(), "replica");
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.message();
+  EXPECT_NE(st.message().find("4096 bytes arrived of"), std::string::npos) << st.message();
+  EXPECT_TRUE(store->Held().empty());
+  // And the good one still goes through afterwards.
+  st = Send(store.get(), 0, 1, images[0], 1 << 20, 2);
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
+TEST(ReplicaStoreTest, OutOfRangePiecesAndSealsOfNothingAreRefused) {
+  TempDir dir;
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  uint8_t* at = nullptr;
+  std::shared_ptr<MappedFile> keep;
+  EXPECT_EQ(store->Place(1, 1, 8192, 8000, 193, &at, &keep).code(), CKPTDB_EINVAL);
+  EXPECT_EQ(store->Place(1, 1, 0, 0, 0, &at, &keep).code(), CKPTDB_EINVAL);
+  EXPECT_EQ(store->Place(1, 1, uint64_t{1} << 41, 0, 1, &at, &keep).code(), CKPTDB_EINVAL);
+  EXPECT_EQ(store->Place(1, 1, ~uint64_t{0}, ~uint64_t{0}, 2, &at, &keep).code(), CKPTDB_EINVAL);
+  ASSERT_TRUE(store->Place(1, 1, 8192, 0, 4096, &at, &keep).ok());
+  // The same replica announced with another size.
+  EXPECT_EQ(store->Place(1, 1, 16384, 4096, 4096, &at, &keep).code(), CKPTDB_EINVAL);
+  EXPECT_EQ(store->Seal(1, 9, 8192, "replica").code(), CKPTDB_ESTATE);
+  EXPECT_TRUE(store->Held().empty());
+}
+
+TEST(ReplicaStoreTest, ARestartedProcessServesSealedReplicasAndReusesPartialOnesAsSpares) {
+  TempDir dir;
+  auto images = SegmentImages(dir, 4);
+  const std::string rdir = dir.Sub("replicas");
+  {
+    std::unique_ptr<ReplicaStore> store;
+    ASSERT_TRUE(ReplicaStore::Open(rdir, 2, &store).ok());
+    ASSERT_TRUE(Send(store.get(), 0, 1, images[0], 1 << 20, 1).ok());
+    ASSERT_TRUE(Send(store.get(), 0, 2, images[1], 1 << 20, 1).ok());
+    // v3 half received when the process dies.
+    uint8_t* at = nullptr;
+    std::shared_ptr<MappedFile> keep;
+    ASSERT_TRUE(store->Place(0, 3, images[2].size(), 0, 4096, &at, &keep).ok());
+  }
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(rdir, 2, &store).ok());
+  EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 1}, {0, 2}}));
+  EXPECT_EQ(Names(rdir),
+            (std::vector<std::string>{"r00000-v00000000000000000001.seg",
+                                      "r00000-v00000000000000000002.seg", "r00000.spare"}))
+      << "a partial replica is never served: its memory became the spare";
+  auto map = store->Find(0, 2);
+  ASSERT_NE(map, nullptr);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(map->data()), map->bytes()), images[1]);
+  ASSERT_TRUE(Send(store.get(), 0, 3, images[2], 1 << 20, 3).ok());
+  EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 2}, {0, 3}}));
+  EXPECT_EQ(test::ReadWholeFile(store->SealedPath(0, 3)), images[2]);
+  // A fetch still sending from v2's mapping when retention drops v2: the file goes, but the
+  // memory under the fetch stays as it was and is not recycled for the next replica.
+  ASSERT_TRUE(Send(store.get(), 0, 4, images[3], 1 << 20, 4).ok());
+  EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 3}, {0, 4}}));
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(map->data()), map->bytes()), images[1]);
+  EXPECT_EQ(Names(rdir), (std::vector<std::string>{"r00000-v00000000000000000003.seg",
+                                                   "r00000-v00000000000000000004.seg"}));
+  EXPECT_EQ(store->Find(0, 2), nullptr);
+}
+
+}  // namespace
+}  // namespace ckpt::engine
