@@ -1223,49 +1223,78 @@ Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64
 
 Status Cluster::Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
                       uint64_t offset, void* dst, uint64_t bytes) {
+  std::vector<Status> results;
+  Status st = FetchRanges(holder, owner, version, {{offset, static_cast<uint8_t*>(dst), bytes}},
+                          &results);
+  return st.ok() ? results[0] : st;
+}
+
+Status Cluster::FetchRanges(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
+                            const std::vector<FetchRange>& ranges, std::vector<Status>* results) {
+  const std::string what =
+      "fetching v" + std::to_string(version) + " of " + R(owner) + " from " +
+      (holder.rank == kServeRank ? std::string("ckptdb serve") : R(holder.rank)) + " (node " +
+      holder.node_id + ")";
+  results->assign(ranges.size(), Status::Ok());
   transport::PeerId peer = 0;
-  CKPTDB_RETURN_IF_ERROR(PeerFor(holder.address, &peer));
-  auto* out = static_cast<uint8_t*>(dst);
-  std::deque<std::unique_ptr<transport::Call>> in_flight;
-  std::deque<uint64_t> expect;
-  Status st;
-  for (uint64_t off = 0; off < bytes || !in_flight.empty();) {
-    if (st.ok() && off < bytes && in_flight.size() < kPiecesInFlight) {
-      uint64_t n = std::min(kMaxFetchBytes, bytes - off);
+  Status gone = PeerFor(holder.address, &peer);
+  if (!gone.ok()) {
+    gone = gone.WithContext(what);
+    results->assign(ranges.size(), gone);
+    return gone;
+  }
+  struct Piece {
+    std::unique_ptr<transport::Call> call;
+    size_t range;
+    uint64_t bytes;
+  };
+  std::deque<Piece> in_flight;
+  uint64_t fetched = 0;
+  size_t range = 0;
+  uint64_t off = 0;  // within ranges[range]
+  // Bounded: each turn starts a piece or waits for one; pieces are at most kMaxFetchBytes.
+  while (true) {
+    while (range < ranges.size() && off >= ranges[range].bytes) {
+      ++range;
+      off = 0;
+    }
+    if (gone.ok() && range < ranges.size() && in_flight.size() < kPiecesInFlight) {
+      const FetchRange& r = ranges[range];
+      uint64_t n = std::min(kMaxFetchBytes, r.bytes - off);
       WireWriter w;
       w.U32(owner);
       w.U64(version);
-      w.U64(offset + off);
+      w.U64(r.offset + off);
       w.U64(n);
       std::unique_ptr<transport::Call> call;
-      st = transport_->Start(peer, kFetch, w.Take(), nullptr, 0, out + off, n, &call);
-      if (st.ok()) {
-        in_flight.push_back(std::move(call));
-        expect.push_back(n);
+      gone = transport_->Start(peer, kFetch, w.Take(), nullptr, 0, r.dst + off, n, &call);
+      if (gone.ok()) {
+        in_flight.push_back({std::move(call), range, n});
         off += n;
         continue;
       }
     }
     if (in_flight.empty()) break;
-    Status s = in_flight.front()->Wait(options_.call_timeout_ms);
-    if (s.ok() && in_flight.front()->payload_bytes() != expect.front()) {
-      s = Status::Corrupt("a short reply");
+    Piece& p = in_flight.front();
+    Status s = p.call->Wait(options_.call_timeout_ms);
+    if (s.ok() && p.call->payload_bytes() != p.bytes) s = Status::Corrupt("a short reply");
+    if (s.ok()) fetched += p.bytes;
+    if (!s.ok() && (*results)[p.range].ok()) (*results)[p.range] = s.WithContext(what);
+    if (!s.ok() && (s.code() == CKPTDB_EPEER || s.code() == CKPTDB_ETIMEDOUT) && gone.ok()) {
+      gone = s;  // start nothing more
     }
     in_flight.pop_front();
-    expect.pop_front();
-    if (st.ok() && !s.ok()) {
-      st = s;
-      off = bytes;  // start nothing more
+  }
+  if (!gone.ok()) {
+    gone = gone.WithContext(what);
+    for (size_t i = range; i < ranges.size(); ++i) {
+      if ((*results)[i].ok()) (*results)[i] = gone;
     }
   }
-  DropIfGone(st, holder.address);
-  if (st.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.fetch_bytes += bytes;
-  }
-  return st.WithContext("fetching v" + std::to_string(version) + " of " + R(owner) + " from " +
-                        (holder.rank == kServeRank ? std::string("ckptdb serve") : R(holder.rank)) +
-                        " (node " + holder.node_id + ")");
+  DropIfGone(gone, holder.address);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.fetch_bytes += fetched;
+  return gone;
 }
 
 }  // namespace ckpt::engine

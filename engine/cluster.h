@@ -123,6 +123,17 @@ class Cluster {
   Status Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t version, uint64_t offset,
                void* dst, uint64_t bytes);
 
+  // Several ranges of owner's replica of `version` on `holder`, kept in flight together (a
+  // restore's missing chunks): (*results)[i] says how range i went. The returned status is the
+  // first failure of the holder itself (vanished, timed out); ranges not attempted then carry it.
+  struct FetchRange {
+    uint64_t offset = 0;
+    uint8_t* dst = nullptr;
+    uint64_t bytes = 0;
+  };
+  Status FetchRanges(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
+                     const std::vector<FetchRange>& ranges, std::vector<Status>* results);
+
   // The size of owner's replica of `version` on `holder`.
   Status ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
                       uint64_t* bytes);

@@ -227,6 +227,33 @@ class Db {
     std::unique_ptr<format::SegmentReader> reader;
   };
 
+  // ---- The restore planner's state for one tensor (read.cc, distributed.cc) ------------------
+  // Sources are tried fastest first (DESIGN.md section 7: local ram, a peer's memory, then the
+  // slower tiers); each reads only the chunks still pending and keeps those that fail its checks
+  // pending for the next.
+  struct RestorePlan {
+    std::string what;
+    bool laid_out = false;  // first/count/chunk sizes known, from the first readable manifest
+    uint32_t first = 0;
+    uint32_t count = 0;
+    std::vector<uint64_t> chunk_bytes;  // chunk first + i's payload bytes
+    std::vector<uint64_t> dst_offset;   // where chunk first + i goes in the caller's buffer
+    std::vector<uint32_t> pending;      // chunk indexes not yet read and verified, sorted
+    std::vector<std::pair<std::string, uint64_t>> served;  // bytes by source, in order tried
+    std::string errors;
+    uint64_t chunk_failures = 0;
+    void Note(const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
+    void Served(const std::string& source, uint64_t bytes) {
+      if (bytes > 0) served.emplace_back(source, bytes);
+    }
+  };
+  // A peer's replica of this rank's segment, its manifest read once per version restored.
+  struct PeerReplica {
+    ReplicaHolder holder;
+    std::unique_ptr<format::SegmentReader> reader;  // nullptr: not opened yet
+    bool failed = false;                            // vanished or unreadable: skipped
+  };
+
   // ---- Demotion: copying a version from a faster tier to a slower one (manager only) ----------
   struct Demotion {
     uint64_t version = 0;
@@ -348,8 +375,11 @@ class Db {
   Status OnDecision(uint64_t version, bool committed);
   void ClusterWorkerLoop();
   void PostClusterJob(std::function<void()> job);
-  Status RestoreFromPeers(uint64_t version, const std::string& name, void* dst, size_t nbytes,
-                          const std::string& what);
+  // The planner's peer step: the pending chunks of `name` from peers' replicas of this rank's
+  // segment, each checked against its xxh3 as it lands in out. Non-Ok: no peer could be asked
+  // (the reason goes to plan->errors) or the tensor does not exist / has another size.
+  Status RestoreFromPeers(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
+                          RestorePlan* plan);
   void FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   bool PlanDemotion(std::unique_lock<std::mutex>& lock);
   Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
@@ -387,6 +417,11 @@ class Db {
                        io::IoQueue* queue);
   Status ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uint64_t first_chunk,
                     uint8_t* dst, std::vector<uint32_t>* failed, uint64_t* bytes_read);
+  // Lays the plan out from a source's manifest, or checks that the source lays `name` out the
+  // same way. NotFound / Size when the first source has no such tensor or another size (the
+  // caller's error); Corrupt when a later source disagrees (that source is skipped).
+  Status LayOut(const format::ManifestView& m, const std::string& name, size_t nbytes,
+                const std::string& source, RestorePlan* plan);
   void Pin(uint64_t version);
   void Unpin(uint64_t version);
   // A reader's pin on a ram copy (taken by ReadSegment or Verify, with mu_), given back when it
@@ -493,6 +528,8 @@ class Db {
   std::unique_ptr<io::IoQueue> read_queue_;
   std::map<std::pair<uint64_t, size_t>, OpenSegment> segments_;  // (version, tier) readers
   std::string last_problem_;  // the first chunk failure of the current restore
+  uint64_t peer_replicas_version_ = 0;  // the version peer_replicas_ are of (0: none)
+  std::vector<PeerReplica> peer_replicas_;
 };
 
 }  // namespace ckpt::engine

@@ -230,83 +230,117 @@ Status Db::Hint(unsigned hints) {
   return Status::Ok();
 }
 
-// The restore planner's second step (DESIGN.md section 7): this rank's segment from a peer's
-// memory, each chunk checked against the manifest's xxh3 as it lands in dst; a holder that
-// fails in any way is passed over for the next.
-Status Db::RestoreFromPeers(uint64_t version, const std::string& name, void* dst, size_t nbytes,
-                            const std::string& what) {
+// The restore planner's peer step (DESIGN.md section 7). The holders and each holder's manifest
+// are asked once per version restored (a restore of a model is a call per tensor), then only the
+// pending chunks of each tensor cross, several in flight, each checked against its xxh3 as it
+// lands in out; what one holder cannot supply (gone, corrupt) is asked of the next.
+Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nbytes,
+                            uint8_t* out, RestorePlan* plan) {
+  const std::string& what = plan->what;
+  uint64_t manifest_xxh3 = 0;  // the catalog's, when this rank has the version's record
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!job_committed_.count(version)) {
-      CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, what));
+    auto it = versions_.find(version);
+    if (it != versions_.end() && it->second.has_record) {
+      manifest_xxh3 = it->second.record.manifest_xxh3;
     }
   }
-  std::vector<ReplicaHolder> holders;
-  CKPTDB_RETURN_IF_ERROR(cluster_->Holders(options_.rank, version, &holders).WithContext(what));
-  if (holders.empty()) {
-    return Status::NotFound(what + ": no live peer holds a replica of this rank's segment");
+  if (peer_replicas_version_ != version) {
+    std::vector<ReplicaHolder> holders;
+    Status st = cluster_->Holders(options_.rank, version, &holders).WithContext(what);
+    if (!st.ok()) {
+      plan->Note(st.message());
+      return Status::Peer(st.message());
+    }
+    peer_replicas_.clear();
+    for (ReplicaHolder& h : holders) peer_replicas_.push_back({std::move(h), nullptr, false});
+    peer_replicas_version_ = version;
   }
-  auto* out = static_cast<uint8_t*>(dst);
-  std::string errors;
-  for (const ReplicaHolder& h : holders) {
+  bool asked = false;
+  for (PeerReplica& p : peer_replicas_) {
+    if (plan->laid_out && plan->pending.empty()) break;
+    if (p.failed) continue;
+    asked = true;
+    const ReplicaHolder& h = p.holder;
     const bool daemon = h.rank == kServeRank;
+    const std::string source =
+        daemon ? "serve:" + h.node_id : "peer:rank" + std::to_string(h.rank);
     const std::string src =
         (daemon ? "replica served by ckptdb serve" : "replica on rank " + std::to_string(h.rank)) +
         " (node " + h.node_id + ")";
-    uint64_t file_bytes = 0;
-    Status st = cluster_->ReplicaBytes(h, options_.rank, version, &file_bytes);
-    std::unique_ptr<format::SegmentReader> reader;
-    if (st.ok()) {
-      st = format::SegmentReader::Open(
-          what + " from " + src, file_bytes,
-          [this, &h, version](uint64_t off, void* buf, size_t len) {
-            return cluster_->Fetch(h, options_.rank, version, off, buf, len);
-          },
-          &reader);
-    }
-    const fb::Tensor* t = st.ok() ? reader->manifest().Find(name) : nullptr;
-    if (st.ok() && t == nullptr) st = Status::NotFound(what + ": the version has no such tensor");
-    if (st.ok() && t->bytes() != nbytes) {
-      st = Status::Size(what + ": the tensor is " + std::to_string(t->bytes()) +
-                        " bytes, the buffer is " + std::to_string(nbytes));
-    }
-    if (!st.ok() && (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESIZE) && t == nullptr &&
-        reader != nullptr) {
-      return st;
-    }
-    uint64_t off = 0;
-    for (uint32_t c = 0; st.ok() && c < t->chunk_count(); ++c) {
-      const fb::Chunk& chunk = reader->manifest().chunk(t->first_chunk() + c);
-      st = cluster_->Fetch(h, options_.rank, version, chunk.record_offset() + format::kBlockBytes,
-                           out + off, chunk.payload_bytes());
+    if (p.reader == nullptr) {
+      uint64_t file_bytes = 0;
+      Status st = cluster_->ReplicaBytes(h, options_.rank, version, &file_bytes);
       if (st.ok()) {
-        st = format::CheckXxh3(out + off, chunk.payload_bytes(), chunk.xxh3(),
-                               "chunk " + std::to_string(t->first_chunk() + c) + " of " + src);
+        st = format::SegmentReader::Open(
+            what + " from " + src, file_bytes,
+            [this, &h, version](uint64_t off, void* buf, size_t len) {
+              return cluster_->Fetch(h, options_.rank, version, off, buf, len);
+            },
+            &p.reader);
       }
-      off += chunk.payload_bytes();
-    }
-    if (st.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (daemon) {
-        std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "serve:%s",
-                      h.node_id.c_str());
-      } else {
-        std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "peer:rank%u",
-                      h.rank);
+      if (st.ok() && manifest_xxh3 != 0 && p.reader->footer().manifest_xxh3 != manifest_xxh3) {
+        st = Status::Corrupt(src + ": its manifest xxh3 " +
+                             format::Hex64(p.reader->footer().manifest_xxh3) +
+                             " differs from the catalog's " + format::Hex64(manifest_xxh3));
       }
-      stats_.restore_calls++;
-      stats_.restore_bytes += nbytes;
-      return Status::Ok();
+      if (!st.ok()) {
+        p.reader.reset();
+        p.failed = true;
+        plan->Note(st.message());
+        continue;
+      }
     }
-    if (st.code() == CKPTDB_ECORRUPT) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.checksum_failures++;
+    const format::ManifestView& m = p.reader->manifest();
+    Status st = LayOut(m, name, nbytes, src, plan);
+    if (!st.ok()) {
+      if (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESIZE) return st;
+      plan->Note(st.message());
+      continue;
     }
-    errors += (errors.empty() ? "" : "; ") + st.message();
+    std::vector<Cluster::FetchRange> ranges;
+    for (uint32_t c : plan->pending) {
+      const fb::Chunk& chunk = m.chunk(c);
+      ranges.push_back({chunk.record_offset() + format::kBlockBytes,
+                        out + plan->dst_offset[c - plan->first], chunk.payload_bytes()});
+    }
+    std::vector<Status> results;
+    Status gone = cluster_->FetchRanges(h, options_.rank, version, ranges, &results);
+    std::vector<uint32_t> failed;
+    uint64_t served = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const uint32_t c = plan->pending[i];
+      Status cs = results[i];
+      if (cs.ok()) {
+        cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, m.chunk(c).xxh3(),
+                               "chunk " + std::to_string(c) + " of " + src);
+      }
+      if (cs.ok()) {
+        served += ranges[i].bytes;
+        continue;
+      }
+      failed.push_back(c);
+      if (cs.code() == CKPTDB_ECORRUPT) {
+        plan->chunk_failures++;
+        if (last_problem_.empty()) last_problem_ = cs.message();
+      }
+    }
+    if (!gone.ok()) {
+      p.failed = true;  // vanished or timed out: not asked again for this version
+      plan->Note(gone.message());
+    }
+    plan->Served(source, served);
+    plan->pending = std::move(failed);
   }
-  if (nbytes > 0) std::memset(out, 0, nbytes);  // never wrong bytes
-  return Status::Corrupt(what + ": no peer supplied a verified copy (" + errors +
-                         "); the buffer is zeroed");
+  if (!asked) {
+    const std::string why =
+        what + ": no live peer holds a verified replica of this rank's segment" +
+        (peer_replicas_.empty() ? "" : " (every holder failed)");
+    plan->Note(why);
+    peer_replicas_version_ = 0;  // ask the coordinator again next time: holders may have come
+    return Status::Peer(why);
+  }
+  return Status::Ok();
 }
 
 }  // namespace ckpt::engine

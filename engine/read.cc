@@ -306,103 +306,144 @@ Status Db::CommittedCopies(uint64_t version, const std::string& what,
                           (where.empty() ? "no copies recorded" : where) + ")");
 }
 
+Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t nbytes,
+                  const std::string& source, RestorePlan* plan) {
+  const fb::Tensor* t = m.Find(name);
+  if (!plan->laid_out) {
+    if (t == nullptr) return Status::NotFound(plan->what + ": the version has no tensor by that name");
+    if (t->bytes() != nbytes) {
+      return Status::Size(plan->what + ": the tensor is " + std::to_string(t->bytes()) +
+                          " bytes, the buffer is " + std::to_string(nbytes));
+    }
+    plan->laid_out = true;
+    plan->first = t->first_chunk();
+    plan->count = t->chunk_count();
+    uint64_t offset = 0;
+    for (uint32_t c = plan->first; c < plan->first + plan->count; ++c) {
+      plan->pending.push_back(c);
+      plan->dst_offset.push_back(offset);
+      plan->chunk_bytes.push_back(m.chunk(c).payload_bytes());
+      offset += m.chunk(c).payload_bytes();
+    }
+    return Status::Ok();
+  }
+  if (t == nullptr || t->first_chunk() != plan->first || t->chunk_count() != plan->count ||
+      t->bytes() != nbytes) {
+    return Status::Corrupt(source + " lays the tensor out differently");
+  }
+  for (uint32_t i = 0; i < plan->count; ++i) {
+    if (m.chunk(plan->first + i).payload_bytes() != plan->chunk_bytes[i]) {
+      return Status::Corrupt(source + " lays the tensor out differently");
+    }
+  }
+  return Status::Ok();
+}
+
+// The restore planner (DESIGN.md section 7): for each chunk of the tensor, the fastest source
+// that still holds a verified copy. Local ram first, then peers' memory (a job's replicas), then
+// the slower local tiers; a chunk that fails its xxh3 or cannot be read stays pending for the
+// next source. What no source can supply is zeroed, never returned as if whole.
 Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags) {
   const uint64_t start = MonoNs();
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore"));
-  std::string what = "restore '" + std::string(name) + "' of " + V(version);
+  RestorePlan plan;
+  plan.what = "restore '" + std::string(name) + "' of " + V(version);
+  const std::string& what = plan.what;
   if (flags != 0) return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
   if (dst == nullptr && nbytes > 0) return Status::Invalid(what + ": dst is NULL");
   std::lock_guard<std::mutex> read_lock(read_mu_);
   std::vector<size_t> candidates;
   Status copies = CommittedCopies(version, what, &candidates);
-  if (!copies.ok() && cluster_ != nullptr && copies.code() == CKPTDB_ENOTFOUND) {
-    // No local copy (a replacement node, or copies evicted): a peer's memory.
-    return RestoreFromPeers(version, name, dst, nbytes, what);
+  // No local copy (a replacement node, or copies evicted) still leaves a peer's memory.
+  if (!copies.ok() && (cluster_ == nullptr || copies.code() != CKPTDB_ENOTFOUND)) return copies;
+  if (!copies.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!job_committed_.count(version)) return copies;  // not a version the job committed
+    plan.Note(copies.message());
   }
-  CKPTDB_RETURN_IF_ERROR(copies);
-  last_problem_.clear();
-  std::string errors;
-  uint32_t first = 0, count = 0;
-  bool laid_out = false;
-  std::vector<uint32_t> pending;
-  std::vector<uint64_t> payload;  // each chunk's bytes, for zeroing what no tier could supply
-  std::string served_by;
-  uint64_t read_by_tier[CKPTDB_MAX_TIERS] = {};
-  uint64_t chunk_failures = 0;
-  auto* out = static_cast<uint8_t*>(dst);
+  // The order: ram tiers, then peers (kPeers), then the slower tiers.
+  constexpr size_t kPeers = SIZE_MAX;
+  std::vector<size_t> order;
   for (size_t ti : candidates) {
+    if (tiers_[ti].is_ram()) order.push_back(ti);
+  }
+  if (cluster_ != nullptr) order.push_back(kPeers);
+  for (size_t ti : candidates) {
+    if (!tiers_[ti].is_ram()) order.push_back(ti);
+  }
+  last_problem_.clear();
+  uint64_t read_by_tier[CKPTDB_MAX_TIERS] = {};
+  auto* out = static_cast<uint8_t*>(dst);
+  for (size_t step : order) {
+    if (plan.laid_out && plan.pending.empty()) break;
+    if (step == kPeers) {
+      Status ps = RestoreFromPeers(version, name, nbytes, out, &plan);
+      if (ps.code() == CKPTDB_ENOTFOUND || ps.code() == CKPTDB_ESIZE) return ps;
+      continue;
+    }
+    const size_t ti = step;
     OpenSegment* seg = nullptr;
     Status st = ReadSegment(version, ti, &seg);
     if (!st.ok()) {
-      errors += (errors.empty() ? "" : "; ") + st.message();
+      plan.Note(st.message());
       continue;
     }
     RamPin pin(this, version, tiers_[ti].is_ram());
-    const fb::Tensor* t = seg->reader->manifest().Find(name);
-    Status rs;
-    if (!laid_out) {
-      if (t == nullptr) {
-        rs = Status::NotFound(what + ": the version has no tensor by that name");
-      } else if (t->bytes() != nbytes) {
-        rs = Status::Size(what + ": the tensor is " + std::to_string(t->bytes()) +
-                          " bytes, the buffer is " + std::to_string(nbytes));
-      } else {
-        laid_out = true;
-        first = t->first_chunk();
-        count = t->chunk_count();
-        for (uint32_t c = first; c < first + count; ++c) {
-          pending.push_back(c);
-          payload.push_back(seg->reader->manifest().chunk(c).payload_bytes());
-        }
-      }
-    } else if (t == nullptr || t->first_chunk() != first || t->chunk_count() != count ||
-               t->bytes() != nbytes) {
-      errors +=
-          (errors.empty() ? "" : "; ") + seg->reader->what() + " lays the tensor out differently";
+    st = LayOut(seg->reader->manifest(), name, nbytes, seg->reader->what(), &plan);
+    if (!st.ok()) {
+      if (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESIZE) return st;
+      plan.Note(st.message());
       continue;
     }
     std::vector<uint32_t> failed;
-    if (rs.ok()) rs = ReadChunks(seg, pending, first, out, &failed, &read_by_tier[ti]);
-    chunk_failures += failed.size();
+    const uint64_t before = read_by_tier[ti];
+    Status rs = ReadChunks(seg, plan.pending, plan.first, out, &failed, &read_by_tier[ti]);
     pin.Release();
     if (!rs.ok()) {
-      if (rs.code() == CKPTDB_ENOTFOUND || rs.code() == CKPTDB_ESIZE) return rs;
       // Nothing in the buffer can be vouched for after a queue failure.
       if (nbytes > 0) std::memset(out, 0, nbytes);
       return rs.WithContext(what + " (the buffer is zeroed)");
     }
-    if (served_by.empty() && failed.size() < pending.size()) served_by = tiers_[ti].name();
-    pending = std::move(failed);
-    if (pending.empty()) break;
-  }
-  if (cluster_ != nullptr && (!laid_out || !pending.empty())) {
-    // A local copy failed its checks: the tensor from a peer's replica instead.
-    Status ps = RestoreFromPeers(version, name, dst, nbytes, what);
-    if (ps.ok()) return ps;
-    errors += (errors.empty() ? "" : "; ") + ps.message();
+    plan.chunk_failures += failed.size();
+    plan.Served(tiers_[ti].name(), read_by_tier[ti] - before);
+    plan.pending = std::move(failed);
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
-  if (!laid_out) return Status::Corrupt(what + ": no tier has a readable segment: " + errors);
-  stats_.checksum_failures += chunk_failures;
-  if (!pending.empty()) {
-    // Never wrong bytes: what no tier could supply is zeroed before the error is returned.
-    uint64_t off = 0;
-    size_t p = 0;
-    for (uint32_t c = first; c < first + count; ++c) {
-      if (p < pending.size() && pending[p] == c) {
-        std::memset(out + off, 0, payload[c - first]);
-        ++p;
-      }
-      off += payload[c - first];
+  stats_.checksum_failures += plan.chunk_failures;
+  if (!plan.laid_out) {
+    return Status::Corrupt(what + (cluster_ != nullptr ? ": no tier and no peer has a readable copy: "
+                                                       : ": no tier has a readable segment: ") +
+                           plan.errors);
+  }
+  if (!plan.pending.empty()) {
+    // Never wrong bytes: what no source could supply is zeroed before the error is returned.
+    for (uint32_t c : plan.pending) {
+      std::memset(out + plan.dst_offset[c - plan.first], 0, plan.chunk_bytes[c - plan.first]);
     }
-    return Status::Corrupt(what + ": " + std::to_string(pending.size()) + " of " +
-                           std::to_string(count) + " chunks have no good copy on any tier (" +
-                           last_problem_ + (errors.empty() ? "" : "; " + errors) +
+    return Status::Corrupt(what + ": " + std::to_string(plan.pending.size()) + " of " +
+                           std::to_string(plan.count) + " chunks have no good copy on any tier" +
+                           (cluster_ != nullptr ? " or peer" : "") + " (" + last_problem_ +
+                           (plan.errors.empty() ? "" : "; " + plan.errors) +
                            "); their bytes in the buffer are zeroed");
   }
+  // Where the bytes came from: the first source that served any (the fastest), and all of them.
+  std::string first_source = plan.served.empty() ? "" : plan.served[0].first;
+  if (first_source.empty() && !order.empty() && order[0] != kPeers) {
+    first_source = tiers_[order[0]].name();  // an empty tensor
+  }
   std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "%s",
-                served_by.empty() ? tiers_[candidates[0]].name().c_str() : served_by.c_str());
+                first_source.c_str());
+  std::string sources;
+  for (const auto& [source, bytes] : plan.served) {
+    sources += (sources.empty() ? "" : "; ") + source + " " + std::to_string(bytes);
+  }
+  if (sources.size() >= sizeof stats_.last_restore_sources) {
+    sources.resize(sizeof stats_.last_restore_sources - 4);
+    sources += "...";
+  }
+  std::snprintf(stats_.last_restore_sources, sizeof stats_.last_restore_sources, "%s",
+                sources.c_str());
   stats_.restore_calls++;
   stats_.restore_bytes += nbytes;
   stats_.restore_ns += MonoNs() - start;

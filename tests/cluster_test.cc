@@ -524,8 +524,10 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
-    // Tensor by tensor: the one with the flipped byte comes from rank 3, the other from rank 2.
+    // Chunk by chunk: the chunk with the flipped byte comes from rank 3, every other chunk from
+    // rank 2 (the first holder), so one tensor has two sources.
     std::set<std::string> sources;
+    std::string mixed;
     int bad = 0;
     for (int which = 0; which < 2 && bad == 0; ++which) {
       std::vector<uint8_t> out(kTensorBytes);
@@ -534,7 +536,13 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
       if (rc != 0 || out != TensorData(rank, 1, which)) bad = 1;
       ckptdb_stats_t st;
       ckptdb_stats(db, &st);
-      sources.insert(st.last_restore_tier);
+      std::string list = st.last_restore_sources;  // "SOURCE BYTES; SOURCE BYTES"
+      for (size_t at = 0; at < list.size();) {
+        size_t end = std::min(list.find("; ", at), list.size());
+        sources.insert(list.substr(at, list.find(' ', at) - at));
+        at = end + 2;
+      }
+      if (list.find("; ") != std::string::npos) mixed = list;
     }
     ckptdb_stats_t st;
     ckptdb_stats(db, &st);
@@ -543,6 +551,9 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
     if (rank == 1) {
       RANK_CHECK(sources == std::set<std::string>({"peer:rank2", "peer:rank3"}),
                  "rank 1's tensors came from %zu sources, not ranks 2 and 3", sources.size());
+      RANK_CHECK(mixed.rfind("peer:rank2 ", 0) == 0 && mixed.find("; peer:rank3 ") != std::string::npos,
+                 "no tensor of rank 1 came from rank 2 then rank 3 chunk by chunk: '%s'",
+                 mixed.c_str());
       RANK_CHECK(st.checksum_failures >= 1, "the corrupt chunk went unnoticed");
     }
     ckptdb_close(db);

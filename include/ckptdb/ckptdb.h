@@ -390,6 +390,9 @@ typedef struct ckptdb_stats_t {
   uint64_t replica_bytes_received; /* peers' segments this rank stored for them */
   uint64_t peer_fetch_bytes;       /* bytes restored from other nodes' memory */
   uint64_t epoch;                  /* the job's membership epoch as last heard */
+  char last_restore_sources[512];  /* where each byte of the last restore came from, fastest
+                                      first: "SOURCE BYTES" pairs joined by "; ", a source
+                                      being a tier name, "peer:rankN" or "serve:NODE" */
 } ckptdb_stats_t;
 
 /* Idle-window hints from the trainer (GEMINI's traffic interleaving): NET_BUSY while the job's
