@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -54,8 +55,8 @@ struct Report {
   uint64_t latest = 0;
   double open_ms = 0;
   double restore_ms = 0;
-  uint64_t peer_fetch_bytes = 0;
-  char source[64] = {};
+  char source[64] = {};    // the fastest source of any byte (ckptdb_stats' last_restore_tier)
+  char sources[160] = {};  // where every byte came from, over all the rank's tensors
   int32_t bit_exact = 0;
 };
 
@@ -172,11 +173,38 @@ void Restore(ckptdb* db, int rank, std::vector<Tensor>& shard, Report* r) {
   int rc = ckptdb_latest(db, &r->latest);
   if (rc != CKPTDB_OK) return SetError(r, rc, "latest: " + ErrorText(rc));
   auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::pair<std::string, uint64_t>> by_source;  // in the order first seen
   for (Tensor& t : shard) {
     rc = ckptdb_restore(db, r->latest, t.name.c_str(), t.restored, t.bytes, 0);
     if (rc != CKPTDB_OK) return SetError(r, rc, "restore " + t.name + ": " + ErrorText(rc));
+    ckptdb_stats_t st;
+    if (ckptdb_stats(db, &st) != CKPTDB_OK) continue;
+    std::string list = st.last_restore_sources;  // "SOURCE BYTES; SOURCE BYTES..."
+    for (size_t at = 0; at < list.size();) {
+      size_t end = std::min(list.find("; ", at), list.size());
+      size_t space = list.rfind(' ', end - 1);
+      if (space == std::string::npos || space < at) break;
+      std::string source = list.substr(at, space - at);
+      uint64_t bytes = std::strtoull(list.c_str() + space + 1, nullptr, 10);
+      auto it = std::find_if(by_source.begin(), by_source.end(),
+                             [&](const auto& e) { return e.first == source; });
+      if (it == by_source.end()) {
+        by_source.emplace_back(source, bytes);
+      } else {
+        it->second += bytes;
+      }
+      at = end + 2;
+    }
   }
   r->restore_ms = Seconds(std::chrono::steady_clock::now() - t0) * 1e3;
+  std::string text;
+  for (const auto& [source, bytes] : by_source) {
+    char part[96];
+    std::snprintf(part, sizeof part, "%s%s %.1f MiB", text.empty() ? "" : ", ", source.c_str(),
+                  static_cast<double>(bytes) / (1 << 20));
+    text += part;
+  }
+  std::snprintf(r->sources, sizeof r->sources, "%s", text.c_str());
   SeedShard(shard, rank);
   for (uint64_t it = 1; it <= r->latest; ++it) {
     for (Tensor& t : shard) Step(t, it);
@@ -224,7 +252,6 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
       r.replica_ns = st.replica_ns;
       r.backpressure_ns = st.backpressure_wait_ns;
       r.epoch = st.epoch;
-      r.peer_fetch_bytes = st.peer_fetch_bytes;
       std::snprintf(r.source, sizeof r.source, "%s", st.last_restore_tier);
     }
   }
@@ -480,14 +507,14 @@ int RunClusterDemo(const ClusterArgs& a) {
       victim);
   procs = Spawn(job, 2);
   bool ok = static_cast<int>(procs.size()) == a.ranks && Collect(procs, 300);
-  std::printf("%4s %6s %7s %9s %11s %9s %-14s %10s %10s\n", "rank", "node", "latest", "open_ms",
-              "restore_ms", "GB/s", "source", "peer_MiB", "bit-exact");
+  std::printf("%4s %6s %7s %9s %11s %9s %-24s %10s\n", "rank", "node", "latest", "open_ms",
+              "restore_ms", "GB/s", "bytes from", "bit-exact");
   for (int r = 0; r < a.ranks && ok; ++r) {
     const Report& p = procs[r].report;
-    std::printf("%4d %6s %7" PRIu64 " %9.1f %11.1f %9.2f %-14s %10.1f %10s\n", r,
+    std::printf("%4d %6s %7" PRIu64 " %9.1f %11.1f %9.2f %-24s %10s\n", r,
                 ("node" + std::to_string(job.NodeOf(r))).c_str(), p.latest, p.open_ms, p.restore_ms,
-                p.restore_ms > 0 ? p.state_bytes / (p.restore_ms * 1e6) : 0.0, p.source,
-                MiB(p.peer_fetch_bytes), p.bit_exact ? "yes" : "NO");
+                p.restore_ms > 0 ? p.state_bytes / (p.restore_ms * 1e6) : 0.0, p.sources,
+                p.bit_exact ? "yes" : "NO");
     const bool lost = job.NodeOf(r) == victim;
     if (!p.bit_exact || p.latest != static_cast<uint64_t>(a.iterations)) ok = false;
     if (lost != (std::strncmp(p.source, "peer:", 5) == 0)) {
