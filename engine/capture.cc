@@ -552,6 +552,20 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
   stats_.backpressure_waits++;
   v->stats.backpressure_waits++;
   if (options_.backpressure == Backpressure::kSkip) {
+    // Memory that a failed or aborted version still holds comes back as soon as the manager has
+    // finished that version, with nothing else to wait for: wait for it (bounded, 2 s) before
+    // skipping, or a version put right after a skipped one would be skipped for the skipped
+    // one's memory.
+    auto dying = [&] {
+      for (const auto& [version, other] : live_) {
+        if (&other != v && other.abort_requested && other.ram == v->ram) return true;
+      }
+      return false;
+    };
+    for (int turn = 0; turn < 200 && dying(); ++turn) {
+      state_cv_.wait_for(lock, std::chrono::milliseconds(10));
+      if (allocate()) return true;
+    }
     const std::string where =
         v->ram ? "the ram tier's arena (" + std::to_string(tiers_[0].ram->capacity()) + " bytes)"
                : "the staging ring (" + std::to_string(staging_bytes_) + " bytes)";
