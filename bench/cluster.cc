@@ -67,9 +67,9 @@ using bench::Since;
 namespace fs = std::filesystem;
 
 constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kShardBytes = 64 * kMiB;  // the ranks' tensors
-constexpr size_t kChunkBytes = 4 * kMiB;   // ckptdb's default chunk
-constexpr size_t kPieceBytes = 8 * kMiB;   // ckptdb's fetch calls; ucx_perftest's -s
+constexpr size_t kShardBytes = 64 * kMiB;         // the ranks' tensors
+constexpr size_t kChunkBytes = 4 * kMiB;          // ckptdb's default chunk
+constexpr size_t kPieceBytes = 8 * kMiB;          // ckptdb's fetch calls; ucx_perftest's -s
 constexpr size_t kReplicaPieceBytes = 64 * kMiB;  // ckptdb's replica calls; ucx_perftest's -s too
 // Versions whose replica memory on the receiver is new (replica_keep 2 + the spare): they pay
 // the VM's first touch of tmpfs pages (LIMITS.md) and are reported apart, as warm-up.
@@ -504,7 +504,8 @@ std::string List(const std::vector<double>& v, const char* fmt = "%.2f") {
   char buf[64];
   for (double x : v) {
     std::snprintf(buf, sizeof buf, fmt, x);
-    out += (out.empty() ? "" : " ") + std::string(buf);
+    if (!out.empty()) out += ' ';
+    out += buf;
   }
   return out;
 }

@@ -50,7 +50,7 @@ enum MessageType : uint16_t {
 // reach 3 GB/s (docs/performance.md). The receiver never buffers one: it lands in the replica.
 constexpr uint64_t kMaxPieceBytes = 64ull << 20;
 constexpr uint64_t kMaxFetchBytes = 8ull << 20;  // one fetch call's payload (restores read chunks)
-constexpr uint32_t kPiecesInFlight = 4;  // 256 MiB of a replica on the wire at once
+constexpr uint32_t kPiecesInFlight = 4;          // 256 MiB of a replica on the wire at once
 constexpr size_t kMaxTable = 1 << 20;
 
 int64_t NowMs() {
@@ -152,9 +152,9 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   randombytes_buf(&c->incarnation_, sizeof c->incarnation_);
   c->incarnation_ |= 1;
   if (options.replicas > 1 && !options.serve_only) {
-    CKPTDB_RETURN_IF_ERROR(ReplicaStore::Open(options.replica_dir, options.replica_keep,
-                                              &c->replicas_)
-                               .WithContext(who));
+    CKPTDB_RETURN_IF_ERROR(
+        ReplicaStore::Open(options.replica_dir, options.replica_keep, &c->replicas_)
+            .WithContext(who));
   }
   if (options.rank == 0 && !options.serve_only) {
     CKPTDB_ASSERT(catalog != nullptr);
@@ -1091,24 +1091,46 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   return Status::Ok();
 }
 
+namespace {
+
+// The body of a kReplica call (Cluster::Replicate writes it).
+struct ReplicaPiece {
+  uint32_t owner = 0;
+  uint64_t version = 0;
+  uint64_t file_bytes = 0;
+  uint64_t offset = 0;
+  bool last = false;  // the sealing call: no payload
+};
+
+Status DecodeReplicaPiece(std::span<const uint8_t> body, const std::string& what,
+                          ReplicaPiece* out) {
+  WireReader r(body, what);
+  out->owner = r.U32("owner");
+  out->version = r.U64("version");
+  (void)r.U64("epoch");
+  out->file_bytes = r.U64("file_bytes");
+  out->offset = r.U64("offset");
+  out->last = r.U8("last") != 0;
+  return r.Finish();
+}
+
+}  // namespace
+
 // Where a replica piece's payload goes: straight into the replica's mapped memory (ReplicaStore),
 // so that the bytes cross once. Anything odd is left to HandleReplica, which says what is wrong.
 transport::PayloadPlace Cluster::PlaceReplicaPiece(uint16_t type, std::span<const uint8_t> body,
                                                    size_t payload_bytes) {
   transport::PayloadPlace place;
   if (type != kReplica || replicas_ == nullptr) return place;
-  WireReader r(body, "replica piece");
-  uint32_t owner = r.U32("owner");
-  uint64_t version = r.U64("version");
-  (void)r.U64("epoch");
-  uint64_t file_bytes = r.U64("file_bytes");
-  uint64_t offset = r.U64("offset");
-  bool last = r.U8("last") != 0;
-  if (!r.Finish().ok() || last || owner >= options_.world_size || owner == options_.rank) {
+  ReplicaPiece piece;
+  if (!DecodeReplicaPiece(body, "replica piece", &piece).ok() || piece.last ||
+      piece.owner >= options_.world_size || piece.owner == options_.rank) {
     return place;
   }
   std::shared_ptr<MappedFile> keep;
-  if (!replicas_->Place(owner, version, file_bytes, offset, payload_bytes, &place.data, &keep)
+  if (!replicas_
+           ->Place(piece.owner, piece.version, piece.file_bytes, piece.offset, payload_bytes,
+                   &place.data, &keep)
            .ok()) {
     return {};
   }
@@ -1120,14 +1142,9 @@ transport::PayloadPlace Cluster::PlaceReplicaPiece(uint16_t type, std::span<cons
 // the sealing call checks the whole image (framing, manifest, every chunk's xxh3) before it
 // becomes visible.
 void Cluster::HandleReplica(const Request& request, Reply* reply) {
-  WireReader r(request.body, "replica piece from " + request.peer);
-  uint32_t owner = r.U32("owner");
-  uint64_t version = r.U64("version");
-  (void)r.U64("epoch");
-  uint64_t file_bytes = r.U64("file_bytes");
-  uint64_t offset = r.U64("offset");
-  bool last = r.U8("last") != 0;
-  Status st = r.Finish();
+  ReplicaPiece piece;
+  Status st = DecodeReplicaPiece(request.body, "replica piece from " + request.peer, &piece);
+  const auto [owner, version, file_bytes, offset, last] = piece;
   const std::span<const uint8_t> payload = request.Payload();
   const std::string what =
       "replica of v" + std::to_string(version) + " of " + R(owner) + " from " + request.peer;
@@ -1178,16 +1195,15 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
     (void)MappedFile::OpenReadOnly(path, &map);  // gone since: not held
   }
   if (map == nullptr) {
-    return Fail(reply, Status::NotFound((options_.serve_only
-                                             ? "ckptdb serve on node " + options_.node_id
-                                             : R(options_.rank)) +
-                                        " holds no replica of v" + std::to_string(version) +
-                                        " of " + R(owner)));
+    return Fail(reply, Status::NotFound(
+                           (options_.serve_only ? "ckptdb serve on node " + options_.node_id
+                                                : R(options_.rank)) +
+                           " holds no replica of v" + std::to_string(version) + " of " + R(owner)));
   }
   if (offset > map->bytes() || bytes > map->bytes() - offset) {
     return Fail(reply, Status::Invalid("the replica of v" + std::to_string(version) + " of " +
-                                       R(owner) + ": the range [" + std::to_string(offset) +
-                                       ", +" + std::to_string(bytes) + ") is past its end"));
+                                       R(owner) + ": the range [" + std::to_string(offset) + ", +" +
+                                       std::to_string(bytes) + ") is past its end"));
   }
   if (bytes == 0) {  // the replica's size
     WireWriter w;
@@ -1224,8 +1240,8 @@ Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64
 Status Cluster::Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
                       uint64_t offset, void* dst, uint64_t bytes) {
   std::vector<Status> results;
-  Status st = FetchRanges(holder, owner, version, {{offset, static_cast<uint8_t*>(dst), bytes}},
-                          &results);
+  Status st =
+      FetchRanges(holder, owner, version, {{offset, static_cast<uint8_t*>(dst), bytes}}, &results);
   return st.ok() ? results[0] : st;
 }
 

@@ -527,7 +527,7 @@ class Db {
   std::mutex read_mu_;
   std::unique_ptr<io::IoQueue> read_queue_;
   std::map<std::pair<uint64_t, size_t>, OpenSegment> segments_;  // (version, tier) readers
-  std::string last_problem_;  // the first chunk failure of the current restore
+  std::string last_problem_;            // the first chunk failure of the current restore
   uint64_t peer_replicas_version_ = 0;  // the version peer_replicas_ are of (0: none)
   std::vector<PeerReplica> peer_replicas_;
 };

@@ -234,8 +234,8 @@ Status Db::Hint(unsigned hints) {
 // are asked once per version restored (a restore of a model is a call per tensor), then only the
 // pending chunks of each tensor cross, several in flight, each checked against its xxh3 as it
 // lands in out; what one holder cannot supply (gone, corrupt) is asked of the next.
-Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nbytes,
-                            uint8_t* out, RestorePlan* plan) {
+Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
+                            RestorePlan* plan) {
   const std::string& what = plan->what;
   uint64_t manifest_xxh3 = 0;  // the catalog's, when this rank has the version's record
   {
@@ -263,8 +263,7 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
     asked = true;
     const ReplicaHolder& h = p.holder;
     const bool daemon = h.rank == kServeRank;
-    const std::string source =
-        daemon ? "serve:" + h.node_id : "peer:rank" + std::to_string(h.rank);
+    const std::string source = daemon ? "serve:" + h.node_id : "peer:rank" + std::to_string(h.rank);
     const std::string src =
         (daemon ? "replica served by ckptdb serve" : "replica on rank " + std::to_string(h.rank)) +
         " (node " + h.node_id + ")";
@@ -333,9 +332,9 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
     plan->pending = std::move(failed);
   }
   if (!asked) {
-    const std::string why =
-        what + ": no live peer holds a verified replica of this rank's segment" +
-        (peer_replicas_.empty() ? "" : " (every holder failed)");
+    const std::string why = what +
+                            ": no live peer holds a verified replica of this rank's segment" +
+                            (peer_replicas_.empty() ? "" : " (every holder failed)");
     plan->Note(why);
     peer_replicas_version_ = 0;  // ask the coordinator again next time: holders may have come
     return Status::Peer(why);

@@ -310,7 +310,8 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
                   const std::string& source, RestorePlan* plan) {
   const fb::Tensor* t = m.Find(name);
   if (!plan->laid_out) {
-    if (t == nullptr) return Status::NotFound(plan->what + ": the version has no tensor by that name");
+    if (t == nullptr)
+      return Status::NotFound(plan->what + ": the version has no tensor by that name");
     if (t->bytes() != nbytes) {
       return Status::Size(plan->what + ": the tensor is " + std::to_string(t->bytes()) +
                           " bytes, the buffer is " + std::to_string(nbytes));
@@ -412,8 +413,9 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
   stats_.checksum_failures += plan.chunk_failures;
   if (!plan.laid_out) {
-    return Status::Corrupt(what + (cluster_ != nullptr ? ": no tier and no peer has a readable copy: "
-                                                       : ": no tier has a readable segment: ") +
+    return Status::Corrupt(what +
+                           (cluster_ != nullptr ? ": no tier and no peer has a readable copy: "
+                                                : ": no tier has a readable segment: ") +
                            plan.errors);
   }
   if (!plan.pending.empty()) {

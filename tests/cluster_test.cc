@@ -551,9 +551,9 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
     if (rank == 1) {
       RANK_CHECK(sources == std::set<std::string>({"peer:rank2", "peer:rank3"}),
                  "rank 1's tensors came from %zu sources, not ranks 2 and 3", sources.size());
-      RANK_CHECK(mixed.rfind("peer:rank2 ", 0) == 0 && mixed.find("; peer:rank3 ") != std::string::npos,
-                 "no tensor of rank 1 came from rank 2 then rank 3 chunk by chunk: '%s'",
-                 mixed.c_str());
+      RANK_CHECK(
+          mixed.rfind("peer:rank2 ", 0) == 0 && mixed.find("; peer:rank3 ") != std::string::npos,
+          "no tensor of rank 1 came from rank 2 then rank 3 chunk by chunk: '%s'", mixed.c_str());
       RANK_CHECK(st.checksum_failures >= 1, "the corrupt chunk went unnoticed");
     }
     ckptdb_close(db);

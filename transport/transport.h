@@ -47,8 +47,8 @@ struct PayloadPlace {
 // that authenticated: it must not block, and must return nullptr for anything it does not
 // recognize or whose range it cannot vouch for (the handler then sees the payload in a vector
 // and refuses it with a clear error).
-using Placer = std::function<PayloadPlace(uint16_t type, std::span<const uint8_t> body,
-                                          size_t payload_bytes)>;
+using Placer =
+    std::function<PayloadPlace(uint16_t type, std::span<const uint8_t> body, size_t payload_bytes)>;
 
 struct TransportOptions {
   std::string name;       // who this is, in logs and errors ("rank 3")
