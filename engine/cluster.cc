@@ -1192,7 +1192,8 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
   if (replicas_ != nullptr) {
     map = replicas_->Find(owner, version);
   } else if (std::string path = FindReplica(owner, version); !path.empty()) {
-    (void)MappedFile::OpenReadOnly(path, &map);  // gone since: not held
+    // Mapped per request (a daemon's replicas are few and read rarely), only the range populated.
+    if (MappedFile::OpenReadOnly(path, &map).ok()) map->Populate(offset, bytes);  // else: gone
   }
   if (map == nullptr) {
     return Fail(reply, Status::NotFound(

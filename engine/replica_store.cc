@@ -21,6 +21,11 @@ namespace {
 
 constexpr uint64_t kMaxReplicaBytes = uint64_t{1} << 40;
 
+#ifndef MADV_POPULATE_READ  // Linux 5.14; older C library headers lack them
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+
 std::string Name(uint32_t owner, uint64_t version) {
   char name[64];
   std::snprintf(name, sizeof name, "r%05" PRIu32 "-v%020" PRIu64 ".seg", owner, version);
@@ -47,6 +52,7 @@ Status MappedFile::Open(const std::string& path, bool create, uint64_t bytes,
 
 Status MappedFile::OpenReadOnly(const std::string& path, std::shared_ptr<MappedFile>* out) {
   std::shared_ptr<MappedFile> m(new MappedFile());
+  m->writable_ = false;
   m->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (m->fd_ < 0) return Status::FromErrno(errno, path);
   struct stat sb {};
@@ -59,6 +65,15 @@ Status MappedFile::OpenReadOnly(const std::string& path, std::shared_ptr<MappedF
   }
   *out = std::move(m);
   return Status::Ok();
+}
+
+void MappedFile::Populate(uint64_t offset, uint64_t bytes) const {
+  if (data_ == nullptr || offset >= bytes_) return;
+  const uint64_t page = 4096;
+  uint64_t first = offset & ~(page - 1);
+  uint64_t end = std::min(bytes_, offset + std::min(bytes, bytes_ - offset));
+  // Best effort: a kernel without MADV_POPULATE_* (EINVAL) leaves the pages to fault in.
+  (void)madvise(data_ + first, end - first, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
 }
 
 MappedFile::~MappedFile() {
@@ -331,6 +346,7 @@ std::shared_ptr<MappedFile> ReplicaStore::Find(uint32_t owner, uint64_t version)
       sealed_.erase(it);  // gone (someone removed the file): no longer held
       return nullptr;
     }
+    map->Populate(0, map->bytes());  // fetches send from it next
     it->second.file_bytes = static_cast<uint64_t>(sb.st_size);
     it->second.map = std::move(map);
   }

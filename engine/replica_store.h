@@ -52,12 +52,17 @@ class MappedFile {
   // Resizes the file and its mapping (a no-op at the same size: the mapping, and so the
   // page-table entries, stay).
   Status Resize(uint64_t bytes, const std::string& what);
+  // Maps [offset, offset + bytes) of pages the file already has into the page table at once.
+  // On these VMs a page fault on an existing tmpfs page costs about 5 us (0.9 GB/s), a populate
+  // about 0.15 us (28 GB/s): a fresh mapping that is about to be sent from is populated first.
+  void Populate(uint64_t offset, uint64_t bytes) const;
 
  private:
   MappedFile() = default;
   int fd_ = -1;
   uint8_t* data_ = nullptr;
   uint64_t bytes_ = 0;
+  bool writable_ = true;
 };
 
 class ReplicaStore {
