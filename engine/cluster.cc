@@ -1017,7 +1017,9 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     std::lock_guard<std::mutex> lock(mu_);
     table = table_;
   }
-  // Pieces: each extent cut to kMaxPieceBytes.
+  // Pieces of at most kMaxPieceBytes. An extent is one record of the arena (a chunk's, about
+  // chunk_bytes); records the capture laid out next to each other, in the image and in the arena,
+  // travel together, so a version of 4 MiB chunks crosses in a few large calls, not one per chunk.
   struct Piece {
     uint64_t offset;
     const uint8_t* data;
@@ -1025,9 +1027,19 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   };
   std::vector<Piece> pieces;
   for (const SendExtent& e : extents) {
-    for (uint64_t off = 0; off < e.bytes; off += kMaxPieceBytes) {
-      pieces.push_back(
-          {e.logical_offset + off, e.data + off, std::min(kMaxPieceBytes, e.bytes - off)});
+    for (uint64_t off = 0; off < e.bytes;) {
+      const uint64_t at = e.logical_offset + off;
+      const uint8_t* data = e.data + off;
+      uint64_t n = std::min(kMaxPieceBytes, e.bytes - off);
+      Piece* last = pieces.empty() ? nullptr : &pieces.back();
+      if (last != nullptr && last->offset + last->bytes == at && last->data + last->bytes == data &&
+          last->bytes < kMaxPieceBytes) {
+        n = std::min(n, kMaxPieceBytes - last->bytes);
+        last->bytes += n;
+      } else {
+        pieces.push_back({at, data, n});
+      }
+      off += n;
     }
   }
   uint64_t sent = 0;
