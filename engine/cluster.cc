@@ -53,6 +53,37 @@ constexpr uint64_t kMaxFetchBytes = 8ull << 20;  // one fetch call's payload (re
 constexpr uint32_t kPiecesInFlight = 4;          // 256 MiB of a replica on the wire at once
 constexpr size_t kMaxTable = 1 << 20;
 
+// A kReplica call is one of: the begin (no payload; the receiver makes room for the replica, off
+// its progress thread), a piece (payload), the seal (no payload; the receiver checks the image).
+constexpr uint8_t kPhasePiece = 0;
+constexpr uint8_t kPhaseBegin = 1;
+constexpr uint8_t kPhaseSeal = 2;
+
+// The body of a kReplica call (Cluster::Replicate writes it).
+struct ReplicaPiece {
+  uint32_t owner = 0;
+  uint64_t version = 0;
+  uint64_t file_bytes = 0;
+  uint64_t offset = 0;
+  uint8_t phase = 0;  // kPiecePhase*
+};
+
+Status DecodeReplicaPiece(std::span<const uint8_t> body, const std::string& what,
+                          ReplicaPiece* out) {
+  WireReader r(body, what);
+  out->owner = r.U32("owner");
+  out->version = r.U64("version");
+  (void)r.U64("epoch");
+  out->file_bytes = r.U64("file_bytes");
+  out->offset = r.U64("offset");
+  out->phase = r.U8("phase");
+  Status st = r.Finish();
+  if (st.ok() && out->phase > kPhaseSeal) {
+    st = Status::Invalid(what + ": unknown phase " + std::to_string(out->phase));
+  }
+  return st;
+}
+
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -178,7 +209,10 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   to.job_token = options.job_token;
   to.tls = options.tls;
   to.max_payload_bytes = kMaxPieceBytes + format::kBlockBytes;
-  to.service_threads = 2;
+  // A replica's begin may hold a service thread for seconds (its new pages, ReplicaStore::Begin)
+  // and a rank may hold replicas of several owners: enough threads that heartbeats, votes and
+  // fetches are still answered meanwhile.
+  to.service_threads = 4;
   to.max_in_flight = 16;
   if (options.rank == 0 && !options.serve_only) {
     to.listen = options.coordinator;  // the coordinator is where the job says it is
@@ -1049,6 +1083,29 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     transport::PeerId peer = 0;
     Status st = PeerFor(table[target].address, &peer);
     if (!st.ok()) return st.WithContext(what);
+    auto header = [&](uint64_t offset, uint8_t phase) {
+      WireWriter w;
+      w.U32(options_.rank);
+      w.U64(version);
+      w.U64(epoch_);
+      w.U64(file_bytes);
+      w.U64(offset);
+      w.U8(phase);
+      return w.Take();
+    };
+    {
+      // The receiver maps the replica's memory first (on a new node, every page new: seconds on
+      // a VM), so allow for that beyond the call timeout: 16 MiB/s at the least.
+      std::vector<uint8_t> ignored;
+      const int begin_timeout_ms = static_cast<int>(std::min<uint64_t>(
+          options_.call_timeout_ms + file_bytes / (16 << 10), 24ull * 3600 * 1000));
+      st = transport_->CallSync(peer, kReplica, header(0, kPhaseBegin), nullptr, 0,
+                                begin_timeout_ms, &ignored);
+      if (!st.ok()) {
+        DropIfGone(st, table[target].address);
+        return st.WithContext(what);
+      }
+    }
     std::deque<std::unique_ptr<transport::Call>> in_flight;
     auto drain_one = [&]() -> Status {
       Status s = in_flight.front()->Wait(options_.call_timeout_ms);
@@ -1069,16 +1126,11 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
       if (last) {
         while (!in_flight.empty()) CKPTDB_RETURN_IF_ERROR(drain_one().WithContext(what));
       }
-      WireWriter w;
-      w.U32(options_.rank);
-      w.U64(version);
-      w.U64(epoch_);
-      w.U64(file_bytes);
-      w.U64(last ? file_bytes : pieces[i].offset);
-      w.U8(last ? 1 : 0);
       std::unique_ptr<transport::Call> call;
-      st = transport_->Start(peer, kReplica, w.Take(), last ? nullptr : pieces[i].data,
-                             last ? 0 : pieces[i].bytes, nullptr, 0, &call);
+      st = transport_->Start(
+          peer, kReplica,
+          header(last ? file_bytes : pieces[i].offset, last ? kPhaseSeal : kPhasePiece),
+          last ? nullptr : pieces[i].data, last ? 0 : pieces[i].bytes, nullptr, 0, &call);
       if (!st.ok()) {
         DropPeer(table[target].address);
         return st.WithContext(what);
@@ -1103,31 +1155,6 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   return Status::Ok();
 }
 
-namespace {
-
-// The body of a kReplica call (Cluster::Replicate writes it).
-struct ReplicaPiece {
-  uint32_t owner = 0;
-  uint64_t version = 0;
-  uint64_t file_bytes = 0;
-  uint64_t offset = 0;
-  bool last = false;  // the sealing call: no payload
-};
-
-Status DecodeReplicaPiece(std::span<const uint8_t> body, const std::string& what,
-                          ReplicaPiece* out) {
-  WireReader r(body, what);
-  out->owner = r.U32("owner");
-  out->version = r.U64("version");
-  (void)r.U64("epoch");
-  out->file_bytes = r.U64("file_bytes");
-  out->offset = r.U64("offset");
-  out->last = r.U8("last") != 0;
-  return r.Finish();
-}
-
-}  // namespace
-
 // Where a replica piece's payload goes: straight into the replica's mapped memory (ReplicaStore),
 // so that the bytes cross once. Anything odd is left to HandleReplica, which says what is wrong.
 transport::PayloadPlace Cluster::PlaceReplicaPiece(uint16_t type, std::span<const uint8_t> body,
@@ -1135,7 +1162,7 @@ transport::PayloadPlace Cluster::PlaceReplicaPiece(uint16_t type, std::span<cons
   transport::PayloadPlace place;
   if (type != kReplica || replicas_ == nullptr) return place;
   ReplicaPiece piece;
-  if (!DecodeReplicaPiece(body, "replica piece", &piece).ok() || piece.last ||
+  if (!DecodeReplicaPiece(body, "replica piece", &piece).ok() || piece.phase != kPhasePiece ||
       piece.owner >= options_.world_size || piece.owner == options_.rank) {
     return place;
   }
@@ -1156,7 +1183,7 @@ transport::PayloadPlace Cluster::PlaceReplicaPiece(uint16_t type, std::span<cons
 void Cluster::HandleReplica(const Request& request, Reply* reply) {
   ReplicaPiece piece;
   Status st = DecodeReplicaPiece(request.body, "replica piece from " + request.peer, &piece);
-  const auto [owner, version, file_bytes, offset, last] = piece;
+  const auto [owner, version, file_bytes, offset, phase] = piece;
   const std::span<const uint8_t> payload = request.Payload();
   const std::string what =
       "replica of v" + std::to_string(version) + " of " + R(owner) + " from " + request.peer;
@@ -1174,7 +1201,12 @@ void Cluster::HandleReplica(const Request& request, Reply* reply) {
                          std::to_string(payload.size()) + ") outside its " +
                          std::to_string(file_bytes) + " bytes");
   }
-  if (st.ok() && !last) {
+  if (st.ok() && phase != kPhasePiece && !payload.empty()) {
+    st = Status::Invalid(what + ": a begin or seal call with a payload");
+  }
+  if (st.ok() && phase == kPhaseBegin) {
+    st = replicas_->Begin(owner, version, file_bytes, what);
+  } else if (st.ok() && phase == kPhasePiece) {
     st = replicas_->Received(owner, version, file_bytes, offset, payload, what);
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);

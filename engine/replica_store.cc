@@ -149,6 +149,55 @@ std::string ReplicaStore::SparePath(uint32_t owner) const {
   return dir_ + name;
 }
 
+Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes,
+                           const std::string& what) {
+  if (file_bytes == 0 || file_bytes > kMaxReplicaBytes) {
+    return Status::Invalid(what + ": a replica of " + std::to_string(file_bytes) +
+                           " bytes (1 byte to 1 TiB)");
+  }
+  std::shared_ptr<MappedFile> map;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Key key{owner, version};
+    if (sealed_.count(key)) return Status::State(what + ": already sealed");
+    auto it = incoming_.find(key);
+    if (it != incoming_.end()) {
+      if (it->second.file_bytes != file_bytes) {
+        return Status::Invalid(what + ": begun as " + std::to_string(it->second.file_bytes) +
+                               " bytes, now " + std::to_string(file_bytes));
+      }
+      map = it->second.map;
+    } else {
+      AbandonOlderLocked(owner, version);
+      Incoming in;
+      in.file_bytes = file_bytes;
+      const std::string tmp = TemporaryPath(owner, version);
+      auto spare = spares_.find(owner);
+      if (spare != spares_.end() && rename(SparePath(owner).c_str(), tmp.c_str()) == 0) {
+        in.map = std::move(spare->second);
+        spares_.erase(spare);
+        Status st = in.map != nullptr ? in.map->Resize(file_bytes, tmp)
+                                      : MappedFile::Open(tmp, false, file_bytes, &in.map);
+        if (!st.ok()) {
+          in.map.reset();
+          std::error_code ec;
+          std::filesystem::remove(tmp, ec);
+          return st.WithContext(what);
+        }
+      } else {
+        if (spare != spares_.end()) spares_.erase(spare);  // its file is gone
+        std::error_code ec;
+        std::filesystem::remove(tmp, ec);
+        CKPTDB_RETURN_IF_ERROR(MappedFile::Open(tmp, true, file_bytes, &in.map).WithContext(what));
+      }
+      map = in.map;
+      incoming_.emplace(key, std::move(in));
+    }
+  }
+  map->Populate(0, file_bytes);  // off the lock: new pages may take seconds here
+  return Status::Ok();
+}
+
 Status ReplicaStore::Place(uint32_t owner, uint64_t version, uint64_t file_bytes, uint64_t offset,
                            uint64_t bytes, uint8_t** at, std::shared_ptr<MappedFile>* keep) {
   const std::string what = Of(owner, version) + " in " + dir_;
@@ -159,37 +208,13 @@ Status ReplicaStore::Place(uint32_t owner, uint64_t version, uint64_t file_bytes
                            std::to_string(file_bytes) + " bytes");
   }
   std::lock_guard<std::mutex> lock(mu_);
-  const Key key{owner, version};
-  if (sealed_.count(key)) return Status::State(what + ": already sealed");
-  auto it = incoming_.find(key);
+  auto it = incoming_.find({owner, version});
   if (it == incoming_.end()) {
-    AbandonOlderLocked(owner, version);
-    Incoming in;
-    in.file_bytes = file_bytes;
-    const std::string tmp = TemporaryPath(owner, version);
-    auto spare = spares_.find(owner);
-    if (spare != spares_.end() && rename(SparePath(owner).c_str(), tmp.c_str()) == 0) {
-      in.map = std::move(spare->second);
-      spares_.erase(spare);
-      Status st = in.map != nullptr ? in.map->Resize(file_bytes, tmp)
-                                    : MappedFile::Open(tmp, false, file_bytes, &in.map);
-      if (!st.ok()) {
-        in.map.reset();
-        std::error_code ec;
-        std::filesystem::remove(tmp, ec);
-        return st.WithContext(what);
-      }
-    } else {
-      if (spare != spares_.end()) spares_.erase(spare);  // its file is gone
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      CKPTDB_RETURN_IF_ERROR(MappedFile::Open(tmp, true, file_bytes, &in.map).WithContext(what));
-    }
-    it = incoming_.emplace(key, std::move(in)).first;
+    return Status::State(what + ": a piece for a replica that was not begun (or was abandoned)");
   }
   if (it->second.file_bytes != file_bytes) {
     return Status::Invalid(what + ": a piece says the replica is " + std::to_string(file_bytes) +
-                           " bytes, an earlier one " + std::to_string(it->second.file_bytes));
+                           " bytes, it was begun as " + std::to_string(it->second.file_bytes));
   }
   *at = it->second.map->data() + offset;
   *keep = it->second.map;

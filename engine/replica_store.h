@@ -5,6 +5,8 @@
 // Why it is more than "write a file": replication must run near the network's rate, and on these
 // machines a new tmpfs page costs far more than the copy into it (LIMITS.md: first touch 0.3 GB/s,
 // tmpfs writes 2-6 GB/s because page allocation dominates). So the store
+//   - maps all of a replica's memory when the sender begins it, on a service thread (Begin), so
+//     the transport's progress thread, which receives the bytes, never faults in a page;
 //   - receives each piece straight into the replica's mapped memory (the transport's Placer
 //     hands UCX that address before it fetches the payload: one copy, tcp's or shm's, no
 //     receive buffer, no pwrite);
@@ -70,9 +72,16 @@ class ReplicaStore {
   // `dir` is created if missing. keep >= 1: sealed replicas kept per owner (newest first).
   static Status Open(const std::string& dir, uint32_t keep, std::unique_ptr<ReplicaStore>* out);
 
-  // Where bytes [offset, offset + bytes) of owner's replica of `version` (file_bytes long) go:
-  // the replica being received, begun now (in the owner's spare when it has one) if it is not
-  // yet. Cheap (tmpfs metadata only): the transport's Placer calls it on its progress thread.
+  // Makes room for owner's replica of `version` (file_bytes long) before any piece is sent: the
+  // owner's spare when it has one (its pages and mapping reused), else a new file, and maps every
+  // page of it now. On these VMs a new page costs 5-10 times its copy (LIMITS.md); paid here, on
+  // a service thread, it never stalls the transport's progress thread (whose receive would
+  // otherwise fault the pages in one by one, for seconds, with heartbeats waiting behind it).
+  // Idempotent for the same size.
+  Status Begin(uint32_t owner, uint64_t version, uint64_t file_bytes, const std::string& what);
+  // Where bytes [offset, offset + bytes) of owner's replica of `version` (file_bytes long) go,
+  // in the replica Begin made room for. A lookup: the transport's Placer calls it on its progress
+  // thread.
   Status Place(uint32_t owner, uint64_t version, uint64_t file_bytes, uint64_t offset,
                uint64_t bytes, uint8_t** at, std::shared_ptr<MappedFile>* keep);
   // Records that a piece landed (`data` is where it is: copied into place unless it was received

@@ -39,7 +39,9 @@ std::vector<std::string> SegmentImages(const TempDir& dir, int n) {
               CKPTDB_OK);
     EXPECT_EQ(ckptdb_commit(db, v, 0), CKPTDB_OK) << ckptdb_last_error();
   }
-  if (db != nullptr) EXPECT_EQ(ckptdb_close(db), CKPTDB_OK);
+  if (db != nullptr) {
+    EXPECT_EQ(ckptdb_close(db), CKPTDB_OK);
+  }
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir.Sub("tier"))) {
     if (e.path().extension() == ".seg") files.push_back(e.path().string());
@@ -50,13 +52,15 @@ std::vector<std::string> SegmentImages(const TempDir& dir, int n) {
   return images;
 }
 
-// Sends `image` as owner's `version` in pieces of `piece` bytes, in a shuffled order, each placed
-// the way the transport's Placer does (received straight into the returned address).
+// Sends `image` as owner's `version` as Cluster::Replicate does: the begin, then pieces of `piece`
+// bytes in a shuffled order, each placed the way the transport's Placer does (received straight
+// into the returned address), then the seal.
 Status Send(ReplicaStore* store, uint32_t owner, uint64_t version, const std::string& image,
             size_t piece, uint64_t seed) {
   std::vector<uint64_t> offsets;
   for (uint64_t off = 0; off < image.size(); off += piece) offsets.push_back(off);
   std::shuffle(offsets.begin(), offsets.end(), std::mt19937_64(seed));
+  CKPTDB_RETURN_IF_ERROR(store->Begin(owner, version, image.size(), "test replica"));
   for (uint64_t off : offsets) {
     size_t n = std::min<size_t>(piece, image.size() - off);
     uint8_t* at = nullptr;
@@ -102,6 +106,7 @@ TEST(ReplicaStoreTest, RetentionRecyclesTheDroppedReplicasMemoryForTheNext) {
       // v1 was dropped when v3 sealed: its pages are the spare, and v4 lands in them.
       uint8_t* at = nullptr;
       std::shared_ptr<MappedFile> keep;
+      ASSERT_TRUE(store->Begin(0, 4, images[3].size(), "v4").ok());
       ASSERT_TRUE(store->Place(0, 4, images[3].size(), 0, 1, &at, &keep).ok());
       EXPECT_TRUE(fs::exists(dir.Sub("replicas") + "/r00000-v00000000000000000004.seg.tmp"));
       EXPECT_FALSE(fs::exists(dir.Sub("replicas") + "/r00000.spare"));
@@ -137,6 +142,7 @@ TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
   // A piece missing: the seal refuses before looking at the bytes.
   uint8_t* at = nullptr;
   std::shared_ptr<MappedFile> keep;
+  ASSERT_TRUE(store->Begin(0, 1, images[0].size(), "replica").ok());
   ASSERT_TRUE(store->Place(0, 1, images[0].size(), 0, 4096, &at, &keep).ok());
   std::memcpy(at, images[0].data(), 4096);
   ASSERT_TRUE(store->Received(0, 1, images[0].size(), 0, {at, 4096}, "piece").ok());
@@ -149,15 +155,20 @@ TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
   EXPECT_TRUE(st.ok()) << st.message();
 }
 
-TEST(ReplicaStoreTest, OutOfRangePiecesAndSealsOfNothingAreRefused) {
+TEST(ReplicaStoreTest, OutOfRangePiecesUnbegunReplicasAndSealsOfNothingAreRefused) {
   TempDir dir;
   std::unique_ptr<ReplicaStore> store;
   ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
   uint8_t* at = nullptr;
   std::shared_ptr<MappedFile> keep;
+  EXPECT_EQ(store->Begin(1, 1, 0, "replica").code(), CKPTDB_EINVAL);
+  EXPECT_EQ(store->Begin(1, 1, uint64_t{1} << 41, "replica").code(), CKPTDB_EINVAL);
+  // A piece of a replica nobody began (the Placer then lets the handler refuse it).
+  EXPECT_EQ(store->Place(1, 1, 8192, 0, 4096, &at, &keep).code(), CKPTDB_ESTATE);
+  ASSERT_TRUE(store->Begin(1, 1, 8192, "replica").ok());
+  ASSERT_TRUE(store->Begin(1, 1, 8192, "replica").ok()) << "begin is idempotent";
+  EXPECT_EQ(store->Begin(1, 1, 16384, "replica").code(), CKPTDB_EINVAL);
   EXPECT_EQ(store->Place(1, 1, 8192, 8000, 193, &at, &keep).code(), CKPTDB_EINVAL);
-  EXPECT_EQ(store->Place(1, 1, 0, 0, 0, &at, &keep).code(), CKPTDB_EINVAL);
-  EXPECT_EQ(store->Place(1, 1, uint64_t{1} << 41, 0, 1, &at, &keep).code(), CKPTDB_EINVAL);
   EXPECT_EQ(store->Place(1, 1, ~uint64_t{0}, ~uint64_t{0}, 2, &at, &keep).code(), CKPTDB_EINVAL);
   ASSERT_TRUE(store->Place(1, 1, 8192, 0, 4096, &at, &keep).ok());
   // The same replica announced with another size.
@@ -176,9 +187,7 @@ TEST(ReplicaStoreTest, ARestartedProcessServesSealedReplicasAndReusesPartialOnes
     ASSERT_TRUE(Send(store.get(), 0, 1, images[0], 1 << 20, 1).ok());
     ASSERT_TRUE(Send(store.get(), 0, 2, images[1], 1 << 20, 1).ok());
     // v3 half received when the process dies.
-    uint8_t* at = nullptr;
-    std::shared_ptr<MappedFile> keep;
-    ASSERT_TRUE(store->Place(0, 3, images[2].size(), 0, 4096, &at, &keep).ok());
+    ASSERT_TRUE(store->Begin(0, 3, images[2].size(), "v3").ok());
   }
   std::unique_ptr<ReplicaStore> store;
   ASSERT_TRUE(ReplicaStore::Open(rdir, 2, &store).ok());
