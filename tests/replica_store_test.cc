@@ -4,6 +4,7 @@
 #include "engine/replica_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -153,6 +154,24 @@ TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
   // And the good one still goes through afterwards.
   st = Send(store.get(), 0, 1, images[0], 1 << 20, 2);
   EXPECT_TRUE(st.ok()) << st.message();
+}
+
+// Begin maps every page of a new replica (on the service thread that handles the begin), so that
+// the progress thread, which receives the pieces, never faults one in.
+TEST(ReplicaStoreTest, BeginMapsEveryPageOfANewReplica) {
+  TempDir dir;
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  const uint64_t bytes = 8 << 20;
+  ASSERT_TRUE(store->Begin(3, 9, bytes, "replica").ok());
+  uint8_t* at = nullptr;
+  std::shared_ptr<MappedFile> keep;
+  ASSERT_TRUE(store->Place(3, 9, bytes, 0, bytes, &at, &keep).ok());
+  std::vector<unsigned char> resident(bytes / 4096);
+  ASSERT_EQ(mincore(at, bytes, resident.data()), 0);
+  size_t in = 0;
+  for (unsigned char r : resident) in += r & 1;
+  EXPECT_EQ(in, resident.size()) << "pages of the new replica left to fault in";
 }
 
 TEST(ReplicaStoreTest, OutOfRangePiecesUnbegunReplicasAndSealsOfNothingAreRefused) {
