@@ -21,7 +21,7 @@ echo "== commit/restore of 1 GiB on a disk tier (O_DIRECT) =="
 "$build/bench_commit_restore" --dir /var/tmp/ckptdb-bench --gib 1 --tensor-mib 64 --repeats 3
 echo
 echo "== issue 4: replication to a peer's memory against ucx_perftest (2 ranks, 512 MiB each) =="
-"$build/bench_cluster" --mode replicate --mib 512 --versions 6 --tls tcp --tls shm,tcp
+"$build/bench_cluster" --mode replicate --mib 512 --tls tcp --tls shm,tcp
 echo
 echo "== issue 4: commit latency on 1, 2, 4, 8 ranks (4 MiB a rank, replicate:2 and none) =="
 "$build/bench_cluster" --mode commit --commit-kib 4096 --versions 20 --ranks 2,4,8 --tls tcp
