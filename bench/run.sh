@@ -26,5 +26,8 @@ echo
 echo "== issue 4: commit latency on 1, 2, 4, 8 ranks (4 MiB a rank, replicate:2 and none) =="
 "$build/bench_cluster" --mode commit --commit-kib 4096 --versions 20 --ranks 2,4,8 --tls tcp
 echo
+echo "== the machine: tcp receive into memory the kernel never wrote, and into memory it did =="
+"$build/bench_tcp_first_receive" 512
+echo
 echo "== issue 4: restore of 256 MiB from a peer's memory, a disk tier and a throttled one =="
 "$build/bench_cluster" --mode restore --mib 256 --repeats 4 --tls tcp
