@@ -88,8 +88,9 @@ Status MappedFile::Resize(uint64_t bytes, const std::string& what) {
   bytes_ = 0;
   if (ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return Status::FromErrno(errno, what);
   if (bytes == 0) return Status::Ok();
-  // Not populated: Place runs on the transport's progress thread, and populating a new file
-  // would stall it for the first touch of every page (LIMITS.md: 0.3 GB/s).
+  // Not populated here, under the store's lock: Begin and Find populate after letting it go, so
+  // that Place (the transport's progress thread) never waits for new pages (LIMITS.md: first
+  // touch 0.3 GB/s).
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
   if (p == MAP_FAILED) return Status::FromErrno(errno, what + ": mmap");
   data_ = static_cast<uint8_t*>(p);
@@ -358,12 +359,13 @@ Status ReplicaStore::Seal(uint32_t owner, uint64_t version, uint64_t file_bytes,
 }
 
 std::shared_ptr<MappedFile> ReplicaStore::Find(uint32_t owner, uint64_t version) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = sealed_.find({owner, version});
-  if (it == sealed_.end()) return nullptr;
-  if (it->second.map == nullptr) {
+  std::shared_ptr<MappedFile> map;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sealed_.find({owner, version});
+    if (it == sealed_.end()) return nullptr;
+    if (it->second.map != nullptr) return it->second.map;
     // Sealed by an earlier process: mapped at its size on disk.
-    std::shared_ptr<MappedFile> map;
     const std::string path = SealedPath(owner, version);
     struct stat sb {};
     if (stat(path.c_str(), &sb) != 0 ||
@@ -371,11 +373,13 @@ std::shared_ptr<MappedFile> ReplicaStore::Find(uint32_t owner, uint64_t version)
       sealed_.erase(it);  // gone (someone removed the file): no longer held
       return nullptr;
     }
-    map->Populate(0, map->bytes());  // fetches send from it next
     it->second.file_bytes = static_cast<uint64_t>(sb.st_size);
-    it->second.map = std::move(map);
+    it->second.map = map;
   }
-  return it->second.map;
+  // Fetches send from it next. Off the lock, as in Begin: Place, on the progress thread, never
+  // waits for a populate.
+  map->Populate(0, map->bytes());
+  return map;
 }
 
 std::vector<std::pair<uint32_t, uint64_t>> ReplicaStore::Held() const {
