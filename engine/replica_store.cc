@@ -73,7 +73,15 @@ void MappedFile::Populate(uint64_t offset, uint64_t bytes) const {
   uint64_t first = offset & ~(page - 1);
   uint64_t end = std::min(bytes_, offset + std::min(bytes, bytes_ - offset));
   // Best effort: a kernel without MADV_POPULATE_* (EINVAL) leaves the pages to fault in.
-  (void)madvise(data_ + first, end - first, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
+  if (madvise(data_ + first, end - first, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) ==
+          0 &&
+      first == 0 && end == bytes_) {
+    populated_ = true;
+  }
+}
+
+void MappedFile::PopulateOnce() const {
+  if (!populated_) Populate(0, bytes_);
 }
 
 MappedFile::~MappedFile() {
@@ -86,6 +94,7 @@ Status MappedFile::Resize(uint64_t bytes, const std::string& what) {
   if (data_ != nullptr) munmap(data_, bytes_);
   data_ = nullptr;
   bytes_ = 0;
+  populated_ = false;
   if (ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return Status::FromErrno(errno, what);
   if (bytes == 0) return Status::Ok();
   // Not populated here, under the store's lock: Begin and Find populate after letting it go, so
@@ -195,7 +204,7 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
       incoming_.emplace(key, std::move(in));
     }
   }
-  map->Populate(0, file_bytes);  // off the lock: new pages may take seconds here
+  map->PopulateOnce();  // off the lock: new pages may take seconds here
   return Status::Ok();
 }
 
@@ -378,7 +387,7 @@ std::shared_ptr<MappedFile> ReplicaStore::Find(uint32_t owner, uint64_t version)
   }
   // Fetches send from it next. Off the lock, as in Begin: Place, on the progress thread, never
   // waits for a populate.
-  map->Populate(0, map->bytes());
+  map->PopulateOnce();
   return map;
 }
 
