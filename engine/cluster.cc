@@ -1054,6 +1054,9 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   // Pieces of at most kMaxPieceBytes. An extent is one record of the arena (a chunk's, about
   // chunk_bytes); records the capture laid out next to each other, in the image and in the arena,
   // travel together, so a version of 4 MiB chunks crosses in a few large calls, not one per chunk.
+  // A piece holds whole records (only a record larger than a piece is cut): the receiver hashes
+  // the records of each piece as it lands, while later pieces are on the wire, and leaves only
+  // records cut across pieces to the seal, which the vote waits for.
   struct Piece {
     uint64_t offset;
     const uint8_t* data;
@@ -1061,19 +1064,15 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   };
   std::vector<Piece> pieces;
   for (const SendExtent& e : extents) {
-    for (uint64_t off = 0; off < e.bytes;) {
-      const uint64_t at = e.logical_offset + off;
-      const uint8_t* data = e.data + off;
-      uint64_t n = std::min(kMaxPieceBytes, e.bytes - off);
-      Piece* last = pieces.empty() ? nullptr : &pieces.back();
-      if (last != nullptr && last->offset + last->bytes == at && last->data + last->bytes == data &&
-          last->bytes < kMaxPieceBytes) {
-        n = std::min(n, kMaxPieceBytes - last->bytes);
-        last->bytes += n;
-      } else {
-        pieces.push_back({at, data, n});
-      }
-      off += n;
+    Piece* last = pieces.empty() ? nullptr : &pieces.back();
+    if (last != nullptr && last->offset + last->bytes == e.logical_offset &&
+        last->data + last->bytes == e.data && last->bytes + e.bytes <= kMaxPieceBytes) {
+      last->bytes += e.bytes;
+      continue;
+    }
+    for (uint64_t off = 0; off < e.bytes; off += kMaxPieceBytes) {
+      pieces.push_back(
+          {e.logical_offset + off, e.data + off, std::min(kMaxPieceBytes, e.bytes - off)});
     }
   }
   uint64_t sent = 0;
@@ -1208,6 +1207,10 @@ void Cluster::HandleReplica(const Request& request, Reply* reply) {
     st = replicas_->Begin(owner, version, file_bytes, what);
   } else if (st.ok() && phase == kPhasePiece) {
     st = replicas_->Received(owner, version, file_bytes, offset, payload, what);
+    if (!st.ok() && st.code() != CKPTDB_ESTATE) {  // ESTATE: after the replica was refused
+      std::fprintf(stderr, "ckptdb[%s]: refused %s\n", R(options_.rank).c_str(),
+                   st.message().c_str());
+    }
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.replica_bytes_received += payload.size();

@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <thread>
 
+#include "format/checksum.h"
 #include "format/segment_format.h"
 #include "format/segment_reader.h"
 #include "util/assert.h"
@@ -20,6 +22,10 @@ namespace ckpt::engine {
 namespace {
 
 constexpr uint64_t kMaxReplicaBytes = uint64_t{1} << 40;
+// Pieces (claims) of one replica at most: a sender that cuts a replica into more is refused
+// rather than let it grow the receiver's bookkeeping without bound. Cluster::Replicate sends
+// pieces of up to 64 MiB, one or a few arena records each.
+constexpr size_t kMaxPiecesPerReplica = size_t{1} << 20;
 
 #ifndef MADV_POPULATE_READ  // Linux 5.14; older C library headers lack them
 #define MADV_POPULATE_READ 22
@@ -34,6 +40,37 @@ std::string Name(uint32_t owner, uint64_t version) {
 
 std::string Of(uint32_t owner, uint64_t version) {
   return "replica of v" + std::to_string(version) + " of rank " + std::to_string(owner);
+}
+
+Status CheckPieceRange(uint64_t file_bytes, uint64_t offset, uint64_t bytes,
+                       const std::string& what) {
+  if (file_bytes == 0 || file_bytes > kMaxReplicaBytes || offset > file_bytes ||
+      bytes > file_bytes - offset) {
+    return Status::Invalid(what + ": the range [" + std::to_string(offset) + ", +" +
+                           std::to_string(bytes) + ") lies outside its " +
+                           std::to_string(file_bytes) + " bytes");
+  }
+  return Status::Ok();
+}
+
+// Claims [offset, offset + bytes) in `claimed` (ranges by their first byte) unless it overlaps a
+// range claimed already.
+Status Claim(std::map<uint64_t, uint64_t>* claimed, uint64_t offset, uint64_t bytes,
+             const std::string& what) {
+  if (bytes == 0) return Status::Ok();
+  const uint64_t end = offset + bytes;
+  auto next = claimed->upper_bound(offset);
+  if ((next != claimed->end() && next->first < end) ||
+      (next != claimed->begin() && std::prev(next)->second > offset)) {
+    return Status::Invalid(what + ": bytes [" + std::to_string(offset) + ", " +
+                           std::to_string(end) + ") arrive a second time (pieces overlap)");
+  }
+  if (claimed->size() >= kMaxPiecesPerReplica) {
+    return Status::Invalid(what + ": more than " + std::to_string(kMaxPiecesPerReplica) +
+                           " pieces");
+  }
+  claimed->emplace_hint(next, offset, end);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -211,40 +248,112 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
 Status ReplicaStore::Place(uint32_t owner, uint64_t version, uint64_t file_bytes, uint64_t offset,
                            uint64_t bytes, uint8_t** at, std::shared_ptr<MappedFile>* keep) {
   const std::string what = Of(owner, version) + " in " + dir_;
-  if (file_bytes == 0 || file_bytes > kMaxReplicaBytes || offset > file_bytes ||
-      bytes > file_bytes - offset) {
-    return Status::Invalid(what + ": the range [" + std::to_string(offset) + ", +" +
-                           std::to_string(bytes) + ") lies outside its " +
-                           std::to_string(file_bytes) + " bytes");
-  }
+  CKPTDB_RETURN_IF_ERROR(CheckPieceRange(file_bytes, offset, bytes, what));
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = incoming_.find({owner, version});
-  if (it == incoming_.end()) {
-    return Status::State(what + ": a piece for a replica that was not begun (or was abandoned)");
+  Incoming* in = FindIncomingLocked({owner, version}, nullptr);
+  if (in == nullptr) {
+    return Status::State(what + ": a piece for a replica that was not begun (or was dropped)");
   }
-  if (it->second.file_bytes != file_bytes) {
+  if (in->file_bytes != file_bytes) {
     return Status::Invalid(what + ": a piece says the replica is " + std::to_string(file_bytes) +
-                           " bytes, it was begun as " + std::to_string(it->second.file_bytes));
+                           " bytes, it was begun as " + std::to_string(in->file_bytes));
   }
-  *at = it->second.map->data() + offset;
-  *keep = it->second.map;
+  CKPTDB_RETURN_IF_ERROR(Claim(&in->claimed, offset, bytes, what));
+  *at = in->map->data() + offset;
+  *keep = in->map;
   return Status::Ok();
 }
 
 Status ReplicaStore::Received(uint32_t owner, uint64_t version, uint64_t file_bytes,
                               uint64_t offset, std::span<const uint8_t> data,
                               const std::string& what) {
-  uint8_t* at = nullptr;
+  CKPTDB_RETURN_IF_ERROR(CheckPieceRange(file_bytes, offset, data.size(), what));
+  const Key key{owner, version};
   std::shared_ptr<MappedFile> map;
-  CKPTDB_RETURN_IF_ERROR(Place(owner, version, file_bytes, offset, data.size(), &at, &map));
-  if (at != data.data() && !data.empty()) std::memcpy(at, data.data(), data.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = incoming_.find({owner, version});
-  if (it == incoming_.end() || it->second.map != map) {
-    return Status::State(what + ": the replica was abandoned while this piece arrived");
+  uint8_t* at = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Incoming* in = FindIncomingLocked(key, nullptr);
+    if (in == nullptr) {
+      return Status::State(what + ": a piece for a replica that was not begun (or was dropped)");
+    }
+    if (in->file_bytes != file_bytes) {
+      return RefuseLocked(key, Status::Invalid(what + ": a piece says the replica is " +
+                                               std::to_string(file_bytes) + " bytes, it was " +
+                                               "begun as " + std::to_string(in->file_bytes)));
+    }
+    at = in->map->data() + offset;
+    if (data.data() != at) {
+      // Received into the transport's buffer (the Placer did not place it): claimed now.
+      Status st = Claim(&in->claimed, offset, data.size(), what);
+      if (!st.ok()) return RefuseLocked(key, st);
+    } else if (auto claim = in->claimed.find(offset);
+               claim == in->claimed.end() || claim->second != offset + data.size()) {
+      return RefuseLocked(key, Status::Invalid(what + ": a piece in place that was not placed"));
+    }
+    map = in->map;
   }
-  it->second.received_bytes += data.size();
+  if (data.data() != at && !data.empty()) std::memcpy(at, data.data(), data.size());
+  // Off the lock, on this piece's service thread, while later pieces are still on the wire.
+  std::vector<std::pair<uint64_t, LandedRecord>> hashed;
+  Status st = HashRecords(at, offset, data.size(), what, &hashed);
+  std::lock_guard<std::mutex> lock(mu_);
+  Incoming* in = FindIncomingLocked(key, map.get());
+  if (in == nullptr) return Status::State(what + ": the replica was dropped while this arrived");
+  if (!st.ok()) return RefuseLocked(key, st);
+  in->received_bytes += data.size();
+  for (const auto& [record_offset, record] : hashed) {
+    in->landed.emplace(record_offset, record);
+    hashed_.on_arrival += record.payload_bytes;
+  }
   return Status::Ok();
+}
+
+// Records are framed from the piece's first byte (the first piece's from its second block, past
+// the segment header), as Cluster::Replicate cuts pieces at record boundaries. Framing stops at
+// anything that is not a chunk record starting right there (the manifest, the footer, a record
+// the piece's end cuts, a sender that cut elsewhere): the seal hashes what this did not. A
+// record that frames but whose payload fails the xxh3 in its own header is corrupt, whatever the
+// manifest will say.
+Status ReplicaStore::HashRecords(const uint8_t* piece, uint64_t offset, uint64_t bytes,
+                                 const std::string& what,
+                                 std::vector<std::pair<uint64_t, LandedRecord>>* out) {
+  const uint64_t end = offset + bytes;
+  for (uint64_t at = offset == 0 ? format::kBlockBytes : offset;
+       format::IsAligned(at) && at < end && end - at >= format::kBlockBytes;) {
+    const uint8_t* block = piece + (at - offset);
+    format::RecordHeader h;
+    if (!format::DecodeRecordHeader(std::span<const uint8_t, 64>(block, 64), what, &h).ok() ||
+        h.type != format::RecordType::kChunk || h.record_offset != at ||
+        h.payload_bytes > end - at - format::kBlockBytes) {
+      break;
+    }
+    const uint64_t xxh3 = format::Xxh3(block + format::kBlockBytes, h.payload_bytes);
+    if (xxh3 != h.payload_xxh3) {
+      return Status::Corrupt(what + ": chunk " + std::to_string(h.sequence) + " at offset " +
+                             std::to_string(at) + " fails xxh3 (expected " +
+                             format::Hex64(h.payload_xxh3) + ", got " + format::Hex64(xxh3) + ")");
+    }
+    out->emplace_back(at, LandedRecord{h.payload_bytes, xxh3});
+    // Bounded: each step advances at least one block.
+    at += std::min(format::RecordBytes(h.payload_bytes), end - at);
+  }
+  return Status::Ok();
+}
+
+ReplicaStore::Incoming* ReplicaStore::FindIncomingLocked(Key key, const MappedFile* map) {
+  auto it = incoming_.find(key);
+  if (it == incoming_.end() || (map != nullptr && it->second.map.get() != map)) return nullptr;
+  return &it->second;
+}
+
+Status ReplicaStore::RefuseLocked(Key key, Status why) {
+  auto it = incoming_.find(key);
+  if (it != incoming_.end()) {
+    RetireLocked(key.first, TemporaryPath(key.first, key.second), std::move(it->second.map));
+    incoming_.erase(it);
+  }
+  return why;
 }
 
 void ReplicaStore::AbandonOlderLocked(uint32_t owner, uint64_t version) {
@@ -309,35 +418,46 @@ Status ReplicaStore::Seal(uint32_t owner, uint64_t version, uint64_t file_bytes,
                          " of rank " + std::to_string(reader->footer().rank));
   }
   if (st.ok()) {
-    // Every chunk, from the mapping, on two threads: the replica's acknowledgement (and so the
-    // owner's vote) waits for this, and the cores are otherwise idle at this point.
+    // Every chunk's record header against the manifest, from the mapping, and its payload's
+    // xxh3: the one taken as the record landed, else taken now, on two threads when there are
+    // several (the owner's vote waits for this, and the cores are otherwise idle now).
     const uint32_t chunks = reader->footer().chunk_count;
+    std::vector<uint32_t> unhashed;
+    for (uint32_t i = 0; i < chunks && st.ok(); ++i) {
+      const auto& c = reader->manifest().chunk(i);
+      if (c.record_offset() > file_bytes ||
+          format::kBlockBytes + c.payload_bytes() > file_bytes - c.record_offset()) {
+        st = Status::Corrupt(what + ": chunk " + std::to_string(i) + " lies past the end");
+        break;
+      }
+      auto landed = in.landed.find(c.record_offset());
+      if (landed == in.landed.end() || landed->second.payload_bytes != c.payload_bytes()) {
+        unhashed.push_back(i);
+        continue;
+      }
+      format::ChunkProblem problem;
+      st = reader->CheckRecord(i, image + c.record_offset(), &problem, landed->second.payload_xxh3);
+    }
     Status half[2];
-    auto check = [&](uint32_t first, uint32_t end, Status* out) {
-      for (uint32_t i = first; i < end; ++i) {
-        const auto& c = reader->manifest().chunk(i);
+    auto check = [&](size_t first, size_t end, Status* out) {
+      for (size_t k = first; k < end && out->ok(); ++k) {
         format::ChunkProblem problem;
-        if (c.record_offset() > file_bytes ||
-            format::kBlockBytes + c.payload_bytes() > file_bytes - c.record_offset()) {
-          *out = Status::Corrupt(what + ": chunk " + std::to_string(i) + " lies past the end");
-          return;
-        }
-        Status s = reader->CheckRecord(i, image + c.record_offset(), &problem);
-        if (!s.ok()) {
-          *out = s;
-          return;
-        }
+        *out = reader->CheckRecord(
+            unhashed[k], image + reader->manifest().chunk(unhashed[k]).record_offset(), &problem);
       }
     };
-    const uint32_t mid = chunks / 2;
-    if (chunks >= 4) {
-      std::thread other(check, mid, chunks, &half[1]);
-      check(0, mid, &half[0]);
+    if (st.ok() && unhashed.size() >= 4) {
+      std::thread other(check, unhashed.size() / 2, unhashed.size(), &half[1]);
+      check(0, unhashed.size() / 2, &half[0]);
       other.join();
-    } else {
-      check(0, chunks, &half[0]);
+    } else if (st.ok()) {
+      check(0, unhashed.size(), &half[0]);
     }
-    st = !half[0].ok() ? half[0] : half[1];
+    if (st.ok()) st = !half[0].ok() ? half[0] : half[1];
+    uint64_t hashed_now = 0;
+    for (uint32_t i : unhashed) hashed_now += reader->manifest().chunk(i).payload_bytes();
+    std::lock_guard<std::mutex> lock(mu_);
+    hashed_.at_seal += hashed_now;
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!st.ok()) {
@@ -397,6 +517,11 @@ std::vector<std::pair<uint32_t, uint64_t>> ReplicaStore::Held() const {
   out.reserve(sealed_.size());
   for (const auto& [key, s] : sealed_) out.push_back(key);
   return out;
+}
+
+ReplicaStore::HashedBytes ReplicaStore::hashed_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hashed_;
 }
 
 uint64_t ReplicaStore::held_bytes() const {

@@ -13,8 +13,11 @@
 //   - recycles: the replica that retention drops becomes its owner's spare, pages and mapping
 //     kept, and the next replica of that owner is received into it; after the first versions a
 //     replica costs no page allocation, no page fault and no unlink;
-//   - verifies a sealed replica (framing, manifest, every chunk's record header and xxh3) from the
-//     mapping, with no reread through read(2);
+//   - hashes each chunk record as its piece lands (on the service thread that handles the piece,
+//     while later pieces are still on the wire), so the seal, which the owner's vote waits for,
+//     checks framing, manifest and every record header from the mapping and hashes only the
+//     records no piece held whole; a byte range is received once (a piece overlapping another is
+//     refused), so a record's bytes never change after they were hashed;
 //   - serves fetches from the mapping (the reply's payload is sent from it).
 // Memory: per owner, `keep` sealed replicas plus one spare (or the replica being received).
 //
@@ -86,16 +89,20 @@ class ReplicaStore {
   // Idempotent for the same size.
   Status Begin(uint32_t owner, uint64_t version, uint64_t file_bytes, const std::string& what);
   // Where bytes [offset, offset + bytes) of owner's replica of `version` (file_bytes long) go,
-  // in the replica Begin made room for. A lookup: the transport's Placer calls it on its progress
-  // thread.
+  // in the replica Begin made room for; the range is claimed for that piece (a range overlapping
+  // a claimed one is refused: no byte is received twice). The transport's Placer calls it on its
+  // progress thread: a lookup, it never blocks on more than the store's lock.
   Status Place(uint32_t owner, uint64_t version, uint64_t file_bytes, uint64_t offset,
                uint64_t bytes, uint8_t** at, std::shared_ptr<MappedFile>* keep);
-  // Records that a piece landed (`data` is where it is: copied into place unless it was received
-  // there already).
+  // Records that a piece landed (`data` is where it is: copied into place, its range claimed
+  // now, unless Place had it received there) and hashes the chunk records it holds whole. A
+  // record that fails its xxh3 or a range received twice refuses the replica at once: it is
+  // dropped (its memory becomes the spare) and the error names what failed.
   Status Received(uint32_t owner, uint64_t version, uint64_t file_bytes, uint64_t offset,
                   std::span<const uint8_t> data, const std::string& what);
   // The last call of a replica: every byte must have arrived; the image is checked (framing,
-  // footer naming owner and version, manifest, every chunk) and only then becomes visible.
+  // footer naming owner and version, manifest, every chunk's record header against the manifest
+  // and its payload's xxh3, hashed when it landed or now) and only then becomes visible.
   // Retention then turns the owner's replicas beyond `keep` into its spare. A replica that fails
   // is dropped (its memory becomes the spare) and the error names what failed.
   Status Seal(uint32_t owner, uint64_t version, uint64_t file_bytes, const std::string& what);
@@ -104,15 +111,28 @@ class ReplicaStore {
   // Sealed replicas, (owner, version), sorted.
   std::vector<std::pair<uint32_t, uint64_t>> Held() const;
   uint64_t held_bytes() const;  // sealed, spare and incoming replicas' memory
+  // Chunk payload bytes hashed as their pieces landed, and by seals (records no piece held whole).
+  struct HashedBytes {
+    uint64_t on_arrival = 0;
+    uint64_t at_seal = 0;
+  };
+  HashedBytes hashed_bytes() const;
 
   std::string SealedPath(uint32_t owner, uint64_t version) const;
 
  private:
   using Key = std::pair<uint32_t, uint64_t>;
+  // A chunk record hashed as its piece landed.
+  struct LandedRecord {
+    uint64_t payload_bytes = 0;
+    uint64_t payload_xxh3 = 0;
+  };
   struct Incoming {
     std::shared_ptr<MappedFile> map;
     uint64_t file_bytes = 0;
     uint64_t received_bytes = 0;
+    std::map<uint64_t, uint64_t> claimed;     // [offset, end) of every piece placed or received
+    std::map<uint64_t, LandedRecord> landed;  // by record offset
   };
   struct Sealed {
     uint64_t file_bytes = 0;
@@ -126,6 +146,15 @@ class ReplicaStore {
   void RetireLocked(uint32_t owner, const std::string& path, std::shared_ptr<MappedFile> map);
   // Abandons the replicas of `owner` still being received that are older than `version`.
   void AbandonOlderLocked(uint32_t owner, uint64_t version);
+  // The replica being received under `key`, if it still is (and still into `map`, when given).
+  Incoming* FindIncomingLocked(Key key, const MappedFile* map);
+  // Drops the replica being received under `key` and returns `why`.
+  Status RefuseLocked(Key key, Status why);
+  // Hashes the chunk records that lie whole in a piece that landed at `piece` (bytes [offset,
+  // offset + bytes) of the image) into *out.
+  static Status HashRecords(const uint8_t* piece, uint64_t offset, uint64_t bytes,
+                            const std::string& what,
+                            std::vector<std::pair<uint64_t, LandedRecord>>* out);
 
   const std::string dir_;
   const uint32_t keep_;
@@ -133,6 +162,7 @@ class ReplicaStore {
   std::map<Key, Incoming> incoming_;
   std::map<Key, Sealed> sealed_;
   std::map<uint32_t, std::shared_ptr<MappedFile>> spares_;  // by owner; nullptr: not mapped yet
+  HashedBytes hashed_;
 };
 
 }  // namespace ckpt::engine

@@ -99,8 +99,8 @@ Status SegmentReader::CheckChunk(uint32_t index, std::vector<uint8_t>* scratch,
   return CheckRecord(index, scratch->data(), problem);
 }
 
-Status SegmentReader::CheckRecord(uint32_t index, const uint8_t* record,
-                                  ChunkProblem* problem) const {
+Status SegmentReader::CheckRecord(uint32_t index, const uint8_t* record, ChunkProblem* problem,
+                                  std::optional<uint64_t> payload_xxh3) const {
   const fb::Chunk* chunk = nullptr;
   std::string at;
   CKPTDB_RETURN_IF_ERROR(Locate(index, &chunk, problem, &at));
@@ -112,7 +112,8 @@ Status SegmentReader::CheckRecord(uint32_t index, const uint8_t* record,
       rh.sequence != index || rh.version != header_.version || rh.rank != header_.rank) {
     return Status::Corrupt(at + ": record header disagrees with the manifest");
   }
-  problem->actual_xxh3 = Xxh3(record + kBlockBytes, c.payload_bytes());
+  problem->actual_xxh3 =
+      payload_xxh3 ? *payload_xxh3 : Xxh3(record + kBlockBytes, c.payload_bytes());
   if (problem->actual_xxh3 != c.xxh3()) {
     return Status::Corrupt(at + " fails xxh3 (expected " + Hex64(c.xxh3()) + ", got " +
                            Hex64(problem->actual_xxh3) + ")");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,11 @@ class SegmentReader {
   // Checks chunk `index`'s record already in memory: `record` holds its header block and
   // payload (RecordBytes of the payload may follow, the padding is not read). Demotion checks
   // each record this way between reading it from one tier and writing it to the next.
-  Status CheckRecord(uint32_t index, const uint8_t* record, ChunkProblem* problem) const;
+  // `payload_xxh3`: the xxh3 of exactly these payload bytes, where the caller computed it already
+  // (a replica hashes each record as it lands, while the rest is still on the wire, and its
+  // bytes are never written again); hashed here when absent.
+  Status CheckRecord(uint32_t index, const uint8_t* record, ChunkProblem* problem,
+                     std::optional<uint64_t> payload_xxh3 = std::nullopt) const;
 
  private:
   // Chunk `index` of the manifest, *problem filled with what it should be, *at naming it.

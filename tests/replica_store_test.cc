@@ -12,6 +12,7 @@
 #include <random>
 
 #include "ckptdb/ckptdb.h"
+#include "format/segment_reader.h"
 #include "tests/test_util.h"
 
 namespace ckpt::engine {
@@ -73,6 +74,50 @@ Status Send(ReplicaStore* store, uint32_t owner, uint64_t version, const std::st
   return store->Seal(owner, version, image.size(), "test replica");
 }
 
+// Pieces as Cluster::Replicate cuts them: whole records (the arena's extents), runs of up to
+// `records` adjacent ones, then the manifest's record and the footer.
+std::vector<std::pair<uint64_t, uint64_t>> RecordPieces(const std::string& image, int records) {
+  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  std::vector<uint8_t> scratch;
+  uint64_t run_start = format::kBlockBytes;
+  int in_run = 0;
+  uint64_t data_end = format::kBlockBytes;
+  Status st = format::ScanSegment(
+      "image", image.size(),
+      [&](uint64_t off, void* buf, size_t len) {
+        std::memcpy(buf, image.data() + off, len);
+        return Status::Ok();
+      },
+      [&](const format::ScannedRecord& r) {
+        if (r.header.type != format::RecordType::kChunk) return;
+        data_end = r.offset + format::RecordBytes(r.header.payload_bytes);
+        if (++in_run == records) {
+          pieces.emplace_back(run_start, data_end - run_start);
+          run_start = data_end;
+          in_run = 0;
+        }
+      },
+      &scratch);
+  EXPECT_TRUE(st.ok()) << st.message();
+  if (in_run > 0) pieces.emplace_back(run_start, data_end - run_start);
+  pieces.emplace_back(0, format::kBlockBytes);
+  pieces.emplace_back(data_end, image.size() - data_end);
+  return pieces;
+}
+
+Status SendPieces(ReplicaStore* store, uint32_t owner, uint64_t version, const std::string& image,
+                  const std::vector<std::pair<uint64_t, uint64_t>>& pieces) {
+  CKPTDB_RETURN_IF_ERROR(store->Begin(owner, version, image.size(), "test replica"));
+  for (auto [off, n] : pieces) {
+    uint8_t* at = nullptr;
+    std::shared_ptr<MappedFile> keep;
+    CKPTDB_RETURN_IF_ERROR(store->Place(owner, version, image.size(), off, n, &at, &keep));
+    std::memcpy(at, image.data() + off, n);
+    CKPTDB_RETURN_IF_ERROR(store->Received(owner, version, image.size(), off, {at, n}, "piece"));
+  }
+  return store->Seal(owner, version, image.size(), "test replica");
+}
+
 std::vector<std::string> Names(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
@@ -108,7 +153,7 @@ TEST(ReplicaStoreTest, RetentionRecyclesTheDroppedReplicasMemoryForTheNext) {
       uint8_t* at = nullptr;
       std::shared_ptr<MappedFile> keep;
       ASSERT_TRUE(store->Begin(0, 4, images[3].size(), "v4").ok());
-      ASSERT_TRUE(store->Place(0, 4, images[3].size(), 0, 1, &at, &keep).ok());
+      ASSERT_TRUE(store->Place(0, 4, images[3].size(), 0, 0, &at, &keep).ok());
       EXPECT_TRUE(fs::exists(dir.Sub("replicas") + "/r00000-v00000000000000000004.seg.tmp"));
       EXPECT_FALSE(fs::exists(dir.Sub("replicas") + "/r00000.spare"));
       EXPECT_EQ(at, v1_memory) << "the spare's mapping is reused as it is";
@@ -136,6 +181,15 @@ TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
   EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.message();
   EXPECT_NE(st.message().find("xxh3"), std::string::npos) << st.message();
   EXPECT_TRUE(store->Held().empty());
+  // It was refused at the piece that held the record, and dropped there: there is nothing to seal.
+  EXPECT_EQ(store->Seal(0, 1, bad.size(), "replica").code(), CKPTDB_ESTATE);
+  // A flipped byte in a record no piece holds whole (pieces cut across records): the seal hashes
+  // it and refuses.
+  st = Send(store.get(), 0, 1, bad, 12345, 1);
+  EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.message();
+  EXPECT_NE(st.message().find("chunk 0 at offset 4096 fails xxh3"), std::string::npos)
+      << st.message();
+  EXPECT_TRUE(store->Held().empty());
   // An image of another version (or another rank) under this name.
   st = Send(store.get(), 0, 7, images[1], 1 << 20, 1);
   EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.message();
@@ -153,6 +207,72 @@ TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
   EXPECT_TRUE(store->Held().empty());
   // And the good one still goes through afterwards.
   st = Send(store.get(), 0, 1, images[0], 1 << 20, 2);
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
+// Pieces of whole records, as Cluster::Replicate sends them, are hashed as they land, while the
+// rest of the replica is on the wire: the seal (which the owner's vote waits for) hashes nothing.
+// Pieces cut elsewhere leave the records they cut to the seal.
+TEST(ReplicaStoreTest, RecordsArriveHashedSoTheSealHashesOnlyWhatNoPieceHeldWhole) {
+  TempDir dir;
+  auto images = SegmentImages(dir, 2);
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  const uint64_t payload_bytes = 200 << 10;
+  auto pieces = RecordPieces(images[0], 2);
+  ASSERT_EQ(pieces.size(), 2u + 2u) << "4 records in 2 pieces, the header block, the tail";
+  Status st = SendPieces(store.get(), 0, 1, images[0], pieces);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(store->hashed_bytes().on_arrival, payload_bytes);
+  EXPECT_EQ(store->hashed_bytes().at_seal, 0u);
+  // One piece of all of it: the same.
+  st = SendPieces(store.get(), 0, 2, images[1], {{0, images[1].size()}});
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(store->hashed_bytes().on_arrival, 2 * payload_bytes);
+  EXPECT_EQ(store->hashed_bytes().at_seal, 0u);
+  // Cut across records: the second piece starts inside the first record, so everything from
+  // there on is the seal's.
+  std::unique_ptr<ReplicaStore> other;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("other"), 2, &other).ok());
+  st = SendPieces(other.get(), 0, 1, images[0], {{0, 8192}, {8192, images[0].size() - 8192}});
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(other->hashed_bytes().on_arrival, 0u);
+  EXPECT_EQ(other->hashed_bytes().at_seal, payload_bytes);
+}
+
+// No byte of a replica is received twice, so a record hashed as it landed keeps the bytes it was
+// hashed with: a piece overlapping another is refused, placed (the Placer's lookup) or not (the
+// handler's), and a refused replica is dropped at once.
+TEST(ReplicaStoreTest, OverlappingPiecesAreRefused) {
+  TempDir dir;
+  auto images = SegmentImages(dir, 1);
+  const std::string& image = images[0];
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(store->Begin(0, 1, image.size(), "replica").ok());
+  uint8_t* at = nullptr;
+  std::shared_ptr<MappedFile> keep;
+  ASSERT_TRUE(store->Place(0, 1, image.size(), 8192, 8192, &at, &keep).ok());
+  for (auto [offset, bytes] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {8192, 8192}, {4096, 8192}, {12288, 8192}, {8192, 1}, {16383, 1}, {0, image.size()}}) {
+    Status st = store->Place(0, 1, image.size(), offset, bytes, &at, &keep);
+    EXPECT_EQ(st.code(), CKPTDB_EINVAL) << offset << "+" << bytes;
+    EXPECT_NE(st.message().find("arrive a second time"), std::string::npos) << st.message();
+  }
+  ASSERT_TRUE(store->Place(0, 1, image.size(), 4096, 4096, &at, &keep).ok()) << "adjacent";
+  ASSERT_TRUE(store->Place(0, 1, image.size(), 16384, 4096, &at, &keep).ok()) << "adjacent";
+  // A piece the Placer refused arrives in a buffer of the transport's: the handler refuses it too,
+  // and with it the replica.
+  Status st =
+      store->Received(0, 1, image.size(), 12288,
+                      {reinterpret_cast<const uint8_t*>(image.data()) + 12288, 4096}, "piece");
+  EXPECT_EQ(st.code(), CKPTDB_EINVAL) << st.message();
+  EXPECT_EQ(store->Place(0, 1, image.size(), 65536, 4096, &at, &keep).code(), CKPTDB_ESTATE)
+      << "the replica was dropped";
+  EXPECT_EQ(store->Seal(0, 1, image.size(), "replica").code(), CKPTDB_ESTATE);
+  keep.reset();
+  // Sent again from the start, it goes through.
+  st = Send(store.get(), 0, 1, image, 64 << 10, 3);
   EXPECT_TRUE(st.ok()) << st.message();
 }
 
