@@ -562,6 +562,8 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   if (st.ok() && node.empty()) st = Status::Invalid(request.peer + ": an empty node_id");
   if (!st.ok()) return Fail(reply, st);
   std::lock_guard<std::mutex> lock(mu_);
+  st = LearnDecisionsLocked(rank, local);
+  if (!st.ok()) return Fail(reply, st);
   Member& m = members_[rank];
   if (m.registered && m.incarnation != incarnation) {
     // A restarted rank: its old incarnation is fenced, and what it left undecided is aborted.
@@ -683,6 +685,35 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     to_announce_.emplace_back(version, true);
     cv_.notify_all();
   }
+}
+
+// A rank records COMMITTED only once a coordinator of the job decided it and wrote that decision
+// down, so every committed version a rank reports stands, whether or not this coordinator's log
+// has it: a coordinator that lost its log with its node (rank 0 replaced, on an empty catalog)
+// learns the job's decisions back from the ranks that heard them. No rank asks for decisions
+// (Decisions, at open) before the job is complete, that is before every rank has registered
+// with the committed versions its catalog held. A decision nobody recorded is lost with the log,
+// and that is safe: no rank's commit returned, so presumed abort decides it.
+Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed) {
+  for (uint64_t v : committed) {
+    if (committed_.count(v)) continue;
+    if (aborted_.count(v)) {
+      return Status::Corrupt(R(rank) + " holds v" + std::to_string(v) +
+                             " COMMITTED, which this coordinator aborted: is its catalog from "
+                             "another job with the same token?");
+    }
+    CKPTDB_RETURN_IF_ERROR(
+        catalog_->PutMeta("coord/committed/" + format::Hex64(v).substr(2), "1", true)
+            .WithContext("recording the decision for v" + std::to_string(v) + " learned from " +
+                         R(rank)));
+    committed_.insert(v);
+    std::fprintf(stderr,
+                 "ckptdb[coordinator]: v%" PRIu64
+                 " is COMMITTED in %s's catalog and was not "
+                 "in the decision log (lost with rank 0's node?): recorded\n",
+                 v, R(rank).c_str());
+  }
+  return Status::Ok();
 }
 
 // Tells every rank each decision, in order, retrying until the rank acknowledges, is declared

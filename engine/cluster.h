@@ -197,6 +197,7 @@ class Cluster {
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
   Status AskCoordinator(uint16_t type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
   Status BumpEpochLocked(const std::string& why);
+  Status LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed);
   void AbortUndecidedLocked(const std::string& why);
   void Decide(uint64_t version, bool committed);
   Status ComputePlacementLocked();

@@ -339,7 +339,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--kill-node", cluster->kill_node, "The node that is lost (default: the last)")
-      ->check(CLI::Range(1, 63));
+      ->check(CLI::Range(0, 63));
   cmd->add_option("--mib-per-rank", cluster->mib_per_rank, "State per rank in MiB (many ranks)")
       ->check(CLI::Range(1.0, 4096.0))
       ->capture_default_str();
