@@ -49,6 +49,7 @@ struct ClusterOptions {
   uint32_t replicas = 1;               // copies of each rank's segment in memory, its own included
   std::string replica_dir;             // where this node keeps peers' replicas (a tmpfs directory)
   uint32_t replica_keep = 2;           // replicas kept per peer rank (newest first)
+  uint64_t replica_budget_bytes = 0;   // the most memory peers' replicas take; 0: the file system's
   uint64_t bandwidth_bytes_per_s = 0;  // replication cap; 0: none
   int heartbeat_ms = 200;
   int dead_after_ms = 3000;
@@ -111,6 +112,9 @@ class Cluster {
   // Casts this rank's vote for `version` (after PREPARED is durable). The decision arrives
   // later through Hooks::decided.
   Status Vote(uint64_t version);
+  // Tells the coordinator this rank cannot prepare `version` (`why`, for its log): it aborts the
+  // version for every rank at once. ESTATE when the coordinator had committed it.
+  Status VoteAbort(uint64_t version, const std::string& why);
   // Committed versions the coordinator has decided, and for versions newer than any this
   // rank holds, whether they are committed: used to resolve PREPARED versions at open.
   Status Decisions(std::set<uint64_t>* committed);
@@ -190,6 +194,7 @@ class Cluster {
   void HandleRegister(const transport::Request& request, transport::Reply* reply);
   void HandleHeartbeat(const transport::Request& request, transport::Reply* reply);
   void HandleVote(const transport::Request& request, transport::Reply* reply);
+  void HandleVoteAbort(const transport::Request& request, transport::Reply* reply);
   void HandleLatest(const transport::Request& request, transport::Reply* reply);
   void HandleHolders(const transport::Request& request, transport::Reply* reply);
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);

@@ -518,10 +518,11 @@ Status Db::Abort(uint64_t version) {
     }
     if (!v.abort_requested) {
       v.abort_requested = true;
+      // In a job this rank's abort is the job's (FinishAbort votes no): not put again.
       RememberOutcome(
           version,
           Status::State("version " + std::to_string(version) + " was aborted by the caller"),
-          /*may_put_again=*/true);
+          /*may_put_again=*/cluster_ == nullptr);
       DropQueuedLocked(&v);
       WakeManager();
     }

@@ -36,6 +36,7 @@ Status Db::StartCluster() {
   }
   co.replica_dir = tiers_[0].spec.path + "/ckptdb-replicas-r" + std::to_string(options_.rank);
   co.replica_keep = std::max<uint32_t>(2, tiers_[0].spec.keep);
+  co.replica_budget_bytes = tiers_[0].spec.replica_bytes;
   Cluster::Hooks hooks;
   hooks.decided = [this](uint64_t version, bool committed) {
     return OnDecision(version, committed);

@@ -911,6 +911,9 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
 
 void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   const uint64_t version = v->version;
+  // In a job, a version this rank never voted for cannot commit: the coordinator hears so now,
+  // not when this rank is declared dead, so the ranks that voted stop waiting.
+  const bool voted = v->phase == CommitPhase::kVoting;
   // Memory first: ring regions of chunks never written, and the version's arena regions.
   for (ChunkSlot& c : v->chunks) FreeChunkRegionLocked(v, &c);
   if (v->ram) {
@@ -958,9 +961,20 @@ void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   e = VersionEntry{};
   e.has_record = true;
   e.record = rec;
-  if (outcomes_.count(version) == 0) RememberOutcome(version, why, /*may_put_again=*/true);
+  // In a job the coordinator aborts it for every rank (below): it stays aborted.
+  if (outcomes_.count(version) == 0) {
+    RememberOutcome(version, why, /*may_put_again=*/cluster_ == nullptr);
+  }
   stats_.aborts++;
   live_.erase(version);
+  if (cluster_ != nullptr && !voted) {
+    PostClusterJob([this, version, why] {
+      Status st = cluster_->VoteAbort(version, why.message());
+      if (!st.ok() && st.code() != CKPTDB_EPEER) {
+        std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
+      }
+    });
+  }
   state_cv_.notify_all();
 }
 

@@ -117,8 +117,18 @@ void MappedFile::Populate(uint64_t offset, uint64_t bytes) const {
   }
 }
 
-void MappedFile::PopulateOnce() const {
-  if (!populated_) Populate(0, bytes_);
+Status MappedFile::Reserve(const std::string& what) const {
+  if (populated_ || data_ == nullptr) return Status::Ok();
+  if (writable_) {
+    // Best effort where the file system has no fallocate (EOPNOTSUPP): tmpfs has it.
+    int rc = fallocate(fd_, 0, 0, static_cast<off_t>(bytes_));
+    if (rc != 0 && errno != EOPNOTSUPP) {
+      return Status::FromErrno(
+          errno, what + ": allocating its " + std::to_string(bytes_) + " bytes of memory");
+    }
+  }
+  Populate(0, bytes_);
+  return Status::Ok();
 }
 
 MappedFile::~MappedFile() {
@@ -146,13 +156,13 @@ Status MappedFile::Resize(uint64_t bytes, const std::string& what) {
 
 // ---- ReplicaStore ----------------------------------------------------------------------------
 
-Status ReplicaStore::Open(const std::string& dir, uint32_t keep,
+Status ReplicaStore::Open(const std::string& dir, uint32_t keep, uint64_t budget_bytes,
                           std::unique_ptr<ReplicaStore>* out) {
   CKPTDB_ASSERT(keep >= 1);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError("creating the replica directory " + dir + ": " + ec.message());
-  std::unique_ptr<ReplicaStore> store(new ReplicaStore(dir, keep));
+  std::unique_ptr<ReplicaStore> store(new ReplicaStore(dir, keep, budget_bytes));
   std::vector<std::pair<uint32_t, std::string>> stale;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -216,6 +226,7 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
       map = it->second.map;
     } else {
       AbandonOlderLocked(owner, version);
+      CKPTDB_RETURN_IF_ERROR(FitLocked(owner, file_bytes, what));
       Incoming in;
       in.file_bytes = file_bytes;
       const std::string tmp = TemporaryPath(owner, version);
@@ -241,7 +252,66 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
       incoming_.emplace(key, std::move(in));
     }
   }
-  map->PopulateOnce();  // off the lock: new pages may take seconds here
+  // Off the lock: new pages may take seconds here.
+  Status st = map->Reserve(what);
+  if (!st.ok()) {
+    // Dropped with its file: pages the file system could not give are no spare.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (FindIncomingLocked({owner, version}, map.get()) != nullptr) {
+      incoming_.erase({owner, version});
+      std::error_code ec;
+      std::filesystem::remove(TemporaryPath(owner, version), ec);
+    }
+  }
+  return st;
+}
+
+uint64_t ReplicaStore::HeldBytesLocked() const {
+  uint64_t total = 0;
+  for (const auto& [key, s] : sealed_) total += s.file_bytes;
+  for (const auto& [key, in] : incoming_) total += in.file_bytes;
+  for (const auto& [owner, map] : spares_) {
+    struct stat sb {};
+    if (map != nullptr) {
+      total += map->bytes();
+    } else if (stat(SparePath(owner).c_str(), &sb) == 0) {  // an earlier process's, not mapped
+      total += static_cast<uint64_t>(sb.st_size);
+    }
+  }
+  return total;
+}
+
+Status ReplicaStore::FitLocked(uint32_t owner, uint64_t file_bytes, const std::string& what) {
+  if (budget_bytes_ == 0) return Status::Ok();
+  auto needed = [&] {
+    uint64_t held = HeldBytesLocked();
+    auto spare = spares_.find(owner);
+    if (spare != spares_.end()) {  // reused for this replica: its pages are not extra
+      struct stat sb {};
+      uint64_t spare_bytes = spare->second != nullptr ? spare->second->bytes()
+                             : stat(SparePath(owner).c_str(), &sb) == 0
+                                 ? static_cast<uint64_t>(sb.st_size)
+                                 : 0;
+      held -= std::min(held, spare_bytes);
+    }
+    return held + file_bytes;
+  };
+  // Other owners' spares are only a cache of pages: dropped before a replica is refused.
+  for (auto it = spares_.begin(); needed() > budget_bytes_ && it != spares_.end();) {
+    if (it->first == owner) {
+      ++it;
+      continue;
+    }
+    std::error_code ec;
+    std::filesystem::remove(SparePath(it->first), ec);
+    it = spares_.erase(it);
+  }
+  if (uint64_t after = needed(); after > budget_bytes_) {
+    return Status::NoSpace(what + ": holding it (" + std::to_string(file_bytes) +
+                           " bytes) would take this rank's replicas to " + std::to_string(after) +
+                           " bytes, over their budget of " + std::to_string(budget_bytes_) +
+                           " (the ram tier's replicas=)");
+  }
   return Status::Ok();
 }
 
@@ -506,8 +576,9 @@ std::shared_ptr<MappedFile> ReplicaStore::Find(uint32_t owner, uint64_t version)
     it->second.map = map;
   }
   // Fetches send from it next. Off the lock, as in Begin: Place, on the progress thread, never
-  // waits for a populate.
-  map->PopulateOnce();
+  // waits for a populate. Its pages exist (it was received whole), so nothing can fail here
+  // that a fetch would not meet anyway.
+  (void)map->Reserve(SealedPath(owner, version));
   return map;
 }
 
@@ -526,11 +597,7 @@ ReplicaStore::HashedBytes ReplicaStore::hashed_bytes() const {
 
 uint64_t ReplicaStore::held_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t total = 0;
-  for (const auto& [key, s] : sealed_) total += s.file_bytes;
-  for (const auto& [key, in] : incoming_) total += in.file_bytes;
-  for (const auto& [owner, map] : spares_) total += map != nullptr ? map->bytes() : 0;
-  return total;
+  return HeldBytesLocked();
 }
 
 }  // namespace ckpt::engine

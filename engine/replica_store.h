@@ -62,10 +62,12 @@ class MappedFile {
   // On these VMs a page fault on an existing tmpfs page costs about 5 us (0.9 GB/s), a populate
   // about 0.15 us (28 GB/s): a fresh mapping that is about to be sent from is populated first.
   void Populate(uint64_t offset, uint64_t bytes) const;
-  // Populates the whole mapping unless that was done since it was last mapped. A populate walks
-  // every page even when all are mapped already (35 ms for 512 MiB here, a fifth of the
-  // replica's transfer), and a reused spare's mapping is whole: it was received into.
-  void PopulateOnce() const;
+  // Allocates every page of the file and maps them all, unless that was done since it was last
+  // mapped (a populate walks every page even when all are mapped already: 35 ms for 512 MiB
+  // here, a fifth of the replica's transfer; a reused spare's mapping is whole, it was received
+  // into). The allocation (fallocate) makes a full file system say ENOSPC here, not kill the
+  // process with SIGBUS when a byte lands in a page it cannot have.
+  Status Reserve(const std::string& what) const;
 
  private:
   MappedFile() = default;
@@ -79,14 +81,18 @@ class MappedFile {
 class ReplicaStore {
  public:
   // `dir` is created if missing. keep >= 1: sealed replicas kept per owner (newest first).
-  static Status Open(const std::string& dir, uint32_t keep, std::unique_ptr<ReplicaStore>* out);
+  // budget_bytes: the most memory its replicas (sealed, spare and incoming) may take; 0: as much
+  // as the file system under `dir` has.
+  static Status Open(const std::string& dir, uint32_t keep, uint64_t budget_bytes,
+                     std::unique_ptr<ReplicaStore>* out);
 
   // Makes room for owner's replica of `version` (file_bytes long) before any piece is sent: the
   // owner's spare when it has one (its pages and mapping reused), else a new file, and maps every
-  // page of it now. On these VMs a new page costs 5-10 times its copy (LIMITS.md); paid here, on
-  // a service thread, it never stalls the transport's progress thread (whose receive would
-  // otherwise fault the pages in one by one, for seconds, with heartbeats waiting behind it).
-  // Idempotent for the same size.
+  // page of it now. ENOSPC when the budget (after dropping other owners' spares, which are only
+  // a cache of pages) or the file system has no room: nothing is held for it then. On these VMs a
+  // new page costs 5-10 times its copy (LIMITS.md); paid here, on a service thread, it never stalls
+  // the transport's progress thread (whose receive would otherwise fault the pages in one by one,
+  // for seconds, with heartbeats waiting behind it). Idempotent for the same size.
   Status Begin(uint32_t owner, uint64_t version, uint64_t file_bytes, const std::string& what);
   // Where bytes [offset, offset + bytes) of owner's replica of `version` (file_bytes long) go,
   // in the replica Begin made room for; the range is claimed for that piece (a range overlapping
@@ -138,7 +144,12 @@ class ReplicaStore {
     uint64_t file_bytes = 0;
     std::shared_ptr<MappedFile> map;  // mapped on first use
   };
-  ReplicaStore(std::string dir, uint32_t keep) : dir_(std::move(dir)), keep_(keep) {}
+  ReplicaStore(std::string dir, uint32_t keep, uint64_t budget_bytes)
+      : dir_(std::move(dir)), keep_(keep), budget_bytes_(budget_bytes) {}
+  uint64_t HeldBytesLocked() const;
+  // Checks that `file_bytes` more (less the owner's spare, which it reuses) fit the budget,
+  // dropping other owners' spares to make them fit.
+  Status FitLocked(uint32_t owner, uint64_t file_bytes, const std::string& what);
   std::string TemporaryPath(uint32_t owner, uint64_t version) const;
   std::string SparePath(uint32_t owner) const;
   // Makes `map` (the file now at `path`, nobody else holding it) the owner's spare, or removes
@@ -158,10 +169,11 @@ class ReplicaStore {
 
   const std::string dir_;
   const uint32_t keep_;
+  const uint64_t budget_bytes_;
   mutable std::mutex mu_;
   std::map<Key, Incoming> incoming_;
   std::map<Key, Sealed> sealed_;
-  std::map<uint32_t, std::shared_ptr<MappedFile>> spares_;  // by owner; nullptr: not mapped yet
+  std::map<uint32_t, std::shared_ptr<MappedFile>> spares_;  // by owner
   HashedBytes hashed_;
 };
 

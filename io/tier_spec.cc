@@ -2,7 +2,8 @@
 // piece:
 //   spec   := tier (';' tier)* [';']
 //   tier   := ("tmpfs" | "disk") ':' PATH (',' option)*
-//           | "ram" ':' SIZE (',' (option | "dir" '=' PATH))*     (first tier only)
+//           | "ram" ':' SIZE (',' (option | "dir" '=' PATH | "replicas" '=' SIZE))*
+//                                                   (first tier only)
 //   option := ("keep" | "every") '=' NUMBER        NUMBER := decimal digits, 1 .. 2^63
 //   SIZE   := NUMBER ["K" | "M" | "G" | "T"]       (powers of 1024, 1M .. 1024T, rounded up
 //                                                   to a multiple of 4096)
@@ -25,7 +26,8 @@ namespace {
 
 constexpr std::string_view kSupportedKinds = "ram, tmpfs, disk";
 constexpr std::string_view kTierForm =
-    "KIND:PATH[,keep=N][,every=N] with KIND one of tmpfs, disk, or ram:SIZE[,keep=N][,dir=PATH]";
+    "KIND:PATH[,keep=N][,every=N] with KIND one of tmpfs, disk, or "
+    "ram:SIZE[,keep=N][,dir=PATH][,replicas=SIZE]";
 constexpr std::string_view kRamSizeForm =
     "ram:SIZE with SIZE a decimal number of bytes, or with a K, M, G or T suffix (powers of "
     "1024), from 1M to 1024T";
@@ -297,15 +299,16 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
     bool seen_keep = false;
     bool seen_every = false;
     bool seen_dir = false;
-    // Options: each of keep, every and dir at most once, so a fourth option is always an error
-    // and the loop ends within four rounds of finding one.
+    bool seen_replicas = false;
+    // Options: each of keep, every, dir and replicas at most once, so a fifth option is always
+    // an error and the loop ends within five rounds of finding one.
     for (size_t start = comma; start != std::string_view::npos;) {
       const size_t end = rest.find(',', start + 1);
       const std::string_view option =
           Trim(rest.substr(start + 1, end == std::string_view::npos ? end : end - start - 1));
       start = end;
       const std::string_view options_form =
-          ram ? "keep=N, every=N or dir=PATH" : "keep=N or every=N";
+          ram ? "keep=N, every=N, dir=PATH or replicas=SIZE" : "keep=N or every=N";
       if (option.empty()) {
         return error.Invalid(number, text, "empty option after ','",
                              std::string(options_form) + " after each ','");
@@ -327,11 +330,15 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
         field = &tier.every;
       } else if (key == "dir" && ram) {
         seen = &seen_dir;
-      } else if (key == "dir") {
-        return error.Invalid(number, text,
-                             "option \"dir\" is for the ram tier; a " + std::string(kind_text) +
-                                 " tier's directory is its path",
-                             options_form);
+      } else if (key == "replicas" && ram) {
+        seen = &seen_replicas;
+      } else if (key == "dir" || key == "replicas") {
+        return error.Invalid(
+            number, text,
+            "option \"" + std::string(key) + "\" is for the ram tier" +
+                (key == "dir" ? "; a " + std::string(kind_text) + " tier's directory is its path"
+                              : " (peers' replicas live in memory)"),
+            options_form);
       } else {
         return error.Invalid(number, text, "unknown option \"" + std::string(key) + "\"",
                              options_form);
@@ -342,7 +349,12 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       }
       *seen = true;
       std::string problem;
-      if (field == nullptr) {
+      if (key == "replicas") {
+        if (!ParseSize(value_text, &tier.replica_bytes, &problem)) {
+          return error.Invalid(number, text, "option \"replicas\": " + problem,
+                               "replicas=SIZE with SIZE as for ram:SIZE");
+        }
+      } else if (field == nullptr) {
         if (value_text.empty()) {
           return error.Invalid(number, text, "option \"dir\": empty value", "dir=PATH");
         }
@@ -408,6 +420,7 @@ std::string FormatTierSpec(const TierSpec& tier) {
                       : tier.name;
   if (tier.keep != 0) s += ",keep=" + std::to_string(tier.keep);
   if (tier.every != 1) s += ",every=" + std::to_string(tier.every);
+  if (tier.replica_bytes != 0) s += ",replicas=" + std::to_string(tier.replica_bytes);
   return s;
 }
 

@@ -6,7 +6,8 @@
 // allowed). nfs is recognised and refused with NotSupported until its issue lands. Options:
 // keep=N (newest N committed versions kept, N >= 1; default: all), every=N (the tier takes
 // versions divisible by N; default 1), and for ram only dir=PATH (where the arena file lives;
-// default /dev/shm). A ram tier, if any, is the first tier.
+// default /dev/shm) and replicas=SIZE (the most memory the rank keeps its peers' replicas in, in
+// that directory; default: what the file system has). A ram tier, if any, is the first tier.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,7 @@ struct TierSpec {
   uint64_t keep = 0;  // 0 = keep every committed version
   uint64_t every = 1;
   uint64_t capacity_bytes = 0;  // ram only: the arena's size, a multiple of 4096
+  uint64_t replica_bytes = 0;   // ram only: peers' replicas' budget (replicas=); 0: none set
   // The tier's identity in the catalog: "kind:path" for directory tiers, "ram" for the ram tier
   // (a store has at most one, and its copies belong to it wherever its arena file lives).
   std::string name;

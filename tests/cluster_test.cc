@@ -4,11 +4,14 @@
 // too: its decision log is learned back from the ranks), the coordinator killed
 // between writing COMMITTED and telling anyone, a rank killed before it prepared, and a rank with
 // the wrong job token.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,7 +46,8 @@ struct Job {
   int dead_after_ms = 1500;
   bool shared_tier = false;  // a disk tier per rank in a directory no node loss touches
   std::string coordinator_host = "127.0.0.1";
-  std::vector<std::string> listen;  // per rank (CKPTDB_LISTEN); empty: the default
+  std::vector<std::string> listen;              // per rank (CKPTDB_LISTEN); empty: the default
+  std::map<uint32_t, std::string> ram_options;  // appended to a rank's ram tier spec
   // Where each rank runs; a rank moved to a spare node gets another name (and empty directories).
   std::vector<std::string> node_of = {"node0", "node1", "node2", "node3"};
   std::string Node(uint32_t rank) const { return dir.Sub(node_of[rank]); }
@@ -50,9 +55,27 @@ struct Job {
   void WipeNode(uint32_t rank) const { std::filesystem::remove_all(Node(rank)); }
 };
 
+// A port for a coordinator to listen at later. Below the kernel's ephemeral range (32768 and up
+// here), where the job's own outgoing connections take their local ports: a port picked there
+// was seen taken by one of them by the time the restarted coordinator bound it ("Device is
+// busy"). Each candidate must bind now (no SO_REUSEADDR: a port with connections in TIME_WAIT
+// is skipped too); successive calls walk on, so two phases never share a port.
 int FreePort() {
-  static int next = 20000 + (getpid() % 20000);
-  return next++;
+  static int next = 10000 + static_cast<int>((getpid() * 7919u) % 20000u);
+  for (int tries = 0; tries < 22000; ++tries) {
+    const int port = next++;
+    if (next >= 32000) next = 10000;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    if (fd >= 0) close(fd);
+    if (free) return port;
+  }
+  ADD_FAILURE() << "no free port in 10000..31999";
+  return 0;
 }
 
 // Opens rank `rank` of the job (its node is node<rank>); returns the status.
@@ -61,6 +84,7 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   std::filesystem::create_directories(node + "/shm");
   std::string root = node + "/root";
   std::string tiers = "ram:48M,keep=2,dir=" + node + "/shm";
+  if (job.ram_options.count(rank)) tiers += "," + job.ram_options.at(rank);
   if (job.shared_tier) {
     tiers += ";disk:" + job.dir.Sub("shared/rank" + std::to_string(rank)) + ",every=2,keep=2";
   }
@@ -370,6 +394,76 @@ TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhe
     rc = ckptdb_restore(db, 2, name.c_str(), out.data(), out.size(), 0);
     Done(job_, rank, "restore");
     RANK_CHECK(rc != 0, "a torn v2 restored");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// A rank that cannot prepare a version votes no, and the coordinator aborts it for every rank at
+// once: the others' commits fail promptly (ESTATE, not a wait for a vote that never comes while
+// the rank stays alive and heartbeating), and the job goes on with the next version.
+TEST_F(ClusterTest, ARankThatAbortsAVersionAbortsItForEveryRankAtOnce) {
+  job_.dead_after_ms = 60000;  // rank 3 is never declared dead: only its no vote ends v2
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
+    if (Put(db, rank, 2) != 0) return 1;
+    int rc = 0;
+    if (rank == 3) {
+      rc = ckptdb_abort(db, 2);
+      RANK_CHECK(rc == 0, "abort v2: %d", rc);
+      rc = ckptdb_put_shard(db, 2, "again", "x", 1, nullptr, CKPTDB_PUT_COPY_NOW);
+      RANK_CHECK(rc != 0, "v2 put again after the job aborted it");
+    } else {
+      rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
+      RANK_CHECK(rc == 0, "commit v2 (async): %d", rc);
+      rc = ckptdb_wait_commit(db, 2, nullptr, 20000);
+      RANK_CHECK(rc == CKPTDB_ESTATE, "v2's commit returned %d, not ESTATE", rc);
+    }
+    for (uint64_t v = 3; v <= 4; ++v) {
+      if (Save(db, rank, v) != 0) return 1;
+    }
+    if (CheckLatest(db, rank, 4) != 0) return 1;
+    std::string source;
+    if (CheckRestore(db, rank, 4, &source) != 0) return 1;
+    std::vector<uint8_t> out(kTensorBytes);
+    std::string name = "w0/r" + std::to_string(rank);
+    rc = ckptdb_restore(db, 2, name.c_str(), out.data(), out.size(), 0);
+    RANK_CHECK(rc != 0, "the aborted v2 restored");
+    Done(job_, rank, "done");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// The ram tier's replicas= bounds the memory a rank keeps its peers' replicas in: a replica over
+// it is refused (ENOSPC, naming the holder and the budget) before a byte is sent, the owner
+// votes no, and the version aborts on every rank; the replicas held stay as they were.
+TEST_F(ClusterTest, AReplicaOverItsHoldersBudgetAbortsTheVersion) {
+  // Rank 1 holds rank 0's replicas (GEMINI groups {node0, node1}, {node2, node3}); a version
+  // of rank 0 is about 6.1 MiB, so one replica fits in 8M and a second does not.
+  job_.ram_options[1] = "replicas=8M";
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
+    if (Put(db, rank, 2) != 0) return 1;
+    Done(job_, rank, "put", /*all_wait=*/true);  // v2 is not aborted before every rank put it
+    int rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
+    RANK_CHECK(rc == 0, "commit v2 (async): %d", rc);
+    rc = ckptdb_wait_commit(db, 2, nullptr, 20000);
+    if (rank == 0) {
+      RANK_CHECK(rc == CKPTDB_ENOSPC, "rank 0's commit of v2 returned %d, not ENOSPC", rc);
+      const std::string why = ckptdb_last_error();
+      RANK_CHECK(why.find("rank 1") != std::string::npos &&
+                     why.find("over their budget of 8388608") != std::string::npos,
+                 "the error does not name the holder and its budget: %s", why.c_str());
+    } else {
+      RANK_CHECK(rc == CKPTDB_ESTATE, "v2's commit returned %d, not ESTATE", rc);
+    }
+    if (CheckLatest(db, rank, 1) != 0) return 1;
+    Done(job_, rank, "done");
     ckptdb_close(db);
     return 0;
   });

@@ -4,7 +4,11 @@
 #include "engine/replica_store.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -129,7 +133,7 @@ TEST(ReplicaStoreTest, PiecesInAnyOrderSealIntoAVerifiedReplicaServedFromItsMapp
   TempDir dir;
   auto images = SegmentImages(dir, 1);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
   Status st = Send(store.get(), 0, 1, images[0], 12345, 7);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 1}}));
@@ -145,7 +149,7 @@ TEST(ReplicaStoreTest, RetentionRecyclesTheDroppedReplicasMemoryForTheNext) {
   TempDir dir;
   auto images = SegmentImages(dir, 5);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
   uint8_t* v1_memory = nullptr;
   for (uint64_t v = 1; v <= 5; ++v) {
     if (v == 4) {
@@ -173,7 +177,7 @@ TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
   TempDir dir;
   auto images = SegmentImages(dir, 2);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
   // A flipped byte in a chunk's payload.
   std::string bad = images[0];
   bad[2 * 4096 + 100] ^= 1;  // the first record: header block at 4096, payload at 8192
@@ -217,7 +221,7 @@ TEST(ReplicaStoreTest, RecordsArriveHashedSoTheSealHashesOnlyWhatNoPieceHeldWhol
   TempDir dir;
   auto images = SegmentImages(dir, 2);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
   const uint64_t payload_bytes = 200 << 10;
   auto pieces = RecordPieces(images[0], 2);
   ASSERT_EQ(pieces.size(), 2u + 2u) << "4 records in 2 pieces, the header block, the tail";
@@ -233,7 +237,7 @@ TEST(ReplicaStoreTest, RecordsArriveHashedSoTheSealHashesOnlyWhatNoPieceHeldWhol
   // Cut across records: the second piece starts inside the first record, so everything from
   // there on is the seal's.
   std::unique_ptr<ReplicaStore> other;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("other"), 2, &other).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("other"), 2, 0, &other).ok());
   st = SendPieces(other.get(), 0, 1, images[0], {{0, 8192}, {8192, images[0].size() - 8192}});
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(other->hashed_bytes().on_arrival, 0u);
@@ -248,7 +252,7 @@ TEST(ReplicaStoreTest, OverlappingPiecesAreRefused) {
   auto images = SegmentImages(dir, 1);
   const std::string& image = images[0];
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
   ASSERT_TRUE(store->Begin(0, 1, image.size(), "replica").ok());
   uint8_t* at = nullptr;
   std::shared_ptr<MappedFile> keep;
@@ -281,7 +285,7 @@ TEST(ReplicaStoreTest, OverlappingPiecesAreRefused) {
 TEST(ReplicaStoreTest, BeginMapsEveryPageOfANewReplica) {
   TempDir dir;
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
   const uint64_t bytes = 8 << 20;
   ASSERT_TRUE(store->Begin(3, 9, bytes, "replica").ok());
   uint8_t* at = nullptr;
@@ -309,17 +313,85 @@ TEST(ReplicaStoreTest, AMappingIsPopulatedOnceAndAgainAfterAResize) {
   std::shared_ptr<MappedFile> map;
   ASSERT_TRUE(MappedFile::Open(dir.Sub("f"), true, 1 << 20, &map).ok());
   EXPECT_EQ(ResidentPages(*map), 0u);
-  map->PopulateOnce();
+  ASSERT_TRUE(map->Reserve("f").ok());
   EXPECT_EQ(ResidentPages(*map), 256u);
   ASSERT_TRUE(map->Resize(4 << 20, "f").ok());
-  map->PopulateOnce();
+  ASSERT_TRUE(map->Reserve("f").ok());
   EXPECT_EQ(ResidentPages(*map), 1024u) << "the grown mapping's new pages left to fault in";
+}
+
+// The ram tier's replicas=SIZE bounds the memory a rank keeps its peers' replicas in: other
+// owners' spares are dropped to make room, and past that a replica is refused with ENOSPC before
+// any byte of it is sent, holding nothing.
+TEST(ReplicaStoreTest, TheBudgetDropsOtherOwnersSparesThenRefusesAReplica) {
+  TempDir dir;
+  auto images = SegmentImages(dir, 3);
+  const uint64_t size = images[0].size();
+  ASSERT_EQ(images[2].size(), size);
+  std::unique_ptr<ReplicaStore> store;
+  const std::string rdir = dir.Sub("replicas");
+  ASSERT_TRUE(ReplicaStore::Open(rdir, 2, 4 * size, &store).ok());
+  for (uint64_t v = 1; v <= 3; ++v) {
+    ASSERT_TRUE(Send(store.get(), 0, v, images[v - 1], 64 << 10, v).ok()) << v;
+  }
+  EXPECT_EQ(store->held_bytes(), 3 * size) << "owner 0: v2, v3 and v1's pages as the spare";
+  // Owners 1, 2 and 3 (begun only: the images are owner 0's).
+  ASSERT_TRUE(store->Begin(1, 1, size, "owner 1 v1").ok());
+  EXPECT_EQ(store->held_bytes(), 4 * size);
+  EXPECT_TRUE(fs::exists(rdir + "/r00000.spare"));
+  ASSERT_TRUE(store->Begin(2, 1, size, "owner 2 v1").ok());
+  EXPECT_FALSE(fs::exists(rdir + "/r00000.spare")) << "owner 0's spare dropped for room";
+  EXPECT_EQ(store->held_bytes(), 4 * size);
+  // Nothing left to drop: refused, and nothing held for it.
+  Status st = store->Begin(3, 1, size, "owner 3 v1");
+  EXPECT_EQ(st.code(), CKPTDB_ENOSPC) << st.message();
+  EXPECT_NE(st.message().find("over their budget of " + std::to_string(4 * size)),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(store->held_bytes(), 4 * size);
+  EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 2}, {0, 3}}));
+  uint8_t* at = nullptr;
+  std::shared_ptr<MappedFile> keep;
+  EXPECT_EQ(store->Place(3, 1, size, 0, 4096, &at, &keep).code(), CKPTDB_ESTATE);
+}
+
+// A replica the node's memory file system cannot hold is refused with ENOSPC when it is begun:
+// its pages are allocated then, so that no byte of it ever lands in a page the file system
+// cannot give (a SIGBUS in the transport's progress thread, the whole rank lost). Needs root to
+// mount a small tmpfs in a mount namespace of its own; says SKIPPED otherwise.
+TEST(ReplicaStoreTest, AFullMemoryFileSystemRefusesAReplicaAtItsBegin) {
+  TempDir dir;
+  const std::string small = dir.Sub("small");
+  fs::create_directories(small);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 ||
+        mount("tmpfs", small.c_str(), "tmpfs", 0, "size=2m") != 0) {
+      _exit(77);
+    }
+    std::unique_ptr<ReplicaStore> store;
+    if (!ReplicaStore::Open(small + "/replicas", 2, 0, &store).ok()) _exit(2);
+    Status st = store->Begin(0, 1, 8 << 20, "replica");
+    if (st.code() != CKPTDB_ENOSPC) {
+      std::fprintf(stderr, "Begin of 8 MiB on a 2 MiB tmpfs: %s\n", st.message().c_str());
+      _exit(1);
+    }
+    if (!store->Held().empty() || store->held_bytes() != 0) _exit(3);
+    // And one that fits still goes through.
+    if (!store->Begin(0, 2, 1 << 20, "replica").ok()) _exit(4);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "SKIPPED: cannot mount a tmpfs here (not root?)";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(ReplicaStoreTest, OutOfRangePiecesUnbegunReplicasAndSealsOfNothingAreRefused) {
   TempDir dir;
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
   uint8_t* at = nullptr;
   std::shared_ptr<MappedFile> keep;
   EXPECT_EQ(store->Begin(1, 1, 0, "replica").code(), CKPTDB_EINVAL);
@@ -344,14 +416,14 @@ TEST(ReplicaStoreTest, ARestartedProcessServesSealedReplicasAndReusesPartialOnes
   const std::string rdir = dir.Sub("replicas");
   {
     std::unique_ptr<ReplicaStore> store;
-    ASSERT_TRUE(ReplicaStore::Open(rdir, 2, &store).ok());
+    ASSERT_TRUE(ReplicaStore::Open(rdir, 2, 0, &store).ok());
     ASSERT_TRUE(Send(store.get(), 0, 1, images[0], 1 << 20, 1).ok());
     ASSERT_TRUE(Send(store.get(), 0, 2, images[1], 1 << 20, 1).ok());
     // v3 half received when the process dies.
     ASSERT_TRUE(store->Begin(0, 3, images[2].size(), "v3").ok());
   }
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(rdir, 2, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(rdir, 2, 0, &store).ok());
   EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 1}, {0, 2}}));
   EXPECT_EQ(Names(rdir),
             (std::vector<std::string>{"r00000-v00000000000000000001.seg",

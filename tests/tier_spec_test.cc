@@ -176,6 +176,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"ram:1G,every=2", kInvalid, {"every=2", "first tier"}},
         BadSpec{"ram:1G;ram:2G", kInvalid, {"tier 2", "must come first"}},
         BadSpec{"disk:/a,dir=/b", kInvalid, {"option \"dir\" is for the ram tier"}},
+        BadSpec{"disk:/a,replicas=1G", kInvalid, {"option \"replicas\" is for the ram tier"}},
+        BadSpec{"ram:1G,replicas=", kInvalid, {"option \"replicas\": empty size"}},
+        BadSpec{"ram:1G,replicas=12Q", kInvalid, {"option \"replicas\"", "is not a size"}},
+        BadSpec{"ram:1G,replicas=4K", kInvalid, {"\"4K\" is smaller than 1M"}},
+        BadSpec{"ram:1G,replicas=1G,replicas=2G", kInvalid, {"\"replicas\" given twice"}},
         BadSpec{"nfs:/mnt/ck", kNotSupported, {"tier 1 \"nfs:/mnt/ck\"", "nfs tier"}},
         BadSpec{"disk:", kInvalid, {"tier 1 \"disk:\"", "empty path"}},
         BadSpec{"disk:   ,keep=1", kInvalid, {"empty path"}},
@@ -223,6 +228,9 @@ TEST(TierSpecTest, RamTierTakesASizeAndADirectory) {
   EXPECT_EQ(tiers[0].capacity_bytes, uint64_t{8} << 30);
   EXPECT_EQ(tiers[0].path, "/dev/shm");
   EXPECT_EQ(tiers[0].keep, 2u);
+  EXPECT_EQ(tiers[0].replica_bytes, 0u) << "no budget for peers' replicas unless one is given";
+  ASSERT_TRUE(ParseTierSpecs("ram:8G,replicas=16G,keep=2", "/base", &tiers).ok());
+  EXPECT_EQ(tiers[0].replica_bytes, uint64_t{16} << 30);
   for (const auto& [text, bytes] :
        std::vector<std::pair<std::string, uint64_t>>{{"ram:1048576", 1u << 20},
                                                      {"ram:1M", 1u << 20},
@@ -241,7 +249,7 @@ TEST(TierSpecTest, RamTierTakesASizeAndADirectory) {
 
 TEST(TierSpecTest, FormatTierSpecParsesBackToTheSameTiers) {
   for (const char* spec : {"ram:64M,keep=2,dir=/dev/shm/q;disk:/a,every=10,keep=3",
-                           "tmpfs:/t,keep=1;disk:/d", "disk:/x,every=1"}) {
+                           "ram:64M,replicas=1G", "tmpfs:/t,keep=1;disk:/d", "disk:/x,every=1"}) {
     std::vector<TierSpec> tiers, again;
     ASSERT_TRUE(ParseTierSpecs(spec, "/", &tiers).ok()) << spec;
     std::string text;
@@ -254,6 +262,7 @@ TEST(TierSpecTest, FormatTierSpecParsesBackToTheSameTiers) {
       EXPECT_EQ(again[i].keep, tiers[i].keep) << text;
       EXPECT_EQ(again[i].every, tiers[i].every) << text;
       EXPECT_EQ(again[i].capacity_bytes, tiers[i].capacity_bytes) << text;
+      EXPECT_EQ(again[i].replica_bytes, tiers[i].replica_bytes) << text;
     }
   }
 }
