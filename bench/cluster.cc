@@ -6,15 +6,16 @@
 // limit measured in the same run:
 //
 //   replicate  2 ranks on 2 nodes, replicate:2: each commit pushes the rank's segment into its
-//              peer's memory, where it is written into a tmpfs file and every chunk's xxh3 is
-//              checked before it is accepted. Replication rate = replica_bytes_sent / replica_ns
-//              (ckptdb_stats, taken after each commit: one figure per version), against
-//              ucx_perftest's ucp_am_bw (active messages with rendezvous, what ckptdb's transport
-//              uses) with the same UCX_TLS, run just before and just after. "One way": rank 1's
-//              state is a single chunk, so rank 0 alone pushes (as ucx_perftest's one sender);
-//              "both ways": both push at once, against two ucx_perftest pairs run at once. Where
-//              the time goes: the same commits with redundancy none, and the receiver's work
-//              (write into a new tmpfs file, read back and hash) timed alone.
+//              peer's memory (received in place into a mapped tmpfs file, every chunk's xxh3
+//              checked before it is accepted). Replication rate = replica_bytes_sent /
+//              replica_ns (ckptdb_stats, taken after each commit: one figure per version),
+//              against ucx_perftest's ucp_am_bw (active messages with rendezvous, what ckptdb's
+//              transport uses) with the same UCX_TLS, run between the versions while the job
+//              waits, in 64 MiB messages (ckptdb's pieces) and 8 MiB ones: each version against
+//              the limit measured just before it, the median of those ratios. "One way": rank
+//              1's state is a single chunk, so rank 0 alone pushes (as ucx_perftest's one
+//              sender); "both ways": both push at once, against two ucx_perftest pairs run at
+//              once. The same commits with redundancy none show what is not replication.
 //   commit     Commit latency: ckptdb_commit (synchronous: it returns once the version is
 //              COMMITTED, decided by the coordinator and recorded by the rank) of a small state on
 //              2, 4 and 8 ranks, replicate:2 and none. All ranks start their commit at a barrier;
