@@ -43,7 +43,6 @@ enum MessageType : uint16_t {
   kReplica = 27,    // rank -> placement peer: a range of a segment image
   kFetch = 28,      // rank -> replica holder: a range of a replica
   kServe = 29,      // `ckptdb serve` -> coordinator: the replicas a node's daemon serves
-  kVoteAbort = 30,  // rank -> coordinator: it cannot prepare a version (a "no" vote)
 };
 
 // One replica call's payload. Large: each piece is a rendezvous with its own round trips and
@@ -506,8 +505,6 @@ void Cluster::Handle(const Request& request, Reply* reply) {
       return HandleHeartbeat(request, reply);
     case kVote:
       return HandleVote(request, reply);
-    case kVoteAbort:
-      return HandleVoteAbort(request, reply);
     case kLatest:
       return HandleLatest(request, reply);
     case kHolders:
@@ -641,12 +638,19 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   reply->body = w.Take();
 }
 
+// A vote: yes once the rank's segment and its replicas are safe (PREPARED), or no when the rank
+// cannot prepare the version (its capture, its commit tier or its replication failed, it was
+// skipped, or the trainer aborted it). A no aborts the version for every rank at once: without
+// it the others, having voted, would wait until the rank is declared dead, which a live rank
+// never is. Only a current member's vote counts, either way.
 void Cluster::HandleVote(const Request& request, Reply* reply) {
   WireReader r(request.body, "vote from " + request.peer);
   uint32_t rank = r.U32("rank");
   uint64_t incarnation = r.U64("incarnation");
   uint64_t epoch = r.U64("epoch");
   uint64_t version = r.U64("version");
+  const bool yes = r.U8("yes") != 0;
+  std::string why = r.Str("why", 1024);
   Status st = r.Finish();
   if (st.ok() && rank >= options_.world_size)
     st = Status::Invalid("vote from rank " + std::to_string(rank));
@@ -660,6 +664,21 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
                                      std::to_string(epoch_.load()) + " and has " +
                                      (m.incarnation == incarnation ? "declared that rank dead"
                                                                    : "a newer incarnation of it")));
+  }
+  if (!yes) {
+    if (committed_.count(version)) {
+      // Every rank's yes made it so: this rank gave up what it had voted for.
+      return Fail(reply, Status::State("v" + std::to_string(version) + " is already committed; " +
+                                       R(rank) + " voted for it"));
+    }
+    if (aborted_.insert(version).second) {
+      votes_.erase(version);
+      to_announce_.emplace_back(version, false);
+      std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s cannot prepare it: %s\n",
+                   version, R(rank).c_str(), why.c_str());
+      cv_.notify_all();
+    }
+    return;
   }
   if (aborted_.count(version)) {
     return Fail(reply, Status::State("v" + std::to_string(version) + " was already aborted"));
@@ -717,42 +736,6 @@ Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>&
                  v, R(rank).c_str());
   }
   return Status::Ok();
-}
-
-// A rank that cannot prepare a version (its capture, its commit tier or its replication failed,
-// or the trainer aborted it) says so at once: without it the others, having voted, would wait for
-// its vote until it is declared dead. Only a current member's word counts, as for a vote.
-void Cluster::HandleVoteAbort(const Request& request, Reply* reply) {
-  WireReader r(request.body, "no vote from " + request.peer);
-  uint32_t rank = r.U32("rank");
-  uint64_t incarnation = r.U64("incarnation");
-  uint64_t epoch = r.U64("epoch");
-  uint64_t version = r.U64("version");
-  std::string why = r.Str("why", 1024);
-  Status st = r.Finish();
-  if (st.ok() && rank >= options_.world_size)
-    st = Status::Invalid("no vote from rank " + std::to_string(rank));
-  if (!st.ok()) return Fail(reply, st);
-  std::lock_guard<std::mutex> lock(mu_);
-  const Member& m = members_[rank];
-  if (!m.registered || m.dead || m.incarnation != incarnation || epoch != epoch_) {
-    return Fail(reply, Status::State("fenced: the no vote of " + R(rank) + " for v" +
-                                     std::to_string(version) + " was cast in epoch " +
-                                     std::to_string(epoch) + "; the job is in epoch " +
-                                     std::to_string(epoch_.load())));
-  }
-  if (committed_.count(version)) {
-    // Every rank's yes vote made it so: this rank aborted what it had voted for.
-    return Fail(reply, Status::State("v" + std::to_string(version) + " is already committed; " +
-                                     R(rank) + " voted for it"));
-  }
-  if (aborted_.insert(version).second) {
-    votes_.erase(version);
-    to_announce_.emplace_back(version, false);
-    std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s cannot prepare it: %s\n",
-                 version, R(rank).c_str(), why.c_str());
-    cv_.notify_all();
-  }
 }
 
 // Tells every rank each decision, in order, retrying until the rank acknowledges, is declared
@@ -961,7 +944,13 @@ void Cluster::HandleServe(const Request& request, Reply* reply) {
 
 // ---- Rank side ------------------------------------------------------------------------------
 
-Status Cluster::Vote(uint64_t version) {
+Status Cluster::Vote(uint64_t version) { return CastVote(version, true, ""); }
+
+Status Cluster::VoteAbort(uint64_t version, const std::string& why) {
+  return CastVote(version, false, why);
+}
+
+Status Cluster::CastVote(uint64_t version, bool yes, const std::string& why) {
   transport::PeerId coord = 0;
   CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
   WireWriter w;
@@ -969,27 +958,14 @@ Status Cluster::Vote(uint64_t version) {
   w.U64(incarnation_);
   w.U64(epoch_);
   w.U64(version);
+  w.U8(yes ? 1 : 0);
+  w.Str(why.substr(0, 1024));
   std::vector<uint8_t> reply;
   Status st =
       transport_->CallSync(coord, kVote, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
   DropIfGone(st, options_.coordinator);
-  return st.WithContext(R(options_.rank) + " voting for v" + std::to_string(version));
-}
-
-Status Cluster::VoteAbort(uint64_t version, const std::string& why) {
-  transport::PeerId coord = 0;
-  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
-  WireWriter w;
-  w.U32(options_.rank);
-  w.U64(incarnation_);
-  w.U64(epoch_);
-  w.U64(version);
-  w.Str(why.substr(0, 1024));
-  std::vector<uint8_t> reply;
-  Status st = transport_->CallSync(coord, kVoteAbort, w.Take(), nullptr, 0,
-                                   options_.call_timeout_ms, &reply);
-  DropIfGone(st, options_.coordinator);
-  return st.WithContext(R(options_.rank) + " voting no for v" + std::to_string(version));
+  return st.WithContext(R(options_.rank) + (yes ? " voting for v" : " voting no for v") +
+                        std::to_string(version));
 }
 
 Status Cluster::Decisions(std::set<uint64_t>* committed) {

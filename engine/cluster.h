@@ -194,12 +194,12 @@ class Cluster {
   void HandleRegister(const transport::Request& request, transport::Reply* reply);
   void HandleHeartbeat(const transport::Request& request, transport::Reply* reply);
   void HandleVote(const transport::Request& request, transport::Reply* reply);
-  void HandleVoteAbort(const transport::Request& request, transport::Reply* reply);
   void HandleLatest(const transport::Request& request, transport::Reply* reply);
   void HandleHolders(const transport::Request& request, transport::Reply* reply);
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);
   void HandleServe(const transport::Request& request, transport::Reply* reply);
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
+  Status CastVote(uint64_t version, bool yes, const std::string& why);
   Status AskCoordinator(uint16_t type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
   Status BumpEpochLocked(const std::string& why);
   Status LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed);
