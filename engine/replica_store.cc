@@ -25,7 +25,7 @@ constexpr uint64_t kMaxReplicaBytes = uint64_t{1} << 40;
 // Pieces (claims) of one replica at most: a sender that cuts a replica into more is refused
 // rather than let it grow the receiver's bookkeeping without bound. Cluster::Replicate sends
 // pieces of up to 64 MiB, one or a few arena records each.
-constexpr size_t kMaxPiecesPerReplica = size_t{1} << 20;
+constexpr size_t kMaxPiecesPerReplica = format::kMaxChunksPerSegment + 16;
 
 #ifndef MADV_POPULATE_READ  // Linux 5.14; older C library headers lack them
 #define MADV_POPULATE_READ 22
@@ -121,7 +121,10 @@ Status MappedFile::Reserve(const std::string& what) const {
   if (populated_ || data_ == nullptr) return Status::Ok();
   if (writable_) {
     // Best effort where the file system has no fallocate (EOPNOTSUPP): tmpfs has it.
-    int rc = fallocate(fd_, 0, 0, static_cast<off_t>(bytes_));
+    int rc = 0;
+    do {
+      rc = fallocate(fd_, 0, 0, static_cast<off_t>(bytes_));  // a pending signal: EINTR
+    } while (rc != 0 && errno == EINTR);
     if (rc != 0 && errno != EOPNOTSUPP) {
       return Status::FromErrno(
           errno, what + ": allocating its " + std::to_string(bytes_) + " bytes of memory");
@@ -212,12 +215,16 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
     return Status::Invalid(what + ": a replica of " + std::to_string(file_bytes) +
                            " bytes (1 byte to 1 TiB)");
   }
+  Dropped dropped;  // let go after the lock (declared first, destroyed last)
   std::shared_ptr<MappedFile> map;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Key key{owner, version};
     if (sealed_.count(key)) return Status::State(what + ": already sealed");
     auto it = incoming_.find(key);
+    if (it != incoming_.end() && it->second.stage == Stage::kSealing) {
+      return Status::State(what + ": being sealed");
+    }
     if (it != incoming_.end()) {
       if (it->second.file_bytes != file_bytes) {
         return Status::Invalid(what + ": begun as " + std::to_string(it->second.file_bytes) +
@@ -226,7 +233,7 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
       map = it->second.map;
     } else {
       AbandonOlderLocked(owner, version);
-      CKPTDB_RETURN_IF_ERROR(FitLocked(owner, file_bytes, what));
+      CKPTDB_RETURN_IF_ERROR(FitLocked(owner, file_bytes, what, &dropped));
       Incoming in;
       in.file_bytes = file_bytes;
       const std::string tmp = TemporaryPath(owner, version);
@@ -254,16 +261,27 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
   }
   // Off the lock: new pages may take seconds here.
   Status st = map->Reserve(what);
+  std::lock_guard<std::mutex> lock(mu_);
+  Incoming* in = FindIncomingLocked({owner, version}, map.get());
+  if (in == nullptr) {
+    return Status::State(what + ": dropped while its memory was allocated (a newer version of " +
+                         "its owner began)");
+  }
   if (!st.ok()) {
     // Dropped with its file: pages the file system could not give are no spare.
-    std::lock_guard<std::mutex> lock(mu_);
-    if (FindIncomingLocked({owner, version}, map.get()) != nullptr) {
-      incoming_.erase({owner, version});
-      std::error_code ec;
-      std::filesystem::remove(TemporaryPath(owner, version), ec);
-    }
+    incoming_.erase({owner, version});
+    std::error_code ec;
+    std::filesystem::remove(TemporaryPath(owner, version), ec);
+    return st;
   }
-  return st;
+  if (in->stage == Stage::kReserving) in->stage = Stage::kReceiving;
+  return Status::Ok();
+}
+
+ReplicaStore::Dropped::~Dropped() {
+  maps.clear();  // unmapped first: the pages go with the last of mapping and name
+  std::error_code ec;
+  for (const std::string& path : paths) std::filesystem::remove(path, ec);
 }
 
 uint64_t ReplicaStore::HeldBytesLocked() const {
@@ -281,36 +299,42 @@ uint64_t ReplicaStore::HeldBytesLocked() const {
   return total;
 }
 
-Status ReplicaStore::FitLocked(uint32_t owner, uint64_t file_bytes, const std::string& what) {
+Status ReplicaStore::FitLocked(uint32_t owner, uint64_t file_bytes, const std::string& what,
+                               Dropped* dropped) {
   if (budget_bytes_ == 0) return Status::Ok();
-  auto needed = [&] {
-    uint64_t held = HeldBytesLocked();
-    auto spare = spares_.find(owner);
-    if (spare != spares_.end()) {  // reused for this replica: its pages are not extra
-      struct stat sb {};
-      uint64_t spare_bytes = spare->second != nullptr ? spare->second->bytes()
-                             : stat(SparePath(owner).c_str(), &sb) == 0
-                                 ? static_cast<uint64_t>(sb.st_size)
-                                 : 0;
-      held -= std::min(held, spare_bytes);
-    }
-    return held + file_bytes;
+  auto spare_bytes = [this](uint32_t o, const std::shared_ptr<MappedFile>& map) -> uint64_t {
+    struct stat sb {};
+    if (map != nullptr) return map->bytes();
+    return stat(SparePath(o).c_str(), &sb) == 0 ? static_cast<uint64_t>(sb.st_size) : 0;
   };
-  // Other owners' spares are only a cache of pages: dropped before a replica is refused.
-  for (auto it = spares_.begin(); needed() > budget_bytes_ && it != spares_.end();) {
+  uint64_t held = HeldBytesLocked();
+  uint64_t others = 0;  // other owners' spares: only a cache of pages, dropped before refusing
+  for (const auto& [o, map] : spares_) {
+    const uint64_t bytes = spare_bytes(o, map);
+    if (o == owner) {
+      held -= std::min(held, bytes);  // reused for this replica: its pages are not extra
+    } else {
+      others += bytes;
+    }
+  }
+  const uint64_t after = held + file_bytes;
+  if (after - std::min(after, others) > budget_bytes_) {
+    return Status::NoSpace(what + ": holding it (" + std::to_string(file_bytes) +
+                           " bytes) would take the replicas in " + dir_ + " to " +
+                           std::to_string(after) + " bytes, over their budget of " +
+                           std::to_string(budget_bytes_) + " (the ram tier's replicas=)");
+  }
+  uint64_t need = after;
+  for (auto it = spares_.begin(); need > budget_bytes_ && it != spares_.end();) {
     if (it->first == owner) {
       ++it;
       continue;
     }
-    std::error_code ec;
-    std::filesystem::remove(SparePath(it->first), ec);
+    need -= std::min(need, spare_bytes(it->first, it->second));
+    const std::string doomed = dir_ + "/dropped-" + std::to_string(dropped_spares_++) + ".spare";
+    if (rename(SparePath(it->first).c_str(), doomed.c_str()) == 0) dropped->paths.push_back(doomed);
+    if (it->second != nullptr) dropped->maps.push_back(std::move(it->second));
     it = spares_.erase(it);
-  }
-  if (uint64_t after = needed(); after > budget_bytes_) {
-    return Status::NoSpace(what + ": holding it (" + std::to_string(file_bytes) +
-                           " bytes) would take this rank's replicas to " + std::to_string(after) +
-                           " bytes, over their budget of " + std::to_string(budget_bytes_) +
-                           " (the ram tier's replicas=)");
   }
   return Status::Ok();
 }
@@ -320,10 +344,9 @@ Status ReplicaStore::Place(uint32_t owner, uint64_t version, uint64_t file_bytes
   const std::string what = Of(owner, version) + " in " + dir_;
   CKPTDB_RETURN_IF_ERROR(CheckPieceRange(file_bytes, offset, bytes, what));
   std::lock_guard<std::mutex> lock(mu_);
-  Incoming* in = FindIncomingLocked({owner, version}, nullptr);
-  if (in == nullptr) {
-    return Status::State(what + ": a piece for a replica that was not begun (or was dropped)");
-  }
+  Status why;
+  Incoming* in = ReceivingLocked({owner, version}, nullptr, what, &why);
+  if (in == nullptr) return why;
   if (in->file_bytes != file_bytes) {
     return Status::Invalid(what + ": a piece says the replica is " + std::to_string(file_bytes) +
                            " bytes, it was begun as " + std::to_string(in->file_bytes));
@@ -343,10 +366,9 @@ Status ReplicaStore::Received(uint32_t owner, uint64_t version, uint64_t file_by
   uint8_t* at = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Incoming* in = FindIncomingLocked(key, nullptr);
-    if (in == nullptr) {
-      return Status::State(what + ": a piece for a replica that was not begun (or was dropped)");
-    }
+    Status why;
+    Incoming* in = ReceivingLocked(key, nullptr, what, &why);
+    if (in == nullptr) return why;
     if (in->file_bytes != file_bytes) {
       return RefuseLocked(key, Status::Invalid(what + ": a piece says the replica is " +
                                                std::to_string(file_bytes) + " bytes, it was " +
@@ -366,10 +388,11 @@ Status ReplicaStore::Received(uint32_t owner, uint64_t version, uint64_t file_by
   if (data.data() != at && !data.empty()) std::memcpy(at, data.data(), data.size());
   // Off the lock, on this piece's service thread, while later pieces are still on the wire.
   std::vector<std::pair<uint64_t, LandedRecord>> hashed;
-  Status st = HashRecords(at, offset, data.size(), what, &hashed);
+  Status st = HashRecords(owner, version, at, offset, data.size(), what, &hashed);
   std::lock_guard<std::mutex> lock(mu_);
-  Incoming* in = FindIncomingLocked(key, map.get());
-  if (in == nullptr) return Status::State(what + ": the replica was dropped while this arrived");
+  Status why;
+  Incoming* in = ReceivingLocked(key, map.get(), what, &why);
+  if (in == nullptr) return why;  // dropped, or its seal began (and fails: this was not counted)
   if (!st.ok()) return RefuseLocked(key, st);
   in->received_bytes += data.size();
   for (const auto& [record_offset, record] : hashed) {
@@ -381,12 +404,13 @@ Status ReplicaStore::Received(uint32_t owner, uint64_t version, uint64_t file_by
 
 // Records are framed from the piece's first byte (the first piece's from its second block, past
 // the segment header), as Cluster::Replicate cuts pieces at record boundaries. Framing stops at
-// anything that is not a chunk record starting right there (the manifest, the footer, a record
-// the piece's end cuts, a sender that cut elsewhere): the seal hashes what this did not. A
-// record that frames but whose payload fails the xxh3 in its own header is corrupt, whatever the
+// anything that is not a chunk record of this replica (owner, version, its own offset) starting
+// right there (the manifest, the footer, a record the piece's end cuts, the tail of a record
+// larger than a piece, a sender that cut elsewhere): the seal hashes what this did not. A record
+// that frames but whose payload fails the xxh3 in its own header is corrupt, whatever the
 // manifest will say.
-Status ReplicaStore::HashRecords(const uint8_t* piece, uint64_t offset, uint64_t bytes,
-                                 const std::string& what,
+Status ReplicaStore::HashRecords(uint32_t owner, uint64_t version, const uint8_t* piece,
+                                 uint64_t offset, uint64_t bytes, const std::string& what,
                                  std::vector<std::pair<uint64_t, LandedRecord>>* out) {
   const uint64_t end = offset + bytes;
   for (uint64_t at = offset == 0 ? format::kBlockBytes : offset;
@@ -394,8 +418,8 @@ Status ReplicaStore::HashRecords(const uint8_t* piece, uint64_t offset, uint64_t
     const uint8_t* block = piece + (at - offset);
     format::RecordHeader h;
     if (!format::DecodeRecordHeader(std::span<const uint8_t, 64>(block, 64), what, &h).ok() ||
-        h.type != format::RecordType::kChunk || h.record_offset != at ||
-        h.payload_bytes > end - at - format::kBlockBytes) {
+        h.type != format::RecordType::kChunk || h.record_offset != at || h.rank != owner ||
+        h.version != version || h.payload_bytes > end - at - format::kBlockBytes) {
       break;
     }
     const uint64_t xxh3 = format::Xxh3(block + format::kBlockBytes, h.payload_bytes);
@@ -417,6 +441,22 @@ ReplicaStore::Incoming* ReplicaStore::FindIncomingLocked(Key key, const MappedFi
   return &it->second;
 }
 
+ReplicaStore::Incoming* ReplicaStore::ReceivingLocked(Key key, const MappedFile* map,
+                                                      const std::string& what, Status* why) {
+  Incoming* in = FindIncomingLocked(key, map);
+  if (in == nullptr) {
+    *why = Status::State(what + ": a piece for a replica that was not begun (or was dropped)");
+  } else if (in->stage == Stage::kReserving) {
+    *why = Status::State(what + ": a piece before its begin was answered (its memory is still " +
+                         "being allocated)");
+    in = nullptr;
+  } else if (in->stage == Stage::kSealing) {
+    *why = Status::State(what + ": a piece after its seal began");
+    in = nullptr;
+  }
+  return in;
+}
+
 Status ReplicaStore::RefuseLocked(Key key, Status why) {
   auto it = incoming_.find(key);
   if (it != incoming_.end()) {
@@ -429,8 +469,8 @@ Status ReplicaStore::RefuseLocked(Key key, Status why) {
 void ReplicaStore::AbandonOlderLocked(uint32_t owner, uint64_t version) {
   for (auto it = incoming_.lower_bound({owner, 0});
        it != incoming_.end() && it->first.first == owner;) {
-    if (it->first.second >= version) {
-      ++it;
+    if (it->first.second >= version || it->second.stage == Stage::kSealing) {
+      ++it;  // a seal under way finishes (or fails) on its own
       continue;
     }
     RetireLocked(owner, TemporaryPath(owner, it->first.second), std::move(it->second.map));
@@ -453,6 +493,8 @@ void ReplicaStore::RetireLocked(uint32_t owner, const std::string& path,
 
 Status ReplicaStore::Seal(uint32_t owner, uint64_t version, uint64_t file_bytes,
                           const std::string& what) {
+  // The entry stays in incoming_, kSealing, until the seal ends: no begin, piece or abandon
+  // touches its file or memory meanwhile.
   Incoming in;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -460,8 +502,16 @@ Status ReplicaStore::Seal(uint32_t owner, uint64_t version, uint64_t file_bytes,
     if (it == incoming_.end()) {
       return Status::State(what + ": nothing of it arrived (or it was abandoned)");
     }
-    in = std::move(it->second);
-    incoming_.erase(it);
+    if (it->second.stage != Stage::kReceiving) {
+      return Status::State(what + (it->second.stage == Stage::kSealing
+                                       ? ": a second seal"
+                                       : ": a seal before its begin was answered"));
+    }
+    it->second.stage = Stage::kSealing;
+    in.map = it->second.map;
+    in.file_bytes = it->second.file_bytes;
+    in.received_bytes = it->second.received_bytes;
+    in.landed = std::move(it->second.landed);
   }
   const std::string tmp = TemporaryPath(owner, version);
   Status st;
@@ -530,6 +580,7 @@ Status ReplicaStore::Seal(uint32_t owner, uint64_t version, uint64_t file_bytes,
     hashed_.at_seal += hashed_now;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  incoming_.erase({owner, version});
   if (!st.ok()) {
     RetireLocked(owner, tmp, std::move(in.map));
     return st;

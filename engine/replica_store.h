@@ -133,7 +133,13 @@ class ReplicaStore {
     uint64_t payload_bytes = 0;
     uint64_t payload_xxh3 = 0;
   };
+  // An incoming replica's memory is allocated (Begin) before any piece may land in it, and no
+  // piece lands once its seal began: a sender that does not wait for the begin's answer or sends
+  // a seal with pieces still on the wire is refused, never written through unallocated pages or
+  // into a replica being checked.
+  enum class Stage : uint8_t { kReserving, kReceiving, kSealing };
   struct Incoming {
+    Stage stage = Stage::kReserving;
     std::shared_ptr<MappedFile> map;
     uint64_t file_bytes = 0;
     uint64_t received_bytes = 0;
@@ -147,9 +153,16 @@ class ReplicaStore {
   ReplicaStore(std::string dir, uint32_t keep, uint64_t budget_bytes)
       : dir_(std::move(dir)), keep_(keep), budget_bytes_(budget_bytes) {}
   uint64_t HeldBytesLocked() const;
+  // Spares dropped under the lock and let go after it: unmapping and unlinking GiBs of pages
+  // would hold up the transport's progress thread (Place) for as long.
+  struct Dropped {
+    std::vector<std::shared_ptr<MappedFile>> maps;
+    std::vector<std::string> paths;  // renamed out of the way under the lock, unlinked after
+    ~Dropped();
+  };
   // Checks that `file_bytes` more (less the owner's spare, which it reuses) fit the budget,
-  // dropping other owners' spares to make them fit.
-  Status FitLocked(uint32_t owner, uint64_t file_bytes, const std::string& what);
+  // dropping other owners' spares into *dropped when that makes them fit.
+  Status FitLocked(uint32_t owner, uint64_t file_bytes, const std::string& what, Dropped* dropped);
   std::string TemporaryPath(uint32_t owner, uint64_t version) const;
   std::string SparePath(uint32_t owner) const;
   // Makes `map` (the file now at `path`, nobody else holding it) the owner's spare, or removes
@@ -159,12 +172,14 @@ class ReplicaStore {
   void AbandonOlderLocked(uint32_t owner, uint64_t version);
   // The replica being received under `key`, if it still is (and still into `map`, when given).
   Incoming* FindIncomingLocked(Key key, const MappedFile* map);
+  // The same, in Stage::kReceiving; otherwise nullptr and *why says what it is instead.
+  Incoming* ReceivingLocked(Key key, const MappedFile* map, const std::string& what, Status* why);
   // Drops the replica being received under `key` and returns `why`.
   Status RefuseLocked(Key key, Status why);
   // Hashes the chunk records that lie whole in a piece that landed at `piece` (bytes [offset,
   // offset + bytes) of the image) into *out.
-  static Status HashRecords(const uint8_t* piece, uint64_t offset, uint64_t bytes,
-                            const std::string& what,
+  static Status HashRecords(uint32_t owner, uint64_t version, const uint8_t* piece, uint64_t offset,
+                            uint64_t bytes, const std::string& what,
                             std::vector<std::pair<uint64_t, LandedRecord>>* out);
 
   const std::string dir_;
@@ -175,6 +190,7 @@ class ReplicaStore {
   std::map<Key, Sealed> sealed_;
   std::map<uint32_t, std::shared_ptr<MappedFile>> spares_;  // by owner
   HashedBytes hashed_;
+  uint64_t dropped_spares_ = 0;  // names the spares FitLocked moves out of the way
 };
 
 }  // namespace ckpt::engine
