@@ -562,8 +562,10 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   if (st.ok() && node.empty()) st = Status::Invalid(request.peer + ": an empty node_id");
   if (!st.ok()) return Fail(reply, st);
   std::lock_guard<std::mutex> lock(mu_);
-  st = LearnDecisionsLocked(rank, local);
-  if (!st.ok()) return Fail(reply, st);
+  if (!assembled_) {
+    st = LearnDecisionsLocked(rank, local);
+    if (!st.ok()) return Fail(reply, st);
+  }
   Member& m = members_[rank];
   if (m.registered && m.incarnation != incarnation) {
     // A restarted rank: its old incarnation is fenced, and what it left undecided is aborted.
@@ -587,6 +589,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   m.last_seen_ms = NowMs();
   complete_ = std::all_of(members_.begin(), members_.end(),
                           [](const Member& x) { return x.registered && !x.dead; });
+  assembled_ = assembled_ || complete_;
   WireWriter w;
   w.U64(epoch_);
   w.U8(complete_ ? 1 : 0);
@@ -712,10 +715,13 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
 // A rank records COMMITTED only once a coordinator of the job decided it and wrote that decision
 // down, so every committed version a rank reports stands, whether or not this coordinator's log
 // has it: a coordinator that lost its log with its node (rank 0 replaced, on an empty catalog)
-// learns the job's decisions back from the ranks that heard them. No rank asks for decisions
-// (Decisions, at open) before the job is complete, that is before every rank has registered
-// with the committed versions its catalog held. A decision nobody recorded is lost with the log,
-// and that is safe: no rank's commit returned, so presumed abort decides it.
+// learns the job's decisions back from the ranks that heard them (the newest 256 each can
+// restore from its own tiers; a store of another job or of a rank alone cannot join, Db::Open).
+// It learns while the job first assembles, before any vote, and no rank asks for decisions
+// (Decisions, at open) before the job is complete, that is before every rank has registered.
+// A decision nobody outside rank 0's node recorded is lost with the log, and that is safe: the
+// coordinator tells the other nodes first (CoordinatorLoop), so no rank's commit of it returned
+// but on the node that was lost, and presumed abort decides it.
 Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed) {
   for (uint64_t v : committed) {
     if (committed_.count(v)) continue;
@@ -767,7 +773,16 @@ void Cluster::CoordinatorLoop() {
       to_announce_.pop_front();
       members = members_;
     }
-    for (uint32_t rank = 0; rank < members.size(); ++rank) {
+    // Ranks on other nodes than the coordinator's first, rank 0 itself last: by the time a rank
+    // on the coordinator's node has returned from its commit, the rest of the job has the
+    // decision in its catalogs, where a coordinator that lost this node's log learns it back.
+    std::vector<uint32_t> order;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (uint32_t rank = members.size(); rank-- > 0;) {
+        if ((members[rank].node_id != members[0].node_id) == (pass == 0)) order.push_back(rank);
+      }
+    }
+    for (uint32_t rank : order) {
       if (!members[rank].registered || members[rank].dead) continue;
       if (rank == 0) {
         if (hooks_.decided) (void)hooks_.decided(d.first, d.second);
@@ -1125,9 +1140,10 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     uint64_t bytes;
   };
   std::vector<Piece> pieces;
+  bool mergeable = false;  // the last piece starts at a record (not inside a record cut up)
   for (const SendExtent& e : extents) {
     Piece* last = pieces.empty() ? nullptr : &pieces.back();
-    if (last != nullptr && last->offset + last->bytes == e.logical_offset &&
+    if (mergeable && last->offset + last->bytes == e.logical_offset &&
         last->data + last->bytes == e.data && last->bytes + e.bytes <= kMaxPieceBytes) {
       last->bytes += e.bytes;
       continue;
@@ -1136,6 +1152,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
       pieces.push_back(
           {e.logical_offset + off, e.data + off, std::min(kMaxPieceBytes, e.bytes - off)});
     }
+    mergeable = e.bytes <= kMaxPieceBytes;
   }
   uint64_t sent = 0;
   for (uint32_t target : targets) {

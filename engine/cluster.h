@@ -232,6 +232,7 @@ class Cluster {
   // Coordinator state (rank 0), under mu_.
   std::vector<Member> members_;
   bool complete_ = false;
+  bool assembled_ = false;  // complete_ was true once: decisions are no longer learned
   std::map<uint64_t, std::set<uint32_t>> votes_;
   std::set<uint64_t> committed_;  // decided COMMITTED (durable in the catalog)
   std::set<uint64_t> aborted_;

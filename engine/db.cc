@@ -175,18 +175,20 @@ Status Db::OpenImpl() {
   CKPTDB_RETURN_IF_ERROR(
       Catalog::Open(root + "/catalog", o.read_only, o.create_if_missing, &catalog_));
   Status st = catalog_->GetIdentity(&identity_);
+  // Every store of a job gets the job's id, derived from its token: a replacement rank on empty
+  // directories then recognizes its job's segments on tiers that outlived its node.
+  uint64_t job_id = 0;
+  const bool in_job = o.world_size > 1 && !o.job_token.empty();
+  if (in_job) {
+    const std::string label = "ckptdb job id\n" + o.job_token;
+    uint8_t digest[crypto_generichash_BYTES_MIN];
+    crypto_generichash(digest, sizeof digest, reinterpret_cast<const uint8_t*>(label.data()),
+                       label.size(), nullptr, 0);
+    std::memcpy(&job_id, digest, sizeof job_id);
+  }
   if (st.code() == CKPTDB_ENOTFOUND) {
     if (o.read_only) return Status::NotFound("store " + root + " has no identity record");
-    uint64_t job_id = 0;
-    if (o.world_size > 1 && !o.job_token.empty()) {
-      // Every store of a job gets the job's id, derived from its token: a replacement rank on
-      // empty directories then recognizes its job's segments on tiers that outlived its node.
-      const std::string label = "ckptdb job id\n" + o.job_token;
-      uint8_t digest[crypto_generichash_BYTES_MIN];
-      crypto_generichash(digest, sizeof digest, reinterpret_cast<const uint8_t*>(label.data()),
-                         label.size(), nullptr, 0);
-      std::memcpy(&job_id, digest, sizeof job_id);
-    } else if (getrandom(&job_id, sizeof job_id, 0) != sizeof job_id) {
+    if (!in_job && getrandom(&job_id, sizeof job_id, 0) != sizeof job_id) {
       return Status::FromErrno(errno, "getrandom for the store's job id");
     }
     identity_ = Identity{job_id, o.rank, o.world_size, o.chunk_bytes, NowNs()};
@@ -196,6 +198,16 @@ Status Db::OpenImpl() {
   } else if (!o.read_only && identity_.rank != o.rank) {
     return Status::Invalid("store " + root + " belongs to rank " + std::to_string(identity_.rank) +
                            ", not rank " + std::to_string(o.rank));
+  } else if (!o.read_only && in_job &&
+             (identity_.job_id != job_id || identity_.world_size != o.world_size)) {
+    // Its committed versions would count as the job's (the coordinator learns decisions from
+    // the ranks' catalogs): a store of another job, or of this rank alone, cannot join.
+    return Status::Invalid("store " + root + " belongs to " +
+                           (identity_.world_size != o.world_size
+                                ? "a job of " + std::to_string(identity_.world_size) + " rank(s)"
+                                : std::string("another job (another CKPTDB_JOB_TOKEN)")) +
+                           ", not this job of " + std::to_string(o.world_size) +
+                           " ranks: give this rank an empty root, or the one it had in this job");
   }
 
   if (o.read_only) {

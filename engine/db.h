@@ -216,6 +216,9 @@ class Db {
     int replicated = 0;        // 1: every peer holds a verified copy, -1: failed (replicate_error)
     Status replicate_error;
     int decision = 0;  // 1: the coordinator committed it, -1: aborted
+    // The yes vote left (the worker sets it, under mu_, right before sending): from then on only
+    // the coordinator decides; a version given up before it is voted no (FinishAbort).
+    bool vote_sent = false;
     VersionStatsRecord stats;
   };
 

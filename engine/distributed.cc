@@ -195,7 +195,8 @@ Status Db::OnDecision(uint64_t version, bool committed) {
     it->second.decision = committed ? 1 : -1;
     WakeManager();
   } else if (it != live_.end() && !committed) {
-    // Aborted before this rank voted (another rank failed): stop here.
+    // Aborted before this rank voted (another rank failed): stop here, no vote needed.
+    it->second.decision = -1;
     FailLocked(&it->second, Status::State(V(version) + " was aborted by the coordinator"));
     WakeManager();
   }

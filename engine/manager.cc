@@ -792,6 +792,13 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     if (!st.ok()) return fail(st);
     v->phase = CommitPhase::kVoting;
     PostClusterJob([this, version] {
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        auto it = live_.find(version);
+        // Given up since (a newer commit, a failure): FinishAbort votes no instead.
+        if (it == live_.end() || it->second.abort_requested) return;
+        it->second.vote_sent = true;
+      }
       Status vs = cluster_->Vote(version);
       if (vs.ok()) {
         CrashPoint("commit:after_vote");
@@ -912,8 +919,9 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
 void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   const uint64_t version = v->version;
   // In a job, a version this rank never voted for cannot commit: the coordinator hears so now,
-  // not when this rank is declared dead, so the ranks that voted stop waiting.
-  const bool voted = v->phase == CommitPhase::kVoting;
+  // not when this rank is declared dead, so the ranks that voted stop waiting. Not when the
+  // coordinator's abort is why (it knows), nor once the yes left (the decision is its).
+  const bool vote_no = cluster_ != nullptr && !v->vote_sent && v->decision == 0;
   // Memory first: ring regions of chunks never written, and the version's arena regions.
   for (ChunkSlot& c : v->chunks) FreeChunkRegionLocked(v, &c);
   if (v->ram) {
@@ -967,7 +975,7 @@ void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   }
   stats_.aborts++;
   live_.erase(version);
-  if (cluster_ != nullptr && !voted) {
+  if (vote_no) {
     PostClusterJob([this, version, why] {
       Status st = cluster_->VoteAbort(version, why.message());
       if (!st.ok() && st.code() != CKPTDB_EPEER) {

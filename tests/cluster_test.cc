@@ -470,6 +470,30 @@ TEST_F(ClusterTest, AReplicaOverItsHoldersBudgetAbortsTheVersion) {
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
+// A store a rank used alone cannot join a job: its committed versions would count as the job's
+// (a coordinator learns decisions from the ranks' catalogs). The open fails before it joins.
+TEST_F(ClusterTest, AStoreOfAnotherJobCannotJoin) {
+  const std::string root = job_.Node(0) + "/root";
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.root = root.c_str();
+  std::string tiers = "tmpfs:" + job_.dir.Sub("alone");
+  o.tiers = tiers.c_str();
+  ckptdb* db = nullptr;
+  ASSERT_EQ(ckptdb_open(&o, &db), CKPTDB_OK) << ckptdb_last_error();
+  std::vector<uint8_t> data(4096, 7);
+  ASSERT_EQ(ckptdb_put_shard(db, 1, "w", data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW),
+            CKPTDB_OK);
+  ASSERT_EQ(ckptdb_commit(db, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_close(db), CKPTDB_OK);
+  db = nullptr;
+  EXPECT_EQ(OpenRank(job_, 0, "job-secret", &db), CKPTDB_EINVAL);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("belongs to a job of 1 rank(s)"),
+            std::string::npos)
+      << ckptdb_last_error();
+  EXPECT_EQ(db, nullptr);
+}
+
 // For the test below: every rank notes when its v2 is PREPARED (its replicas acknowledged);
 // rank 2 dies right after voting, once the others have prepared, so that every vote is cast.
 const Job* g_job = nullptr;
