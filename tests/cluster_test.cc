@@ -409,6 +409,7 @@ TEST_F(ClusterTest, ARankThatAbortsAVersionAbortsItForEveryRankAtOnce) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
+    Done(job_, rank, "put", /*all_wait=*/true);  // v2 is not aborted before every rank put it
     int rc = 0;
     if (rank == 3) {
       rc = ckptdb_abort(db, 2);
