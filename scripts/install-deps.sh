@@ -10,6 +10,7 @@ packages=(
   libxxhash-dev           # xxh3-64 chunk checksums (format/)
   libucx-dev ucx-utils    # transport between ranks (transport/); ucx_perftest for bench/
   libsodium-dev           # job-token authentication of every connection (transport/)
+  libisal-dev             # Reed-Solomon and XOR coding of coding groups (engine/erasure_code)
   iproute2                # network namespaces in the multi-node tests
   librocksdb-dev          # catalog (engine/)
   libgtest-dev libgmock-dev  # tests
