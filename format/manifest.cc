@@ -61,7 +61,17 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
   for (const ChunkEntry& ch : c.chunks)
     chunks.emplace_back(ch.record_offset, ch.payload_bytes, ch.xxh3);
   auto chunk_vec = b.CreateVectorOfStructs(chunks);
-  auto redundancy = fb::CreateRedundancy(b, fb::RedundancyScheme::None);
+  flatbuffers::Offset<fb::Redundancy> redundancy;
+  if (c.redundancy.scheme == 0) {
+    redundancy = fb::CreateRedundancy(b, fb::RedundancyScheme::None);
+  } else {
+    const RedundancyEntry& r = c.redundancy;
+    auto members = b.CreateVector(r.member_ranks);
+    auto member_bytes = r.member_bytes.empty() ? 0 : b.CreateVector(r.member_bytes);
+    redundancy =
+        fb::CreateRedundancy(b, static_cast<fb::RedundancyScheme>(r.scheme), r.group, r.k, r.m,
+                             r.stripe_bytes, members, 0, member_bytes, r.parity, r.position);
+  }
   auto prov =
       fb::CreateProvenance(b, c.job_id, c.rank, c.world_size, c.version, b.CreateString(c.node_id),
                            c.created_unix_ns, b.CreateString(c.writer));
@@ -178,6 +188,21 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
   }
   if (expected_first != chunk_count) return bad("some chunks belong to no tensor");
   if (data_bytes != m->data_bytes()) return bad("data_bytes disagrees with its tensors");
+  // A coding group's layout, where there is one: in range and self-consistent.
+  if (const fb::Redundancy* r = m->redundancy();
+      r != nullptr && r->scheme() != fb::RedundancyScheme::None) {
+    const uint32_t scheme = static_cast<uint32_t>(r->scheme());
+    const uint32_t members = r->member_ranks() ? r->member_ranks()->size() : 0;
+    const uint32_t sized = r->member_bytes() ? r->member_bytes()->size() : 0;
+    if (scheme > static_cast<uint32_t>(fb::RedundancyScheme::Xor) ||
+        r->scheme() == fb::RedundancyScheme::Replica || r->k() < 1 || r->m() < 1 ||
+        r->k() + r->m() > kMaxGroupMembers || members != r->k() + r->m() ||
+        r->position() >= members || r->stripe_bytes() == 0 || !IsAligned(r->stripe_bytes()) ||
+        r->stripe_bytes() > kMaxChunkBytes || (r->parity() ? sized != members : sized != 0) ||
+        !ElementsAligned(r->member_bytes())) {
+      return bad("redundancy layout is out of range or inconsistent");
+    }
+  }
   out->root_ = m;
   return Status::Ok();
 }

@@ -17,6 +17,7 @@ namespace ckpt::format {
 
 inline constexpr uint32_t kMaxDims = 8;
 inline constexpr uint32_t kMaxTensorsPerSegment = 1u << 24;
+inline constexpr uint32_t kMaxGroupMembers = 32;  // a coding group's K + M at most
 
 struct TensorEntry {
   std::string name;
@@ -35,6 +36,19 @@ struct ChunkEntry {
   uint64_t xxh3 = 0;
 };
 
+// A coding group's layout, as a segment records it (format/manifest.fbs, Redundancy).
+struct RedundancyEntry {
+  uint8_t scheme = 0;  // fb::RedundancyScheme: 0 none (then nothing else is written)
+  uint32_t group = 0;
+  uint32_t k = 0;
+  uint32_t m = 0;
+  uint64_t stripe_bytes = 0;
+  std::vector<uint32_t> member_ranks;
+  std::vector<uint64_t> member_bytes;  // parity segments only
+  bool parity = false;
+  uint32_t position = 0;
+};
+
 struct ManifestContents {
   uint64_t job_id = 0;
   uint32_t rank = 0;
@@ -45,6 +59,7 @@ struct ManifestContents {
   std::string writer;
   std::vector<TensorEntry> tensors;  // any order: Build sorts by name
   std::vector<ChunkEntry> chunks;    // in file order
+  RedundancyEntry redundancy;
 };
 
 // Serializes contents (tensors sorted by name). Asserts that names are unique.

@@ -673,6 +673,77 @@ TEST(Manifest, EmptyManifestOpens) {
   EXPECT_EQ(v.Find("x"), nullptr);
 }
 
+// A coding group's layout (ec:K+M, xor:K) round-trips; one out of range or inconsistent is
+// refused.
+TEST(Manifest, CodingLayoutRoundTripsAndIsChecked) {
+  ManifestContents c;
+  c.redundancy.scheme = static_cast<uint8_t>(fb::RedundancyScheme::ReedSolomon);
+  c.redundancy.group = 3;
+  c.redundancy.k = 2;
+  c.redundancy.m = 1;
+  c.redundancy.stripe_bytes = 1 << 20;
+  c.redundancy.member_ranks = {4, 9, 2};
+  c.redundancy.position = 1;
+  std::vector<uint8_t> bytes = BuildManifest(c);
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, kBlockBytes, "seg", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const fb::Redundancy* r = v.root().redundancy();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->scheme(), fb::RedundancyScheme::ReedSolomon);
+  EXPECT_EQ(r->group(), 3u);
+  EXPECT_EQ(r->k(), 2u);
+  EXPECT_EQ(r->m(), 1u);
+  EXPECT_EQ(r->stripe_bytes(), 1u << 20);
+  ASSERT_EQ(r->member_ranks()->size(), 3u);
+  EXPECT_EQ(r->member_ranks()->Get(1), 9u);
+  EXPECT_FALSE(r->parity());
+  EXPECT_EQ(r->position(), 1u);
+  EXPECT_EQ(r->member_bytes(), nullptr);
+
+  ManifestContents p = c;  // a parity segment: it knows every member's bytes
+  p.redundancy.parity = true;
+  p.redundancy.member_bytes = {8192, 0, 12288};
+  bytes = BuildManifest(p);
+  st = ManifestView::Open(bytes, kBlockBytes, "seg", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(v.root().redundancy()->parity());
+  EXPECT_EQ(v.root().redundancy()->member_bytes()->Get(2), 12288u);
+
+  auto refused = [](ManifestContents bad, const char* why) {
+    std::vector<uint8_t> b = BuildManifest(std::move(bad));
+    ManifestView view;
+    Status s = ManifestView::Open(b, kBlockBytes, "seg", &view);
+    EXPECT_EQ(s.code(), CKPTDB_ECORRUPT) << why;
+    EXPECT_THAT(s.message(), HasSubstr("redundancy layout")) << why;
+  };
+  ManifestContents bad = c;
+  bad.redundancy.member_ranks = {4, 9};
+  refused(bad, "fewer members than K + M");
+  bad = c;
+  bad.redundancy.position = 3;
+  refused(bad, "position past the members");
+  bad = c;
+  bad.redundancy.stripe_bytes = 1000;
+  refused(bad, "unaligned stripe");
+  bad = c;
+  bad.redundancy.k = 0;
+  bad.redundancy.member_ranks = {4};
+  refused(bad, "k = 0");
+  bad = p;
+  bad.redundancy.member_bytes = {1, 2};
+  refused(bad, "member_bytes of the wrong length");
+  bad = c;
+  bad.redundancy.member_bytes = {1, 2, 3};
+  refused(bad, "member_bytes in a data segment");
+  bad = c;
+  bad.redundancy.scheme = static_cast<uint8_t>(fb::RedundancyScheme::Replica);
+  refused(bad, "replica is not a coding layout");
+  bad = c;
+  bad.redundancy.scheme = 9;
+  refused(bad, "unknown scheme");
+}
+
 // A manifest written field by field with the generated Create* functions, nothing sorted or
 // checked, to reach each semantic check of ManifestView::Open.
 struct RawTensor {
