@@ -107,6 +107,21 @@ void Walk(const ManifestView& view, uint64_t data_end) {
   for (uint8_t owners : owner_count) Check(owners == 1);
   Check(data_bytes == m.data_bytes());
 
+  // A coding layout, where there is one, reads back in range: a caller indexes member_ranks and
+  // member_bytes by position without checking again.
+  if (const fb::Redundancy* r = m.redundancy();
+      r != nullptr && r->scheme() != fb::RedundancyScheme::None) {
+    Check(r->scheme() == fb::RedundancyScheme::ReedSolomon ||
+          r->scheme() == fb::RedundancyScheme::Xor);
+    Check(r->k() >= 1 && r->m() >= 1 && r->k() + r->m() <= kMaxGroupMembers);
+    Check(r->member_ranks() != nullptr && r->member_ranks()->size() == r->k() + r->m());
+    Check(r->position() < r->member_ranks()->size());
+    Check(r->stripe_bytes() > 0 && IsAligned(r->stripe_bytes()));
+    const uint32_t sized = r->member_bytes() ? r->member_bytes()->size() : 0;
+    Check(r->parity() ? sized == r->k() + r->m() : sized == 0);
+    for (uint32_t i = 0; i < sized; ++i) (void)r->member_bytes()->Get(i);
+  }
+
   // Lookups of names that are not there: before the first, after the last, near each one.
   Check(view.Find("") == nullptr);
   for (uint32_t i = 0; i < view.tensor_count(); ++i) {
