@@ -33,32 +33,6 @@ namespace {
 
 using format::kBlockBytes;
 
-// Writes the tail of a segment (manifest record header block, manifest padded, footer block)
-// into out, which holds exactly tail_bytes zeroed bytes.
-void EncodeTail(uint8_t* out, uint64_t tail_bytes, const std::vector<uint8_t>& manifest,
-                uint64_t manifest_xxh3, uint64_t manifest_offset, uint64_t version, uint32_t rank,
-                uint32_t chunk_count) {
-  format::RecordHeader rh;
-  rh.type = format::RecordType::kManifest;
-  rh.payload_bytes = manifest.size();
-  rh.payload_xxh3 = manifest_xxh3;
-  rh.record_offset = manifest_offset;
-  rh.version = version;
-  rh.rank = rank;
-  rh.sequence = chunk_count;
-  format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(out, 64));
-  std::memcpy(out + kBlockBytes, manifest.data(), manifest.size());
-  format::SegmentFooter f;
-  f.manifest_offset = manifest_offset;
-  f.manifest_bytes = manifest.size();
-  f.manifest_xxh3 = manifest_xxh3;
-  f.version = version;
-  f.rank = rank;
-  f.chunk_count = chunk_count;
-  f.file_bytes = manifest_offset + tail_bytes;
-  format::EncodeFooter(f, std::span<uint8_t, 64>(out + tail_bytes - 64, 64));
-}
-
 }  // namespace
 
 void Db::WakeManager() {
@@ -671,8 +645,8 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     uint8_t* out = ram.base() + tail.offset;
     lock.unlock();
     std::memset(out, 0, tail.bytes);
-    EncodeTail(out, v->tail_bytes, v->manifest, v->manifest_xxh3, manifest_offset, version,
-               identity_.rank, static_cast<uint32_t>(v->chunks.size()));
+    format::EncodeSegmentTail(out, v->tail_bytes, v->manifest, v->manifest_xxh3, manifest_offset,
+                              version, identity_.rank, static_cast<uint32_t>(v->chunks.size()));
     lock.lock();
     v->image = image;
     ResidencyRecord res;
@@ -698,8 +672,9 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     void* block = std::aligned_alloc(kBlockBytes, v->tail_bytes);
     if (block != nullptr) {
       std::memset(block, 0, v->tail_bytes);
-      EncodeTail(static_cast<uint8_t*>(block), v->tail_bytes, v->manifest, v->manifest_xxh3,
-                 manifest_offset, version, identity_.rank, static_cast<uint32_t>(v->chunks.size()));
+      format::EncodeSegmentTail(static_cast<uint8_t*>(block), v->tail_bytes, v->manifest,
+                                v->manifest_xxh3, manifest_offset, version, identity_.rank,
+                                static_cast<uint32_t>(v->chunks.size()));
     }
     lock.lock();
     if (block == nullptr) return fail(Status::NoMemory("allocating the manifest of " + V(version)));
@@ -1031,8 +1006,9 @@ Status Db::PlanDemotionRecords(Demotion* d, const std::string& what) {
   std::memset(d->head.get(), 0, kBlockBytes);
   format::EncodeSegmentHeader(reader.header(), std::span<uint8_t, 64>(d->head.get(), 64));
   std::memset(d->tail.get(), 0, tail_bytes);
-  EncodeTail(d->tail.get(), tail_bytes, reader.manifest_bytes(), footer.manifest_xxh3,
-             footer.manifest_offset, footer.version, footer.rank, footer.chunk_count);
+  format::EncodeSegmentTail(d->tail.get(), tail_bytes, reader.manifest_bytes(),
+                            footer.manifest_xxh3, footer.manifest_offset, footer.version,
+                            footer.rank, footer.chunk_count);
   d->records.reserve(m.chunk_count() + 2);
   d->records.push_back({0, kBlockBytes, -1});
   d->records.back().encoded = d->head.get();

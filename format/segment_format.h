@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "util/status.h"
 
@@ -84,6 +85,17 @@ Status DecodeRecordHeader(std::span<const uint8_t, 64> in, const std::string& wh
                           RecordHeader* h);
 void EncodeFooter(const SegmentFooter& f, std::span<uint8_t, 64> out);
 Status DecodeFooter(std::span<const uint8_t, 64> in, const std::string& what, SegmentFooter* f);
+
+// Bytes of a segment's tail: the manifest record (header block, manifest padded) and the footer
+// block.
+inline constexpr uint64_t TailBytes(uint64_t manifest_bytes) {
+  return RecordBytes(manifest_bytes) + kBlockBytes;
+}
+// Writes the tail of a segment whose manifest record starts at manifest_offset into out, which
+// holds exactly tail_bytes zeroed bytes.
+void EncodeSegmentTail(uint8_t* out, uint64_t tail_bytes, const std::vector<uint8_t>& manifest,
+                       uint64_t manifest_xxh3, uint64_t manifest_offset, uint64_t version,
+                       uint32_t rank, uint32_t chunk_count);
 
 // "0x0123456789abcdef"
 std::string Hex64(uint64_t v);
