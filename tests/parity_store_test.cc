@@ -1,0 +1,322 @@
+// The parity a coding group's members hold for each other (engine/parity_store.h), built the way
+// Cluster builds it: every member announces its segment's length, then sends each of its units
+// to the holders of its stripe's parity, in any order and in pieces, then says it is done. The
+// parity segments that result are read back as segments (every block's xxh3 checked) and, for
+// every set of up to M lost members, the lost members' bytes are decoded from what the others
+// hold and compared with the originals.
+#include "engine/parity_store.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "ckptdb/ckptdb.h"
+#include "format/segment_reader.h"
+#include "tests/test_util.h"
+
+namespace ckpt::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Group {
+  GroupShape shape;
+  uint64_t version = 0;
+  std::vector<std::string> images;  // each member's segment (any bytes: the store never parses)
+  std::vector<std::unique_ptr<ParityStore>> stores;
+};
+
+// A group of the code `spec`, members ranks 10, 11, ..., images of the given lengths.
+Group MakeGroup(const test::TempDir& dir, CodeSpec spec, uint64_t unit, uint64_t version,
+                const std::vector<uint64_t>& lengths, uint64_t budget = 0) {
+  Group g;
+  g.shape.code = spec;
+  g.shape.group = 7;
+  g.shape.unit_bytes = unit;
+  g.version = version;
+  const uint32_t n = spec.k + spec.m;
+  for (uint32_t p = 0; p < n; ++p) g.shape.members.push_back(10 + p);
+  std::mt19937_64 rng(version * 31 + n);
+  for (uint32_t p = 0; p < n; ++p) {
+    std::string image(lengths[p], '\0');
+    for (char& c : image) c = static_cast<char>(rng());
+    g.images.push_back(std::move(image));
+    ParityStore::Writer w{0x5EED, 10 + p, 64, "node" + std::to_string(p)};
+    std::unique_ptr<ParityStore> store;
+    EXPECT_TRUE(ParityStore::Open(dir.Sub("m" + std::to_string(p)), w, 2, budget, &store).ok());
+    g.stores.push_back(std::move(store));
+  }
+  return g;
+}
+
+// Every member announces and sends all of its units, each in two pieces, in a shuffled order.
+Status Build(Group& g, uint64_t seed) {
+  const uint32_t n = g.shape.code.k + g.shape.code.m;
+  StripeLayout layout(g.shape.code.k, g.shape.code.m, g.shape.unit_bytes, g.version);
+  for (uint32_t p = 0; p < n; ++p) {
+    for (uint32_t q = 0; q < n; ++q) {
+      CKPTDB_RETURN_IF_ERROR(
+          g.stores[q]->Announce(g.shape, g.version, p, g.images[p].size(), "announce"));
+    }
+  }
+  for (uint32_t q = 0; q < n; ++q) {
+    CKPTDB_RETURN_IF_ERROR(g.stores[q]->Layout(g.shape.group, g.version, "layout"));
+  }
+  struct Piece {
+    uint32_t member, holder;
+    uint64_t unit, offset, bytes;
+  };
+  std::vector<Piece> pieces;
+  for (uint32_t p = 0; p < n; ++p) {
+    const uint64_t units = layout.Units(g.images[p].size());
+    for (uint64_t j = 0; j < units; ++j) {
+      const uint64_t stripe = layout.DataSlot(p, j).stripe;
+      const uint64_t bytes = layout.UnitBytes(g.images[p].size(), j);
+      const uint64_t half = bytes / 2;
+      for (uint32_t r = 0; r < g.shape.code.m; ++r) {
+        const uint32_t holder = layout.ParityMember(stripe, r);
+        if (half > 0) pieces.push_back({p, holder, j, 0, half});
+        pieces.push_back({p, holder, j, half, bytes - half});
+      }
+    }
+  }
+  std::shuffle(pieces.begin(), pieces.end(), std::mt19937_64(seed));
+  for (const Piece& pc : pieces) {
+    const uint8_t* data = reinterpret_cast<const uint8_t*>(g.images[pc.member].data()) +
+                          pc.unit * g.shape.unit_bytes + pc.offset;
+    CKPTDB_RETURN_IF_ERROR(g.stores[pc.holder]->Accumulate(
+        g.shape.group, g.version, pc.member, pc.unit, pc.offset, {data, pc.bytes}, "piece"));
+  }
+  for (uint32_t p = 0; p < n; ++p) {
+    for (uint32_t q = 0; q < n; ++q) {
+      CKPTDB_RETURN_IF_ERROR(g.stores[q]->Done(g.shape.group, g.version, p, "done"));
+    }
+  }
+  for (uint32_t q = 0; q < n; ++q) {
+    CKPTDB_RETURN_IF_ERROR(g.stores[q]->Sealed(g.shape.group, g.version, "sealed"));
+  }
+  return Status::Ok();
+}
+
+// Opens member q's sealed parity segment as a segment (framing, manifest, every block's xxh3).
+Status OpenParity(Group& g, uint32_t q, std::shared_ptr<MappedFile>* map,
+                  std::unique_ptr<format::SegmentReader>* reader) {
+  *map = g.stores[q]->Find(g.shape.group, g.version);
+  if (*map == nullptr) return Status::NotFound("no parity on member " + std::to_string(q));
+  const uint8_t* base = (*map)->data();
+  const uint64_t size = (*map)->bytes();
+  CKPTDB_RETURN_IF_ERROR(format::SegmentReader::Open(
+      "parity of member " + std::to_string(q), size,
+      [base, size](uint64_t off, void* buf, size_t len) {
+        if (off > size || len > size - off) return Status::Corrupt("past the end");
+        std::memcpy(buf, base + off, len);
+        return Status::Ok();
+      },
+      reader));
+  for (uint32_t i = 0; i < (*reader)->manifest().chunk_count(); ++i) {
+    format::ChunkProblem problem;
+    const auto& c = (*reader)->manifest().chunk(i);
+    CKPTDB_RETURN_IF_ERROR((*reader)->CheckRecord(i, base + c.record_offset(), &problem));
+  }
+  return Status::Ok();
+}
+
+// Decodes member `lost`'s whole image from the members not in `lost_mask`.
+std::string Reconstruct(Group& g, uint32_t lost, uint32_t lost_mask) {
+  const CodeSpec& spec = g.shape.code;
+  const uint32_t n = spec.k + spec.m;
+  StripeLayout layout(spec.k, spec.m, g.shape.unit_bytes, g.version);
+  std::vector<uint64_t> bytes;
+  for (const auto& image : g.images) bytes.push_back(image.size());
+  std::unique_ptr<ErasureCode> code;
+  EXPECT_TRUE(ErasureCode::Make(spec, &code).ok());
+  std::vector<std::shared_ptr<MappedFile>> maps(n);
+  std::vector<std::unique_ptr<format::SegmentReader>> readers(n);
+  for (uint32_t q = 0; q < n; ++q) {
+    if (!(lost_mask & (1u << q))) EXPECT_TRUE(OpenParity(g, q, &maps[q], &readers[q]).ok());
+  }
+  std::string out(g.images[lost].size(), '\0');
+  for (uint64_t j = 0; j < layout.Units(bytes[lost]); ++j) {
+    const auto slot = layout.DataSlot(lost, j);
+    const uint64_t stripe_bytes = layout.StripeBytes(bytes, slot.stripe);
+    std::vector<std::string> blocks;
+    std::vector<uint32_t> index;
+    for (uint32_t i = 0; i < spec.k && index.size() < spec.k; ++i) {
+      const uint32_t p = layout.DataMember(slot.stripe, i);
+      if (lost_mask & (1u << p)) continue;
+      std::string block(stripe_bytes, '\0');
+      const uint64_t unit = layout.DataUnit(slot.stripe, i);
+      std::memcpy(block.data(), g.images[p].data() + unit * g.shape.unit_bytes,
+                  layout.UnitBytes(bytes[p], unit));
+      blocks.push_back(std::move(block));
+      index.push_back(i);
+    }
+    for (uint32_t r = 0; r < spec.m && index.size() < spec.k; ++r) {
+      const uint32_t q = layout.ParityMember(slot.stripe, r);
+      if (lost_mask & (1u << q)) continue;
+      char name[64];
+      std::snprintf(name, sizeof name, "parity/s%020llur%02u",
+                    static_cast<unsigned long long>(slot.stripe), r);
+      const fb::Tensor* t = readers[q]->manifest().Find(name);
+      EXPECT_NE(t, nullptr) << name;
+      if (t == nullptr) return "";
+      EXPECT_EQ(t->bytes(), stripe_bytes);
+      const auto& c = readers[q]->manifest().chunk(t->first_chunk());
+      blocks.emplace_back(
+          reinterpret_cast<const char*>(maps[q]->data()) + c.record_offset() + format::kBlockBytes,
+          stripe_bytes);
+      index.push_back(spec.k + r);
+    }
+    EXPECT_EQ(index.size(), spec.k);
+    std::vector<const uint8_t*> present;
+    for (const auto& b : blocks) present.push_back(reinterpret_cast<const uint8_t*>(b.data()));
+    std::string unit(stripe_bytes, '\0');
+    uint8_t* dst = reinterpret_cast<uint8_t*>(unit.data());
+    const uint32_t wanted = slot.index;
+    EXPECT_TRUE(code->Decode(stripe_bytes, index, present.data(), {&wanted, 1}, &dst).ok());
+    std::memcpy(out.data() + j * g.shape.unit_bytes, unit.data(), layout.UnitBytes(bytes[lost], j));
+  }
+  return out;
+}
+
+TEST(ParityStoreTest, EveryLossOfUpToMMembersDecodesFromTheParityTheOthersHold) {
+  size_t decoded = 0;
+  for (CodeSpec spec :
+       {CodeSpec{CodeScheme::kReedSolomon, 2, 2}, CodeSpec{CodeScheme::kReedSolomon, 4, 2},
+        CodeSpec{CodeScheme::kReedSolomon, 3, 3}, CodeSpec{CodeScheme::kXor, 3, 1},
+        CodeSpec{CodeScheme::kReedSolomon, 2, 1}}) {
+    test::TempDir dir("/dev/shm");
+    const uint32_t n = spec.k + spec.m;
+    const uint64_t unit = 8192;
+    // Unequal segments: one long, one empty, the rest in between, none a multiple of the unit.
+    std::vector<uint64_t> lengths;
+    for (uint32_t p = 0; p < n; ++p) lengths.push_back(p == 1 ? 0 : 5 * unit + 123 + p * 4099);
+    Group g = MakeGroup(dir, spec, unit, 42, lengths);
+    Status st = Build(g, n);
+    ASSERT_TRUE(st.ok()) << spec.Name() << ": " << st.message();
+    for (uint32_t mask = 0; mask < (1u << n); ++mask) {
+      if (static_cast<uint32_t>(__builtin_popcount(mask)) > spec.m) continue;
+      for (uint32_t lost = 0; lost < n; ++lost) {
+        if (!(mask & (1u << lost))) continue;
+        ASSERT_EQ(Reconstruct(g, lost, mask), g.images[lost])
+            << spec.Name() << " lost mask " << mask << " member " << lost;
+        ++decoded;
+      }
+    }
+  }
+  std::printf("lost members decoded: %zu\n", decoded);
+}
+
+TEST(ParityStoreTest, ParityMemoryIsMOverKOfTheDataForEqualSegments) {
+  test::TempDir dir("/dev/shm");
+  const CodeSpec spec{CodeScheme::kReedSolomon, 4, 2};
+  const uint64_t unit = 4096;
+  Group g = MakeGroup(dir, spec, unit, 3, std::vector<uint64_t>(6, 24 * unit));
+  ASSERT_TRUE(Build(g, 1).ok());
+  uint64_t parity_payload = 0;
+  for (uint32_t q = 0; q < 6; ++q) {
+    std::shared_ptr<MappedFile> map;
+    std::unique_ptr<format::SegmentReader> reader;
+    ASSERT_TRUE(OpenParity(g, q, &map, &reader).ok());
+    uint64_t mine = 0;
+    for (uint32_t i = 0; i < reader->manifest().chunk_count(); ++i) {
+      mine += reader->manifest().chunk(i).payload_bytes();
+    }
+    EXPECT_EQ(mine, 24 * unit * 2 / 4) << "member " << q << ": M/K of its own data";
+    parity_payload += mine;
+  }
+  EXPECT_EQ(parity_payload, 6 * 24 * unit * 2 / 4);
+}
+
+TEST(ParityStoreTest, WrongPiecesAreRefusedAndTheRefusalReachesEveryMember) {
+  test::TempDir dir("/dev/shm");
+  const CodeSpec spec{CodeScheme::kReedSolomon, 2, 1};
+  const uint64_t unit = 4096;
+  Group g = MakeGroup(dir, spec, unit, 5, {3 * unit, 3 * unit, 3 * unit});
+  StripeLayout layout(2, 1, unit, 5);
+  ParityStore& holder = *g.stores[layout.ParityMember(0, 0)];
+  // A piece before the layout is answered.
+  for (uint32_t p = 0; p < 3; ++p) {
+    ASSERT_TRUE(holder.Announce(g.shape, 5, p, 3 * unit, "announce").ok());
+  }
+  const uint8_t* data = reinterpret_cast<const uint8_t*>(g.images[0].data());
+  const uint32_t p0 = layout.DataMember(0, 0);
+  const uint64_t u0 = layout.DataUnit(0, 0);
+  EXPECT_EQ(holder.Accumulate(7, 5, p0, u0, 0, {data, 100}, "early").code(), CKPTDB_ESTATE);
+  // Another layout announced by a member.
+  GroupShape other = g.shape;
+  other.unit_bytes = 2 * unit;
+  EXPECT_EQ(holder.Announce(other, 5, 0, 3 * unit, "announce").code(), CKPTDB_EINVAL);
+  ASSERT_TRUE(holder.Layout(7, 5, "layout").ok());
+  // A range twice: refused, and from then on every member hears the refusal.
+  ASSERT_TRUE(holder.Accumulate(7, 5, p0, u0, 0, {data, 100}, "piece").ok());
+  Status st = holder.Accumulate(7, 5, p0, u0, 50, {data, 100}, "piece");
+  EXPECT_EQ(st.code(), CKPTDB_EINVAL) << st.message();
+  EXPECT_NE(st.message().find("arrive a second time"), std::string::npos) << st.message();
+  EXPECT_EQ(holder.Sealed(7, 5, "sealed").code(), CKPTDB_EINVAL);
+  EXPECT_EQ(holder.Done(7, 5, (p0 + 1) % 3, "done").code(), CKPTDB_EINVAL);
+  // A newer version drops the refused build.
+  ASSERT_TRUE(holder.Announce(g.shape, 6, 0, 3 * unit, "announce").ok());
+  EXPECT_EQ(holder.Sealed(7, 5, "sealed").code(), CKPTDB_ENOTFOUND);
+}
+
+TEST(ParityStoreTest, AMemberThatOwesBytesCannotBeDone) {
+  test::TempDir dir("/dev/shm");
+  const CodeSpec spec{CodeScheme::kXor, 2, 1};
+  const uint64_t unit = 4096;
+  Group g = MakeGroup(dir, spec, unit, 1, {2 * unit, 2 * unit, 2 * unit});
+  StripeLayout layout(2, 1, unit, 1);
+  for (uint32_t q = 0; q < 3; ++q) {
+    for (uint32_t p = 0; p < 3; ++p)
+      ASSERT_TRUE(g.stores[q]->Announce(g.shape, 1, p, 2 * unit, "a").ok());
+    ASSERT_TRUE(g.stores[q]->Layout(7, 1, "layout").ok());
+  }
+  // Member 0 says it is done without sending: every holder of its stripes' parity refuses.
+  size_t refused = 0;
+  for (uint32_t q = 1; q < 3; ++q) {
+    Status st = g.stores[q]->Done(7, 1, 0, "done");
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), CKPTDB_ECORRUPT);
+      EXPECT_NE(st.message().find("sent 0 of the"), std::string::npos) << st.message();
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0u);
+}
+
+TEST(ParityStoreTest, RetentionKeepsTheNewestAndReusesTheDroppedParitysPagesFromZero) {
+  test::TempDir dir("/dev/shm");
+  const CodeSpec spec{CodeScheme::kReedSolomon, 2, 1};
+  const uint64_t unit = 4096;
+  const std::vector<uint64_t> lengths = {5 * unit + 7, 4 * unit, 3 * unit + 99};
+  Group g = MakeGroup(dir, spec, unit, 1, lengths);
+  for (uint64_t v = 1; v <= 4; ++v) {
+    // The same stores, the next version: new bytes (the spare's old parity must not leak in).
+    Group next = MakeGroup(dir, spec, unit, v, lengths);
+    next.stores.clear();
+    g.images = std::move(next.images);
+    g.version = v;
+    ASSERT_TRUE(Build(g, v).ok()) << "v" << v;
+    for (uint32_t lost = 0; lost < 3; ++lost) {
+      ASSERT_EQ(Reconstruct(g, lost, 1u << lost), g.images[lost]) << "v" << v;
+    }
+  }
+  EXPECT_EQ(g.stores[0]->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{7, 3}, {7, 4}}));
+  EXPECT_TRUE(fs::exists(dir.Sub("m0") + "/g00007.spare"));
+}
+
+TEST(ParityStoreTest, TheBudgetRefusesParityThatDoesNotFit) {
+  test::TempDir dir("/dev/shm");
+  const CodeSpec spec{CodeScheme::kReedSolomon, 2, 1};
+  const uint64_t unit = 4096;
+  Group g = MakeGroup(dir, spec, unit, 1, {64 * unit, 64 * unit, 64 * unit}, /*budget=*/8 * unit);
+  Status st = Build(g, 1);
+  EXPECT_EQ(st.code(), CKPTDB_ENOSPC) << st.message();
+  EXPECT_NE(st.message().find("over their budget"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace ckpt::engine
