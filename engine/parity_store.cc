@@ -49,7 +49,7 @@ struct ParityStore::Building {
   enum class Stage : uint8_t { kAnnouncing, kAllocating, kAccumulating, kSealing };
   Stage stage = Stage::kAnnouncing;
   bool allocating = false;  // a Layout call is allocating its memory now
-  GroupShape shape;
+  CodingGroup shape;
   uint64_t version = 0;
   uint32_t position = 0;  // this holder's, in shape.members
   std::vector<uint64_t> member_bytes;
@@ -169,7 +169,7 @@ std::string ParityStore::SparePath(uint32_t group) const {
   return dir_ + name;
 }
 
-Status ParityStore::Announce(const GroupShape& shape, uint64_t version, uint32_t position,
+Status ParityStore::Announce(const CodingGroup& shape, uint64_t version, uint32_t position,
                              uint64_t segment_bytes, const std::string& what) {
   const uint32_t g = shape.code.k + shape.code.m;
   std::unique_ptr<ErasureCode> code;

@@ -39,12 +39,12 @@
 namespace ckpt::engine {
 
 // What every member of a coding group agrees on for a version.
-struct GroupShape {
+struct CodingGroup {
   CodeSpec code;
   uint32_t group = 0;
   uint64_t unit_bytes = 0;
   std::vector<uint32_t> members;  // ranks, in position order (K + M of them)
-  bool operator==(const GroupShape& o) const {
+  bool operator==(const CodingGroup& o) const {
     return code.scheme == o.code.scheme && code.k == o.code.k && code.m == o.code.m &&
            group == o.group && unit_bytes == o.unit_bytes && members == o.members;
   }
@@ -65,7 +65,7 @@ class ParityStore {
 
   // Member `position` of shape.group announces its segment of `version`, segment_bytes long.
   // Every member must announce the same shape, in which this store's rank is a member.
-  Status Announce(const GroupShape& shape, uint64_t version, uint32_t position,
+  Status Announce(const CodingGroup& shape, uint64_t version, uint32_t position,
                   uint64_t segment_bytes, const std::string& what);
   // Ok once every member announced and the parity's memory is allocated (the caller that finds
   // the last announcement allocates, on its service thread); Busy before; the refusal after.

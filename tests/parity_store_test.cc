@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct Group {
-  GroupShape shape;
+  CodingGroup shape;
   uint64_t version = 0;
   std::vector<std::string> images;  // each member's segment (any bytes: the store never parses)
   std::vector<std::unique_ptr<ParityStore>> stores;
@@ -247,7 +247,7 @@ TEST(ParityStoreTest, WrongPiecesAreRefusedAndTheRefusalReachesEveryMember) {
   const uint64_t u0 = layout.DataUnit(0, 0);
   EXPECT_EQ(holder.Accumulate(7, 5, p0, u0, 0, {data, 100}, "early").code(), CKPTDB_ESTATE);
   // Another layout announced by a member.
-  GroupShape other = g.shape;
+  CodingGroup other = g.shape;
   other.unit_bytes = 2 * unit;
   EXPECT_EQ(holder.Announce(other, 5, 0, 3 * unit, "announce").code(), CKPTDB_EINVAL);
   ASSERT_TRUE(holder.Layout(7, 5, "layout").ok());
