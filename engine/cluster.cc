@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "engine/cluster_wire.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
 #include "format/segment_format.h"
@@ -31,26 +32,13 @@ using transport::Reply;
 using transport::Request;
 using transport::WireReader;
 using transport::WireWriter;
-
-enum MessageType : uint16_t {
-  kRegister = 20,   // rank -> coordinator
-  kHeartbeat = 21,  // rank -> coordinator
-  kVote = 22,       // rank -> coordinator
-  kDecision = 23,   // coordinator -> rank
-  kLatest = 24,     // rank -> coordinator
-  kHolders = 25,    // rank -> coordinator
-  kDecisions = 26,  // rank -> coordinator
-  kReplica = 27,    // rank -> placement peer: a range of a segment image
-  kFetch = 28,      // rank -> replica holder: a range of a replica
-  kServe = 29,      // `ckptdb serve` -> coordinator: the replicas a node's daemon serves
-};
+using namespace cluster_wire;
 
 // One replica call's payload. Large: each piece is a rendezvous with its own round trips and
 // service-thread hops, and on tcp 8 MiB pieces held replication to 2.1 GB/s where 64 MiB ones
 // reach 3 GB/s (docs/performance.md). The receiver never buffers one: it lands in the replica.
 constexpr uint64_t kMaxPieceBytes = 64ull << 20;
-constexpr uint64_t kMaxFetchBytes = 8ull << 20;  // one fetch call's payload (restores read chunks)
-constexpr uint32_t kPiecesInFlight = 4;          // 256 MiB of a replica on the wire at once
+constexpr uint32_t kPiecesInFlight = 4;  // 256 MiB of a replica on the wire at once
 constexpr size_t kMaxTable = 1 << 20;
 
 // A kReplica call is one of: the begin (no payload; the receiver makes room for the replica, off
@@ -83,19 +71,6 @@ Status DecodeReplicaPiece(std::span<const uint8_t> body, const std::string& what
   }
   return st;
 }
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void Fail(Reply* reply, const Status& st) {
-  reply->status = st.code();
-  reply->message = st.message();
-}
-
-std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
 
 // True once something accepts TCP connections at host:port (an IPv4 address). UCX 1.13's
 // sockaddr connect to a port nobody listens on yet can leave the worker unable to reach that

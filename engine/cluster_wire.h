@@ -1,0 +1,44 @@
+// What engine/cluster.cc and engine/cluster_coding.cc share: the message types of ckptdb's own
+// channel and the helpers every handler uses. Internal to Cluster.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "transport/transport.h"
+#include "util/status.h"
+
+namespace ckpt::engine::cluster_wire {
+
+enum MessageType : uint16_t {
+  kRegister = 20,   // rank -> coordinator
+  kHeartbeat = 21,  // rank -> coordinator
+  kVote = 22,       // rank -> coordinator
+  kDecision = 23,   // coordinator -> rank
+  kLatest = 24,     // rank -> coordinator
+  kHolders = 25,    // rank -> coordinator
+  kDecisions = 26,  // rank -> coordinator
+  kReplica = 27,    // rank -> placement peer: a range of a segment image
+  kFetch = 28,      // rank -> replica holder: a range of a replica (or of the holder's segment)
+  kServe = 29,      // `ckptdb serve` -> coordinator: the replicas a node's daemon serves
+  kParity = 30,     // coding group member -> member: building and reading parity
+};
+
+// One fetch call's payload at most (restores read chunks, rebuilds read units in such pieces).
+inline constexpr uint64_t kMaxFetchBytes = uint64_t{8} << 20;
+
+inline int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline void Fail(transport::Reply* reply, const Status& st) {
+  reply->status = st.code();
+  reply->message = st.message();
+}
+
+inline std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
+
+}  // namespace ckpt::engine::cluster_wire
