@@ -98,11 +98,10 @@ bool Holds(const std::vector<std::pair<uint32_t, uint64_t>>& replicas, uint32_t 
 
 }  // namespace
 
-Status ParseRedundancy(const std::string& text, uint32_t* replicas) {
-  if (text.empty() || text == "none") {
-    *replicas = 1;
-    return Status::Ok();
-  }
+Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optional<CodeSpec>* code) {
+  *replicas = 1;
+  code->reset();
+  if (text.empty() || text == "none") return Status::Ok();
   const std::string prefix = "replicate:";
   if (text.rfind(prefix, 0) == 0) {
     std::string n = text.substr(prefix.size());
@@ -116,10 +115,12 @@ Status ParseRedundancy(const std::string& text, uint32_t* replicas) {
     return Status::Invalid("redundancy '" + text + "': replicate:M needs M in 1..8");
   }
   if (text.rfind("ec:", 0) == 0 || text.rfind("xor:", 0) == 0) {
-    return Status::NotSupported("redundancy '" + text +
-                                "': erasure coding is not built yet (use replicate:M)");
+    CodeSpec spec;
+    CKPTDB_RETURN_IF_ERROR(ParseCodeSpec(text, &spec));
+    *code = spec;
+    return Status::Ok();
   }
-  return Status::Invalid("redundancy '" + text + "': expected none or replicate:M");
+  return Status::Invalid("redundancy '" + text + "': expected none, replicate:M, ec:K+M or xor:K");
 }
 
 Cluster::Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog)
@@ -145,6 +146,11 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   if ((options.replicas > 1 || options.serve_only) && options.replica_dir.empty()) {
     return Status::Invalid(who + ": replication needs a ram tier (replicas live in its directory)");
   }
+  if (options.code && !options.serve_only && options.parity_dir.empty()) {
+    return Status::Invalid(who +
+                           ": a coding group needs a ram tier (parity lives in its "
+                           "directory)");
+  }
   if (options.serve_only) {
     std::error_code ec;
     if (!std::filesystem::is_directory(options.replica_dir, ec)) {
@@ -160,6 +166,12 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   if (options.replicas > 1 && !options.serve_only) {
     CKPTDB_RETURN_IF_ERROR(ReplicaStore::Open(options.replica_dir, options.replica_keep,
                                               options.replica_budget_bytes, &c->replicas_)
+                               .WithContext(who));
+  }
+  if (options.code && !options.serve_only) {
+    ParityStore::Writer writer{options.job_id, options.rank, options.world_size, options.node_id};
+    CKPTDB_RETURN_IF_ERROR(ParityStore::Open(options.parity_dir, writer, options.replica_keep,
+                                             options.replica_budget_bytes, &c->parity_)
                                .WithContext(who));
   }
   if (options.rank == 0 && !options.serve_only) {
@@ -321,7 +333,8 @@ Status Cluster::Join() {
     epoch_ = epoch;
     stats_.epoch = epoch;
     table_ = std::move(members);
-    return ComputePlacementLocked();
+    CKPTDB_RETURN_IF_ERROR(ComputePlacementLocked());
+    return options_.code ? ComputeGroupLocked() : Status::Ok();
   }
   return Status::TimedOut(R(options_.rank) + ": the job did not assemble within " +
                           std::to_string(options_.join_timeout_ms) + " ms (coordinator " +
@@ -387,12 +400,20 @@ std::vector<uint8_t> Cluster::Holdings() const {
     held.U32(owner);
     held.U64(v);
   }
+  auto parity = parity_ != nullptr ? parity_->Held() : std::vector<std::pair<uint32_t, uint64_t>>{};
+  if (parity.size() > 4096) parity.erase(parity.begin(), parity.end() - 4096);  // the newest
+  held.U32(static_cast<uint32_t>(parity.size()));
+  for (auto [group, v] : parity) {
+    held.U32(group);
+    held.U64(v);
+  }
   return held.Take();
 }
 
 Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
                      std::vector<uint64_t>* local,
-                     std::vector<std::pair<uint32_t, uint64_t>>* replicas) {
+                     std::vector<std::pair<uint32_t, uint64_t>>* replicas,
+                     std::vector<std::pair<uint32_t, uint64_t>>* parity) {
   WireReader h(in, what);
   uint32_t n = h.U32("local versions");
   if (n > 256) return Status::Corrupt(what + ": " + std::to_string(n) + " local versions");
@@ -403,6 +424,13 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
     uint32_t owner = h.U32("owner");
     uint64_t v = h.U64("version");
     replicas->emplace_back(owner, v);
+  }
+  uint32_t p = h.U32("parity");
+  if (p > 4096) return Status::Corrupt(what + ": " + std::to_string(p) + " parity segments");
+  for (uint32_t i = 0; i < p && h.ok(); ++i) {
+    uint32_t group = h.U32("group");
+    uint64_t v = h.U64("version");
+    if (parity != nullptr) parity->emplace_back(group, v);
   }
   return h.Finish();
 }
@@ -456,6 +484,8 @@ void Cluster::Handle(const Request& request, Reply* reply) {
       return HandleReplica(request, reply);
     case kFetch:
       return HandleFetch(request, reply);
+    case kParity:
+      return HandleParity(request, reply);
     case kDecision: {
       WireReader r(request.body, "decision from " + request.peer);
       uint64_t version = r.U64("version");
@@ -526,9 +556,11 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   std::string address = r.Str("address", 256);
   Status st = r.Finish();
   std::vector<uint64_t> local;
-  std::vector<std::pair<uint32_t, uint64_t>> replicas;
-  if (st.ok())
-    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas);
+  std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
+  if (st.ok()) {
+    st =
+        ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity);
+  }
   if (st.ok() && (world != options_.world_size || rank >= world)) {
     st =
         Status::Invalid(request.peer + " registers as " + R(rank) + " of " + std::to_string(world) +
@@ -561,6 +593,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   }
   m.local_versions = std::move(local);
   m.replicas = std::move(replicas);
+  m.parity = std::move(parity);
   m.last_seen_ms = NowMs();
   complete_ = std::all_of(members_.begin(), members_.end(),
                           [](const Member& x) { return x.registered && !x.dead; });
@@ -591,9 +624,11 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   bool ready = r.U8("ready") != 0;
   Status st = r.Finish();
   std::vector<uint64_t> local;
-  std::vector<std::pair<uint32_t, uint64_t>> replicas;
-  if (st.ok())
-    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas);
+  std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
+  if (st.ok()) {
+    st =
+        ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity);
+  }
   if (st.ok() && rank >= options_.world_size)
     st = Status::Invalid("heartbeat from rank " + std::to_string(rank));
   if (!st.ok()) return Fail(reply, st);
@@ -607,6 +642,7 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   m.last_seen_ms = NowMs();
   m.local_versions = std::move(local);
   m.replicas = std::move(replicas);
+  m.parity = std::move(parity);
   if (ready && !m.ready) {
     m.ready = true;
     cv_.notify_all();
@@ -816,6 +852,7 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
         ok = now - s->second.last_seen_ms <= options_.dead_after_ms &&
              Holds(s->second.replicas, rank, v);
       }
+      if (!ok && options_.code) ok = RebuildableLocked(rank, v);
       all = ok;
     }
     if (all) {
@@ -872,6 +909,31 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
   reply->body = w.Take();
 }
 
+// Whether `rank`'s segment of `version` can be rebuilt from its coding group: at most M of the
+// group's members lack either their own copy of the version or their parity of it (any M lost
+// members leave K blocks of every stripe, engine/stripe_layout.h).
+bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
+  std::vector<std::string> node_of_rank;
+  for (const Member& m : members_) node_of_rank.push_back(m.node_id);
+  std::vector<std::vector<uint32_t>> groups;
+  if (!ComputeCodingGroups(node_of_rank, *options_.code, &groups).ok()) return false;
+  for (uint32_t g = 0; g < groups.size(); ++g) {
+    if (std::find(groups[g].begin(), groups[g].end(), rank) == groups[g].end()) continue;
+    uint32_t missing = 0;
+    for (uint32_t member : groups[g]) {
+      const Member& m = members_[member];
+      const bool has =
+          m.registered && !m.dead &&
+          (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                               version) != m.local_versions.end()) &&
+          Holds(m.parity, g, version);
+      missing += has ? 0 : 1;
+    }
+    return missing <= options_.code->m;
+  }
+  return false;
+}
+
 // Busy (the asker retries) while a restarted coordinator gives serving daemons two heartbeats to
 // announce themselves, or while a live rank has not yet recovered: no answer about where data
 // lives is computed from holdings that are about to change. Never blocks a service thread.
@@ -911,9 +973,11 @@ void Cluster::HandleServe(const Request& request, Reply* reply) {
   std::string address = r.Str("address", 256);
   Status st = r.Finish();
   std::vector<uint64_t> local;
-  std::vector<std::pair<uint32_t, uint64_t>> replicas;
-  if (st.ok())
-    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas);
+  std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
+  if (st.ok()) {
+    st =
+        ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity);
+  }
   if (st.ok() && (node.empty() || address.empty()))
     st = Status::Invalid(request.peer + ": a serve announcement without node_id or address");
   if (!st.ok()) return Fail(reply, st);
@@ -1092,6 +1156,24 @@ void Cluster::ServeLoop() {
   }
 }
 
+Status Cluster::Protect(uint64_t version, uint64_t file_bytes,
+                        const std::vector<SendExtent>& extents) {
+  if (options_.code) return BuildParity(version, file_bytes, extents);
+  return Replicate(version, file_bytes, extents);
+}
+
+void Cluster::Pace(uint64_t sent, int64_t start_ms) {
+  // Idle-window hints and the bandwidth cap pace the pushes (GEMINI's interleaving).
+  for (int waited = 0; net_busy_ && !stop_ && waited < 2000; waited += 10) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (options_.bandwidth_bytes_per_s > 0 && sent > 0) {
+    double due_ms = 1000.0 * static_cast<double>(sent) / options_.bandwidth_bytes_per_s;
+    int64_t ahead = static_cast<int64_t>(due_ms) - (NowMs() - start_ms);
+    if (ahead > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ahead));
+  }
+}
+
 Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
                           const std::vector<SendExtent>& extents) {
   std::vector<uint32_t> targets = ReplicaTargets();
@@ -1166,15 +1248,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
       return s;
     };
     for (size_t i = 0; i <= pieces.size(); ++i) {
-      // Idle-window hints and the bandwidth cap pace the pushes (GEMINI's interleaving).
-      for (int waited = 0; net_busy_ && !stop_ && waited < 2000; waited += 10) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      if (options_.bandwidth_bytes_per_s > 0 && sent > 0) {
-        double due_ms = 1000.0 * static_cast<double>(sent) / options_.bandwidth_bytes_per_s;
-        int64_t ahead = static_cast<int64_t>(due_ms) - (NowMs() - start);
-        if (ahead > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ahead));
-      }
+      Pace(sent, start);
       bool last = i == pieces.size();  // the last call carries no bytes: it seals the replica
       if (last) {
         while (!in_flight.empty()) CKPTDB_RETURN_IF_ERROR(drain_one().WithContext(what));
@@ -1288,6 +1362,23 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
   Status st = r.Finish();
   if (st.ok() && bytes > kMaxFetchBytes) st = Status::Invalid("a fetch of more than 8 MiB");
   if (!st.ok()) return Fail(reply, st);
+  if (owner == options_.rank && !options_.serve_only) {
+    // This rank's own segment: a member of its coding group rebuilding a lost member reads its
+    // units. Copied out of the arena (its extents need not lie next to each other).
+    if (!hooks_.read_own || bytes == 0) {
+      return Fail(reply, Status::Invalid(R(options_.rank) + " serves ranges of its own segment, "
+                                                            "not its size"));
+    }
+    auto out = std::make_shared<std::vector<uint8_t>>(bytes);
+    st = hooks_.read_own(version, offset, bytes, out->data());
+    if (!st.ok()) return Fail(reply, st.WithContext(R(options_.rank) + "'s own segment"));
+    reply->payload = out->data();
+    reply->payload_bytes = bytes;
+    reply->keep = std::move(out);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.served_bytes += bytes;
+    return;
+  }
   // From the replica's mapping: the reply's payload is sent from it, nothing is copied.
   std::shared_ptr<MappedFile> map;
   if (replicas_ != nullptr) {

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -31,6 +32,8 @@
 #include <vector>
 
 #include "engine/catalog.h"
+#include "engine/erasure_code.h"
+#include "engine/parity_store.h"
 #include "engine/placement.h"
 #include "engine/replica_store.h"
 #include "transport/transport.h"
@@ -55,6 +58,12 @@ struct ClusterOptions {
   int dead_after_ms = 3000;
   int join_timeout_ms = 60000;
   int call_timeout_ms = 30000;
+  // ec:K+M or xor:K instead of replicas: the rank's coding group (K + M ranks on distinct nodes)
+  // keeps parity of each member's segment in the others' memory (engine/stripe_layout.h).
+  std::optional<CodeSpec> code;
+  uint64_t code_unit_bytes = uint64_t{4} << 20;  // the unit segments are cut into for coding
+  std::string parity_dir;                        // where this rank keeps the parity it holds
+  uint64_t job_id = 0;                           // written into the parity segments
   // `ckptdb serve`: not a rank but a node's daemon that serves the replicas kept under
   // replica_dir (the node's ram directory: every ckptdb-replicas-r* in it) to a restarting job,
   // announcing them to the coordinator every heartbeat. rank and world_size are unused.
@@ -94,6 +103,9 @@ class Cluster {
     std::function<Status(uint64_t version, bool committed)> decided;
     // Committed versions this rank can restore from its own tiers, newest first.
     std::function<std::vector<uint64_t>()> local_versions;
+    // Bytes [offset, offset + bytes) of this rank's own segment of `version`, from its memory:
+    // the other members of its coding group read its units to rebuild a lost member.
+    std::function<Status(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out)> read_own;
   };
 
   // Joins the job: starts the transport (and the coordinator on rank 0), registers and waits
@@ -106,9 +118,20 @@ class Cluster {
   uint64_t epoch() const { return epoch_.load(); }
   const std::string& address() const { return transport_->address(); }
 
+  // Makes a version's redundancy safe before the rank may vote: its replicas in its placement
+  // peers' memory (each acknowledged verified), or its part of its coding group's parity (sealed
+  // at every member). Ok at once without redundancy.
+  Status Protect(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
   // Pushes a version's segment image to this rank's placement peers and waits for each to
   // acknowledge a verified copy. Ok at once when replicas = 1.
   Status Replicate(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
+  // This rank's coding group and its position in it (nullopt without a code). Valid after Start.
+  const std::optional<CodingGroup>& Group() const { return group_; }
+  uint32_t GroupPosition() const { return group_position_; }
+  // This rank's segment of `version`, rebuilt from its coding group: the other members' units
+  // and the parity they hold, decoded unit by unit as it is read (engine/cluster_coding.cc).
+  class Rebuild;
+  Status OpenRebuild(uint64_t version, std::unique_ptr<Rebuild>* out);
   // Casts this rank's vote for `version` (after PREPARED is durable). The decision arrives
   // later through Hooks::decided.
   Status Vote(uint64_t version);
@@ -163,6 +186,7 @@ class Cluster {
     int64_t last_seen_ms = 0;
     std::vector<uint64_t> local_versions;                 // newest first
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
+    std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
     std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
                                // tier (and its replicas acknowledged) when it voted
   };
@@ -188,6 +212,18 @@ class Cluster {
                                             size_t payload_bytes);
   void HandleReplica(const transport::Request& request, transport::Reply* reply);
   void HandleFetch(const transport::Request& request, transport::Reply* reply);
+  // Coding groups (engine/cluster_coding.cc).
+  Status ComputeGroupLocked();
+  Status BuildParity(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
+  void HandleParity(const transport::Request& request, transport::Reply* reply);
+  // Sends a kParity call to member `position` of this rank's group (to the local store when it
+  // is this rank), retrying while the answer is Busy, for up to timeout_ms.
+  Status CallParity(uint32_t position, const std::vector<uint8_t>& body, const void* payload,
+                    size_t payload_bytes, int timeout_ms, std::vector<uint8_t>* reply_body,
+                    void* reply_buffer = nullptr, size_t reply_capacity = 0);
+  // Waits while the hint says the network is busy and while the bandwidth cap says `sent`
+  // bytes since start_ms are ahead of it (GEMINI's traffic interleaving).
+  void Pace(uint64_t sent, int64_t start_ms);
   std::vector<uint8_t> Holdings() const;
   void ServeLoop();  // serve_only: announces the held replicas to the coordinator
   // Coordinator.
@@ -199,6 +235,7 @@ class Cluster {
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);
   void HandleServe(const transport::Request& request, transport::Reply* reply);
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
+  bool RebuildableLocked(uint32_t rank, uint64_t version) const;
   Status CastVote(uint64_t version, bool yes, const std::string& why);
   Status AskCoordinator(uint16_t type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
   Status BumpEpochLocked(const std::string& why);
@@ -212,6 +249,9 @@ class Cluster {
   Catalog* catalog_;  // rank 0: decisions and the epoch
   uint64_t incarnation_ = 0;
   std::unique_ptr<ReplicaStore> replicas_;  // peers' replicas in this node's memory (replicas > 1)
+  std::unique_ptr<ParityStore> parity_;     // the parity this rank holds for its coding group
+  std::optional<CodingGroup> group_;        // set at join, with a code
+  uint32_t group_position_ = 0;
   std::unique_ptr<transport::Transport> transport_;
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> stop_{false};
@@ -247,9 +287,39 @@ class Cluster {
 
 Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
                      std::vector<uint64_t>* local,
-                     std::vector<std::pair<uint32_t, uint64_t>>* replicas);
+                     std::vector<std::pair<uint32_t, uint64_t>>* replicas,
+                     std::vector<std::pair<uint32_t, uint64_t>>* parity);
 
-// Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8).
-Status ParseRedundancy(const std::string& text, uint32_t* replicas);
+// Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8), "ec:K+M"
+// and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).
+Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optional<CodeSpec>* code);
+
+// The coding groups of a job: its nodes (in order of their first rank) in groups of K + M
+// consecutive ones (ComputeCodingPlacement, as `ckptdb plan --ec` lays them out), and on the
+// nodes of a group, the ranks with the same local index form a coding group. groups[i] lists
+// group i's ranks by position. Needs every node to run as many ranks and the nodes to divide
+// into groups (Invalid naming the numbers otherwise).
+Status ComputeCodingGroups(const std::vector<std::string>& node_of_rank, const CodeSpec& code,
+                           std::vector<std::vector<uint32_t>>* groups);
+
+class Cluster::Rebuild {
+ public:
+  ~Rebuild();
+  uint64_t file_bytes() const;
+  // Reads [offset, offset + bytes) of the rebuilt segment image, decoding the units it touches
+  // (kept for later reads).
+  Status Read(uint64_t offset, void* out, uint64_t bytes);
+  // What was read of [offset, offset + bytes) failed a check: the units it touches are decoded
+  // again from another choice of K blocks by the next Read. False when no choice is left.
+  bool Retry(uint64_t offset, uint64_t bytes);
+  // Where the blocks came from, for last_restore_sources ("rebuild:ec:2+2 from ranks 0 1 3").
+  std::string Source() const;
+
+ private:
+  friend class Cluster;
+  struct Impl;
+  explicit Rebuild(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace ckpt::engine

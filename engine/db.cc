@@ -90,8 +90,9 @@ Status Db::OpenImpl() {
                            std::to_string(o.world_size));
   }
   uint32_t replicas = 1;
-  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(o.redundancy, &replicas).WithContext("options"));
-  if (replicas > 1 && o.world_size == 1) {
+  std::optional<CodeSpec> code;
+  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(o.redundancy, &replicas, &code).WithContext("options"));
+  if ((replicas > 1 || code) && o.world_size == 1) {
     return Status::Invalid("options: redundancy \"" + o.redundancy +
                            "\" needs peers: world_size is 1");
   }

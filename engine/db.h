@@ -383,6 +383,13 @@ class Db {
   // (the reason goes to plan->errors) or the tensor does not exist / has another size.
   Status RestoreFromPeers(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
                           RestorePlan* plan);
+  // The restore planner's rebuild step (a coding group: the other members' units and parity,
+  // decoded; distributed.cc).
+  Status RestoreFromRebuild(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
+                            RestorePlan* plan);
+  // Bytes of this rank's own segment of `version` from its ram tier (a member rebuilding a lost
+  // one reads them).
+  Status ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out);
   void FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   bool PlanDemotion(std::unique_lock<std::mutex>& lock);
   Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
@@ -533,6 +540,11 @@ class Db {
   std::string last_problem_;            // the first chunk failure of the current restore
   uint64_t peer_replicas_version_ = 0;  // the version peer_replicas_ are of (0: none)
   std::vector<PeerReplica> peer_replicas_;
+  // The rebuild of one version (a restore of a model is a call per tensor): its units decoded
+  // once. Under read_mu_.
+  uint64_t rebuild_version_ = 0;
+  std::unique_ptr<Cluster::Rebuild> rebuild_;
+  std::unique_ptr<format::SegmentReader> rebuild_reader_;
 };
 
 }  // namespace ckpt::engine

@@ -3,6 +3,7 @@
 // the manager thread, decisions from the coordinator, and restoring from peers' memory.
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/db.h"
@@ -28,7 +29,7 @@ Status Db::StartCluster() {
   co.dead_after_ms = options_.dead_after_ms;
   co.join_timeout_ms = options_.join_timeout_ms;
   co.bandwidth_bytes_per_s = options_.replicate_bytes_per_s;
-  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(options_.redundancy, &co.replicas));
+  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(options_.redundancy, &co.replicas, &co.code));
   if (!tiers_[0].is_ram()) {
     return Status::Invalid("options: world_size " + std::to_string(options_.world_size) +
                            " needs a ram first tier (checkpoints live in host memory and are "
@@ -37,6 +38,19 @@ Status Db::StartCluster() {
   co.replica_dir = tiers_[0].spec.path + "/ckptdb-replicas-r" + std::to_string(options_.rank);
   co.replica_keep = std::max<uint32_t>(2, tiers_[0].spec.keep);
   co.replica_budget_bytes = tiers_[0].spec.replica_bytes;
+  co.parity_dir = tiers_[0].spec.path + "/ckptdb-parity-r" + std::to_string(options_.rank);
+  co.job_id = identity_.job_id;
+  if (const char* unit = std::getenv("CKPTDB_EC_UNIT_BYTES"); unit != nullptr && *unit != '\0') {
+    // The unit segments are cut into for coding (tests use small ones to get many stripes).
+    char* end = nullptr;
+    const unsigned long long bytes = std::strtoull(unit, &end, 10);
+    if (*end != '\0' || bytes < format::kBlockBytes || !format::IsAligned(bytes) ||
+        bytes > (uint64_t{64} << 20)) {
+      return Status::Invalid(std::string("CKPTDB_EC_UNIT_BYTES=") + unit +
+                             ": a multiple of 4096 from 4096 to 64 MiB");
+    }
+    co.code_unit_bytes = bytes;
+  }
   Cluster::Hooks hooks;
   hooks.decided = [this](uint64_t version, bool committed) {
     return OnDecision(version, committed);
@@ -54,6 +68,9 @@ Status Db::StartCluster() {
       }
     }
     return out;
+  };
+  hooks.read_own = [this](uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out) {
+    return ReadOwnSegment(version, offset, bytes, out);
   };
   CKPTDB_RETURN_IF_ERROR(Cluster::Start(co, std::move(hooks), catalog_.get(), &cluster_));
   cluster_worker_ = std::thread([this] { ClusterWorkerLoop(); });
@@ -341,6 +358,112 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
     peer_replicas_version_ = 0;  // ask the coordinator again next time: holders may have come
     return Status::Peer(why);
   }
+  return Status::Ok();
+}
+
+// The ram copy only: a coding group protects the copies in memory, and a member that has its
+// version only on a slower tier is as good as lost for a rebuild (the rebuilder tries others).
+// Pinned while it is read, without read_mu_: a rank's restore may be waiting on a peer that is
+// reading from this one.
+Status Db::ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out) {
+  RamImage image;
+  const RamTier* ram = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ram_images_.find(version);
+    if (tiers_.empty() || !tiers_[0].is_ram() || it == ram_images_.end()) {
+      return Status::NotFound(V(version) + " is not in this rank's ram tier");
+    }
+    image = it->second;
+    ram = tiers_[0].ram.get();
+    Pin(version);
+  }
+  Status st = offset > image.file_bytes || bytes > image.file_bytes - offset
+                  ? Status::Invalid(V(version) + ": the range [" + std::to_string(offset) + ", +" +
+                                    std::to_string(bytes) + ") is past its " +
+                                    std::to_string(image.file_bytes) + " bytes")
+                  : ram->ReadAt(image, offset, out, bytes, "ram copy of " + V(version));
+  std::lock_guard<std::mutex> lock(mu_);
+  Unpin(version);
+  return st;
+}
+
+// The restore planner's rebuild step: this rank's segment decoded from its coding group (the
+// other members' units and the parity they hold), opened once per version, its units decoded
+// once. Each pending chunk read from it is checked against its xxh3; one that fails is decoded
+// again from another choice of blocks (a survivor's corrupt unit or parity block is an erasure
+// too) before it stays pending for the slower tiers.
+Status Db::RestoreFromRebuild(uint64_t version, const std::string& name, size_t nbytes,
+                              uint8_t* out, RestorePlan* plan) {
+  const std::string& what = plan->what;
+  if (rebuild_version_ != version || rebuild_ == nullptr) {
+    rebuild_.reset();
+    rebuild_reader_.reset();
+    rebuild_version_ = version;
+    std::unique_ptr<Cluster::Rebuild> rebuild;
+    Status st = cluster_->OpenRebuild(version, &rebuild);
+    if (st.ok()) {
+      Cluster::Rebuild* r = rebuild.get();
+      st = format::SegmentReader::Open(
+          what + " (rebuilt from its coding group)", r->file_bytes(),
+          [r](uint64_t off, void* buf, size_t len) { return r->Read(off, buf, len); },
+          &rebuild_reader_);
+    }
+    uint64_t manifest_xxh3 = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = versions_.find(version);
+      if (it != versions_.end() && it->second.has_record) {
+        manifest_xxh3 = it->second.record.manifest_xxh3;
+      }
+    }
+    if (st.ok() && manifest_xxh3 != 0 && rebuild_reader_->footer().manifest_xxh3 != manifest_xxh3) {
+      st = Status::Corrupt(what + ": the rebuilt segment's manifest xxh3 " +
+                           format::Hex64(rebuild_reader_->footer().manifest_xxh3) +
+                           " differs from the catalog's " + format::Hex64(manifest_xxh3));
+    }
+    if (!st.ok()) {
+      rebuild_reader_.reset();
+      rebuild_version_ = 0;  // members may come back: try again next time
+      plan->Note(st.message());
+      return Status::Peer(st.message());
+    }
+    rebuild_ = std::move(rebuild);
+  }
+  const format::ManifestView& m = rebuild_reader_->manifest();
+  Status st = LayOut(m, name, nbytes, "rebuilt segment", plan);
+  if (!st.ok()) {
+    if (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESIZE) return st;
+    plan->Note(st.message());
+    return Status::Ok();
+  }
+  std::vector<uint32_t> failed;
+  uint64_t served = 0;
+  for (uint32_t c : plan->pending) {
+    const fb::Chunk& chunk = m.chunk(c);
+    uint8_t* dst = out + plan->dst_offset[c - plan->first];
+    const uint64_t offset = chunk.record_offset() + format::kBlockBytes;
+    Status cs;
+    // Bounded: Retry says when no other choice of blocks is left.
+    for (bool again = true; again;) {
+      cs = rebuild_->Read(offset, dst, chunk.payload_bytes());
+      if (cs.ok()) {
+        cs = format::CheckXxh3(dst, chunk.payload_bytes(), chunk.xxh3(),
+                               "chunk " + std::to_string(c) + " rebuilt");
+      }
+      again = cs.code() == CKPTDB_ECORRUPT && rebuild_->Retry(offset, chunk.payload_bytes());
+      if (again) plan->chunk_failures++;
+    }
+    if (cs.ok()) {
+      served += chunk.payload_bytes();
+      continue;
+    }
+    failed.push_back(c);
+    if (last_problem_.empty()) last_problem_ = cs.message();
+    plan->Note(cs.message());
+  }
+  plan->Served(rebuild_->Source(), served);
+  plan->pending = std::move(failed);
   return Status::Ok();
 }
 

@@ -584,6 +584,19 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     mc.writer = "ckptdb " + std::to_string(CKPTDB_VERSION_MAJOR) + "." +
                 std::to_string(CKPTDB_VERSION_MINOR) + "." + std::to_string(CKPTDB_VERSION_PATCH);
     mc.tensors = v->tensors;
+    if (cluster_ != nullptr && cluster_->Group()) {
+      // The coding group's layout (docs/format.md): what a rebuild and verify read back.
+      const CodingGroup& g = *cluster_->Group();
+      mc.redundancy.scheme = static_cast<uint8_t>(g.code.scheme == CodeScheme::kXor
+                                                      ? fb::RedundancyScheme::Xor
+                                                      : fb::RedundancyScheme::ReedSolomon);
+      mc.redundancy.group = g.group;
+      mc.redundancy.k = g.code.k;
+      mc.redundancy.m = g.code.m;
+      mc.redundancy.stripe_bytes = g.unit_bytes;
+      mc.redundancy.member_ranks = g.members;
+      mc.redundancy.position = cluster_->GroupPosition();
+    }
     mc.chunks.reserve(v->chunks.size());
     for (const ChunkSlot& c : v->chunks)
       mc.chunks.push_back({c.record_offset, c.payload_bytes, c.xxh3});
@@ -747,7 +760,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     v->phase = CommitPhase::kReplicate;
     const uint64_t generation = v->generation;
     PostClusterJob([this, version, generation, file_bytes, extents] {
-      Status rs = cluster_->Replicate(version, file_bytes, extents);
+      Status rs = cluster_->Protect(version, file_bytes, extents);
       std::lock_guard<std::mutex> guard(mu_);
       auto it = live_.find(version);
       if (it == live_.end() || it->second.generation != generation) return;

@@ -362,13 +362,15 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     if (!job_committed_.count(version)) return copies;  // not a version the job committed
     plan.Note(copies.message());
   }
-  // The order: ram tiers, then peers (kPeers), then the slower tiers.
+  // The order: ram tiers, then peers (kPeers: replicas; kRebuild: a coding group's parity),
+  // then the slower tiers.
   constexpr size_t kPeers = SIZE_MAX;
+  constexpr size_t kRebuild = SIZE_MAX - 1;
   std::vector<size_t> order;
   for (size_t ti : candidates) {
     if (tiers_[ti].is_ram()) order.push_back(ti);
   }
-  if (cluster_ != nullptr) order.push_back(kPeers);
+  if (cluster_ != nullptr) order.push_back(cluster_->Group() ? kRebuild : kPeers);
   for (size_t ti : candidates) {
     if (!tiers_[ti].is_ram()) order.push_back(ti);
   }
@@ -377,8 +379,9 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   auto* out = static_cast<uint8_t*>(dst);
   for (size_t step : order) {
     if (plan.laid_out && plan.pending.empty()) break;
-    if (step == kPeers) {
-      Status ps = RestoreFromPeers(version, name, nbytes, out, &plan);
+    if (step == kPeers || step == kRebuild) {
+      Status ps = step == kPeers ? RestoreFromPeers(version, name, nbytes, out, &plan)
+                                 : RestoreFromRebuild(version, name, nbytes, out, &plan);
       if (ps.code() == CKPTDB_ENOTFOUND || ps.code() == CKPTDB_ESIZE) return ps;
       continue;
     }
@@ -431,7 +434,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   }
   // Where the bytes came from: the first source that served any (the fastest), and all of them.
   std::string first_source = plan.served.empty() ? "" : plan.served[0].first;
-  if (first_source.empty() && !order.empty() && order[0] != kPeers) {
+  if (first_source.empty() && !order.empty() && order[0] != kPeers && order[0] != kRebuild) {
     first_source = tiers_[order[0]].name();  // an empty tensor
   }
   std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "%s",

@@ -332,7 +332,11 @@ TEST_F(ApiTest, OpenRejectsBadOptionsClearly) {
   EXPECT_TRUE(Mentions("tape"));
   bad = o_;
   bad.redundancy = "ec:4+2";
-  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_ENOTSUP);
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);  // a coding group needs peers
+  EXPECT_TRUE(Mentions("ec:4+2"));
+  bad.redundancy = "ec:4+0";
+  EXPECT_EQ(ckptdb_open(&bad, &db), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("ec:4+0"));
   bad = o_;
   bad.root = "";
   setenv("CKPTDB_ROOT", "", 1);

@@ -43,6 +43,7 @@ struct Job {
   test::TempDir dir{"/dev/shm"};
   int port = 0;
   uint32_t replicas = 2;
+  std::string code;  // "ec:K+M" or "xor:K" instead of replicas
   int dead_after_ms = 1500;
   bool shared_tier = false;  // a disk tier per rank in a directory no node loss touches
   std::string coordinator_host = "127.0.0.1";
@@ -91,7 +92,10 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   std::string coordinator = job.coordinator_host + ":" + std::to_string(job.port);
   if (!job.listen.empty()) setenv("CKPTDB_LISTEN", job.listen[rank].c_str(), 1);
   std::string node_id = job.node_of[rank];
-  std::string redundancy = "replicate:" + std::to_string(job.replicas);
+  std::string redundancy =
+      job.code.empty() ? "replicate:" + std::to_string(job.replicas) : job.code;
+  // Small coding units: a rank's 6 MiB segment spans many stripes.
+  setenv("CKPTDB_EC_UNIT_BYTES", "262144", 1);
   ckptdb_options o;
   ckptdb_options_init(&o);
   o.root = root.c_str();
@@ -493,6 +497,110 @@ TEST_F(ClusterTest, AStoreOfAnotherJobCannotJoin) {
             std::string::npos)
       << ckptdb_last_error();
   EXPECT_EQ(db, nullptr);
+}
+
+// ec:2+2 over the four nodes (one coding group): each version's parity is built across the
+// group at commit; then `lost` nodes are wiped (memory, disks, catalogs), the job restarts, every
+// rank agrees latest = 3, and the lost ranks restore v3 bit for bit rebuilt from the others'
+// units and parity, the rest from their own ram.
+void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
+  job.code = "ec:2+2";
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenAndSave(job, rank, 3, &db) != 0) return 1;
+    if (CheckLatest(db, rank, 3) != 0) return 1;
+    Done(job, rank, "save");
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  for (uint32_t r : lost) job.WipeNode(r);
+  job.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    if (CheckLatest(db, rank, 3) != 0) return 1;
+    std::string source;
+    if (CheckRestore(db, rank, 3, &source) != 0) return 1;
+    const bool was_lost = std::find(lost.begin(), lost.end(), rank) != lost.end();
+    if (was_lost) {
+      RANK_CHECK(source.rfind("rebuild:ec:2+2", 0) == 0, "rank %u restored from %s, not a rebuild",
+                 rank, source.c_str());
+    } else {
+      RANK_CHECK(source == "ram", "rank %u restored from %s", rank, source.c_str());
+    }
+    Done(job, rank, "restore", /*all_wait=*/true);  // the others serve the rebuilds till then
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+TEST_F(ClusterTest, ALostNodeOfACodingGroupIsRebuiltFromTheOthers) {
+  LoseNodesOfACodingGroupAndRebuild(job_, {1});
+}
+
+// Every loss the code is for: each set of up to M = 2 of the group's 4 nodes (10 of them), each
+// in a job of its own.
+TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
+  std::vector<std::vector<uint32_t>> losses;
+  for (uint32_t a = 0; a < kRanks; ++a) {
+    losses.push_back({a});
+    for (uint32_t b = a + 1; b < kRanks; ++b) losses.push_back({a, b});
+  }
+  for (const auto& lost : losses) {
+    Job job;
+    job.port = FreePort();
+    SCOPED_TRACE("lost nodes " + std::to_string(lost[0]) +
+                 (lost.size() > 1 ? " and " + std::to_string(lost[1]) : ""));
+    LoseNodesOfACodingGroupAndRebuild(job, lost);
+    if (HasFailure()) return;
+  }
+}
+
+// M + 1 = 3 lost nodes of an ec:2+2 group leave too few blocks: no rank is told v5, the job
+// falls back to the newest version on a tier that outlived the nodes (a shared disk tier every
+// 2nd version), and v5 is never restored from a rebuild of too little.
+TEST_F(ClusterTest, LosingMoreNodesThanTheCodeToleratesFallsBackToASlowerTier) {
+  job_.code = "ec:2+2";
+  job_.shared_tier = true;
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenAndSave(job_, rank, 5, &db) != 0) return 1;
+    Done(job_, rank, "save");
+    int rc = ckptdb_close(db);  // drains the demotions of v2 and v4 to the shared tier
+    RANK_CHECK(rc == 0, "close: %d", rc);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  for (uint32_t r : {1u, 2u, 3u}) job_.WipeNode(r);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    if (CheckLatest(db, rank, 4) != 0) return 1;
+    std::string source;
+    int bad = CheckRestore(db, rank, 4, &source);
+    std::vector<uint8_t> out(kTensorBytes);
+    std::string name = "w0/r" + std::to_string(rank);
+    int v5 = ckptdb_restore(db, 5, name.c_str(), out.data(), out.size(), 0);
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    if (bad != 0) return 1;
+    if (rank >= 1) {
+      RANK_CHECK(source.rfind("disk:", 0) == 0, "rank %u restored v4 from %s, not the shared tier",
+                 rank, source.c_str());
+      RANK_CHECK(v5 != 0, "rank %u restored v5 from too few blocks", rank);
+      RANK_CHECK(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0; }),
+                 "rank %u: a failed restore of v5 left bytes in the buffer", rank);
+    } else {
+      RANK_CHECK(source == "ram", "rank %u restored v4 from %s", rank, source.c_str());
+    }
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
 // For the test below: every rank notes when its v2 is PREPARED (its replicas acknowledged);
