@@ -428,6 +428,7 @@ struct Cluster::Rebuild::Impl {
   };
   std::vector<Holder> holders;    // by position: the parity each member holds
   std::vector<bool> data_failed;  // by position: its own segment could not be read
+  std::set<std::pair<uint64_t, uint32_t>> bad_blocks;  // (stripe, block index) failing xxh3
   std::map<uint64_t, std::vector<uint8_t>> units;
   std::map<uint64_t, uint32_t> attempts;
   std::set<uint32_t> sources;  // positions that gave blocks
@@ -539,7 +540,7 @@ struct Cluster::Rebuild::Impl {
       }
       for (uint32_t row = 0; row < group.code.m; ++row) {
         const uint32_t h = layout->ParityMember(slot.stripe, row);
-        if (h == me || holders[h].failed) continue;
+        if (h == me || holders[h].failed || bad_blocks.count({slot.stripe, k + row})) continue;
         candidates.push_back({k + row, h, true, 0, 0});
       }
       const size_t need = k - zeros.size();
@@ -597,7 +598,13 @@ struct Cluster::Rebuild::Impl {
                                          R(group.members[c.member]));
             }
           }
-          if (!st.ok()) holders[c.member].failed = true;
+          // A block that fails its xxh3 is an erasure of its own; a holder that cannot be
+          // reached or read is gone for every stripe.
+          if (st.code() == CKPTDB_ECORRUPT && holders[c.member].reader != nullptr) {
+            bad_blocks.insert({slot.stripe, c.index});
+          } else if (!st.ok()) {
+            holders[c.member].failed = true;
+          }
         } else {
           st = FetchData(c.member, c.unit * group.unit_bytes, block.data(), c.bytes);
           if (!st.ok()) data_failed[c.member] = true;
