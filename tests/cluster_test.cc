@@ -422,9 +422,10 @@ TEST_F(ClusterTest, ARankThatAbortsAVersionAbortsItForEveryRankAtOnce) {
       rc = ckptdb_put_shard(db, 2, "again", "x", 1, nullptr, CKPTDB_PUT_COPY_NOW);
       RANK_CHECK(rc != 0, "v2 put again after the job aborted it");
     } else {
+      // The coordinator's abort may reach this rank before its commit call does: then the call
+      // itself fails with the abort.
       rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
-      RANK_CHECK(rc == 0, "commit v2 (async): %d", rc);
-      rc = ckptdb_wait_commit(db, 2, nullptr, 20000);
+      if (rc == 0) rc = ckptdb_wait_commit(db, 2, nullptr, 20000);
       RANK_CHECK(rc == CKPTDB_ESTATE, "v2's commit returned %d, not ESTATE", rc);
     }
     for (uint64_t v = 3; v <= 4; ++v) {
@@ -456,9 +457,10 @@ TEST_F(ClusterTest, AReplicaOverItsHoldersBudgetAbortsTheVersion) {
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
     Done(job_, rank, "put", /*all_wait=*/true);  // v2 is not aborted before every rank put it
+    // The coordinator's abort may reach a rank before its commit call does: then the call
+    // itself fails with the abort.
     int rc = ckptdb_commit(db, 2, CKPTDB_COMMIT_ASYNC);
-    RANK_CHECK(rc == 0, "commit v2 (async): %d", rc);
-    rc = ckptdb_wait_commit(db, 2, nullptr, 20000);
+    if (rc == 0) rc = ckptdb_wait_commit(db, 2, nullptr, 20000);
     if (rank == 0) {
       RANK_CHECK(rc == CKPTDB_ENOSPC, "rank 0's commit of v2 returned %d, not ENOSPC", rc);
       const std::string why = ckptdb_last_error();
