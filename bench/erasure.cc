@@ -1,0 +1,236 @@
+// Issue 5's coding benchmarks (docs/performance.md, "Coding groups"), each against a limit
+// measured in the same run over the same buffers:
+//
+//   encode      ErasureCode::Encode (all M parity blocks of K data blocks) against a bare ISA-L
+//               loop: ec_init_tables once, then ec_encode_data over the same blocks.
+//   accumulate  what a parity holder does (ErasureCode::Update, one data block at a time into the
+//               M rows, as blocks arrive) against the same bare encode.
+//   decode      ErasureCode::Decode of M lost data blocks from K survivors (matrix inversion
+//               included) against bare ISA-L: gf_invert_matrix, ec_init_tables, ec_encode_data.
+//   memory      the parity segments a coding group's holders keep for one version, built through
+//               ParityStore exactly as Cluster builds them, over the group's data: (K + M) / K
+//               expected (plus each segment's header, record headers and manifest).
+// Rates are data bytes (K blocks) per second; blocks are pre-faulted and incompressible; each
+// figure is the median of --repeats rounds, the two sides alternating.
+//
+// Usage: bench_erasure [--block-mib B] [--repeats R] [--codes 4+2,8+2,6+3]
+#include <isa-l/erasure_code.h>
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "engine/erasure_code.h"
+#include "engine/parity_store.h"
+#include "engine/stripe_layout.h"
+
+namespace {
+
+using namespace ckpt;
+using namespace ckpt::engine;
+using bench::Allocate;
+using bench::Clock;
+using bench::Median;
+using bench::Since;
+
+struct Blocks {
+  std::vector<uint8_t*> data, parity, out;
+};
+
+Blocks MakeBlocks(const CodeSpec& spec, size_t bytes) {
+  Blocks b;
+  for (uint32_t i = 0; i < spec.k; ++i) {
+    b.data.push_back(Allocate(bytes));
+    bench::Fill(b.data.back(), bytes, 1000 + i);
+  }
+  for (uint32_t r = 0; r < spec.m; ++r) {
+    b.parity.push_back(Allocate(bytes));
+    b.out.push_back(Allocate(bytes));
+  }
+  return b;
+}
+
+double BareEncode(const CodeSpec& spec, const std::vector<uint8_t>& matrix, size_t bytes,
+                  Blocks& b) {
+  std::vector<uint8_t> tables(size_t{32} * spec.k * spec.m);
+  const Clock::time_point t0 = Clock::now();
+  ec_init_tables(static_cast<int>(spec.k), static_cast<int>(spec.m),
+                 const_cast<uint8_t*>(&matrix[size_t{spec.k} * spec.k]), tables.data());
+  ec_encode_data(static_cast<int>(bytes), static_cast<int>(spec.k), static_cast<int>(spec.m),
+                 tables.data(), b.data.data(), b.out.data());
+  return Since(t0);
+}
+
+double BareDecode(const CodeSpec& spec, const std::vector<uint8_t>& matrix, size_t bytes,
+                  Blocks& b) {
+  // Data blocks 0..M-1 lost: survivors are data M..K-1 and every parity block.
+  const uint32_t k = spec.k, m = spec.m;
+  const Clock::time_point t0 = Clock::now();
+  std::vector<uint8_t> sub(size_t{k} * k), inverse(size_t{k} * k);
+  std::vector<uint8_t*> present;
+  for (uint32_t i = 0; i < k; ++i) {
+    const uint32_t index = i < k - m ? m + i : k + (i - (k - m));
+    std::memcpy(&sub[size_t{i} * k], &matrix[size_t{index} * k], k);
+    present.push_back(index < k ? b.data[index] : b.parity[index - k]);
+  }
+  gf_invert_matrix(sub.data(), inverse.data(), static_cast<int>(k));
+  std::vector<uint8_t> tables(size_t{32} * k * m);
+  ec_init_tables(static_cast<int>(k), static_cast<int>(m), inverse.data(), tables.data());
+  ec_encode_data(static_cast<int>(bytes), static_cast<int>(k), static_cast<int>(m), tables.data(),
+                 present.data(), b.out.data());
+  return Since(t0);
+}
+
+// The parity memory of one version of a group of K + M members with `segment` bytes each.
+double ParityOverhead(const CodeSpec& spec, uint64_t segment) {
+  const std::string dir = "/dev/shm/ckptdb-bench-erasure";
+  std::filesystem::remove_all(dir);
+  const uint32_t n = spec.k + spec.m;
+  CodingGroup shape{spec, 0, uint64_t{4} << 20, {}};
+  for (uint32_t p = 0; p < n; ++p) shape.members.push_back(p);
+  std::vector<std::unique_ptr<ParityStore>> stores(n);
+  std::vector<uint8_t*> images(n);
+  for (uint32_t p = 0; p < n; ++p) {
+    ParityStore::Writer w{1, p, n, "node" + std::to_string(p)};
+    if (!ParityStore::Open(dir + "/m" + std::to_string(p), w, 2, 0, &stores[p]).ok()) return 0;
+    images[p] = Allocate(segment);
+    bench::Fill(images[p], segment, p);
+  }
+  StripeLayout layout(spec.k, spec.m, shape.unit_bytes, 1);
+  for (uint32_t q = 0; q < n; ++q) {
+    for (uint32_t p = 0; p < n; ++p) (void)stores[q]->Announce(shape, 1, p, segment, "a");
+    if (!stores[q]->Layout(0, 1, "layout").ok()) return 0;
+  }
+  for (uint32_t p = 0; p < n; ++p) {
+    for (uint64_t j = 0; j < layout.Units(segment); ++j) {
+      const uint64_t s = layout.DataSlot(p, j).stripe;
+      for (uint32_t r = 0; r < spec.m; ++r) {
+        Status st = stores[layout.ParityMember(s, r)]->Accumulate(
+            0, 1, p, j, 0, {images[p] + j * shape.unit_bytes, layout.UnitBytes(segment, j)}, "d");
+        if (!st.ok()) return 0;
+      }
+    }
+  }
+  uint64_t parity = 0;
+  for (uint32_t q = 0; q < n; ++q) {
+    for (uint32_t p = 0; p < n; ++p) (void)stores[q]->Done(0, 1, p, "done");
+    if (!stores[q]->Sealed(0, 1, "sealed").ok()) return 0;
+    parity += std::filesystem::file_size(stores[q]->SealedPath(0, 1));
+  }
+  stores.clear();
+  for (uint8_t* p : images) munmap(p, segment);
+  std::filesystem::remove_all(dir);
+  return static_cast<double>(n * segment + parity) / static_cast<double>(n * segment);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t block_mib = 16;
+  int repeats = 7;
+  std::vector<std::string> codes = {"ec:4+2", "ec:8+2", "ec:6+3"};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--block-mib" && i + 1 < argc) {
+      block_mib = std::stoul(argv[++i]);
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      repeats = std::stoi(argv[++i]);
+    } else if (arg == "--codes" && i + 1 < argc) {
+      codes.clear();
+      std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        size_t comma = std::min(list.find(',', at), list.size());
+        codes.push_back("ec:" + list.substr(at, comma - at));
+        at = comma + 1;
+      }
+    } else {
+      std::fprintf(stderr, "usage: %s [--block-mib B] [--repeats R] [--codes 4+2,8+2,6+3]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  const size_t bytes = block_mib << 20;
+  std::printf(
+      "== coding: blocks of %zu MiB, median of %d rounds; rates are data bytes (K blocks) "
+      "per second ==\n",
+      block_mib, repeats);
+  std::printf("  %-8s %10s %10s %7s %12s %7s %10s %10s %7s\n", "code", "bare enc", "Encode",
+              "/bare", "Update(acc)", "/bare", "bare dec", "Decode", "/bare");
+  for (const std::string& name : codes) {
+    CodeSpec spec;
+    if (!ParseCodeSpec(name, &spec).ok()) {
+      std::fprintf(stderr, "bad code %s\n", name.c_str());
+      return 2;
+    }
+    std::unique_ptr<ErasureCode> code;
+    if (!ErasureCode::Make(spec, &code).ok()) return 1;
+    std::vector<uint8_t> matrix(size_t{spec.k + spec.m} * spec.k);
+    gf_gen_cauchy1_matrix(matrix.data(), static_cast<int>(spec.k + spec.m),
+                          static_cast<int>(spec.k));
+    Blocks b = MakeBlocks(spec, bytes);
+    code->Encode(bytes, b.data.data(), b.parity.data());  // the survivors decode reads
+    std::vector<double> bare_enc, enc, acc, bare_dec, dec;
+    std::vector<uint32_t> all_rows(spec.m), lost(spec.m), survivors;
+    for (uint32_t r = 0; r < spec.m; ++r) all_rows[r] = r, lost[r] = r;
+    std::vector<const uint8_t*> present;
+    for (uint32_t i = spec.m; i < spec.k; ++i) survivors.push_back(i), present.push_back(b.data[i]);
+    for (uint32_t r = 0; survivors.size() < spec.k; ++r) {
+      survivors.push_back(spec.k + r);
+      present.push_back(b.parity[r]);
+    }
+    for (int round = 0; round < repeats + 1; ++round) {
+      double t_bare = BareEncode(spec, matrix, bytes, b);
+      Clock::time_point t0 = Clock::now();
+      code->Encode(bytes, b.data.data(), b.out.data());
+      double t_enc = Since(t0);
+      for (uint8_t* p : b.out) std::memset(p, 0, bytes);
+      t0 = Clock::now();
+      for (uint32_t i = 0; i < spec.k; ++i) {
+        code->Update(bytes, i, b.data[i], all_rows, b.out.data());
+      }
+      double t_acc = Since(t0);
+      bool same = true;
+      for (uint32_t r = 0; r < spec.m; ++r)
+        same = same && !std::memcmp(b.out[r], b.parity[r], bytes);
+      double t_bdec = BareDecode(spec, matrix, bytes, b);
+      t0 = Clock::now();
+      Status st = code->Decode(bytes, survivors, present.data(), lost, b.out.data());
+      double t_dec = Since(t0);
+      for (uint32_t r = 0; r < spec.m; ++r) same = same && !std::memcmp(b.out[r], b.data[r], bytes);
+      if (!same || !st.ok()) {
+        std::fprintf(stderr, "%s: wrong bytes\n", name.c_str());
+        return 1;
+      }
+      if (round == 0) continue;  // warm-up
+      const double data = static_cast<double>(bytes) * spec.k;
+      bare_enc.push_back(data / t_bare / 1e9);
+      enc.push_back(data / t_enc / 1e9);
+      acc.push_back(data / t_acc / 1e9);
+      bare_dec.push_back(data / t_bdec / 1e9);
+      dec.push_back(data / t_dec / 1e9);
+    }
+    std::printf("  %-8s %8.2f %10.2f %6.0f%% %10.2f %6.0f%% %10.2f %10.2f %6.0f%%   GB/s\n",
+                name.c_str(), Median(bare_enc), Median(enc), 100 * Median(enc) / Median(bare_enc),
+                Median(acc), 100 * Median(acc) / Median(bare_enc), Median(bare_dec), Median(dec),
+                100 * Median(dec) / Median(bare_dec));
+    for (uint8_t* p : b.data) munmap(p, bytes);
+    for (uint8_t* p : b.parity) munmap(p, bytes);
+    for (uint8_t* p : b.out) munmap(p, bytes);
+  }
+  std::printf(
+      "\n  memory of one version, data and parity over data (a group's members with 64 "
+      "MiB segments, 4 MiB units, through ParityStore):\n");
+  for (const char* name : {"ec:2+2", "xor:3", "ec:4+2", "ec:8+2", "ec:6+3"}) {
+    CodeSpec spec;
+    (void)ParseCodeSpec(name, &spec);
+    const double measured = ParityOverhead(spec, uint64_t{64} << 20);
+    std::printf("  %-8s measured %.4f, (K+M)/K = %.4f\n", name, measured,
+                static_cast<double>(spec.k + spec.m) / spec.k);
+  }
+  std::printf("  replicate:2 keeps a whole copy: 2.0000 by construction\n");
+  return 0;
+}
