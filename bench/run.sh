@@ -31,3 +31,9 @@ echo "== the machine: tcp receive into memory the kernel never wrote, and into m
 echo
 echo "== issue 4: restore of 256 MiB from a peer's memory, a disk tier and a throttled one =="
 "$build/bench_cluster" --mode restore --mib 256 --repeats 4 --tls tcp
+echo
+echo "== issue 5: encode, a holder's accumulation and decode against bare ISA-L; parity memory =="
+"$build/bench_erasure" --block-mib 16 --repeats 9
+echo
+echo "== issue 5: replicate:2 against ec:2+2, xor:3, ec:4+2, ec:6+2 on 4, 6 and 8 nodes =="
+"$build/bench_cluster" --mode coding --mib 64 --tls tcp
