@@ -223,6 +223,17 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   }
   if (options.rank == 0) c->coordinator_ = std::thread([self] { self->CoordinatorLoop(); });
   Status st = c->Join();
+  if (!st.ok() && options.rank == 0 && st.code() == CKPTDB_EINVAL) {
+    // The coordinator refused the job (coding groups that do not fit its nodes): it stays a
+    // moment, until every rank has been told why, so none waits its join timeout for it.
+    for (int waited = 0; waited < 3000; waited += 20) {
+      {
+        std::lock_guard<std::mutex> lock(c->mu_);
+        if (c->refused_.size() >= options.world_size) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
   if (!st.ok()) return st;
   c->heartbeat_ = std::thread([self] { self->HeartbeatLoop(); });
   *out = std::move(c);
@@ -598,6 +609,18 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   complete_ = std::all_of(members_.begin(), members_.end(),
                           [](const Member& x) { return x.registered && !x.dead; });
   assembled_ = assembled_ || complete_;
+  if (complete_ && options_.code) {
+    // A job whose nodes do not form coding groups is refused to every rank at once, each with
+    // the reason (a rank would otherwise wait its join timeout for a coordinator that quit).
+    std::vector<std::string> node_of_rank;
+    for (const Member& x : members_) node_of_rank.push_back(x.node_id);
+    std::vector<std::vector<uint32_t>> groups;
+    st = ComputeCodingGroups(node_of_rank, *options_.code, &groups);
+    if (!st.ok()) {
+      refused_.insert(rank);
+      return Fail(reply, st);
+    }
+  }
   WireWriter w;
   w.U64(epoch_);
   w.U8(complete_ ? 1 : 0);

@@ -272,7 +272,8 @@ class Cluster {
   // Coordinator state (rank 0), under mu_.
   std::vector<Member> members_;
   bool complete_ = false;
-  bool assembled_ = false;  // complete_ was true once: decisions are no longer learned
+  bool assembled_ = false;      // complete_ was true once: decisions are no longer learned
+  std::set<uint32_t> refused_;  // ranks told the job cannot run (its nodes fit no coding groups)
   std::map<uint64_t, std::set<uint32_t>> votes_;
   std::set<uint64_t> committed_;  // decided COMMITTED (durable in the catalog)
   std::set<uint64_t> aborted_;
@@ -312,7 +313,7 @@ class Cluster::Rebuild {
   // What was read of [offset, offset + bytes) failed a check: the units it touches are decoded
   // again from another choice of K blocks by the next Read. False when no choice is left.
   bool Retry(uint64_t offset, uint64_t bytes);
-  // Where the blocks came from, for last_restore_sources ("rebuild:ec:2+2 from ranks 0 1 3").
+  // The source's name for last_restore_sources ("rebuild:ec:2+2").
   std::string Source() const;
 
  private:

@@ -431,7 +431,6 @@ struct Cluster::Rebuild::Impl {
   std::set<std::pair<uint64_t, uint32_t>> bad_blocks;  // (stripe, block index) failing xxh3
   std::map<uint64_t, std::vector<uint8_t>> units;
   std::map<uint64_t, uint32_t> attempts;
-  std::set<uint32_t> sources;  // positions that gave blocks
   std::string what;
 
   static constexpr uint32_t kMaxAttempts = 16;
@@ -612,7 +611,6 @@ struct Cluster::Rebuild::Impl {
         if (!st.ok()) break;
         blocks.push_back(std::move(block));
         index.push_back(c.index);
-        sources.insert(c.member);
       }
       if (!st.ok()) continue;  // a source failed: choose again without it
       std::vector<const uint8_t*> present;
@@ -670,11 +668,7 @@ bool Cluster::Rebuild::Retry(uint64_t offset, uint64_t bytes) {
   return left;
 }
 
-std::string Cluster::Rebuild::Source() const {
-  std::string ranks;
-  for (uint32_t p : impl_->sources) ranks += " " + std::to_string(impl_->group.members[p]);
-  return "rebuild:" + impl_->group.code.Name() + (ranks.empty() ? "" : " from ranks" + ranks);
-}
+std::string Cluster::Rebuild::Source() const { return "rebuild:" + impl_->group.code.Name(); }
 
 Status Cluster::OpenRebuild(uint64_t version, std::unique_ptr<Rebuild>* out) {
   if (!group_) return Status::NotFound(R(options_.rank) + " is in no coding group");

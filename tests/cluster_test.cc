@@ -562,6 +562,23 @@ TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
   }
 }
 
+// Nodes that do not divide into coding groups (4 nodes, ec:4+2 needs 6): every rank's open fails
+// with EINVAL naming the numbers, at once, none waiting its join timeout for a coordinator that
+// quit.
+TEST_F(ClusterTest, NodesThatFitNoCodingGroupsAreRefusedToEveryRank) {
+  job_.code = "ec:4+2";
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == CKPTDB_EINVAL, "open returned %d", rc);
+    RANK_CHECK(std::string(ckptdb_last_error()).find("groups of 6 distinct nodes; the job has 4") !=
+                   std::string::npos,
+               "the error does not say why");
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
 // A lost node, corrupt data on a survivor and a corrupt parity block at once, in an ec:2+2 group:
 // every corrupt block is an erasure too. Rank 0's ram copy of v3 has flipped bytes in one chunk
 // (its restore rebuilds that chunk from the group), rank 3's parity of v3 a flipped byte in its

@@ -340,6 +340,9 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--kill-node", cluster->kill_node, "The node that is lost (default: the last)")
       ->check(CLI::Range(0, 63));
+  cmd->add_option("--redundancy", cluster->redundancy,
+                  "replicate:M, or ec:K+M / xor:K coding groups (many ranks)")
+      ->capture_default_str();
   cmd->add_option("--mib-per-rank", cluster->mib_per_rank, "State per rank in MiB (many ranks)")
       ->check(CLI::Range(1.0, 4096.0))
       ->capture_default_str();

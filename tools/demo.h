@@ -91,7 +91,8 @@ struct ClusterArgs {
   int compute_ms = 300;  // above one version's replication time on a 2-core machine
   double mib_per_rank = 32;
   std::string tls = "tcp";
-  int port = 0;  // 0: a free one
+  int port = 0;                            // 0: a free one
+  std::string redundancy = "replicate:2";  // or ec:K+M, xor:K
 };
 
 // `ckptdb demo --ranks R --nodes N` (R > 1): tools/demo_cluster.cc. Returns the exit code.

@@ -118,7 +118,7 @@ int OpenRank(const Job& job, int rank, uint64_t version_bytes, ckptdb** db) {
   o.node_id = node_id.c_str();
   o.coordinator = job.coordinator.c_str();
   o.job_token = job.token.c_str();
-  o.redundancy = "replicate:2";
+  o.redundancy = job.args.redundancy.c_str();
   o.staging_bytes = 16 << 20;
   setenv("CKPTDB_UCX_TLS", job.args.tls.c_str(), 1);
   return ckptdb_open(&o, db);
@@ -429,10 +429,19 @@ int RunClusterDemo(const ClusterArgs& a) {
       "each node: memory %s/nodeK (ram tier, keep=2, and peers' replicas), disks %s/nodeK "
       "(catalogs; disk tier every=5)\n",
       a.ram_dir.c_str(), a.root.c_str());
-  std::printf(
-      "redundancy replicate:2 (GEMINI Algorithm 1 placement over nodes: `ckptdb plan --nodes %d "
-      "--replicas 2`), UCX_TLS=%s on loopback, coordinator %s\n",
-      a.nodes, a.tls.c_str(), job.coordinator.c_str());
+  const bool coded = a.redundancy.rfind("replicate:", 0) != 0;
+  if (coded) {
+    std::printf(
+        "redundancy %s (coding groups of K+M nodes, parity in each other's memory: `ckptdb plan "
+        "--nodes %d --ec K+M`), UCX_TLS=%s on loopback, coordinator %s\n",
+        a.redundancy.c_str(), a.nodes, a.tls.c_str(), job.coordinator.c_str());
+  } else {
+    std::printf(
+        "redundancy %s (GEMINI Algorithm 1 placement over nodes: `ckptdb plan --nodes %d "
+        "--replicas %s`), UCX_TLS=%s on loopback, coordinator %s\n",
+        a.redundancy.c_str(), a.nodes, a.redundancy.substr(10).c_str(), a.tls.c_str(),
+        job.coordinator.c_str());
+  }
   std::printf("ranks per node:");
   for (int n = 0; n < a.nodes; ++n) {
     std::printf(" node%d{", n);
@@ -515,9 +524,11 @@ int RunClusterDemo(const ClusterArgs& a) {
                 p.bit_exact ? "yes" : "NO");
     const bool lost = job.NodeOf(r) == victim;
     if (!p.bit_exact || p.latest != static_cast<uint64_t>(a.iterations)) ok = false;
-    if (lost != (std::strncmp(p.source, "peer:", 5) == 0)) {
+    const bool from_peers =
+        std::strncmp(p.source, "peer:", 5) == 0 || std::strncmp(p.source, "rebuild:", 8) == 0;
+    if (lost != from_peers) {
       std::fprintf(stderr, "ckptdb demo: rank %d restored from %s, expected %s\n", r, p.source,
-                   lost ? "a peer's memory" : "its own ram tier");
+                   lost ? "its peers' memory" : "its own ram tier");
       ok = false;
     }
   }
