@@ -239,6 +239,12 @@ int ckptdb_abort(ckptdb* db, uint64_t version) {
   return Guard("ckptdb_abort", [&] { return Done(db->db->Abort(version)); });
 }
 
+int ckptdb_recoverable(ckptdb* db, uint64_t version, ckptdb_recoverable_t* out) {
+  if (db == nullptr) return NullHandle("ckptdb_recoverable");
+  if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_recoverable: out is NULL"));
+  return Guard("ckptdb_recoverable", [&] { return Done(db->db->Recoverable(version, out)); });
+}
+
 int ckptdb_latest(ckptdb* db, uint64_t* version) {
   if (db == nullptr) return NullHandle("ckptdb_latest");
   if (version == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_latest: version is NULL"));

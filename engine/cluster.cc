@@ -527,6 +527,8 @@ void Cluster::Handle(const Request& request, Reply* reply) {
       return HandleHolders(request, reply);
     case kDecisions:
       return HandleDecisions(request, reply);
+    case kRecoverable:
+      return HandleRecoverable(request, reply);
     case kServe:
       return HandleServe(request, reply);
     default:
@@ -932,6 +934,114 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
   reply->body = w.Take();
 }
 
+// Per rank: its own copy, else the distinct nodes holding a replica of it (live ranks and serve
+// daemons), else its coding group; the spare losses are the fewest any rank has.
+void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
+  WireReader r(request.body, "recoverable query from " + request.peer);
+  const uint64_t version = r.U64("version");
+  Status st = r.Finish();
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
+  const std::string v = "v" + std::to_string(version);
+  if (!committed_.count(version)) {
+    return Fail(reply, Status::State(v + " is not committed by the job"));
+  }
+  auto has = [&](const Member& m) {
+    return m.registered && !m.dead &&
+           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                                version) != m.local_versions.end());
+  };
+  std::vector<std::vector<uint32_t>> groups;
+  if (options_.code) {
+    std::vector<std::string> node_of_rank;
+    for (const Member& m : members_) node_of_rank.push_back(m.node_id);
+    if (!ComputeCodingGroups(node_of_rank, *options_.code, &groups).ok()) groups.clear();
+  }
+  const int64_t now = NowMs();
+  RecoverableInfo info;
+  int32_t spare = INT32_MAX;
+  std::string peers, lost, tightest;
+  for (uint32_t rank = 0; rank < members_.size(); ++rank) {
+    const bool own = has(members_[rank]);
+    int32_t mine = -1;
+    std::string how;
+    if (options_.code) {
+      for (uint32_t g = 0; g < groups.size(); ++g) {
+        if (std::find(groups[g].begin(), groups[g].end(), rank) == groups[g].end()) continue;
+        int32_t missing = 0;
+        for (uint32_t q : groups[g]) {
+          // A member whose yes vote committed it had its group's parity sealed (its holdings
+          // say so only from its next heartbeat).
+          const Member& mq = members_[q];
+          const bool parity = mq.voted.count(version) || Holds(mq.parity, g, version);
+          missing += has(mq) && parity ? 0 : 1;
+        }
+        const int32_t m = static_cast<int32_t>(options_.code->m);
+        mine = missing <= m ? m - missing : (own ? 0 : -1);
+        how = "a rebuild from coding group " + std::to_string(g) + " (" + std::to_string(missing) +
+              " of " + std::to_string(groups[g].size()) + " members lack it or its parity)";
+      }
+    } else {
+      std::set<std::string> nodes;
+      if (own) nodes.insert(members_[rank].node_id);
+      for (const Member& o : members_) {
+        if (o.registered && !o.dead && Holds(o.replicas, rank, version)) nodes.insert(o.node_id);
+      }
+      for (const auto& [address, s] : servers_) {
+        if (now - s.last_seen_ms <= options_.dead_after_ms && Holds(s.replicas, rank, version)) {
+          nodes.insert(s.node_id);
+        }
+      }
+      mine = static_cast<int32_t>(nodes.size()) - 1;
+      how = "replicas on " + std::to_string(own ? nodes.size() - 1 : nodes.size()) + " node(s)";
+    }
+    if (mine < 0) {
+      ++info.ranks_lost;
+      lost += " " + std::to_string(rank);
+    } else if (own) {
+      ++info.ranks_local;
+    } else {
+      ++info.ranks_from_peers;
+      if (peers.size() < 300) peers += "; rank " + std::to_string(rank) + " from " + how;
+    }
+    if (mine < spare) {
+      spare = mine;
+      tightest = "rank " + std::to_string(rank) + (own ? " (its own copy and " : " (") + how + ")";
+    }
+  }
+  info.recoverable = info.ranks_lost == 0;
+  info.spare_losses = info.recoverable ? spare : -1;
+  info.detail = v + ": " + std::to_string(info.ranks_local) + " rank(s) from their own copies" +
+                peers + (lost.empty() ? "" : "; no source for rank(s)" + lost) +
+                (info.recoverable ? "; " + std::to_string(spare) +
+                                        " more node loss(es) to spare, the tightest " + tightest
+                                  : "");
+  WireWriter w;
+  w.U8(info.recoverable ? 1 : 0);
+  w.U32(static_cast<uint32_t>(info.spare_losses));
+  w.U32(info.ranks_local);
+  w.U32(info.ranks_from_peers);
+  w.U32(info.ranks_lost);
+  w.Str(info.detail);
+  reply->body = w.Take();
+}
+
+Status Cluster::Recoverable(uint64_t version, RecoverableInfo* out) {
+  WireWriter w;
+  w.U64(version);
+  std::vector<uint8_t> reply;
+  CKPTDB_RETURN_IF_ERROR(AskCoordinator(kRecoverable, w.Take(), &reply));
+  WireReader r(reply, "the coordinator's recoverable answer");
+  out->recoverable = r.U8("recoverable") != 0;
+  out->spare_losses = static_cast<int32_t>(r.U32("spare"));
+  out->ranks_local = r.U32("local");
+  out->ranks_from_peers = r.U32("from peers");
+  out->ranks_lost = r.U32("lost");
+  out->detail = r.Str("detail", 4096);
+  return r.Finish();
+}
+
 // Whether `rank`'s segment of `version` can be rebuilt from its coding group: at most M of the
 // group's members lack either their own copy of the version or their parity of it (any M lost
 // members leave K blocks of every stripe, engine/stripe_layout.h).
@@ -949,7 +1059,7 @@ bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
           m.registered && !m.dead &&
           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
                                                version) != m.local_versions.end()) &&
-          Holds(m.parity, g, version);
+          (m.voted.count(version) || Holds(m.parity, g, version));  // a vote: parity sealed
       missing += has ? 0 : 1;
     }
     return missing <= options_.code->m;

@@ -86,6 +86,16 @@ struct ReplicaHolder {
   std::string address;
 };
 
+// The coordinator's answer to Recoverable (ckptdb_recoverable_t).
+struct RecoverableInfo {
+  bool recoverable = false;
+  int32_t spare_losses = -1;
+  uint32_t ranks_local = 0;
+  uint32_t ranks_from_peers = 0;
+  uint32_t ranks_lost = 0;
+  std::string detail;
+};
+
 struct ClusterStats {
   uint64_t replica_bytes_sent = 0;
   uint64_t replica_bytes_received = 0;
@@ -144,6 +154,9 @@ class Cluster {
   // The newest committed version every live rank can restore (from its own tiers or from a
   // peer's replica), as the coordinator computes it: the same answer on every rank.
   Status Latest(uint64_t* version);
+  // Whether every rank can restore committed `version` from memory, and how many more node
+  // losses that survives, as the coordinator computes it from every rank's holdings.
+  Status Recoverable(uint64_t version, RecoverableInfo* out);
   // Ranks holding a verified replica of `owner`'s segment of `version`.
   Status Holders(uint32_t owner, uint64_t version, std::vector<ReplicaHolder>* out);
   // Reads [offset, offset + bytes) of owner's replica of `version` from `holder` into dst.
@@ -233,6 +246,7 @@ class Cluster {
   void HandleLatest(const transport::Request& request, transport::Reply* reply);
   void HandleHolders(const transport::Request& request, transport::Reply* reply);
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);
+  void HandleRecoverable(const transport::Request& request, transport::Reply* reply);
   void HandleServe(const transport::Request& request, transport::Reply* reply);
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
   bool RebuildableLocked(uint32_t rank, uint64_t version) const;

@@ -108,6 +108,7 @@ class Db {
   Status Abort(uint64_t version);
 
   Status Latest(uint64_t* version);
+  Status Recoverable(uint64_t version, ckptdb_recoverable_t* out);
   Status Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags);
   Status List(uint64_t version, ckptdb_list_fn fn, void* arg);
   Status ListChunks(uint64_t version, const char* name, ckptdb_chunk_fn fn, void* arg,

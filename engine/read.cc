@@ -455,6 +455,46 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   return Status::Ok();
 }
 
+Status Db::Recoverable(uint64_t version, ckptdb_recoverable_t* out) {
+  *out = ckptdb_recoverable_t{};
+  const std::string what = "recoverable " + V(version);
+  std::string detail;
+  if (cluster_ != nullptr) {
+    RecoverableInfo info;
+    CKPTDB_RETURN_IF_ERROR(cluster_->Recoverable(version, &info).WithContext(what));
+    out->recoverable = info.recoverable ? 1 : 0;
+    out->spare_losses = info.spare_losses;
+    out->ranks_local = info.ranks_local;
+    out->ranks_from_peers = info.ranks_from_peers;
+    out->ranks_lost = info.ranks_lost;
+    detail = info.detail;
+  } else {
+    // Alone: this rank's tiers, and no node to lose.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, what));  // unknown, open, aborted
+    }
+    std::vector<size_t> copies;
+    Status st = CommittedCopies(version, what, &copies);
+    if (!st.ok() && st.code() != CKPTDB_ENOTFOUND) return st;
+    out->recoverable = st.ok() ? 1 : 0;
+    out->spare_losses = st.ok() ? 0 : -1;
+    out->ranks_local = st.ok() ? 1 : 0;
+    out->ranks_lost = st.ok() ? 0 : 1;
+    if (st.ok()) {
+      detail = V(version) + ": from this rank's tiers (";
+      for (size_t i = 0; i < copies.size(); ++i) {
+        detail += (i ? ", " : "") + tiers_[copies[i]].name();
+      }
+      detail += "); no redundancy in other nodes' memory";
+    } else {
+      detail = st.message();
+    }
+  }
+  std::snprintf(out->detail, sizeof out->detail, "%s", detail.c_str());
+  return Status::Ok();
+}
+
 Status Db::Latest(uint64_t* version) {
   // A job: the coordinator's answer, the same on every rank (DESIGN.md section 6).
   if (cluster_ != nullptr) return cluster_->Latest(version);

@@ -81,6 +81,25 @@ TEST_F(ApiTest, PutCommitRestoreRoundTripAcrossReopen) {
   EXPECT_EQ(std::string(st.last_restore_tier), "tmpfs:" + mem_.Sub("t1"));
 }
 
+// Alone, a committed version is recoverable from the rank's own tiers with no node loss to
+// spare; an unknown or open version is an error that says so.
+TEST_F(ApiTest, RecoverableAloneSaysWhichTiersAndNoLossToSpare) {
+  Open();
+  Put(3, "w", RandomBytes(5000, 3));
+  ckptdb_recoverable_t r;
+  EXPECT_EQ(ckptdb_recoverable(db_, 3, &r), CKPTDB_ESTATE) << "open, not committed";
+  ASSERT_EQ(ckptdb_commit(db_, 3, 0), CKPTDB_OK) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_recoverable(db_, 3, &r), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(r.recoverable, 1);
+  EXPECT_EQ(r.spare_losses, 0);
+  EXPECT_EQ(r.ranks_local, 1u);
+  EXPECT_EQ(r.ranks_lost, 0u);
+  EXPECT_NE(std::string(r.detail).find("tmpfs:"), std::string::npos) << r.detail;
+  EXPECT_EQ(ckptdb_recoverable(db_, 99, &r), CKPTDB_ENOTFOUND);
+  EXPECT_EQ(ckptdb_recoverable(db_, 3, nullptr), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_recoverable(nullptr, 3, &r), CKPTDB_EINVAL);
+}
+
 TEST_F(ApiTest, TensorInfoIsListedBackInNameOrder) {
   Open();
   auto w = RandomBytes(4 * 6 * 2, 3);

@@ -198,6 +198,21 @@ int CheckLatest(ckptdb* db, uint32_t rank, uint64_t want) {
   return 0;
 }
 
+// ckptdb_recoverable of `version` says what the test's own count of the job's losses says.
+int CheckRecoverable(ckptdb* db, uint32_t rank, uint64_t version, int recoverable, int spare,
+                     uint32_t local, uint32_t from_peers) {
+  ckptdb_recoverable_t r;
+  int rc = ckptdb_recoverable(db, version, &r);
+  RANK_CHECK(rc == 0, "recoverable v%llu: %d", (unsigned long long)version, rc);
+  RANK_CHECK(r.recoverable == recoverable && r.spare_losses == spare && r.ranks_local == local &&
+                 r.ranks_from_peers == from_peers,
+             "recoverable v%llu: %d, spare %d, local %u, from peers %u, lost %u (%s); expected %d, "
+             "%d, %u, %u",
+             (unsigned long long)version, r.recoverable, r.spare_losses, r.ranks_local,
+             r.ranks_from_peers, r.ranks_lost, r.detail, recoverable, spare, local, from_peers);
+  return 0;
+}
+
 int CheckRestore(ckptdb* db, uint32_t rank, uint64_t version, std::string* source) {
   for (int which = 0; which < 2; ++which) {
     std::vector<uint8_t> out(kTensorBytes);
@@ -239,6 +254,9 @@ void LoseANodeAndRestore(Job& job, uint32_t lost) {
     int rc = OpenRank(job, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
     if (CheckLatest(db, rank, 3) != 0) return 1;
+    // replicate:2 in groups {node0, node1}, {node2, node3}: the lost node's partner keeps one
+    // copy of each of the pair's ranks; nothing more may be lost.
+    if (CheckRecoverable(db, rank, 3, 1, 0, kRanks - 1, 1) != 0) return 1;
     std::string source;
     if (CheckRestore(db, rank, 3, &source) != 0) return 1;
     if (rank == lost) {
@@ -512,6 +530,8 @@ void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job, rank, 3, &db) != 0) return 1;
     if (CheckLatest(db, rank, 3) != 0) return 1;
+    // Nothing lost: every rank from its own copy, M = 2 losses to spare.
+    if (CheckRecoverable(db, rank, 3, 1, 2, kRanks, 0) != 0) return 1;
     Done(job, rank, "save");
     ckptdb_close(db);
     return 0;
@@ -524,6 +544,8 @@ void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
     int rc = OpenRank(job, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
     if (CheckLatest(db, rank, 3) != 0) return 1;
+    const uint32_t n = static_cast<uint32_t>(lost.size());
+    if (CheckRecoverable(db, rank, 3, 1, 2 - static_cast<int>(n), kRanks - n, n) != 0) return 1;
     std::string source;
     if (CheckRestore(db, rank, 3, &source) != 0) return 1;
     const bool was_lost = std::find(lost.begin(), lost.end(), rank) != lost.end();
@@ -681,6 +703,10 @@ TEST_F(ClusterTest, LosingMoreNodesThanTheCodeToleratesFallsBackToASlowerTier) {
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
     if (CheckLatest(db, rank, 4) != 0) return 1;
+    // v5: 3 of 4 members lost with their parity: only rank 0 has its own copy. v4: every rank
+    // has it (on the shared tier) but no loss to spare.
+    if (CheckRecoverable(db, rank, 5, 0, -1, 1, 0) != 0) return 1;
+    if (CheckRecoverable(db, rank, 4, 1, 0, kRanks, 0) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 4, &source);
     std::vector<uint8_t> out(kTensorBytes);

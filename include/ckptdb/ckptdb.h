@@ -203,6 +203,23 @@ int ckptdb_abort(ckptdb* db, uint64_t version);
  * Errors: ENOTFOUND (nothing restorable). */
 int ckptdb_latest(ckptdb* db, uint64_t* version);
 
+/* Whether committed `version` can be restored by every rank from memory, and how many more node
+ * losses it can take. Alone (world_size 1): from this rank's tiers, with no loss to spare. In a
+ * job the coordinator answers from every rank's holdings: a rank counts as covered by its own
+ * copy, by replicas on live peers (the distinct nodes holding a copy, minus one, are its spare
+ * losses) or by its coding group (M minus the members lacking their copy or parity). */
+typedef struct ckptdb_recoverable_t {
+  int recoverable;           /* 1: every rank has a source for every byte */
+  int32_t spare_losses;      /* node losses it survives still; -1 when not recoverable */
+  uint32_t ranks_local;      /* ranks that hold their own copy */
+  uint32_t ranks_from_peers; /* ranks that need a peer's replica or a rebuild */
+  uint32_t ranks_lost;       /* ranks with no source: the version is not recoverable */
+  char detail[512];          /* a sentence: which ranks depend on what, the tightest group */
+} ckptdb_recoverable_t;
+/* Errors: ENOTFOUND (never committed), ESTATE (not committed), EBUSY (the job is recovering:
+ * retry), EPEER (the coordinator is gone). */
+int ckptdb_recoverable(ckptdb* db, uint64_t version, ckptdb_recoverable_t* out);
+
 /* Reads tensor `name` of committed `version` into dst, which must be exactly the tensor's size.
  * Tiers are tried fastest first; each chunk is checked against its xxh3 and a failing chunk is
  * read from the next tier. If no tier has a good copy the call fails with ECORRUPT and the
