@@ -586,6 +586,16 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
     st = LearnDecisionsLocked(rank, local);
     if (!st.ok()) return Fail(reply, st);
   }
+  if (assembled_ && options_.code) {
+    // A rank rejoining an assembled job on a node that breaks its coding groups is refused
+    // before anything of it is recorded (the groups of everyone else stay computable).
+    std::vector<std::string> node_of_rank;
+    for (const Member& x : members_) node_of_rank.push_back(x.node_id);
+    node_of_rank[rank] = node;
+    std::vector<std::vector<uint32_t>> groups;
+    st = ComputeCodingGroups(node_of_rank, *options_.code, &groups);
+    if (!st.ok()) return Fail(reply, st.WithContext(R(rank) + " rejoining on node " + node));
+  }
   Member& m = members_[rank];
   if (m.registered && m.incarnation != incarnation) {
     // A restarted rank: its old incarnation is fenced, and what it left undecided is aborted.
@@ -964,8 +974,8 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
   std::string peers, lost, tightest;
   for (uint32_t rank = 0; rank < members_.size(); ++rank) {
     const bool own = has(members_[rank]);
-    int32_t mine = -1;
-    std::string how;
+    int32_t mine = own ? 0 : -1;  // without a group to count on (none computed): its own copy
+    std::string how = "its own copy only";
     if (options_.code) {
       for (uint32_t g = 0; g < groups.size(); ++g) {
         if (std::find(groups[g].begin(), groups[g].end(), rank) == groups[g].end()) continue;
@@ -974,8 +984,7 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
           // A member whose yes vote committed it had its group's parity sealed (its holdings
           // say so only from its next heartbeat).
           const Member& mq = members_[q];
-          const bool parity = mq.voted.count(version) || Holds(mq.parity, g, version);
-          missing += has(mq) && parity ? 0 : 1;
+          missing += has(mq) && Holds(mq.parity, g, version) ? 0 : 1;
         }
         const int32_t m = static_cast<int32_t>(options_.code->m);
         mine = missing <= m ? m - missing : (own ? 0 : -1);
@@ -998,7 +1007,7 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
     }
     if (mine < 0) {
       ++info.ranks_lost;
-      lost += " " + std::to_string(rank);
+      if (lost.size() < 200) lost += " " + std::to_string(rank);
     } else if (own) {
       ++info.ranks_local;
     } else {
@@ -1059,7 +1068,7 @@ bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
           m.registered && !m.dead &&
           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
                                                version) != m.local_versions.end()) &&
-          (m.voted.count(version) || Holds(m.parity, g, version));  // a vote: parity sealed
+          Holds(m.parity, g, version);
       missing += has ? 0 : 1;
     }
     return missing <= options_.code->m;

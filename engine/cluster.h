@@ -327,6 +327,9 @@ class Cluster::Rebuild {
   // What was read of [offset, offset + bytes) failed a check: the units it touches are decoded
   // again from another choice of K blocks by the next Read. False when no choice is left.
   bool Retry(uint64_t offset, uint64_t bytes);
+  // Forgets which members and holders failed (a later restore may find them back); what failed
+  // its checks stays known.
+  void Refresh();
   // The source's name for last_restore_sources ("rebuild:ec:2+2").
   std::string Source() const;
 

@@ -162,9 +162,8 @@ Status Cluster::CallParity(uint32_t position, const std::vector<uint8_t>& body, 
       transport::PeerId peer = 0;
       st = PeerFor(address, &peer);
       if (st.ok()) {
-        st = transport_->CallSync(peer, kParity, body, payload, payload_bytes,
-                                  options_.call_timeout_ms, reply_body, reply_buffer,
-                                  reply_capacity);
+        st = transport_->CallSync(peer, kParity, body, payload, payload_bytes, timeout_ms,
+                                  reply_body, reply_buffer, reply_capacity);
       }
       DropIfGone(st, address);
     }
@@ -297,6 +296,9 @@ Status Cluster::BuildParity(uint64_t version, uint64_t file_bytes,
         CallParity(q, ParityHeader(kSealedOp, g.group, version), nullptr, 0, wait_ms, &ignored)
             .WithContext(what + ": waiting for the group's parity to be sealed"));
   }
+  // The coordinator hears of the parity this rank now holds before its vote does: it counts a
+  // version rebuildable only from the holdings it has (HandleRecoverable, RebuildableLocked).
+  SendHeartbeat();
   std::lock_guard<std::mutex> lock(mu_);
   stats_.replica_bytes_sent += sent;
   stats_.replica_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -434,6 +436,7 @@ struct Cluster::Rebuild::Impl {
   std::string what;
 
   static constexpr uint32_t kMaxAttempts = 16;
+  static constexpr size_t kMaxCachedUnits = 64;  // 256 MiB of 4 MiB units
 
   // Opens member q's parity segment (its framing and manifest, read through fetches).
   Status OpenHolder(uint32_t q) {
@@ -457,9 +460,12 @@ struct Cluster::Rebuild::Impl {
     }
     if (st.ok()) {
       const fb::Redundancy* r = h.reader->manifest().root().redundancy();
-      const bool same = r != nullptr && r->parity() && r->k() == group.code.k &&
-                        r->m() == group.code.m && r->group() == group.group &&
-                        r->stripe_bytes() == group.unit_bytes && r->position() == q &&
+      const auto scheme = group.code.scheme == CodeScheme::kXor ? fb::RedundancyScheme::Xor
+                                                                : fb::RedundancyScheme::ReedSolomon;
+      const bool same = r != nullptr && r->parity() && r->scheme() == scheme &&
+                        r->k() == group.code.k && r->m() == group.code.m &&
+                        r->group() == group.group && r->stripe_bytes() == group.unit_bytes &&
+                        r->position() == q &&
                         std::equal(group.members.begin(), group.members.end(),
                                    r->member_ranks()->begin(), r->member_ranks()->end());
       if (!same)
@@ -646,6 +652,8 @@ Status Cluster::Rebuild::Read(uint64_t offset, void* out, uint64_t bytes) {
     if (it == x.units.end()) {
       std::vector<uint8_t> decoded;
       CKPTDB_RETURN_IF_ERROR(x.DecodeUnit(unit, &decoded));
+      // Bounded: restores read forward, so the oldest units decoded go first.
+      while (x.units.size() >= Impl::kMaxCachedUnits) x.units.erase(x.units.begin());
       it = x.units.emplace(unit, std::move(decoded)).first;
     }
     const uint64_t in_unit = at - unit * unit_bytes;
@@ -666,6 +674,14 @@ bool Cluster::Rebuild::Retry(uint64_t offset, uint64_t bytes) {
     if (++x.attempts[unit] < Impl::kMaxAttempts) left = true;
   }
   return left;
+}
+
+void Cluster::Rebuild::Refresh() {
+  Impl& x = *impl_;
+  for (uint32_t q = 0; q < x.holders.size(); ++q) {
+    if (x.holders[q].failed && x.holders[q].reader == nullptr) x.holders[q] = Impl::Holder{};
+    x.data_failed[q] = q == x.me;
+  }
 }
 
 std::string Cluster::Rebuild::Source() const { return "rebuild:" + impl_->group.code.Name(); }

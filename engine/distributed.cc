@@ -402,12 +402,16 @@ Status Db::RestoreFromRebuild(uint64_t version, const std::string& name, size_t 
     rebuild_version_ = version;
     std::unique_ptr<Cluster::Rebuild> rebuild;
     Status st = cluster_->OpenRebuild(version, &rebuild);
-    if (st.ok()) {
+    // A survivor's corrupt unit in the header, manifest or footer fails the open: the blocks
+    // are chosen again, a few times.
+    for (int attempt = 0; st.ok(); ++attempt) {
       Cluster::Rebuild* r = rebuild.get();
       st = format::SegmentReader::Open(
           what + " (rebuilt from its coding group)", r->file_bytes(),
           [r](uint64_t off, void* buf, size_t len) { return r->Read(off, buf, len); },
           &rebuild_reader_);
+      if (st.code() != CKPTDB_ECORRUPT || attempt == 3 || !r->Retry(0, r->file_bytes())) break;
+      st = Status::Ok();
     }
     uint64_t manifest_xxh3 = 0;
     {
@@ -429,6 +433,8 @@ Status Db::RestoreFromRebuild(uint64_t version, const std::string& name, size_t 
       return Status::Peer(st.message());
     }
     rebuild_ = std::move(rebuild);
+  } else {
+    rebuild_->Refresh();  // members that failed a restore before may be back
   }
   const format::ManifestView& m = rebuild_reader_->manifest();
   Status st = LayOut(m, name, nbytes, "rebuilt segment", plan);

@@ -197,6 +197,13 @@ Status ParityStore::Announce(const CodingGroup& shape, uint64_t version, uint32_
   if (sealed_.count(key)) return Status::State(what + ": its parity is sealed already");
   auto it = building_.find(key);
   if (it == building_.end()) {
+    // A member late for a version the group moved past: refused at once, not left waiting.
+    auto newer_build = building_.upper_bound({shape.group, version});
+    auto newer_seal = sealed_.upper_bound({shape.group, version});
+    if ((newer_build != building_.end() && newer_build->first.first == shape.group) ||
+        (newer_seal != sealed_.end() && newer_seal->first.first == shape.group)) {
+      return Status::State(what + ": the group has moved on to a newer version");
+    }
     // A newer version of the group begins: builds of older ones can no longer finish.
     for (auto old = building_.lower_bound({shape.group, 0}); old != building_.end() &&
                                                              old->first.first == shape.group &&
@@ -281,39 +288,53 @@ Status ParityStore::Layout(uint32_t group, uint64_t version, const std::string& 
 }
 
 Status ParityStore::Allocate(Building* b, const std::string& what) {
+  // Computed into a Building of its own and published under the lock below: Sealed and
+  // HeldBytesLocked read these fields under it meanwhile. shape, version, position and
+  // member_bytes are fixed once every member announced.
   const CodeSpec& code = b->shape.code;
-  b->layout = std::make_unique<StripeLayout>(code.k, code.m, b->shape.unit_bytes, b->version);
-  const StripeLayout& layout = *b->layout;
+  Building x(0);
+  x.layout = std::make_unique<StripeLayout>(code.k, code.m, b->shape.unit_bytes, b->version);
+  const StripeLayout& layout = *x.layout;
   const uint64_t stripes = layout.Stripes(b->member_bytes);
+  // Bounded before anything is allocated: the blocks this holder keeps are M of every K + M.
+  if (stripes / b->members() * code.m > format::kMaxChunksPerSegment) {
+    return Status::Invalid(what + ": " + std::to_string(stripes) +
+                           " stripes, more parity blocks than a segment holds (" +
+                           std::to_string(format::kMaxChunksPerSegment) +
+                           "): a larger CKPTDB_EC_UNIT_BYTES");
+  }
   uint64_t offset = format::kBlockBytes;
-  b->expected.assign(b->members(), 0);
-  b->received.assign(b->members(), 0);
-  b->done.assign(b->members(), false);
+  x.expected.assign(b->members(), 0);
+  x.received.assign(b->members(), 0);
+  x.done.assign(b->members(), false);
   for (uint64_t s : layout.ParityStripes(b->position, stripes)) {
     const uint64_t bytes = layout.StripeBytes(b->member_bytes, s);
     if (bytes == 0) continue;  // no data in it: its parity is nothing
-    b->index[s] = b->stripes.size();
-    b->stripes.push_back(s);
-    b->rows.push_back(*layout.ParityRow(s, b->position));
-    b->stripe_bytes.push_back(bytes);
-    b->record_offsets.push_back(offset);
+    x.index[s] = x.stripes.size();
+    x.stripes.push_back(s);
+    x.rows.push_back(*layout.ParityRow(s, b->position));
+    x.stripe_bytes.push_back(bytes);
+    x.record_offsets.push_back(offset);
     offset += format::RecordBytes(bytes);
     for (uint32_t i = 0; i < code.k; ++i) {
       const uint32_t p = layout.DataMember(s, i);
-      b->expected[p] += layout.UnitBytes(b->member_bytes[p], layout.DataUnit(s, i));
+      x.expected[p] += layout.UnitBytes(b->member_bytes[p], layout.DataUnit(s, i));
     }
   }
-  if (b->stripes.size() > format::kMaxChunksPerSegment) {
-    return Status::Invalid(what + ": " + std::to_string(b->stripes.size()) +
+  if (x.stripes.size() > format::kMaxChunksPerSegment) {
+    return Status::Invalid(what + ": " + std::to_string(x.stripes.size()) +
                            " parity blocks (at most " +
                            std::to_string(format::kMaxChunksPerSegment) + ")");
   }
-  b->created_unix_ns = NowNs();
-  b->tail_offset = offset;
-  b->manifest_bytes =
-      format::BuildManifest(b->Manifest(writer_, std::vector<uint64_t>(b->stripes.size(), 0)))
-          .size();
-  b->file_bytes = offset + format::TailBytes(b->manifest_bytes);
+  x.shape = b->shape;
+  x.version = b->version;
+  x.position = b->position;
+  x.member_bytes = b->member_bytes;
+  x.created_unix_ns = NowNs();
+  x.tail_offset = offset;
+  x.manifest_bytes =
+      format::BuildManifest(x.Manifest(writer_, std::vector<uint64_t>(x.stripes.size(), 0))).size();
+  x.file_bytes = offset + format::TailBytes(x.manifest_bytes);
   const std::string tmp = TemporaryPath(b->shape.group, b->version);
   bool fresh = false;
   {
@@ -328,15 +349,27 @@ Status ParityStore::Allocate(Building* b, const std::string& what) {
                         ? static_cast<uint64_t>(sb.st_size)
                         : 0;
     }
-    const uint64_t all = HeldBytesLocked();
+    const uint64_t all = HeldBytesLocked();  // b's file_bytes are not published yet: 0
     const uint64_t held = all - std::min(all, spare_bytes);  // the spare is reused
-    if (budget_bytes_ != 0 && held + b->file_bytes > budget_bytes_) {
-      return Status::NoSpace(what + ": its parity (" + std::to_string(b->file_bytes) +
-                             " bytes) would take the parity and replicas in " + dir_ + " to " +
-                             std::to_string(held + b->file_bytes) +
-                             " bytes, over their budget of " + std::to_string(budget_bytes_) +
-                             " (the ram tier's replicas=)");
+    if (budget_bytes_ != 0 && held + x.file_bytes > budget_bytes_) {
+      return Status::NoSpace(what + ": its parity (" + std::to_string(x.file_bytes) +
+                             " bytes) would take the parity held in " + dir_ + " to " +
+                             std::to_string(held + x.file_bytes) + " bytes, over their budget of " +
+                             std::to_string(budget_bytes_) + " (the ram tier's replicas=)");
     }
+    b->layout = std::move(x.layout);
+    b->expected = std::move(x.expected);
+    b->received = std::move(x.received);
+    b->done = std::move(x.done);
+    b->index = std::move(x.index);
+    b->stripes = std::move(x.stripes);
+    b->rows = std::move(x.rows);
+    b->stripe_bytes = std::move(x.stripe_bytes);
+    b->record_offsets = std::move(x.record_offsets);
+    b->created_unix_ns = x.created_unix_ns;
+    b->tail_offset = x.tail_offset;
+    b->manifest_bytes = x.manifest_bytes;
+    b->file_bytes = x.file_bytes;
     std::error_code ec;
     if (it != spares_.end() && rename(SparePath(b->shape.group).c_str(), tmp.c_str()) == 0) {
       spare = std::move(it->second);
@@ -373,6 +406,7 @@ Status ParityStore::Accumulate(uint32_t group, uint64_t version, uint32_t positi
                                const std::string& what) {
   const Key key{group, version};
   std::shared_ptr<Building> b;
+  std::shared_ptr<MappedFile> map;
   uint8_t* parity = nullptr;
   size_t index = 0;
   uint32_t slot = 0;
@@ -426,7 +460,8 @@ Status ParityStore::Accumulate(uint32_t group, uint64_t version, uint32_t positi
     ranges.emplace_hint(next, offset, end);
     index = at->second;
     slot = where.index;
-    parity = b->map->data() + b->record_offsets[index] + format::kBlockBytes + offset;
+    map = b->map;  // held across the update: a newer version may drop this build meanwhile
+    parity = map->data() + b->record_offsets[index] + format::kBlockBytes + offset;
   }
   {
     // Off the store's lock; one stripe's blocks are added one at a time.
@@ -473,6 +508,7 @@ Status ParityStore::Done(uint32_t group, uint64_t version, uint32_t position,
   if (!st.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     b->refused = st;
+    b->stage = Building::Stage::kAccumulating;  // no longer sealing: a newer version drops it
   }
   return st;
 }

@@ -308,6 +308,39 @@ TEST(ParityStoreTest, RetentionKeepsTheNewestAndReusesTheDroppedParitysPagesFrom
   EXPECT_TRUE(fs::exists(dir.Sub("m0") + "/g00007.spare"));
 }
 
+// A budget of exactly what a version's parity takes holds it (the parity being laid out is
+// counted once).
+TEST(ParityStoreTest, ABudgetOfExactlyTheParitysSizeHoldsIt) {
+  const CodeSpec spec{CodeScheme::kReedSolomon, 2, 1};
+  const uint64_t unit = 4096;
+  const std::vector<uint64_t> lengths = {12 * unit, 12 * unit, 12 * unit};
+  uint64_t most = 0;
+  {
+    test::TempDir dir("/dev/shm");
+    Group g = MakeGroup(dir, spec, unit, 1, lengths);
+    ASSERT_TRUE(Build(g, 1).ok());
+    for (const auto& store : g.stores) most = std::max(most, store->held_bytes());
+  }
+  test::TempDir dir("/dev/shm");
+  Group g = MakeGroup(dir, spec, unit, 1, lengths, /*budget=*/most);
+  Status st = Build(g, 1);
+  EXPECT_TRUE(st.ok()) << st.message();
+}
+
+// A member late for a version its group has moved past is refused at once, not left waiting for
+// members that will never announce it.
+TEST(ParityStoreTest, AnAnnouncementOfAVersionTheGroupMovedPastIsRefused) {
+  test::TempDir dir("/dev/shm");
+  const CodeSpec spec{CodeScheme::kReedSolomon, 2, 1};
+  Group g = MakeGroup(dir, spec, 4096, 5, {8192, 8192, 8192});
+  ASSERT_TRUE(Build(g, 5).ok());
+  Status st = g.stores[0]->Announce(g.shape, 4, 1, 8192, "late");
+  EXPECT_EQ(st.code(), CKPTDB_ESTATE) << st.message();
+  EXPECT_NE(st.message().find("moved on"), std::string::npos) << st.message();
+  ASSERT_TRUE(g.stores[0]->Announce(g.shape, 7, 1, 8192, "next").ok());
+  EXPECT_EQ(g.stores[0]->Announce(g.shape, 6, 1, 8192, "late").code(), CKPTDB_ESTATE);
+}
+
 TEST(ParityStoreTest, TheBudgetRefusesParityThatDoesNotFit) {
   test::TempDir dir("/dev/shm");
   const CodeSpec spec{CodeScheme::kReedSolomon, 2, 1};
