@@ -639,24 +639,16 @@ struct CommitResult {
   std::vector<double> stat_ms;  // ckptdb_version_stats' commit_ns, every rank
 };
 
-CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redundancy, size_t bytes,
-                       int warmup, int versions) {
-  Job job;
-  job.dir = a.shm + "/job";
-  job.ranks = ranks;
-  job.redundancy = redundancy;
-  job.keep = 1;
-  job.port = FreePort();
-  fs::remove_all(job.dir);
-  CommitResult res;
-  const int total = warmup + versions;
-  res.ok = RunRanks(
-      ranks,
+// The job's ranks put and commit versions 1..versions synchronously, all starting each commit
+// at a barrier: t0/t1 (call, return) and commit_ns per rank and version in g_shared.
+bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
+  return RunRanks(
+      job.ranks,
       [&](uint32_t rank) {
         RankState s = MakeRankState(rank, bytes);
         ckptdb* db = nullptr;
         RANK_CHECK(OpenRank(job, rank, s.bytes, &db), "open");
-        for (int v = 1; v <= total; ++v) {
+        for (int v = 1; v <= versions; ++v) {
           Step(s, v);
           RANK_CHECK(PutAll(db, s, v), "put");
           Barrier();
@@ -668,10 +660,24 @@ CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redunda
             g_shared->commit_ns[rank][v] = static_cast<double>(vs.commit_ns);
           }
         }
-        RANK_CHECK(CloseRanks(db, rank, ranks), "close");
+        RANK_CHECK(CloseRanks(db, rank, job.ranks), "close");
         return 0;
       },
       a.timeout_s);
+}
+
+CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redundancy, size_t bytes,
+                       int warmup, int versions) {
+  Job job;
+  job.dir = a.shm + "/job";
+  job.ranks = ranks;
+  job.redundancy = redundancy;
+  job.keep = 1;
+  job.port = FreePort();
+  fs::remove_all(job.dir);
+  CommitResult res;
+  const int total = warmup + versions;
+  res.ok = CommitVersions(a, job, bytes, total);
   fs::remove_all(job.dir);
   if (!res.ok) return res;
   for (int v = warmup + 1; v <= total; ++v) {
@@ -1058,24 +1064,7 @@ CodingResult CodingJob(const Args& a, uint32_t ranks, const std::string& redunda
   fs::remove_all(job.dir);
   CodingResult res;
   const int warmup = 2;
-  res.ok = RunRanks(
-      ranks,
-      [&](uint32_t rank) {
-        RankState s = MakeRankState(rank, bytes);
-        ckptdb* db = nullptr;
-        RANK_CHECK(OpenRank(job, rank, s.bytes, &db), "open");
-        for (int v = 1; v <= versions; ++v) {
-          Step(s, v);
-          RANK_CHECK(PutAll(db, s, v), "put");
-          Barrier();
-          g_shared->t0[rank][v] = Now();
-          RANK_CHECK(ckptdb_commit(db, v, 0), "commit");
-          g_shared->t1[rank][v] = Now();
-        }
-        RANK_CHECK(CloseRanks(db, rank, ranks), "close");
-        return 0;
-      },
-      a.timeout_s);
+  res.ok = CommitVersions(a, job, bytes, versions);
   if (!res.ok) return res;
   std::vector<double> job_ms;
   for (int v = warmup + 1; v <= versions; ++v) {

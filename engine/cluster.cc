@@ -1546,6 +1546,11 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
     reply->body = w.Take();
     return;
   }
+  ServeMapped(std::move(map), offset, bytes, reply);
+}
+
+void Cluster::ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint64_t bytes,
+                          Reply* reply) {
   reply->payload = map->data() + offset;
   reply->payload_bytes = bytes;
   reply->keep = std::move(map);

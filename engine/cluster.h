@@ -225,6 +225,9 @@ class Cluster {
                                             size_t payload_bytes);
   void HandleReplica(const transport::Request& request, transport::Reply* reply);
   void HandleFetch(const transport::Request& request, transport::Reply* reply);
+  // A fetch's reply payload: [offset, offset + bytes) of `map`, sent from it (checked range).
+  void ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint64_t bytes,
+                   transport::Reply* reply);
   // Coding groups (engine/cluster_coding.cc).
   Status ComputeGroupLocked();
   Status BuildParity(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);

@@ -394,11 +394,7 @@ void Cluster::HandleParity(const Request& request, Reply* reply) {
                              " bytes");
         break;
       }
-      reply->payload = map->data() + offset;
-      reply->payload_bytes = bytes;
-      reply->keep = std::move(map);
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.served_bytes += bytes;
+      ServeMapped(std::move(map), offset, bytes, reply);
       break;
     }
     default:

@@ -681,54 +681,6 @@ TEST_F(ClusterTest, ACorruptUnitACorruptParityBlockAndALostNodeAreAllErasures) {
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
-// M + 1 = 3 lost nodes of an ec:2+2 group leave too few blocks: no rank is told v5, the job
-// falls back to the newest version on a tier that outlived the nodes (a shared disk tier every
-// 2nd version), and v5 is never restored from a rebuild of too little.
-TEST_F(ClusterTest, LosingMoreNodesThanTheCodeToleratesFallsBackToASlowerTier) {
-  job_.code = "ec:2+2";
-  job_.shared_tier = true;
-  auto codes = RunRanks([&](uint32_t rank) {
-    ckptdb* db = nullptr;
-    if (OpenAndSave(job_, rank, 5, &db) != 0) return 1;
-    Done(job_, rank, "save");
-    int rc = ckptdb_close(db);  // drains the demotions of v2 and v4 to the shared tier
-    RANK_CHECK(rc == 0, "close: %d", rc);
-    return 0;
-  });
-  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-  for (uint32_t r : {1u, 2u, 3u}) job_.WipeNode(r);
-  job_.port = FreePort();
-  codes = RunRanks([&](uint32_t rank) {
-    ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 4) != 0) return 1;
-    // v5: 3 of 4 members lost with their parity: only rank 0 has its own copy. v4: every rank
-    // has it (on the shared tier) but no loss to spare.
-    if (CheckRecoverable(db, rank, 5, 0, -1, 1, 0) != 0) return 1;
-    if (CheckRecoverable(db, rank, 4, 1, 0, kRanks, 0) != 0) return 1;
-    std::string source;
-    int bad = CheckRestore(db, rank, 4, &source);
-    std::vector<uint8_t> out(kTensorBytes);
-    std::string name = "w0/r" + std::to_string(rank);
-    int v5 = ckptdb_restore(db, 5, name.c_str(), out.data(), out.size(), 0);
-    Done(job_, rank, "restore", /*all_wait=*/true);
-    if (bad != 0) return 1;
-    if (rank >= 1) {
-      RANK_CHECK(source.rfind("disk:", 0) == 0, "rank %u restored v4 from %s, not the shared tier",
-                 rank, source.c_str());
-      RANK_CHECK(v5 != 0, "rank %u restored v5 from too few blocks", rank);
-      RANK_CHECK(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0; }),
-                 "rank %u: a failed restore of v5 left bytes in the buffer", rank);
-    } else {
-      RANK_CHECK(source == "ram", "rank %u restored v4 from %s", rank, source.c_str());
-    }
-    ckptdb_close(db);
-    return 0;
-  });
-  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
-}
-
 // For the test below: every rank notes when its v2 is PREPARED (its replicas acknowledged);
 // rank 2 dies right after voting, once the others have prepared, so that every vote is cast.
 const Job* g_job = nullptr;
@@ -927,40 +879,47 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
-// Both nodes of a placement group (nodes 2 and 3) are lost, memory, disks and catalogs: the
-// newest version in memory (v5) is gone for ranks 2 and 3, so the job falls back to the newest
-// version every rank can still restore, v4, which ranks 2 and 3 find on the shared tier with
-// empty catalogs (replacement nodes), and every rank restores it.
-TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedTier) {
-  job_.shared_tier = true;
+// Saves v1..v5 with a disk tier every 2nd version in a directory no node loss touches, loses
+// the nodes of `lost` (more than the redundancy survives), restarts: every rank agrees latest = 4,
+// the lost ranks adopt v2 and v4 from the shared tier and restore v4 from it, the others from ram,
+// and v5 cannot be restored (zeroed, never a partial copy passed off as whole). With a code,
+// ckptdb_recoverable says v5 is lost and v4 has no loss to spare.
+void FallBackToASharedTier(Job& job, const std::vector<uint32_t>& lost) {
+  job.shared_tier = true;
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    if (OpenAndSave(job_, rank, 5, &db) != 0) return 1;
-    Done(job_, rank, "save");
+    if (OpenAndSave(job, rank, 5, &db) != 0) return 1;
+    Done(job, rank, "save");
     int rc = ckptdb_close(db);  // drains the demotions of v2 and v4 to the shared tier
     RANK_CHECK(rc == 0, "close: %d", rc);
     return 0;
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-  job_.WipeNode(2);
-  job_.WipeNode(3);
-  job_.port = FreePort();
+  for (uint32_t r : lost) job.WipeNode(r);
+  job.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
+    int rc = OpenRank(job, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
     if (CheckLatest(db, rank, 4) != 0) return 1;
+    const uint32_t n = static_cast<uint32_t>(lost.size());
+    if (!job.code.empty()) {
+      if (CheckRecoverable(db, rank, 5, 0, -1, kRanks - n, 0) != 0) return 1;
+      if (CheckRecoverable(db, rank, 4, 1, 0, kRanks, 0) != 0) return 1;
+    }
     std::string source;
     int bad = CheckRestore(db, rank, 4, &source);
     std::vector<uint8_t> out(kTensorBytes);
     std::string name = "w0/r" + std::to_string(rank);
     int v5 = ckptdb_restore(db, 5, name.c_str(), out.data(), out.size(), 0);
-    Done(job_, rank, "restore", /*all_wait=*/true);
+    Done(job, rank, "restore", /*all_wait=*/true);
     if (bad != 0) return 1;
-    if (rank >= 2) {
+    if (std::find(lost.begin(), lost.end(), rank) != lost.end()) {
       RANK_CHECK(source.rfind("disk:", 0) == 0, "rank %u restored v4 from %s, not the shared tier",
                  rank, source.c_str());
       RANK_CHECK(v5 != 0, "rank %u restored v5, which no surviving copy holds", rank);
+      RANK_CHECK(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0; }),
+                 "rank %u: a failed restore of v5 left bytes in the buffer", rank);
     } else {
       RANK_CHECK(source == "ram", "rank %u restored v4 from %s", rank, source.c_str());
     }
@@ -968,6 +927,17 @@ TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedT
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// replicate:2: both nodes of a placement group ({node2, node3}) lost after v5.
+TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedTier) {
+  FallBackToASharedTier(job_, {2, 3});
+}
+
+// ec:2+2: M + 1 = 3 lost nodes leave too few blocks of every stripe.
+TEST_F(ClusterTest, LosingMoreNodesThanTheCodeToleratesFallsBackToASlowerTier) {
+  job_.code = "ec:2+2";
+  FallBackToASharedTier(job_, {1, 2, 3});
 }
 
 // Four simulated nodes in four network namespaces on one bridge (ip netns, veth), each rank
