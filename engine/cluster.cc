@@ -463,6 +463,14 @@ void Cluster::Ready() {
   SendHeartbeat();
 }
 
+void Cluster::RecordRedundancyTraffic(uint64_t sent, std::chrono::steady_clock::time_point start) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now() - start);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.replica_bytes_sent += sent;
+  stats_.replica_ns += static_cast<uint64_t>(ns.count());
+}
+
 void Cluster::SendHeartbeat() {
   transport::PeerId coord = 0;
   if (!PeerFor(options_.coordinator, &coord).ok()) return;
@@ -1416,11 +1424,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
       }
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.replica_bytes_sent += sent;
-  stats_.replica_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                 std::chrono::steady_clock::now() - start_clock)
-                                                 .count());
+  RecordRedundancyTraffic(sent, start_clock);
   return Status::Ok();
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -210,6 +211,8 @@ class Cluster {
   void Handle(const transport::Request& request, transport::Reply* reply);
   void HeartbeatLoop();
   void SendHeartbeat();
+  // Counts bytes this rank sent to protect a version (replicas or parity) and the time it took.
+  void RecordRedundancyTraffic(uint64_t sent, std::chrono::steady_clock::time_point start);
   void CoordinatorLoop();
   Status PeerFor(const std::string& address, transport::PeerId* out);
   void DropPeer(const std::string& address);

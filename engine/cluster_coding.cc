@@ -299,11 +299,7 @@ Status Cluster::BuildParity(uint64_t version, uint64_t file_bytes,
   // The coordinator hears of the parity this rank now holds before its vote does: it counts a
   // version rebuildable only from the holdings it has (HandleRecoverable, RebuildableLocked).
   SendHeartbeat();
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.replica_bytes_sent += sent;
-  stats_.replica_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                 std::chrono::steady_clock::now() - start_clock)
-                                                 .count());
+  RecordRedundancyTraffic(sent, start_clock);
   return Status::Ok();
 }
 
