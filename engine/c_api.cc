@@ -11,9 +11,11 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "ckptdb/ckptdb.h"
 #include "engine/db.h"
+#include "engine/group_check.h"
 #include "format/manifest.h"
 
 struct ckptdb {
@@ -279,6 +281,52 @@ int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_
                   ckptdb_verify_report* out) {
   if (db == nullptr) return NullHandle("ckptdb_verify");
   return Guard("ckptdb_verify", [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
+}
+
+int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, ckptdb_group_fn fn,
+                         void* arg) {
+  return Guard("ckptdb_verify_groups", [&] {
+    if (dbs == nullptr && count > 0) return Done(ckpt::Status::Invalid("verify_groups: dbs is NULL"));
+    std::vector<ckpt::engine::Db*> stores;
+    for (size_t i = 0; i < count; ++i) {
+      if (dbs[i] == nullptr) {
+        return Done(ckpt::Status::Invalid("verify_groups: handle " + std::to_string(i) +
+                                          " is NULL"));
+      }
+      stores.push_back(dbs[i]->db.get());
+    }
+    return Done(ckpt::engine::CheckCodingGroups(
+        stores, version, [&](const ckpt::engine::GroupCheck& c) {
+          if (fn == nullptr) return;
+          const std::string code = c.group.code.Name();
+          std::vector<const char*> sources;
+          std::vector<const char*> parity;
+          for (const std::string& s : c.sources) sources.push_back(s.c_str());
+          for (const std::string& s : c.parity) parity.push_back(s.c_str());
+          std::string problems;
+          for (const std::string& p : c.problems) problems += p + "\n";
+          ckptdb_group_check out{};
+          out.version = c.version;
+          out.group = c.group.group;
+          out.code = code.c_str();
+          out.k = c.group.code.k;
+          out.m = c.group.code.m;
+          out.members = static_cast<uint32_t>(c.group.members.size());
+          out.ranks = c.group.members.data();
+          out.member_bytes = c.member_bytes.data();
+          out.sources = sources.data();
+          out.parity = parity.data();
+          out.stripes = c.stripes;
+          out.parity_blocks = c.parity_blocks;
+          out.parity_checked = c.parity_checked;
+          out.parity_bad = c.parity_bad;
+          out.recoverable = c.recoverable ? 1 : 0;
+          out.from_memory = c.from_memory ? 1 : 0;
+          out.spare_losses = c.spare;
+          out.problems = problems.c_str();
+          fn(arg, &out);
+        }));
+  });
 }
 
 int ckptdb_hint(ckptdb* db, unsigned hints) {

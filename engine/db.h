@@ -122,6 +122,34 @@ class Db {
   Cluster* cluster() { return cluster_.get(); }
   Status GetVersionStats(uint64_t version, ckptdb_version_stats_t* out);
 
+  // ---- For a coding group's check across its members' stores (engine/group_check.h) ----------
+  uint32_t rank() const { return identity_.rank; }
+  uint64_t job_id() const { return identity_.job_id; }
+  // Where this rank keeps the parity it holds for its coding group (ParityStore); "" when the
+  // first tier is not ram.
+  std::string ParityDir() const;
+  // One copy of a committed version, read and checked chunk by chunk.
+  struct CopyCheck {
+    std::string tier;
+    bool ram = false;
+    uint64_t file_bytes = 0;
+    Status readable;  // not Ok: unreadable as a whole (gone, framing, manifest); bad is empty
+    std::vector<std::pair<uint64_t, uint64_t>> bad;  // [begin, end) of records failing checks
+  };
+  struct CopiesOf {
+    uint64_t version = 0;
+    std::vector<CopyCheck> copies;  // fastest tier first
+    // The coding group's layout from the first readable manifest; nullopt when none says one.
+    std::optional<CodingGroup> group;
+    uint32_t position = 0;  // this rank's in group->members
+  };
+  // Every copy of every committed version (or of `version`), checked.
+  Status CheckCopies(uint64_t version, std::vector<CopiesOf>* out);
+  // Bytes [offset, offset + bytes) of the segment image of `version` on tier `tier` (a name
+  // CheckCopies gave), unchecked: the caller knows which ranges failed.
+  Status ReadCopy(uint64_t version, const std::string& tier, uint64_t offset, uint64_t bytes,
+                  uint8_t* out);
+
  private:
   // ---- Tiers -----------------------------------------------------------------------------------
   struct TierState {

@@ -806,6 +806,116 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
   return Status::Ok();
 }
 
+// ---- A coding group's check across stores (engine/group_check.h) ------------------------------
+
+std::string Db::ParityDir() const {
+  if (tiers_.empty() || !tiers_[0].is_ram()) return "";
+  return tiers_[0].spec.path + "/ckptdb-parity-r" + std::to_string(identity_.rank);
+}
+
+Status Db::CheckCopies(uint64_t version, std::vector<CopiesOf>* out) {
+  std::lock_guard<std::mutex> read_lock(read_mu_);
+  out->clear();
+  std::vector<std::pair<uint64_t, std::vector<ResidencyRecord>>> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+    if (version != CKPTDB_ALL_VERSIONS) {
+      CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, "verify " + V(version)));
+    }
+    for (const auto& [v, e] : versions_) {
+      if (version != CKPTDB_ALL_VERSIONS && v != version) continue;
+      if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+      std::vector<ResidencyRecord> copies;
+      for (const ResidencyRecord& r : e.residency) {
+        if (r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING) {
+          copies.push_back(r);
+        }
+      }
+      // Fastest first: the tiers' order (one not configured here last).
+      std::stable_sort(copies.begin(), copies.end(), [this](const auto& a, const auto& b) {
+        auto order = [this](const std::string& t) {
+          int i = TierIndex(t);
+          return i < 0 ? INT32_MAX : i;
+        };
+        return order(a.tier) < order(b.tier);
+      });
+      targets.emplace_back(v, std::move(copies));
+    }
+  }
+  std::vector<uint8_t> scratch;
+  for (const auto& [v, copies] : targets) {
+    CopiesOf of;
+    of.version = v;
+    for (const ResidencyRecord& r : copies) {
+      CopyCheck c;
+      c.tier = r.tier;
+      c.file_bytes = r.file_bytes;
+      const int ti = TierIndex(r.tier);
+      c.ram = ti >= 0 && tiers_[static_cast<size_t>(ti)].is_ram();
+      OpenSegment* seg = nullptr;
+      if (ti < 0) {
+        c.readable = Status::NotFound("tier " + r.tier + " is not configured in this handle");
+      } else if (r.state == CKPTDB_RESIDENT_MISSING) {
+        c.readable = Status::NotFound(V(v) + " on tier " + r.tier + " is missing");
+      } else {
+        c.readable = ReadSegment(v, static_cast<size_t>(ti), &seg);
+      }
+      if (c.readable.ok()) {
+        RamPin pin(this, v, c.ram);
+        const format::SegmentReader& reader = *seg->reader;
+        for (uint32_t i = 0; i < reader.manifest().chunk_count(); ++i) {
+          format::ChunkProblem problem;
+          if (!reader.CheckChunk(i, &scratch, &problem).ok()) {
+            const fb::Chunk& chunk = reader.manifest().chunk(i);
+            c.bad.emplace_back(chunk.record_offset(),
+                               chunk.record_offset() + format::RecordBytes(chunk.payload_bytes()));
+          }
+        }
+        const fb::Redundancy* red = reader.manifest().root().redundancy();
+        if (!of.group && red != nullptr && !red->parity() &&
+            (red->scheme() == fb::RedundancyScheme::ReedSolomon ||
+             red->scheme() == fb::RedundancyScheme::Xor)) {
+          CodingGroup g;
+          g.code.scheme = red->scheme() == fb::RedundancyScheme::Xor ? CodeScheme::kXor
+                                                                     : CodeScheme::kReedSolomon;
+          g.code.k = red->k();
+          g.code.m = red->m();
+          g.group = red->group();
+          g.unit_bytes = red->stripe_bytes();
+          g.members.assign(red->member_ranks()->begin(), red->member_ranks()->end());
+          of.group = std::move(g);
+          of.position = red->position();
+        }
+      }
+      of.copies.push_back(std::move(c));
+    }
+    out->push_back(std::move(of));
+  }
+  return Status::Ok();
+}
+
+Status Db::ReadCopy(uint64_t version, const std::string& tier, uint64_t offset, uint64_t bytes,
+                    uint8_t* out) {
+  std::lock_guard<std::mutex> read_lock(read_mu_);
+  const int ti = TierIndex(tier);
+  if (ti < 0) return Status::NotFound("tier " + tier + " is not configured in this handle");
+  OpenSegment* seg = nullptr;
+  CKPTDB_RETURN_IF_ERROR(ReadSegment(version, static_cast<size_t>(ti), &seg));
+  RamPin pin(this, version, tiers_[static_cast<size_t>(ti)].is_ram());
+  const std::string what = "tier " + tier + ", " + V(version);
+  const uint64_t size = seg->image.file_bytes;
+  if (tiers_[static_cast<size_t>(ti)].is_ram()) {
+    if (offset > size || bytes > size - offset) {
+      return Status::Invalid(what + ": the range [" + std::to_string(offset) + ", +" +
+                             std::to_string(bytes) + ") is past its " + std::to_string(size) +
+                             " bytes");
+    }
+    return tiers_[static_cast<size_t>(ti)].ram->ReadAt(seg->image, offset, out, bytes, what);
+  }
+  return io::ReadAt(*read_queue_, seg->fd, offset, out, bytes, what);
+}
+
 // ---- Figures -----------------------------------------------------------------------------------
 
 Status Db::Stats(ckptdb_stats_t* out) {

@@ -524,6 +524,61 @@ TEST_F(ClusterTest, AStoreOfAnotherJobCannotJoin) {
 // group at commit; then `lost` nodes are wiped (memory, disks, catalogs), the job restarts, every
 // rank agrees latest = 3, and the lost ranks restore v3 bit for bit rebuilt from the others'
 // units and parity, the rest from their own ram.
+// What ckptdb_verify_groups (`ckptdb verify ROOT...`) said of one group's version, copied out of
+// the callback. By rank, not position.
+struct GroupSeen {
+  uint64_t version = 0;
+  std::map<uint32_t, std::string> sources;
+  std::map<uint32_t, std::string> parity;
+  uint64_t parity_blocks = 0;
+  uint64_t parity_checked = 0;
+  uint64_t parity_bad = 0;
+  bool recoverable = false;
+  bool from_memory = false;
+  int spare = -2;
+  std::string problems;
+};
+
+// Opens the stores of the ranks whose nodes are still there, read-only, in this process, and
+// checks their coding groups' `version`. Returns ckptdb_verify_groups' status.
+int VerifyGroups(const Job& job, uint64_t version, std::vector<GroupSeen>* out) {
+  std::vector<ckptdb*> dbs;
+  for (uint32_t rank = 0; rank < kRanks; ++rank) {
+    const std::string root = job.Node(rank) + "/root";
+    if (!std::filesystem::exists(root)) continue;
+    ckptdb_options o;
+    ckptdb_options_init(&o);
+    o.root = root.c_str();
+    o.read_only = 1;
+    ckptdb* db = nullptr;
+    int rc = ckptdb_open(&o, &db);
+    EXPECT_EQ(rc, 0) << root << ": " << ckptdb_last_error();
+    if (rc == 0) dbs.push_back(db);
+  }
+  out->clear();
+  int rc = ckptdb_verify_groups(
+      dbs.data(), dbs.size(), version,
+      [](void* arg, const ckptdb_group_check* c) {
+        GroupSeen g;
+        g.version = c->version;
+        for (uint32_t p = 0; p < c->members; ++p) {
+          g.sources[c->ranks[p]] = c->sources[p];
+          g.parity[c->ranks[p]] = c->parity[p];
+        }
+        g.parity_blocks = c->parity_blocks;
+        g.parity_checked = c->parity_checked;
+        g.parity_bad = c->parity_bad;
+        g.recoverable = c->recoverable != 0;
+        g.from_memory = c->from_memory != 0;
+        g.spare = c->spare_losses;
+        g.problems = c->problems;
+        static_cast<std::vector<GroupSeen>*>(arg)->push_back(g);
+      },
+      out);
+  for (ckptdb* db : dbs) ckptdb_close(db);
+  return rc;
+}
+
 void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
   job.code = "ec:2+2";
   auto codes = RunRanks([&](uint32_t rank) {
@@ -537,7 +592,27 @@ void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
     return 0;
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  // verify, before and after the loss, against the oracle: nothing lost, every parity block is
+  // recomputed from the data and matches, 2 losses to spare; n lost, the lost ranks rebuild and
+  // the group spares 2 - n.
+  std::vector<GroupSeen> seen;
+  EXPECT_EQ(VerifyGroups(job, 3, &seen), 0) << ckptdb_last_error();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].parity_checked, seen[0].parity_blocks);
+  EXPECT_GT(seen[0].parity_blocks, 0u);
+  EXPECT_EQ(seen[0].spare, 2);
   for (uint32_t r : lost) job.WipeNode(r);
+  EXPECT_EQ(VerifyGroups(job, 3, &seen), 0) << ckptdb_last_error();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_TRUE(seen[0].from_memory);
+  EXPECT_EQ(seen[0].spare, 2 - static_cast<int>(lost.size()));
+  EXPECT_EQ(seen[0].parity_bad, 0u) << seen[0].problems;
+  EXPECT_LE(seen[0].parity_checked, seen[0].parity_blocks);
+  for (uint32_t rank = 0; rank < kRanks; ++rank) {
+    const bool was_lost = std::find(lost.begin(), lost.end(), rank) != lost.end();
+    EXPECT_EQ(seen[0].sources[rank], was_lost ? "rebuild" : "ram") << "rank " << rank;
+    EXPECT_EQ(seen[0].parity[rank], was_lost ? "not given" : "ok") << "rank " << rank;
+  }
   job.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
@@ -650,6 +725,19 @@ TEST_F(ClusterTest, ACorruptUnitACorruptParityBlockAndALostNodeAreAllErasures) {
     test::WriteWholeFile(parity, bytes);
   }
   job_.WipeNode(1);
+  // verify sees the three: rank 3's parity block fails its xxh3, rank 0 restores from its ram
+  // copy and the group (for the chunk it lost), rank 1 from the group.
+  std::vector<GroupSeen> seen;
+  EXPECT_EQ(VerifyGroups(job_, 3, &seen), CKPTDB_ECORRUPT);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].parity_bad, 1u) << seen[0].problems;
+  EXPECT_EQ(seen[0].parity[3], "bad");
+  EXPECT_EQ(seen[0].sources[0], "ram+rebuild");
+  EXPECT_EQ(seen[0].sources[1], "rebuild");
+  EXPECT_EQ(seen[0].sources[2], "ram");
+  EXPECT_TRUE(seen[0].recoverable);
+  EXPECT_TRUE(seen[0].from_memory);
+  EXPECT_NE(seen[0].problems.find("fails xxh3"), std::string::npos) << seen[0].problems;
   job_.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
@@ -896,6 +984,16 @@ void FallBackToASharedTier(Job& job, const std::vector<uint32_t>& lost) {
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
   for (uint32_t r : lost) job.WipeNode(r);
+  if (!job.code.empty()) {
+    // M + 1 lost: verify of the survivors says v5 cannot be rebuilt from memory.
+    std::vector<GroupSeen> seen;
+    EXPECT_EQ(VerifyGroups(job, 5, &seen), CKPTDB_ECORRUPT);
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_FALSE(seen[0].from_memory);
+    EXPECT_FALSE(seen[0].recoverable);
+    EXPECT_EQ(seen[0].spare, -1);
+    for (uint32_t r : lost) EXPECT_EQ(seen[0].sources[r], "lost") << "rank " << r;
+  }
   job.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;

@@ -1,14 +1,18 @@
-// ckptdb verify ROOT [--version V] [--tier T] [--quiet]: re-reads every chunk of every committed
-// version (or one) on every tier (or one) and checks framing, manifest and each xxh3. Exit 0 when
-// clean, 1 when anything is wrong (each problem printed with its tier, segment, chunk index, file
-// offset, expected and actual xxh3), 2 for bad arguments or no store. A progress bar is drawn on
-// stderr when it is a terminal.
+// ckptdb verify ROOT... [--version V] [--tier T] [--quiet]: re-reads every chunk of every
+// committed version (or one) on every tier (or one) of each store and checks framing, manifest and
+// each xxh3. Given the stores of a coding group's members (ec:K+M, xor:K), it also checks their
+// parity (each block's xxh3, and recomputed from the stripe's data) and says whether each version
+// is recoverable, from what, with how many node losses to spare (ckptdb_verify_groups). Exit 0
+// when clean, 1 when anything is wrong (each problem printed with its tier, segment, chunk index,
+// file offset, expected and actual xxh3), 2 for bad arguments or no store. A progress bar is
+// drawn on stderr when it is a terminal.
 #include <unistd.h>
 
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -17,7 +21,7 @@ namespace ckpt::tools {
 namespace {
 
 struct VerifyArgs {
-  std::string root;
+  std::vector<std::string> roots;
   std::string version;
   std::string tier;
   bool quiet = false;
@@ -84,23 +88,18 @@ void OnEvent(void* arg, const ckptdb_verify_event* e) {
   }
 }
 
-int RunVerify(const VerifyArgs& args) {
-  uint64_t version = CKPTDB_ALL_VERSIONS;
-  if (!args.version.empty() && !ParseVersion(args.version, &version)) {
-    std::fprintf(stderr, "ckptdb verify: --version '%s' is not a version number\n",
-                 args.version.c_str());
-    return kExitUsage;
-  }
-  DbHandle db;
-  if (int rc = OpenReadOnly(args.root, &db); rc != kExitOk) return rc;
+// One store's chunks; kExitOk, kExitProblem or kExitUsage.
+int VerifyStore(ckptdb* db, const std::string& root, uint64_t version, const VerifyArgs& args,
+                bool several) {
+  if (several) std::printf("%s:\n", root.c_str());
   Progress progress(isatty(STDERR_FILENO) == 1 && !args.quiet);
   VerifyState state{&progress, args.quiet};
   ckptdb_verify_report report{};
-  int rc = ckptdb_verify(db.get(), version, args.tier.empty() ? nullptr : args.tier.c_str(),
-                         OnEvent, &state, &report);
+  int rc = ckptdb_verify(db, version, args.tier.empty() ? nullptr : args.tier.c_str(), OnEvent,
+                         &state, &report);
   progress.Clear();
   if (rc == CKPTDB_ENOTFOUND || rc == CKPTDB_ESTATE || rc == CKPTDB_EINVAL) {
-    std::fprintf(stderr, "ckptdb verify: %s\n", ErrorText(rc).c_str());
+    std::fprintf(stderr, "ckptdb verify: %s: %s\n", root.c_str(), ErrorText(rc).c_str());
     return kExitUsage;
   }
   std::printf(
@@ -119,13 +118,105 @@ int RunVerify(const VerifyArgs& args) {
   return kExitProblem;
 }
 
+std::string Ranks(const ckptdb_group_check* c) {
+  std::string text;
+  for (uint32_t p = 0; p < c->members; ++p) {
+    text += (p ? " " : "") + std::to_string(c->ranks[p]);
+  }
+  return text;
+}
+
+void OnGroup(void* arg, const ckptdb_group_check* c) {
+  auto* printed = static_cast<int*>(arg);
+  ++*printed;
+  std::printf("group %u of version %" PRIu64 " (%s, ranks %s): parity %" PRIu64 " of %" PRIu64
+              " block(s) recomputed, %" PRIu64 " bad; ",
+              c->group, c->version, c->code, Ranks(c).c_str(), c->parity_checked,
+              c->parity_blocks, c->parity_bad);
+  if (c->from_memory) {
+    std::printf("recoverable from memory, %d more node loss(es) to spare\n", c->spare_losses);
+  } else if (c->recoverable) {
+    std::printf("recoverable, not from memory alone\n");
+  } else {
+    std::printf("NOT recoverable\n");
+  }
+  for (uint32_t p = 0; p < c->members; ++p) {
+    std::printf("  rank %u: %s bytes, restores from %s; its parity %s\n", c->ranks[p],
+                std::to_string(c->member_bytes[p]).c_str(), c->sources[p], c->parity[p]);
+  }
+  std::string problems = c->problems;
+  for (size_t at = 0; at < problems.size();) {
+    size_t end = problems.find('\n', at);
+    if (end == std::string::npos) end = problems.size();
+    std::printf("PROBLEM  %s\n", problems.substr(at, end - at).c_str());
+    at = end + 1;
+  }
+  std::fflush(stdout);
+}
+
+void NoteUnchecked(void* arg, const ckptdb_group_check* c) {
+  auto* noted = static_cast<int*>(arg);
+  if ((*noted)++ > 0) return;
+  std::printf("coding groups: parity not checked (version %" PRIu64 " is in group %u, %s, ranks "
+              "%s): give every member's root, `ckptdb verify ROOT...`\n",
+              c->version, c->group, c->code, Ranks(c).c_str());
+}
+
+int RunVerify(const VerifyArgs& args) {
+  uint64_t version = CKPTDB_ALL_VERSIONS;
+  if (!args.version.empty() && !ParseVersion(args.version, &version)) {
+    std::fprintf(stderr, "ckptdb verify: --version '%s' is not a version number\n",
+                 args.version.c_str());
+    return kExitUsage;
+  }
+  std::vector<DbHandle> dbs;
+  for (const std::string& root : args.roots) {
+    DbHandle db;
+    if (int rc = OpenReadOnly(root, &db); rc != kExitOk) return rc;
+    dbs.push_back(std::move(db));
+  }
+  const bool several = dbs.size() > 1;
+  int exit = kExitOk;
+  for (size_t i = 0; i < dbs.size(); ++i) {
+    int rc = VerifyStore(dbs[i].get(), args.roots[i], version, args, several);
+    if (rc == kExitUsage) return rc;
+    if (rc != kExitOk) exit = rc;
+  }
+  std::vector<ckptdb*> handles;
+  for (const DbHandle& db : dbs) handles.push_back(db.get());
+  int groups = 0;
+  if (!several) {
+    (void)ckptdb_verify_groups(handles.data(), handles.size(), version, NoteUnchecked, &groups);
+    return exit;
+  }
+  int rc = ckptdb_verify_groups(handles.data(), handles.size(), version, OnGroup, &groups);
+  if (rc == CKPTDB_EINVAL) {
+    std::fprintf(stderr, "ckptdb verify: %s\n", ErrorText(rc).c_str());
+    return kExitUsage;
+  }
+  if (rc != CKPTDB_OK && rc != CKPTDB_ENOTFOUND) {
+    if (rc != CKPTDB_ECORRUPT) std::fprintf(stderr, "ckptdb verify: %s\n", ErrorText(rc).c_str());
+    exit = kExitProblem;
+  }
+  if (groups > 0) {
+    std::printf("checked %d coding group version(s): %s\n", groups,
+                rc == CKPTDB_OK ? "clean" : "problems");
+  }
+  return exit;
+}
+
 }  // namespace
 
 void AddVerifyCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<VerifyArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "verify", "Re-read every chunk on every tier and check it; exit 1 when anything is wrong");
-  cmd->add_option("root", args->root, "The store's root directory")->required();
+      "verify",
+      "Re-read every chunk on every tier and check it, and coding groups' parity across "
+      "stores; exit 1 when anything is wrong");
+  cmd->add_option("root", args->roots,
+                  "The store's root directory; several: also check their coding groups' parity "
+                  "and recoverability")
+      ->required();
   cmd->add_option("--version,-v", args->version,
                   "Check only this committed version (default: every committed version)");
   cmd->add_option("--tier,-t", args->tier,

@@ -353,6 +353,47 @@ typedef struct ckptdb_verify_report {
 int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                   ckptdb_verify_report* out);
 
+/* One coding group's version, as ckptdb_verify_groups found it. Arrays have `members` entries, in
+ * the group's position order; everything is valid during the callback only. */
+typedef struct ckptdb_group_check {
+  uint64_t version;
+  uint32_t group;
+  const char* code; /* "ec:4+2", "xor:3" */
+  uint32_t k;       /* data blocks per stripe */
+  uint32_t m;       /* parity blocks per stripe */
+  uint32_t members; /* k + m */
+  const uint32_t* ranks;
+  const uint64_t* member_bytes; /* each member's segment, 0 where unknown */
+  /* Where each member's segment restores from: "ram", "ram+rebuild" (the chunks its ram copy
+   * lost, decoded from the group), "rebuild", a slower tier's name, or "lost". */
+  const char* const* sources;
+  /* Each member's parity segment: "ok", "bad", "missing", "unreadable" or "not given". */
+  const char* const* parity;
+  uint64_t stripes;
+  uint64_t parity_blocks;  /* m per stripe */
+  uint64_t parity_checked; /* recomputed from the stripe's data and compared */
+  uint64_t parity_bad;     /* failing their xxh3 or unequal to the recomputation */
+  int recoverable;         /* 1: every member's segment restores from somewhere */
+  int from_memory;         /* 1: ... from ram copies and the group's parity alone */
+  int spare_losses;        /* more nodes the group may lose, any of them, and still rebuild every
+                              member from memory; -1 when not recoverable from memory */
+  const char* problems;    /* one per line; "" when none */
+} ckptdb_group_check;
+
+typedef void (*ckptdb_group_fn)(void* arg, const ckptdb_group_check* check);
+
+/* Checks the coding groups (redundancy "ec:K+M" or "xor:K") of `version` (or of every committed
+ * version with CKPTDB_ALL_VERSIONS) across the stores of their members, `count` handles of one
+ * job opened in this process (read-only is enough): each member's copies chunk by chunk, each
+ * parity block's xxh3, each stripe's parity recomputed from its data (Reed-Solomon re-encode, XOR
+ * syndrome), and whether the version is recoverable, from what, with how many more node losses to
+ * spare. A member whose store is not among `dbs` counts as lost. fn is called once per group and
+ * version checked. Returns CKPTDB_OK when every group checked is recoverable and its parity clean,
+ * ECORRUPT otherwise, EINVAL for no handle, a NULL one, handles of different jobs or two of one
+ * rank, ENOTFOUND when `version` is committed in none of them. */
+int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, ckptdb_group_fn fn,
+                         void* arg);
+
 /* ---- Statistics --------------------------------------------------------------------------- */
 /* Rates are bytes over the ns beside them: capture_bytes / capture_ns is the capture rate. */
 typedef struct ckptdb_tier_stats {
