@@ -315,13 +315,7 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
 // and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).
 Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optional<CodeSpec>* code);
 
-// The coding groups of a job: its nodes (in order of their first rank) in groups of K + M
-// consecutive ones (ComputeCodingPlacement, as `ckptdb plan --ec` lays them out), and on the
-// nodes of a group, the ranks with the same local index form a coding group. groups[i] lists
-// group i's ranks by position. Needs every node to run as many ranks and the nodes to divide
-// into groups (Invalid naming the numbers otherwise).
-Status ComputeCodingGroups(const std::vector<std::string>& node_of_rank, const CodeSpec& code,
-                           std::vector<std::vector<uint32_t>>* groups);
+
 
 class Cluster::Rebuild {
  public:

@@ -67,48 +67,6 @@ std::string GroupName(const CodingGroup& g) {
 
 }  // namespace
 
-Status ComputeCodingGroups(const std::vector<std::string>& node_of_rank, const CodeSpec& code,
-                           std::vector<std::vector<uint32_t>>* groups) {
-  std::vector<std::string> nodes;
-  std::vector<std::vector<uint32_t>> ranks_on;
-  for (uint32_t r = 0; r < node_of_rank.size(); ++r) {
-    auto it = std::find(nodes.begin(), nodes.end(), node_of_rank[r]);
-    if (it == nodes.end()) {
-      nodes.push_back(node_of_rank[r]);
-      ranks_on.push_back({r});
-    } else {
-      ranks_on[it - nodes.begin()].push_back(r);
-    }
-  }
-  const uint32_t g = code.k + code.m;
-  CodingPlacement placement;
-  Status st = ComputeCodingPlacement(static_cast<int>(nodes.size()), static_cast<int>(code.k),
-                                     static_cast<int>(code.m), &placement);
-  if (!st.ok()) {
-    return Status::Invalid("redundancy " + code.Name() + " needs the job's nodes in groups of " +
-                           std::to_string(g) + " distinct nodes; the job has " +
-                           std::to_string(nodes.size()) + " (" + st.message() +
-                           "; check CKPTDB_NODE_ID)");
-  }
-  const size_t per_node = ranks_on[0].size();
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (ranks_on[i].size() != per_node) {
-      return Status::Invalid("redundancy " + code.Name() + " needs as many ranks on every node: " +
-                             "node " + nodes[0] + " runs " + std::to_string(per_node) + ", node " +
-                             nodes[i] + " runs " + std::to_string(ranks_on[i].size()));
-    }
-  }
-  groups->clear();
-  for (const std::vector<int>& node_group : placement.groups) {
-    for (size_t local = 0; local < per_node; ++local) {
-      std::vector<uint32_t> members;
-      for (int node : node_group) members.push_back(ranks_on[node][local]);
-      groups->push_back(std::move(members));
-    }
-  }
-  return Status::Ok();
-}
-
 Status Cluster::ComputeGroupLocked() {
   std::vector<std::string> node_of_rank;
   for (const Member& m : table_) node_of_rank.push_back(m.node_id);

@@ -561,4 +561,59 @@ Status InMemorySurvival(const CodingPlacement& placement, double node_survival, 
   return Status::Ok();
 }
 
+Status ComputeCodingGroups(const std::vector<std::string>& node_of_rank, const CodeSpec& code,
+                           std::vector<std::vector<uint32_t>>* groups) {
+  std::vector<std::string> nodes;
+  std::vector<std::vector<uint32_t>> ranks_on;
+  for (uint32_t r = 0; r < node_of_rank.size(); ++r) {
+    auto it = std::find(nodes.begin(), nodes.end(), node_of_rank[r]);
+    if (it == nodes.end()) {
+      nodes.push_back(node_of_rank[r]);
+      ranks_on.push_back({r});
+    } else {
+      ranks_on[it - nodes.begin()].push_back(r);
+    }
+  }
+  const uint32_t g = code.k + code.m;
+  if (nodes.size() < g) {
+    return Status::Invalid("redundancy " + code.Name() + " needs groups of " + std::to_string(g) +
+                           " distinct nodes; the job has " + std::to_string(nodes.size()) +
+                           " (check CKPTDB_NODE_ID)");
+  }
+  if (node_of_rank.size() % g != 0) {
+    return Status::Invalid("redundancy " + code.Name() + " needs the job's ranks in groups of " +
+                           std::to_string(g) + " on distinct nodes; the job has " +
+                           std::to_string(node_of_rank.size()) + " ranks");
+  }
+  // The ranks dealt round the nodes (every node's first rank, then every node's second, ...),
+  // cut into runs of K + M: with as many ranks on every node, a run is K + M cyclically
+  // consecutive nodes, so distinct ones.
+  std::vector<uint32_t> order;
+  size_t most = 0;
+  for (const auto& ranks : ranks_on) most = std::max(most, ranks.size());
+  for (size_t local = 0; local < most; ++local) {
+    for (const auto& ranks : ranks_on) {
+      if (local < ranks.size()) order.push_back(ranks[local]);
+    }
+  }
+  groups->clear();
+  for (size_t at = 0; at < order.size(); at += g) {
+    std::vector<uint32_t> members(order.begin() + static_cast<ptrdiff_t>(at),
+                                  order.begin() + static_cast<ptrdiff_t>(at + g));
+    for (size_t a = 0; a < members.size(); ++a) {
+      for (size_t b = a + 1; b < members.size(); ++b) {
+        if (node_of_rank[members[a]] == node_of_rank[members[b]]) {
+          return Status::Invalid(
+              "redundancy " + code.Name() + ": ranks " + std::to_string(members[a]) + " and " +
+              std::to_string(members[b]) + " of coding group " + std::to_string(groups->size()) +
+              " would share node " + node_of_rank[members[a]] +
+              " (the job's nodes run too unequal numbers of ranks; check CKPTDB_NODE_ID)");
+        }
+      }
+    }
+    groups->push_back(std::move(members));
+  }
+  return Status::Ok();
+}
+
 }  // namespace ckpt::engine

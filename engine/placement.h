@@ -11,8 +11,11 @@
 // Nodes are numbered 0..N-1 (the papers number machines from 1).
 #pragma once
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
+#include "engine/erasure_code.h"
 #include "util/status.h"
 
 namespace ckpt::engine {
@@ -139,5 +142,15 @@ Status InMemorySurvival(const Placement& placement, double node_survival, double
 // nodes fail). For parity 1 and groups of n this is exactly REFT eq. (5) with P_re = 1.
 // Errors: Invalid when node_survival is outside [0, 1].
 Status InMemorySurvival(const CodingPlacement& placement, double node_survival, double* out);
+
+// The coding groups of a job: its ranks dealt round its nodes (nodes in order of their first
+// rank; every node's first rank, then every node's second, ...) and cut into runs of K + M, each
+// on K + M distinct nodes. With one rank per node and N a multiple of K + M these are `ckptdb
+// plan --ec`'s groups of consecutive nodes; with r ranks on each of N >= K + M nodes, group i
+// spans the K + M nodes from (i (K + M)) mod N on, cyclically. groups[i] lists group i's ranks
+// by position. Invalid, naming the numbers, for fewer than K + M nodes, ranks not a multiple of
+// K + M, or nodes so unequal that a run would put two members on one node.
+Status ComputeCodingGroups(const std::vector<std::string>& node_of_rank, const CodeSpec& code,
+                           std::vector<std::vector<uint32_t>>* groups);
 
 }  // namespace ckpt::engine
