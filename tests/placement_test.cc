@@ -554,6 +554,35 @@ TEST(PlanCliTest, JsonCodingAndWeibull) {
   EXPECT_TRUE(Has(text, "69.8%")) << text.output;
 }
 
+// REFT sharding groups: the stacking claim printed where it holds (two ARC shifts) and where it
+// does not (ARC and AEC: the ARC holder also holds the only parity covering one of the owner's
+// sub-slices), in text and JSON; coding groups of several ranks per node.
+TEST(PlanCliTest, ReftStackingAndRanksPerNode) {
+  Result holds = Plan("--nodes 8 --dp 4 --reft arc --reft arc:2");
+  EXPECT_EQ(holds.code, 0) << holds.output;
+  EXPECT_TRUE(Has(holds, "so it tolerates 2: the claim holds here")) << holds.output;
+  EXPECT_TRUE(Has(holds, "2         100.0%")) << holds.output;
+  Result fails = Plan("--nodes 4 --dp 4 --reft arc --reft aec --json");
+  ASSERT_EQ(fails.code, 0) << fails.output;
+  nlohmann::json j = nlohmann::json::parse(fails.output);
+  EXPECT_EQ(j["reft_stacking_claim"]["holds"], false);
+  EXPECT_EQ(j["reft_stacking_claim"]["tolerated_in_sharding_group"], 1);
+  EXPECT_EQ(j["reft_stacking_claim"]["smallest_loss"], (std::vector<int>{0, 1}));
+  EXPECT_NEAR(j["memory_per_node"].get<double>(), 0.25 + 0.25 + 1.0 / 12, 1e-12);
+  // The two adjacent losses of 6 pairs lose a slice: 4 of them.
+  EXPECT_NEAR(j["failures"][1]["recovery_probability"].get<double>(), 2.0 / 6, 1e-12);
+  Result ranks = Plan("--nodes 8 --ec 4+2 --ranks-per-node 3");
+  EXPECT_EQ(ranks.code, 0) << ranks.output;
+  EXPECT_TRUE(Has(ranks, "group 1: nodes 6 7 0 1 2 3")) << ranks.output;
+  EXPECT_TRUE(Has(ranks, "3         0.0%")) << ranks.output;
+  Result bad = Plan("--nodes 8 --dp 3 --reft arc");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(Has(bad, "sharding groups of 3 nodes")) << bad.output;
+  bad = Plan("--nodes 4 --dp 4 --reft xor");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(Has(bad, "'xor' is not a REFT scheme")) << bad.output;
+}
+
 TEST(PlanCliTest, BadArgumentsExitTwo) {
   struct Case {
     const char* args;

@@ -1,8 +1,10 @@
-// ckptdb plan --nodes N [--replicas M] [--strategy group|ring|mixed] [--ec K+M] [--failures K]
-// [--weibull LAMBDA,C --days D] [--json]: where each node's in-memory checkpoint copies go
-// (GEMINI Algorithm 1 by default) and how likely a restart from memory is when K nodes fail at
-// once (exact, beside GEMINI's Corollary 1), or over D days of Weibull node lifetimes (REFT
-// section 5). Opens no store: the arithmetic is engine/placement.h's. Exit 0, or 2 for bad
+// ckptdb plan --nodes N [--replicas M] [--strategy group|ring|mixed] [--ec K+M [--ranks-per-node
+// R]] [--dp M --reft arc|arc:S|aec ...] [--failures K] [--weibull LAMBDA,C --days D] [--json]:
+// where each node's in-memory checkpoint copies go (GEMINI Algorithm 1 by default) and how likely
+// a restart from memory is when K nodes fail at once (exact, beside GEMINI's Corollary 1), or over
+// D days of Weibull node lifetimes (REFT section 5); REFT's sharding groups with stacked schemes,
+// and a check of REFT's claim that N stacked schemes tolerate N failures. Opens no store: the
+// arithmetic is engine/placement.h's and engine/failure_model.h's. Exit 0, or 2 for bad
 // arguments. The JSON schema ("format": "ckptdb-plan", "format_version": 1) is in docs/cli.md.
 #include <cerrno>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/failure_model.h"
 #include "engine/placement.h"
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -33,6 +36,10 @@ struct PlanArgs {
   std::string weibull;
   double days = 0;
   bool json = false;
+  bool replicas_given = false;
+  int ranks_per_node = 1;
+  int dp = 0;                      // REFT sharding groups of this many nodes
+  std::vector<std::string> reft;  // their schemes, stacked
 };
 
 struct Weibull {
@@ -175,6 +182,178 @@ nlohmann::ordered_json WeibullJson(const PlanArgs& args, const Weibull& w,
   return j;
 }
 
+// Layouts that engine/failure_model.h enumerates: REFT sharding groups with their schemes
+// (stacked, and optionally under replicas or coding across nodes), and coding groups of several
+// ranks per node. The REFT stacking claim is checked on sharding group 0.
+int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
+  engine::FailureModel model(args.nodes);
+  nlohmann::ordered_json json;
+  json["format"] = "ckptdb-plan";
+  json["format_version"] = 1;
+  json["nodes"] = args.nodes;
+  std::string options = nodes_text;
+  std::vector<int> claim_nodes;
+  int schemes_stacked = 0;
+  if (args.dp > 0) {
+    std::vector<engine::ReftScheme> schemes;
+    std::vector<std::string> names;
+    for (const std::string& text : args.reft) {
+      engine::ReftScheme scheme;
+      if (Status st = engine::ParseReftScheme(text, &scheme); !st.ok()) {
+        return Usage("--reft " + st.message());
+      }
+      schemes.push_back(scheme);
+      names.push_back(scheme.Name());
+      options += " --reft " + text;
+    }
+    options += " --dp " + std::to_string(args.dp);
+    std::optional<Placement> replicas;
+    std::optional<CodingPlacement> coding;
+    std::string across = "none";
+    if (!args.ec.empty()) {
+      size_t plus = args.ec.find('+');
+      int data = 0;
+      int parity = 0;
+      if (plus == std::string::npos || !ParseCount(args.ec.substr(0, plus), &data) ||
+          !ParseCount(args.ec.substr(plus + 1), &parity)) {
+        return Usage("--ec '" + args.ec + "' is not DATA+PARITY, e.g. 4+2");
+      }
+      CodingPlacement c;
+      if (Status st = engine::ComputeCodingPlacement(args.nodes, data, parity, &c); !st.ok()) {
+        return Usage(options + " --ec " + args.ec + ": " + st.message());
+      }
+      coding = c;
+      across = "ec:" + args.ec;
+      options += " --ec " + args.ec;
+    } else if (args.replicas_given) {
+      Placement r;
+      PlacementStrategy requested = args.strategy == "group"  ? PlacementStrategy::kGroup
+                                    : args.strategy == "ring" ? PlacementStrategy::kRing
+                                                              : PlacementStrategy::kMixed;
+      if (Status st = engine::ComputePlacement(args.nodes, args.replicas, requested, &r);
+          !st.ok()) {
+        return Usage(options + " --replicas " + std::to_string(args.replicas) + ": " +
+                     st.message());
+      }
+      replicas = r;
+      across = "replicate:" + std::to_string(args.replicas) + " (" +
+               engine::PlacementStrategyName(r.strategy) + ")";
+      options += " --replicas " + std::to_string(args.replicas);
+    }
+    if (Status st = engine::BuildReftModel(args.nodes, args.dp, schemes,
+                                           replicas ? &*replicas : nullptr,
+                                           coding ? &*coding : nullptr, &model);
+        !st.ok()) {
+      return Usage(options + ": " + st.message());
+    }
+    for (int i = 0; i < args.dp; ++i) claim_nodes.push_back(i);
+    schemes_stacked = static_cast<int>(schemes.size()) + (across == "none" ? 0 : 1);
+    if (args.json) {
+      json["scheme"] = "reft";
+      json["sharding_group"] = args.dp;
+      json["reft_schemes"] = names;
+      json["across_nodes"] = across;
+    } else {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : " + ") + n;
+      std::printf(
+          "placement: REFT sharding groups of %d nodes holding the same state (each saves 1/%d "
+          "of it); protection %s; across nodes: %s; %d nodes\n",
+          args.dp, args.dp, list.empty() ? "none" : list.c_str(), across.c_str(), args.nodes);
+      for (int base = 0; base < args.nodes; base += args.dp) {
+        std::vector<int> g;
+        for (int i = base; i < base + args.dp; ++i) g.push_back(i);
+        std::printf("sharding group %d: nodes %s\n", base / args.dp, NodeList(g).c_str());
+      }
+    }
+  } else {
+    size_t plus = args.ec.find('+');
+    int data = 0;
+    int parity = 0;
+    if (plus == std::string::npos || !ParseCount(args.ec.substr(0, plus), &data) ||
+        !ParseCount(args.ec.substr(plus + 1), &parity)) {
+      return Usage("--ec '" + args.ec + "' is not DATA+PARITY, e.g. 4+2");
+    }
+    options += " --ec " + args.ec + " --ranks-per-node " + std::to_string(args.ranks_per_node);
+    std::vector<std::vector<int>> groups;
+    if (Status st = engine::BuildCodingModel(args.nodes, args.ranks_per_node, data, parity, &model,
+                                             &groups);
+        !st.ok()) {
+      return Usage(options + ": " + st.message());
+    }
+    if (args.json) {
+      json["scheme"] = "ec";
+      json["data_shards"] = data;
+      json["parity_shards"] = parity;
+      json["ranks_per_node"] = args.ranks_per_node;
+      json["groups"] = groups;
+    } else {
+      std::printf(
+          "placement: erasure coding %d+%d, %d nodes of %d ranks, %zu groups of ranks on distinct "
+          "nodes (each survives up to %d of its nodes failing)\n",
+          data, parity, args.nodes, args.ranks_per_node, groups.size(), parity);
+      for (size_t g = 0; g < groups.size(); g++) {
+        std::printf("group %zu: nodes %s\n", g, NodeList(groups[g]).c_str());
+      }
+    }
+  }
+  // The claim, and the default table's end: the smallest loss within sharding group 0.
+  int smallest = 0;
+  std::vector<int> loss_set;
+  std::string lost;
+  if (!claim_nodes.empty()) {
+    if (Status st = model.SmallestLoss(claim_nodes, &smallest, &loss_set, &lost); !st.ok()) {
+      return Usage(options + ": " + st.message());
+    }
+  }
+  std::vector<Row> rows;
+  const int first_lossy = smallest > 0 ? smallest : std::min(args.nodes, 3);
+  for (int k : FailureCounts(args, first_lossy)) {
+    Row r;
+    r.failures = k;
+    if (Status st = model.RecoveryProbability(k, &r.recovery, &r.loss); !st.ok()) {
+      return Usage(options + " --failures " + std::to_string(k) + ": " + st.message());
+    }
+    rows.push_back(r);
+  }
+  const int tolerated = smallest > 0 ? smallest - 1 : args.dp;
+  const bool holds = tolerated >= schemes_stacked;
+  if (args.json) {
+    json["memory_per_node"] = model.memory_per_node;
+    json["failures"] = RowsJson(rows);
+    if (!claim_nodes.empty()) {
+      nlohmann::ordered_json claim;
+      claim["schemes_stacked"] = schemes_stacked;
+      claim["tolerated_in_sharding_group"] = tolerated;
+      claim["holds"] = holds;
+      if (smallest > 0) {
+        claim["smallest_loss"] = loss_set;
+        claim["lost"] = lost;
+      }
+      json["reft_stacking_claim"] = claim;
+    }
+    std::printf("%s\n", json.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("memory per node: %.4g x %s\n", model.memory_per_node,
+              args.dp > 0 ? "its sharding group's state" : "its ranks' checkpoints");
+  PrintRows(rows, false);
+  if (!claim_nodes.empty()) {
+    std::printf(
+        "\nREFT's stacking claim (section 4.2: N protections tolerate N failed nodes in a "
+        "sharding group): %d stacked; ",
+        schemes_stacked);
+    if (smallest > 0) {
+      std::printf("losing nodes %s of sharding group 0 loses %s, so it tolerates %d: %s\n",
+                  NodeList(loss_set).c_str(), lost.c_str(), tolerated,
+                  holds ? "the claim holds here" : "the claim does NOT hold here");
+    } else {
+      std::printf("no loss of sharding group 0's nodes alone loses data: the claim holds here\n");
+    }
+  }
+  return kExitOk;
+}
+
 int RunPlan(const PlanArgs& args) {
   const std::string nodes_text = "--nodes " + std::to_string(args.nodes);
   if (args.nodes < 1 || args.nodes > engine::kMaxPlacementNodes) {
@@ -183,6 +362,14 @@ int RunPlan(const PlanArgs& args) {
   if (args.failures_given && (args.failures < 0 || args.failures > args.nodes)) {
     return Usage("--failures " + std::to_string(args.failures) + " is outside 0.." +
                  std::to_string(args.nodes) + " (" + nodes_text + ")");
+  }
+  if (args.dp > 0 || !args.reft.empty() || args.ranks_per_node != 1) {
+    if (!args.weibull.empty()) {
+      return Usage("--weibull is for --replicas and --ec layouts of one rank per node");
+    }
+    if (!args.reft.empty() && args.dp == 0) return Usage("--reft needs --dp M");
+    if (args.dp == 0 && args.ec.empty()) return Usage("--ranks-per-node is for --ec");
+    return RunModelPlan(args, nodes_text);
   }
   std::optional<Weibull> weibull;
   if (!args.weibull.empty()) {
@@ -355,11 +542,27 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                       "group, ring, or mixed (GEMINI Algorithm 1: group when m divides N)")
           ->check(CLI::IsMember({"group", "ring", "mixed"}))
           ->capture_default_str();
-  cmd->add_option("--ec", args->ec,
-                  "Erasure-coded groups of DATA+PARITY consecutive nodes instead of replicas, "
-                  "e.g. 4+2 (N must be divisible by DATA+PARITY)")
-      ->excludes(replicas)
-      ->excludes(strategy);
+  CLI::Option* ec =
+      cmd->add_option("--ec", args->ec,
+                      "Erasure-coded groups of DATA+PARITY consecutive nodes instead of replicas, "
+                      "e.g. 4+2 (N must be divisible by DATA+PARITY, unless --ranks-per-node)")
+          ->excludes(replicas)
+          ->excludes(strategy);
+  cmd->add_option("--ranks-per-node", args->ranks_per_node,
+                  "With --ec: ranks on each node, dealt round the nodes into groups of "
+                  "DATA+PARITY ranks on distinct nodes as a job forms them")
+      ->check(CLI::Range(1, 1024))
+      ->needs(ec);
+  CLI::Option* dp = cmd->add_option("--dp", args->dp,
+                                    "REFT sharding groups of this many consecutive nodes holding "
+                                    "the same (data-parallel) state, each saving 1/DP of it")
+                        ->check(CLI::Range(2, 4096));
+  cmd->add_option("--reft", args->reft,
+                  "A REFT protection within each sharding group, repeatable to stack: arc (a "
+                  "peer's slice, copied locally), arc:SHIFT (the slice SHIFT nodes on), aec (XOR "
+                  "parity of the peers' sub-slices); --replicas or --ec on top protect each "
+                  "node's snapshot across nodes")
+      ->needs(dp);
   CLI::Option* days =
       cmd->add_option("--days", args->days, "How long the checkpoint must survive, for --weibull");
   cmd->add_option("--weibull", args->weibull,
@@ -369,8 +572,9 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   days->needs("--weibull");
   cmd->add_flag("--json", args->json,
                 "Print one JSON document (schema in docs/cli.md) instead of the table");
-  cmd->callback([args, exit_code, failures] {
+  cmd->callback([args, exit_code, failures, replicas] {
     args->failures_given = failures->count() > 0;
+    args->replicas_given = replicas->count() > 0;
     *exit_code = RunPlan(*args);
   });
 }
