@@ -114,8 +114,9 @@ class Cluster {
     std::function<Status(uint64_t version, bool committed)> decided;
     // Committed versions this rank can restore from its own tiers, newest first.
     std::function<std::vector<uint64_t>()> local_versions;
-    // Bytes [offset, offset + bytes) of this rank's own segment of `version`, from its memory:
-    // the other members of its coding group read its units to rebuild a lost member.
+    // Bytes [offset, offset + bytes) of this rank's own segment of `version`, from its memory or
+    // else a slower tier of its own: the other members of its coding group read its units to
+    // rebuild a lost member.
     std::function<Status(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out)> read_own;
   };
 

@@ -47,6 +47,8 @@ struct Job {
   std::string code;  // "ec:K+M" or "xor:K" instead of replicas
   int dead_after_ms = 1500;
   bool shared_tier = false;  // a disk tier per rank in a directory no node loss touches
+  std::string node_disk;     // a disk tier's options on each node (lost with it); empty: none
+  int ram_keep = 2;
   std::string coordinator_host = "127.0.0.1";
   std::vector<std::string> listen;              // per rank (CKPTDB_LISTEN); empty: the default
   std::map<uint32_t, std::string> ram_options;  // appended to a rank's ram tier spec
@@ -85,8 +87,9 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   std::string node = job.Node(rank);
   std::filesystem::create_directories(node + "/shm");
   std::string root = node + "/root";
-  std::string tiers = "ram:48M,keep=2,dir=" + node + "/shm";
+  std::string tiers = "ram:48M,keep=" + std::to_string(job.ram_keep) + ",dir=" + node + "/shm";
   if (job.ram_options.count(rank)) tiers += "," + job.ram_options.at(rank);
+  if (!job.node_disk.empty()) tiers += ";disk:" + node + "/disk," + job.node_disk;
   if (job.shared_tier) {
     tiers += ";disk:" + job.dir.Sub("shared/rank" + std::to_string(rank)) + ",every=2,keep=2";
   }
@@ -657,6 +660,50 @@ TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
     LoseNodesOfACodingGroupAndRebuild(job, lost);
     if (HasFailure()) return;
   }
+}
+
+// A survivor whose ram copy of the version was evicted (ram keep=1) still serves its units from
+// its own disk tier: rank 1's v2, lost with node 1, is rebuilt from the others' disks and their
+// parity (kept for max(2, keep) versions), as ckptdb_recoverable says it can be. xor:3, so that
+// every stripe needs the other data members' units (with ec:2+2 two parity blocks would do).
+TEST_F(ClusterTest, ARebuildReadsSurvivorsUnitsFromTheirDiskOnceRamDroppedThem) {
+  job_.code = "xor:3";
+  job_.ram_keep = 1;
+  job_.node_disk = "keep=3";
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenAndSave(job_, rank, 3, &db) != 0) return 1;
+    Done(job_, rank, "save");
+    int rc = ckptdb_close(db);  // drains v3 to disk; v2 is then on disk only
+    RANK_CHECK(rc == 0, "close: %d", rc);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    ASSERT_FALSE(std::filesystem::exists(job_.Node(r) + "/shm/ckptdb-parity-r" +
+                                         std::to_string(r) + "/g00000-v00000000000000000001.par"))
+        << "v1's parity should have been dropped (retention keeps 2)";
+  }
+  job_.WipeNode(1);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    if (CheckLatest(db, rank, 3) != 0) return 1;
+    if (CheckRecoverable(db, rank, 2, 1, 0, kRanks - 1, 1) != 0) return 1;
+    std::string source;
+    int bad = rank == 1 ? CheckRestore(db, rank, 2, &source) : 0;
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    if (bad != 0) return 1;
+    if (rank == 1) {
+      RANK_CHECK(source.rfind("rebuild:xor:3", 0) == 0, "rank 1 restored v2 from %s",
+                 source.c_str());
+    }
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
 // Nodes that do not divide into coding groups (4 nodes, ec:4+2 needs 6): every rank's open fails
