@@ -96,6 +96,19 @@ bool Holds(const std::vector<std::pair<uint32_t, uint64_t>>& replicas, uint32_t 
          replicas.end();
 }
 
+// Whether member m can serve its units of `version` to a rebuild: they are read from its ram tier
+// only (read_own). Its holdings say so from its next heartbeat; a version it voted for and newer
+// than any it reported in memory is there (a commit leaves the newest version in ram).
+template <typename M>
+bool InMemory(const M& m, uint64_t version) {
+  if (std::find(m.memory_versions.begin(), m.memory_versions.end(), version) !=
+      m.memory_versions.end()) {
+    return true;
+  }
+  return m.voted.count(version) &&
+         (m.memory_versions.empty() || version > m.memory_versions.front());
+}
+
 }  // namespace
 
 Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optional<CodeSpec>* code) {
@@ -418,13 +431,19 @@ std::vector<uint8_t> Cluster::Holdings() const {
     held.U32(group);
     held.U64(v);
   }
+  std::vector<uint64_t> memory =
+      hooks_.memory_versions ? hooks_.memory_versions() : std::vector<uint64_t>{};
+  if (memory.size() > 256) memory.resize(256);
+  held.U32(static_cast<uint32_t>(memory.size()));
+  for (uint64_t v : memory) held.U64(v);
   return held.Take();
 }
 
 Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
                      std::vector<uint64_t>* local,
                      std::vector<std::pair<uint32_t, uint64_t>>* replicas,
-                     std::vector<std::pair<uint32_t, uint64_t>>* parity) {
+                     std::vector<std::pair<uint32_t, uint64_t>>* parity,
+                     std::vector<uint64_t>* memory) {
   WireReader h(in, what);
   uint32_t n = h.U32("local versions");
   if (n > 256) return Status::Corrupt(what + ": " + std::to_string(n) + " local versions");
@@ -442,6 +461,14 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
     uint32_t group = h.U32("group");
     uint64_t v = h.U64("version");
     if (parity != nullptr) parity->emplace_back(group, v);
+  }
+  uint32_t in_memory = h.U32("versions in memory");
+  if (in_memory > 256) {
+    return Status::Corrupt(what + ": " + std::to_string(in_memory) + " versions in memory");
+  }
+  for (uint32_t i = 0; i < in_memory && h.ok(); ++i) {
+    const uint64_t v = h.U64("version");
+    if (memory != nullptr) memory->push_back(v);
   }
   return h.Finish();
 }
@@ -576,11 +603,11 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   std::string node = r.Str("node_id", 256);
   std::string address = r.Str("address", 256);
   Status st = r.Finish();
-  std::vector<uint64_t> local;
+  std::vector<uint64_t> local, memory;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
   if (st.ok()) {
-    st =
-        ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity);
+    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
+                       &memory);
   }
   if (st.ok() && (world != options_.world_size || rank >= world)) {
     st =
@@ -623,6 +650,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
     m.address = address;
   }
   m.local_versions = std::move(local);
+  m.memory_versions = std::move(memory);
   m.replicas = std::move(replicas);
   m.parity = std::move(parity);
   m.last_seen_ms = NowMs();
@@ -666,11 +694,11 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   (void)r.U64("epoch");
   bool ready = r.U8("ready") != 0;
   Status st = r.Finish();
-  std::vector<uint64_t> local;
+  std::vector<uint64_t> local, memory;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
   if (st.ok()) {
-    st =
-        ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity);
+    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
+                       &memory);
   }
   if (st.ok() && rank >= options_.world_size)
     st = Status::Invalid("heartbeat from rank " + std::to_string(rank));
@@ -684,6 +712,7 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   }
   m.last_seen_ms = NowMs();
   m.local_versions = std::move(local);
+  m.memory_versions = std::move(memory);
   m.replicas = std::move(replicas);
   m.parity = std::move(parity);
   if (ready && !m.ready) {
@@ -992,12 +1021,12 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
           // A member whose yes vote committed it had its group's parity sealed (its holdings
           // say so only from its next heartbeat).
           const Member& mq = members_[q];
-          missing += has(mq) && Holds(mq.parity, g, version) ? 0 : 1;
+          missing += has(mq) && InMemory(mq, version) && Holds(mq.parity, g, version) ? 0 : 1;
         }
         const int32_t m = static_cast<int32_t>(options_.code->m);
         mine = missing <= m ? m - missing : (own ? 0 : -1);
         how = "a rebuild from coding group " + std::to_string(g) + " (" + std::to_string(missing) +
-              " of " + std::to_string(groups[g].size()) + " members lack it or its parity)";
+              " of " + std::to_string(groups[g].size()) + " members lack it in memory or its parity)";
       }
     } else {
       std::set<std::string> nodes;
@@ -1060,8 +1089,9 @@ Status Cluster::Recoverable(uint64_t version, RecoverableInfo* out) {
 }
 
 // Whether `rank`'s segment of `version` can be rebuilt from its coding group: at most M of the
-// group's members lack either their own copy of the version or their parity of it (any M lost
-// members leave K blocks of every stripe, engine/stripe_layout.h).
+// group's members lack either their own copy of the version in memory (a member serves a rebuild
+// from its ram tier only) or their parity of it (any M lost members leave K blocks of every
+// stripe, engine/stripe_layout.h).
 bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
   std::vector<std::string> node_of_rank;
   for (const Member& m : members_) node_of_rank.push_back(m.node_id);
@@ -1076,7 +1106,7 @@ bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
           m.registered && !m.dead &&
           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
                                                version) != m.local_versions.end()) &&
-          Holds(m.parity, g, version);
+          InMemory(m, version) && Holds(m.parity, g, version);
       missing += has ? 0 : 1;
     }
     return missing <= options_.code->m;
@@ -1122,11 +1152,11 @@ void Cluster::HandleServe(const Request& request, Reply* reply) {
   std::string node = r.Str("node_id", 256);
   std::string address = r.Str("address", 256);
   Status st = r.Finish();
-  std::vector<uint64_t> local;
+  std::vector<uint64_t> local, memory;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
   if (st.ok()) {
-    st =
-        ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity);
+    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
+                       &memory);
   }
   if (st.ok() && (node.empty() || address.empty()))
     st = Status::Invalid(request.peer + ": a serve announcement without node_id or address");

@@ -114,9 +114,10 @@ class Cluster {
     std::function<Status(uint64_t version, bool committed)> decided;
     // Committed versions this rank can restore from its own tiers, newest first.
     std::function<std::vector<uint64_t>()> local_versions;
-    // Bytes [offset, offset + bytes) of this rank's own segment of `version`, from its memory or
-    // else a slower tier of its own: the other members of its coding group read its units to
-    // rebuild a lost member.
+    // Those of them in its ram tier, newest first: what it can serve a rebuild (read_own).
+    std::function<std::vector<uint64_t>()> memory_versions;
+    // Bytes [offset, offset + bytes) of this rank's own segment of `version`, from its memory:
+    // the other members of its coding group read its units to rebuild a lost member.
     std::function<Status(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out)> read_own;
   };
 
@@ -200,6 +201,7 @@ class Cluster {
     bool ready = false;  // recovered in this incarnation: its holdings are final
     int64_t last_seen_ms = 0;
     std::vector<uint64_t> local_versions;                 // newest first
+    std::vector<uint64_t> memory_versions;                // in its ram tier, newest first
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
     std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
     std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit

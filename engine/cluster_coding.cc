@@ -532,9 +532,7 @@ struct Cluster::Rebuild::Impl {
           st = OpenHolder(c.member);
           const fb::Tensor* t = nullptr;
           if (st.ok()) {
-            char name[64];
-            std::snprintf(name, sizeof name, "parity/s%020" PRIu64 "r%02" PRIu32, slot.stripe,
-                          c.index - k);
+            const std::string name = ParityBlockName(slot.stripe, c.index - k);
             t = holders[c.member].reader->manifest().Find(name);
             if (t == nullptr || t->bytes() != stripe_bytes || t->chunk_count() != 1) {
               st = Status::Corrupt(what + ": the parity on " + R(group.members[c.member]) +

@@ -416,8 +416,8 @@ class Db {
   // decoded; distributed.cc).
   Status RestoreFromRebuild(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
                             RestorePlan* plan);
-  // Bytes of this rank's own segment of `version` (a member rebuilding a lost one reads them):
-  // from its ram tier, else from the fastest directory tier holding it durably.
+  // Bytes of this rank's own segment of `version` from its ram tier (a member rebuilding a lost
+  // one reads them).
   Status ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out);
   void FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   bool PlanDemotion(std::unique_lock<std::mutex>& lock);
@@ -561,10 +561,6 @@ class Db {
   bool cluster_stop_ = false;         // mu_
   std::set<uint64_t> job_committed_;  // mu_: versions the coordinator committed
   std::vector<std::thread> workers_;
-
-  // ReadOwnSegment's reads of a directory copy, for peers' rebuilds (own_read_mu_).
-  std::mutex own_read_mu_;
-  std::unique_ptr<io::IoQueue> own_read_queue_;
 
   // Readers (read_mu_).
   std::mutex read_mu_;

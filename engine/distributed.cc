@@ -69,6 +69,18 @@ Status Db::StartCluster() {
     }
     return out;
   };
+  hooks.memory_versions = [this] {
+    std::vector<uint64_t> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = ram_images_.rbegin(); it != ram_images_.rend() && out.size() < 256; ++it) {
+      auto entry = versions_.find(it->first);
+      if (entry != versions_.end() && entry->second.record.state == CKPTDB_STATE_COMMITTED &&
+          Durable(entry->second, 0)) {
+        out.push_back(it->first);
+      }
+    }
+    return out;
+  };
   hooks.read_own = [this](uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out) {
     return ReadOwnSegment(version, offset, bytes, out);
   };
@@ -368,64 +380,23 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
 Status Db::ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out) {
   RamImage image;
   const RamTier* ram = nullptr;
-  ResidencyRecord file;  // a durable copy on a directory tier, when the ram tier has none
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ram_images_.find(version);
-    auto entry = versions_.find(version);
-    if (!tiers_.empty() && tiers_[0].is_ram() && it != ram_images_.end()) {
-      image = it->second;
-      ram = tiers_[0].ram.get();
-      Pin(version);
-    } else if (entry != versions_.end() &&
-               entry->second.record.state == CKPTDB_STATE_COMMITTED) {
-      // Evicted from ram (keep=) but kept on a slower tier: the same bytes at the same offsets
-      // (docs/format.md), so the units a rebuild asks for are read from there.
-      for (size_t ti = 0; ti < tiers_.size() && file.path.empty(); ++ti) {
-        if (tiers_[ti].is_ram() || !Durable(entry->second, ti)) continue;
-        for (const ResidencyRecord& r : entry->second.residency) {
-          if (r.tier == tiers_[ti].name() && r.state == CKPTDB_RESIDENT_DURABLE) file = r;
-        }
-      }
+    if (tiers_.empty() || !tiers_[0].is_ram() || it == ram_images_.end()) {
+      return Status::NotFound(V(version) + " is not in this rank's ram tier");
     }
+    image = it->second;
+    ram = tiers_[0].ram.get();
+    Pin(version);
   }
-  const uint64_t size = ram != nullptr ? image.file_bytes : file.file_bytes;
-  if (ram == nullptr && file.path.empty()) {
-    return Status::NotFound(V(version) + " is in none of this rank's tiers");
-  }
-  Status st = offset > size || bytes > size - offset
+  Status st = offset > image.file_bytes || bytes > image.file_bytes - offset
                   ? Status::Invalid(V(version) + ": the range [" + std::to_string(offset) + ", +" +
                                     std::to_string(bytes) + ") is past its " +
-                                    std::to_string(size) + " bytes")
-                  : Status::Ok();
-  if (ram != nullptr) {
-    if (st.ok()) st = ram->ReadAt(image, offset, out, bytes, "ram copy of " + V(version));
-    std::lock_guard<std::mutex> lock(mu_);
-    Unpin(version);
-    return st;
-  }
-  CKPTDB_RETURN_IF_ERROR(st);
-  const std::string what = "segment " + file.path + " (tier " + file.tier + ")";
-  // Service threads serve these one at a time, on a queue of their own (read_queue_ belongs to
-  // this rank's restores). A copy evicted meanwhile fails the read: the rebuild takes another
-  // block.
-  std::lock_guard<std::mutex> own(own_read_mu_);
-  if (own_read_queue_ == nullptr) {
-    io::QueueOptions qo;
-    qo.queue_depth = 4;
-    CKPTDB_RETURN_IF_ERROR(io_->NewQueue(qo, &own_read_queue_).WithContext(what));
-  }
-  int fd = -1;
-  bool direct = false;
-  CKPTDB_RETURN_IF_ERROR(io_->Open(file.path, io::OpenOptions{}, &fd, &direct).WithContext(what));
-  uint64_t on_disk = 0;
-  st = io_->FileSize(fd, &on_disk);
-  if (st.ok() && on_disk != file.file_bytes) {
-    st = Status::Corrupt(what + ": the file is " + std::to_string(on_disk) +
-                         " bytes, the catalog recorded " + std::to_string(file.file_bytes));
-  }
-  if (st.ok()) st = io::ReadAt(*own_read_queue_, fd, offset, out, bytes, what);
-  (void)io_->Close(fd);
+                                    std::to_string(image.file_bytes) + " bytes")
+                  : ram->ReadAt(image, offset, out, bytes, "ram copy of " + V(version));
+  std::lock_guard<std::mutex> lock(mu_);
+  Unpin(version);
   return st;
 }
 

@@ -63,18 +63,6 @@ class ParityFile {
   std::unique_ptr<format::SegmentReader> reader_;
 };
 
-std::string ParityName(uint32_t group, uint64_t version) {
-  char name[64];
-  std::snprintf(name, sizeof name, "/g%05" PRIu32 "-v%020" PRIu64 ".par", group, version);
-  return name;
-}
-
-std::string BlockName(uint64_t stripe, uint32_t row) {
-  char name[64];
-  std::snprintf(name, sizeof name, "parity/s%020" PRIu64 "r%02" PRIu32, stripe, row);
-  return name;
-}
-
 bool Overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& bad, uint64_t begin,
               uint64_t end) {
   return std::any_of(bad.begin(), bad.end(),
@@ -187,7 +175,7 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
         continue;
       }
       auto file = std::make_unique<ParityFile>();
-      Status st = file->Open(dir + ParityName(group_number, v));
+      Status st = file->Open(dir + "/" + ParitySegmentName(group_number, v));
       if (st.code() == CKPTDB_ENOTFOUND) {
         mem.parity_state = "missing";
         continue;
@@ -310,7 +298,7 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
         const uint32_t h = layout.ParityMember(s, row);
         Member& holder = members[h];
         if (holder.parity == nullptr) continue;
-        const std::string name = BlockName(s, row);
+        const std::string name = ParityBlockName(s, row);
         const format::ManifestView& manifest = holder.parity->reader().manifest();
         const fb::Tensor* t = manifest.Find(name);
         if (t == nullptr || t->bytes() != stripe_bytes || t->chunk_count() != 1) {

@@ -25,17 +25,6 @@ constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 40;
 constexpr size_t kMaxClaims = size_t{1} << 22;
 constexpr size_t kMaxStripeLocks = 64;
 
-std::string Name(uint32_t group, uint64_t version) {
-  char name[64];
-  std::snprintf(name, sizeof name, "g%05" PRIu32 "-v%020" PRIu64 ".par", group, version);
-  return name;
-}
-
-std::string TensorName(uint64_t stripe, uint32_t row) {
-  char name[64];
-  std::snprintf(name, sizeof name, "parity/s%020" PRIu64 "r%02" PRIu32, stripe, row);
-  return name;
-}
 
 uint64_t NowNs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -44,6 +33,18 @@ uint64_t NowNs() {
 }
 
 }  // namespace
+
+std::string ParitySegmentName(uint32_t group, uint64_t version) {
+  char name[64];
+  std::snprintf(name, sizeof name, "g%05" PRIu32 "-v%020" PRIu64 ".par", group, version);
+  return name;
+}
+
+std::string ParityBlockName(uint64_t stripe, uint32_t row) {
+  char name[64];
+  std::snprintf(name, sizeof name, "parity/s%020" PRIu64 "r%02" PRIu32, stripe, row);
+  return name;
+}
 
 struct ParityStore::Building {
   enum class Stage : uint8_t { kAnnouncing, kAllocating, kAccumulating, kSealing };
@@ -91,7 +92,7 @@ struct ParityStore::Building {
     for (size_t i = 0; i < stripes.size(); ++i) {
       c.chunks.push_back({record_offsets[i], stripe_bytes[i], xxh3[i]});
       format::TensorEntry t;
-      t.name = TensorName(stripes[i], rows[i]);
+      t.name = ParityBlockName(stripes[i], rows[i]);
       t.dtype = 2;  // U8
       t.shape = {stripe_bytes[i]};
       t.bytes = stripe_bytes[i];
@@ -134,7 +135,7 @@ Status ParityStore::Open(const std::string& dir, Writer writer, uint32_t keep,
     unsigned long long version = 0;
     int used = 0;
     if (std::sscanf(name.c_str(), "g%5u-v%20llu.par%n", &group, &version, &used) == 2 &&
-        static_cast<size_t>(used) == name.size() && name == Name(group, version)) {
+        static_cast<size_t>(used) == name.size() && name == ParitySegmentName(group, version)) {
       store->sealed_[{group, version}].file_bytes = entry.file_size(ec);
     } else if (std::sscanf(name.c_str(), "g%5u-v%20llu.par.tmp%n", &group, &version, &used) == 2 &&
                static_cast<size_t>(used) == name.size()) {
@@ -158,7 +159,7 @@ Status ParityStore::Open(const std::string& dir, Writer writer, uint32_t keep,
 }
 
 std::string ParityStore::SealedPath(uint32_t group, uint64_t version) const {
-  return dir_ + "/" + Name(group, version);
+  return dir_ + "/" + ParitySegmentName(group, version);
 }
 std::string ParityStore::TemporaryPath(uint32_t group, uint64_t version) const {
   return SealedPath(group, version) + ".tmp";

@@ -50,6 +50,11 @@ struct CodingGroup {
   }
 };
 
+// A parity segment's file name in a holder's directory ("g00000-v00000000000000000003.par"), and
+// the tensor name of parity block `row` of stripe `stripe` in it ("parity/s<20 digits>r<2>").
+std::string ParitySegmentName(uint32_t group, uint64_t version);
+std::string ParityBlockName(uint64_t stripe, uint32_t row);
+
 class ParityStore {
  public:
   // Who writes the parity segments (their header and provenance).

@@ -231,6 +231,13 @@ int CheckRestore(ckptdb* db, uint32_t rank, uint64_t version, std::string* sourc
   return 0;
 }
 
+// A restarted rank: reopens and checks that the job's latest version is `latest`.
+int Reopen(const Job& job, uint32_t rank, uint64_t latest, ckptdb** db) {
+  int rc = OpenRank(job, rank, "job-secret", db);
+  RANK_CHECK(rc == 0, "reopen: %d", rc);
+  return CheckLatest(*db, rank, latest);
+}
+
 class ClusterTest : public ::testing::Test {
  protected:
   void SetUp() override { job_.port = FreePort(); }
@@ -254,9 +261,7 @@ void LoseANodeAndRestore(Job& job, uint32_t lost) {
   job.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 3) != 0) return 1;
+    if (Reopen(job, rank, 3, &db) != 0) return 1;
     // replicate:2 in groups {node0, node1}, {node2, node3}: the lost node's partner keeps one
     // copy of each of the pair's ranks; nothing more may be lost.
     if (CheckRecoverable(db, rank, 3, 1, 0, kRanks - 1, 1) != 0) return 1;
@@ -310,9 +315,7 @@ TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits
   job_.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 2) != 0) return 1;
+    if (Reopen(job_, rank, 2, &db) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 2, &source);
     Done(job_, rank, "restore");
@@ -340,14 +343,12 @@ TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
   job_.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 1) != 0) return 1;
+    if (Reopen(job_, rank, 1, &db) != 0) return 1;
     std::string source;
     if (CheckRestore(db, rank, 1, &source) != 0) return 1;
     std::vector<uint8_t> out(kTensorBytes);
     std::string name = "w0/r" + std::to_string(rank);
-    rc = ckptdb_restore(db, 2, name.c_str(), out.data(), out.size(), 0);
+    int rc = ckptdb_restore(db, 2, name.c_str(), out.data(), out.size(), 0);
     Done(job_, rank, "restore");
     RANK_CHECK(rc != 0, "a torn v2 restored");
     ckptdb_close(db);
@@ -542,13 +543,15 @@ struct GroupSeen {
   std::string problems;
 };
 
-// Opens the stores of the ranks whose nodes are still there, read-only, in this process, and
-// checks their coding groups' `version`. Returns ckptdb_verify_groups' status.
-int VerifyGroups(const Job& job, uint64_t version, std::vector<GroupSeen>* out) {
+// Opens the stores of the ranks whose nodes are still there (and whose bit is set in `given`),
+// read-only, in this process, and checks their coding groups' `version`. Returns
+// ckptdb_verify_groups' status.
+int VerifyGroups(const Job& job, uint64_t version, std::vector<GroupSeen>* out,
+                 uint32_t given = (1u << kRanks) - 1) {
   std::vector<ckptdb*> dbs;
   for (uint32_t rank = 0; rank < kRanks; ++rank) {
     const std::string root = job.Node(rank) + "/root";
-    if (!std::filesystem::exists(root)) continue;
+    if (!((given >> rank) & 1) || !std::filesystem::exists(root)) continue;
     ckptdb_options o;
     ckptdb_options_init(&o);
     o.root = root.c_str();
@@ -619,9 +622,7 @@ void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
   job.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 3) != 0) return 1;
+    if (Reopen(job, rank, 3, &db) != 0) return 1;
     const uint32_t n = static_cast<uint32_t>(lost.size());
     if (CheckRecoverable(db, rank, 3, 1, 2 - static_cast<int>(n), kRanks - n, n) != 0) return 1;
     std::string source;
@@ -644,6 +645,48 @@ TEST_F(ClusterTest, ALostNodeOfACodingGroupIsRebuiltFromTheOthers) {
   LoseNodesOfACodingGroupAndRebuild(job_, {1});
 }
 
+// verify against an oracle for every loss of every code four nodes can hold: each code's job saves
+// once, then every non-empty set of stores is given to ckptdb_verify_groups (a store not given
+// counts as lost). Oracle: with L lost, the version is recoverable from memory iff L <= M, with
+// M - L losses to spare; the given members restore from ram, the others by a rebuild or not at
+// all; no parity block is bad; with nothing lost every block is recomputed.
+TEST_F(ClusterTest, VerifyAgreesWithAnOracleForEveryLossOfEveryFourNodeCode) {
+  for (const std::string code : {"ec:2+2", "ec:3+1", "xor:3", "ec:1+3"}) {
+    SCOPED_TRACE(code);
+    Job job;
+    job.port = FreePort();
+    job.code = code;
+    auto codes = RunRanks([&](uint32_t rank) {
+      ckptdb* db = nullptr;
+      if (OpenAndSave(job, rank, 2, &db) != 0) return 1;
+      Done(job, rank, "save");
+      ckptdb_close(db);
+      return 0;
+    });
+    ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+    const int m = code == "ec:2+2" ? 2 : code == "ec:1+3" ? 3 : 1;
+    for (uint32_t given = 1; given < (1u << kRanks); ++given) {
+      const int lost = static_cast<int>(kRanks) - std::popcount(given);
+      std::vector<GroupSeen> seen;
+      const int rc = VerifyGroups(job, 2, &seen, given);
+      ASSERT_EQ(seen.size(), 1u) << "given " << given;
+      const GroupSeen& g = seen[0];
+      EXPECT_EQ(rc, lost <= m ? 0 : CKPTDB_ECORRUPT) << "given " << given << ": " << g.problems;
+      EXPECT_EQ(g.from_memory, lost <= m) << "given " << given;
+      EXPECT_EQ(g.recoverable, lost <= m) << "given " << given;
+      EXPECT_EQ(g.spare, lost <= m ? m - lost : -1) << "given " << given;
+      EXPECT_EQ(g.parity_bad, 0u) << "given " << given << ": " << g.problems;
+      if (lost == 0) EXPECT_EQ(g.parity_checked, g.parity_blocks);
+      for (uint32_t r = 0; r < kRanks; ++r) {
+        const bool here = (given >> r) & 1;
+        EXPECT_EQ(g.sources.at(r), here ? "ram" : lost <= m ? "rebuild" : "lost")
+            << "given " << given << ", rank " << r;
+        EXPECT_EQ(g.parity.at(r), here ? "ok" : "not given") << "given " << given;
+      }
+    }
+  }
+}
+
 // Every loss the code is for: each set of up to M = 2 of the group's 4 nodes (10 of them), each
 // in a job of its own.
 TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
@@ -662,11 +705,12 @@ TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
   }
 }
 
-// A survivor whose ram copy of the version was evicted (ram keep=1) still serves its units from
-// its own disk tier: rank 1's v2, lost with node 1, is rebuilt from the others' disks and their
-// parity (kept for max(2, keep) versions), as ckptdb_recoverable says it can be. xor:3, so that
-// every stripe needs the other data members' units (with ec:2+2 two parity blocks would do).
-TEST_F(ClusterTest, ARebuildReadsSurvivorsUnitsFromTheirDiskOnceRamDroppedThem) {
+// A rebuild reads the survivors' ram only: once keep=1 dropped v2 from every member's ram (it is
+// on their node disks), losing node 1 leaves rank 1's v2 unrebuildable, and ckptdb_recoverable
+// says so (it used to count the survivors' disk copies and answer yes); rank 1's restore of v2
+// fails and leaves the buffer untouched, while v3 (in ram) is rebuilt. xor:3, so that every stripe needs
+// the other data members' units (with ec:2+2 two parity blocks would do).
+TEST_F(ClusterTest, RecoverableCountsOnlySurvivorsThatHoldTheVersionInMemory) {
   job_.code = "xor:3";
   job_.ram_keep = 1;
   job_.node_disk = "keep=3";
@@ -688,17 +732,22 @@ TEST_F(ClusterTest, ARebuildReadsSurvivorsUnitsFromTheirDiskOnceRamDroppedThem) 
   job_.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 3) != 0) return 1;
-    if (CheckRecoverable(db, rank, 2, 1, 0, kRanks - 1, 1) != 0) return 1;
+    if (Reopen(job_, rank, 3, &db) != 0) return 1;
+    if (CheckRecoverable(db, rank, 3, 1, 0, kRanks - 1, 1) != 0) return 1;
+    if (CheckRecoverable(db, rank, 2, 0, -1, kRanks - 1, 0) != 0) return 1;
     std::string source;
-    int bad = rank == 1 ? CheckRestore(db, rank, 2, &source) : 0;
+    int bad = rank == 1 ? CheckRestore(db, rank, 3, &source) : 0;
+    std::vector<uint8_t> out(kTensorBytes, 0xab);
+    int v2 = rank == 1 ? ckptdb_restore(db, 2, "w0/r1", out.data(), out.size(), 0) : 0;
     Done(job_, rank, "restore", /*all_wait=*/true);
     if (bad != 0) return 1;
     if (rank == 1) {
-      RANK_CHECK(source.rfind("rebuild:xor:3", 0) == 0, "rank 1 restored v2 from %s",
+      RANK_CHECK(source.rfind("rebuild:xor:3", 0) == 0, "rank 1 restored v3 from %s",
                  source.c_str());
+      RANK_CHECK(v2 != 0, "rank 1 restored v2, which only the lost node's disk held");
+      // No source could even be opened: the buffer is untouched (docs/api.md, ckptdb_restore).
+      RANK_CHECK(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 0xab; }),
+                 "a failed restore of v2 wrote into the buffer");
     }
     ckptdb_close(db);
     return 0;
@@ -788,14 +837,12 @@ TEST_F(ClusterTest, ACorruptUnitACorruptParityBlockAndALostNodeAreAllErasures) {
   job_.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 3) != 0) return 1;
+    if (Reopen(job_, rank, 3, &db) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 3, &source);
     std::vector<uint8_t> w0(kTensorBytes);
     if (bad == 0 && rank == 0) {  // again, for its sources: w0 holds the corrupt chunk
-      rc = ckptdb_restore(db, 3, "w0/r0", w0.data(), w0.size(), 0);
+      int rc = ckptdb_restore(db, 3, "w0/r0", w0.data(), w0.size(), 0);
       bad = rc != 0 || w0 != TensorData(0, 3, 0);
     }
     ckptdb_stats_t st;
@@ -926,9 +973,7 @@ TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
   job_.node_of[3] = "spare3";
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 2) != 0) return 1;
+    if (Reopen(job_, rank, 2, &db) != 0) return 1;
     std::string source;
     int bad = CheckRestore(db, rank, 2, &source);
     Done(job_, rank, "restore");
@@ -1044,9 +1089,7 @@ void FallBackToASharedTier(Job& job, const std::vector<uint32_t>& lost) {
   job.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (CheckLatest(db, rank, 4) != 0) return 1;
+    if (Reopen(job, rank, 4, &db) != 0) return 1;
     const uint32_t n = static_cast<uint32_t>(lost.size());
     if (!job.code.empty()) {
       if (CheckRecoverable(db, rank, 5, 0, -1, kRanks - n, 0) != 0) return 1;

@@ -125,6 +125,17 @@ std::vector<int> FailureCounts(const PlanArgs& args, int first_lossy) {
   return counts;
 }
 
+// --ec DATA+PARITY; false (and *error set) when it is not that form.
+bool ParseEc(const std::string& text, int* data, int* parity, std::string* error) {
+  size_t plus = text.find('+');
+  if (plus == std::string::npos || !ParseCount(text.substr(0, plus), data) ||
+      !ParseCount(text.substr(plus + 1), parity)) {
+    *error = "--ec '" + text + "' is not DATA+PARITY, e.g. 4+2";
+    return false;
+  }
+  return true;
+}
+
 void PrintRows(const std::vector<Row>& rows, bool with_corollary) {
   if (with_corollary) {
     std::printf("\n%-9s %-21s  %s\n", "failures", "recovery from memory", "GEMINI Corollary 1");
@@ -211,13 +222,9 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
     std::optional<CodingPlacement> coding;
     std::string across = "none";
     if (!args.ec.empty()) {
-      size_t plus = args.ec.find('+');
       int data = 0;
       int parity = 0;
-      if (plus == std::string::npos || !ParseCount(args.ec.substr(0, plus), &data) ||
-          !ParseCount(args.ec.substr(plus + 1), &parity)) {
-        return Usage("--ec '" + args.ec + "' is not DATA+PARITY, e.g. 4+2");
-      }
+      if (std::string error; !ParseEc(args.ec, &data, &parity, &error)) return Usage(error);
       CodingPlacement c;
       if (Status st = engine::ComputeCodingPlacement(args.nodes, data, parity, &c); !st.ok()) {
         return Usage(options + " --ec " + args.ec + ": " + st.message());
@@ -267,13 +274,9 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
       }
     }
   } else {
-    size_t plus = args.ec.find('+');
     int data = 0;
     int parity = 0;
-    if (plus == std::string::npos || !ParseCount(args.ec.substr(0, plus), &data) ||
-        !ParseCount(args.ec.substr(plus + 1), &parity)) {
-      return Usage("--ec '" + args.ec + "' is not DATA+PARITY, e.g. 4+2");
-    }
+    if (std::string error; !ParseEc(args.ec, &data, &parity, &error)) return Usage(error);
     options += " --ec " + args.ec + " --ranks-per-node " + std::to_string(args.ranks_per_node);
     std::vector<std::vector<int>> groups;
     if (Status st = engine::BuildCodingModel(args.nodes, args.ranks_per_node, data, parity, &model,
@@ -397,13 +400,9 @@ int RunPlan(const PlanArgs& args) {
   std::optional<WeibullFigures> figures;
 
   if (!args.ec.empty()) {
-    size_t plus = args.ec.find('+');
     int data = 0;
     int parity = 0;
-    if (plus == std::string::npos || !ParseCount(args.ec.substr(0, plus), &data) ||
-        !ParseCount(args.ec.substr(plus + 1), &parity)) {
-      return Usage("--ec '" + args.ec + "' is not DATA+PARITY, e.g. 4+2");
-    }
+    if (std::string error; !ParseEc(args.ec, &data, &parity, &error)) return Usage(error);
     CodingPlacement coding;
     if (Status st = engine::ComputeCodingPlacement(args.nodes, data, parity, &coding); !st.ok()) {
       return Usage(nodes_text + " --ec " + args.ec + ": " + st.message());
