@@ -283,10 +283,13 @@ int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_
   return Guard("ckptdb_verify", [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
 }
 
-int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, ckptdb_group_fn fn,
-                         void* arg) {
+int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, unsigned flags,
+                         ckptdb_group_fn fn, void* arg) {
   return Guard("ckptdb_verify_groups", [&] {
     if (dbs == nullptr && count > 0) return Done(ckpt::Status::Invalid("verify_groups: dbs is NULL"));
+    if ((flags & ~CKPTDB_GROUPS_LAYOUT_ONLY) != 0) {
+      return Done(ckpt::Status::Invalid("verify_groups: unknown flags " + std::to_string(flags)));
+    }
     std::vector<ckpt::engine::Db*> stores;
     for (size_t i = 0; i < count; ++i) {
       if (dbs[i] == nullptr) {
@@ -296,7 +299,8 @@ int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, ckp
       stores.push_back(dbs[i]->db.get());
     }
     return Done(ckpt::engine::CheckCodingGroups(
-        stores, version, [&](const ckpt::engine::GroupCheck& c) {
+        stores, version, (flags & CKPTDB_GROUPS_LAYOUT_ONLY) != 0,
+        [&](const ckpt::engine::GroupCheck& c) {
           if (fn == nullptr) return;
           const std::string code = c.group.code.Name();
           std::vector<const char*> sources;

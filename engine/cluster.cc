@@ -97,16 +97,16 @@ bool Holds(const std::vector<std::pair<uint32_t, uint64_t>>& replicas, uint32_t 
 }
 
 // Whether member m can serve its units of `version` to a rebuild: they are read from its ram tier
-// only (read_own). Its holdings say so from its next heartbeat; a version it voted for and newer
-// than any it reported in memory is there (a commit leaves the newest version in ram).
+// only (read_own). Its holdings say which versions are there; a version it voted for after its
+// last holdings arrived is taken to be there until the next ones say (a commit leaves the version
+// in its commit tier, ram for a coding group's member).
 template <typename M>
 bool InMemory(const M& m, uint64_t version) {
   if (std::find(m.memory_versions.begin(), m.memory_versions.end(), version) !=
       m.memory_versions.end()) {
     return true;
   }
-  return m.voted.count(version) &&
-         (m.memory_versions.empty() || version > m.memory_versions.front());
+  return m.voted.count(version) && version > m.voted_before_holdings;
 }
 
 }  // namespace
@@ -651,6 +651,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   }
   m.local_versions = std::move(local);
   m.memory_versions = std::move(memory);
+  m.voted_before_holdings = m.voted.empty() ? 0 : *m.voted.rbegin();
   m.replicas = std::move(replicas);
   m.parity = std::move(parity);
   m.last_seen_ms = NowMs();
@@ -713,6 +714,7 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   m.last_seen_ms = NowMs();
   m.local_versions = std::move(local);
   m.memory_versions = std::move(memory);
+  m.voted_before_holdings = m.voted.empty() ? 0 : *m.voted.rbegin();
   m.replicas = std::move(replicas);
   m.parity = std::move(parity);
   if (ready && !m.ready) {

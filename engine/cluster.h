@@ -202,6 +202,7 @@ class Cluster {
     int64_t last_seen_ms = 0;
     std::vector<uint64_t> local_versions;                 // newest first
     std::vector<uint64_t> memory_versions;                // in its ram tier, newest first
+    uint64_t voted_before_holdings = 0;  // its newest vote when its last holdings arrived
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
     std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
     std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
@@ -312,7 +313,8 @@ class Cluster {
 Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
                      std::vector<uint64_t>* local,
                      std::vector<std::pair<uint32_t, uint64_t>>* replicas,
-                     std::vector<std::pair<uint32_t, uint64_t>>* parity);
+                     std::vector<std::pair<uint32_t, uint64_t>>* parity,
+                     std::vector<uint64_t>* memory);
 
 // Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8), "ec:K+M"
 // and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).

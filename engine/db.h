@@ -143,8 +143,9 @@ class Db {
     std::optional<CodingGroup> group;
     uint32_t position = 0;  // this rank's in group->members
   };
-  // Every copy of every committed version (or of `version`), checked.
-  Status CheckCopies(uint64_t version, std::vector<CopiesOf>* out);
+  // Every copy of every committed version (or of `version`): opened (framing and manifest) and,
+  // with check_chunks, every chunk checked.
+  Status CheckCopies(uint64_t version, bool check_chunks, std::vector<CopiesOf>* out);
   // Bytes [offset, offset + bytes) of the segment image of `version` on tier `tier` (a name
   // CheckCopies gave), unchecked: the caller knows which ranges failed.
   Status ReadCopy(uint64_t version, const std::string& tier, uint64_t offset, uint64_t bytes,

@@ -136,13 +136,17 @@ Status FailureModel::SmallestLoss(const std::vector<int>& among, int* size, std:
                                   std::string* lost) const {
   const int n = static_cast<int>(among.size());
   const double size_cost = static_cast<double>(names_.size() + codes_.size() + wholes_.size() + implications_.size() + 1);
-  if (std::pow(2.0, n) * size_cost > kMaxExactSteps) {
-    return Status::NotSupported("enumerating every subset of " + Str(n) +
-                                " nodes would take too long");
-  }
   *size = 0;
   std::vector<bool> failed(static_cast<size_t>(nodes_));
+  double spent = 0;
   for (int k = 1; k <= n && *size == 0; ++k) {
+    // Smallest sets first, so only the sizes up to the answer are paid for.
+    spent += Choose(n, k) * size_cost;
+    if (spent > kMaxExactSteps) {
+      return Status::NotSupported("no loss of up to " + Str(k - 1) + " of the " + Str(n) +
+                                  " nodes loses data, and enumerating larger sets would take "
+                                  "too long");
+    }
     ForEachSubset(n, k, [&](const std::vector<int>& pick) {
       std::fill(failed.begin(), failed.end(), false);
       for (int p : pick) failed[static_cast<size_t>(among[static_cast<size_t>(p)])] = true;

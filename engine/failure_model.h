@@ -53,8 +53,8 @@ class FailureModel {
   Status RecoveryProbability(int failures, double* recovery, double* loss) const;
 
   // The smallest set of nodes among `among` whose loss loses a target (its size in *size, the
-  // set in *nodes, the piece in *lost); *size = 0 when no subset of `among` loses one. Bounded as
-  // above (all 2^|among| subsets at most).
+  // set in *nodes, the piece in *lost); *size = 0 when no subset of `among` loses one. Sizes are
+  // tried smallest first; NotSupported once the sets tried would pass kMaxExactSteps.
   Status SmallestLoss(const std::vector<int>& among, int* size, std::vector<int>* nodes,
                       std::string* lost) const;
 

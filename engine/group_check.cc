@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "engine/erasure_code.h"
 #include "engine/stripe_layout.h"
@@ -24,6 +25,9 @@ namespace ckpt::engine {
 namespace {
 
 std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
+
+// A member's segment longer than this is a damaged record, not a segment (ParityStore's bound).
+constexpr uint64_t kMaxMemberBytes = uint64_t{1} << 40;
 
 // A parity segment read with pread (retention may drop the file while it is read: a mapping would
 // fault, a read fails cleanly).
@@ -106,12 +110,38 @@ int SpareMemberLosses(uint32_t k, uint32_t m, std::span<const StripeBlocks> stri
   return spare;
 }
 
-Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
+Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version, bool layout_only,
                          const std::function<void(const GroupCheck&)>& fn) {
   if (stores.empty()) return Status::Invalid("verify of coding groups: no store given");
-  std::map<uint32_t, Db*> by_rank;
   for (Db* db : stores) {
     if (db == nullptr) return Status::Invalid("verify of coding groups: a store is NULL");
+  }
+  // The layouts first, from the manifests alone: a store with nothing coded costs no data reads.
+  std::vector<std::vector<Db::CopiesOf>> layouts(stores.size());
+  bool any = false;
+  for (size_t i = 0; i < stores.size(); ++i) {
+    Status st = stores[i]->CheckCopies(version, /*check_chunks=*/false, &layouts[i]);
+    if ((st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESTATE) &&
+        version != CKPTDB_ALL_VERSIONS) {
+      continue;  // this store does not hold it
+    }
+    CKPTDB_RETURN_IF_ERROR(st.WithContext(R(stores[i]->rank())));
+    any = true;
+  }
+  if (!any) {
+    return Status::NotFound("verify of coding groups: version " + std::to_string(version) +
+                            " is committed in none of the stores given");
+  }
+  std::set<uint64_t> coded;
+  for (const auto& list : layouts) {
+    for (const Db::CopiesOf& of : list) {
+      if (of.group) coded.insert(of.version);
+    }
+  }
+  if (coded.empty()) return Status::Ok();  // no coding group to check
+  // A coding group's members are ranks of one job.
+  std::map<uint32_t, Db*> by_rank;
+  for (Db* db : stores) {
     if (db->job_id() != stores[0]->job_id()) {
       return Status::Invalid("verify of coding groups: " + R(db->rank()) +
                              "'s store is of another job than " + R(stores[0]->rank()) + "'s");
@@ -120,20 +150,22 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
       return Status::Invalid("verify of coding groups: two stores of " + R(db->rank()));
     }
   }
-  // Every store's copies, checked.
+  // Every store's copies of the coded versions, now checked chunk by chunk.
   std::map<uint32_t, std::vector<Db::CopiesOf>> copies;
-  bool any = false;
-  for (auto& [rank, db] : by_rank) {
-    Status st = db->CheckCopies(version, &copies[rank]);
-    if (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESTATE) {
-      if (version != CKPTDB_ALL_VERSIONS) continue;  // this store does not hold it
+  for (size_t i = 0; i < stores.size(); ++i) {
+    std::vector<Db::CopiesOf>& out = copies[stores[i]->rank()];
+    for (const Db::CopiesOf& of : layouts[i]) {
+      if (!coded.count(of.version)) continue;
+      if (layout_only) {
+        out.push_back(of);
+        continue;
+      }
+      std::vector<Db::CopiesOf> checked;
+      Status st = stores[i]->CheckCopies(of.version, /*check_chunks=*/true, &checked);
+      if (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESTATE) continue;  // retired since
+      CKPTDB_RETURN_IF_ERROR(st.WithContext(R(stores[i]->rank())));
+      for (Db::CopiesOf& c : checked) out.push_back(std::move(c));
     }
-    CKPTDB_RETURN_IF_ERROR(st.WithContext(R(rank)));
-    any = true;
-  }
-  if (!any) {
-    return Status::NotFound("verify of coding groups: version " + std::to_string(version) +
-                            " is committed in none of the stores given");
   }
   // The groups: (version, group) -> layout, from any member's manifest.
   std::map<std::pair<uint64_t, uint32_t>, CodingGroup> groups;
@@ -148,6 +180,19 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
                                 std::to_string(of.group->group) + " than its other members'");
       }
     }
+  }
+  if (layout_only) {
+    for (const auto& [key, g] : groups) {
+      GroupCheck check;
+      check.version = key.first;
+      check.group = g;
+      check.member_bytes.assign(g.members.size(), 0);
+      check.sources.assign(g.members.size(), "unchecked");
+      check.parity.assign(g.members.size(), "unchecked");
+      check.problems = disagreements;
+      fn(check);
+    }
+    return Status::Ok();
   }
   bool clean = disagreements.empty();
   for (const auto& [key, g] : groups) {
@@ -182,12 +227,24 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
       }
       if (st.ok()) {
         const fb::Redundancy* r = file->reader().manifest().root().redundancy();
+        const auto scheme = g.code.scheme == CodeScheme::kXor ? fb::RedundancyScheme::Xor
+                                                              : fb::RedundancyScheme::ReedSolomon;
         const bool same =
-            r != nullptr && r->parity() && r->k() == g.code.k && r->m() == g.code.m &&
-            r->group() == group_number && r->stripe_bytes() == g.unit_bytes && r->position() == p &&
-            r->member_bytes() != nullptr && r->member_bytes()->size() == n &&
+            r != nullptr && r->parity() && r->scheme() == scheme && r->k() == g.code.k &&
+            r->m() == g.code.m && r->group() == group_number && r->stripe_bytes() == g.unit_bytes &&
+            r->position() == p && r->member_bytes() != nullptr && r->member_bytes()->size() == n &&
+            r->member_ranks() != nullptr &&
             std::equal(g.members.begin(), g.members.end(), r->member_ranks()->begin(),
                        r->member_ranks()->end());
+        // A length no segment can have (it would lay out billions of stripes).
+        if (same) {
+          for (uint64_t bytes : *r->member_bytes()) {
+            if (bytes > kMaxMemberBytes) {
+              st = Status::Corrupt("parity of " + R(g.members[p]) + " records a member's segment of " +
+                                   std::to_string(bytes) + " bytes");
+            }
+          }
+        }
         if (!same) st = Status::Corrupt("parity of " + R(g.members[p]) + " is of another layout");
       }
       if (!st.ok()) {
@@ -225,7 +282,16 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
     }
     const bool all_known = std::all_of(known.begin(), known.end(), [](bool b) { return b; });
     std::unique_ptr<ErasureCode> code;
-    CKPTDB_RETURN_IF_ERROR(ErasureCode::Make(g.code, &code));
+    if (Status st = ErasureCode::Make(g.code, &code); !st.ok()) {
+      check.problems.push_back(what + ": its layout is not a code this build makes: " +
+                               st.message());
+      check.sources.assign(n, "lost");
+      check.parity.assign(n, "unchecked");
+      check.member_bytes.assign(n, 0);
+      clean = false;
+      fn(check);
+      continue;
+    }
     const StripeLayout layout(g.code.k, g.code.m, g.unit_bytes, v);
     check.stripes = all_known ? layout.Stripes(check.member_bytes) : 0;
     check.parity_blocks = check.stripes * g.code.m;
@@ -383,7 +449,7 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
     // A member that holds no parity (a node lost and replaced since) leaves the group with fewer
     // blocks: the spare count says so, it is not a problem in itself.
     for (uint32_t p = 0; p < n; ++p) check.parity[p] = members[p].parity_state;
-    clean &= check.recoverable && check.parity_bad == 0;
+    clean &= check.recoverable && check.parity_bad == 0 && check.problems.empty();
     fn(check);
   }
   if (!clean) return Status::Corrupt("verify of coding groups found problems");

@@ -54,10 +54,14 @@ struct GroupCheck {
 };
 
 // Checks every coding group of `version` (CKPTDB_ALL_VERSIONS: of every committed version) that
-// has a member among `stores`, calling fn for each. Ok when each one checked is recoverable and
-// its parity clean; Corrupt otherwise (the checks say what). Invalid: no store, a null one, stores
-// of different jobs or two of one rank; NotFound: `version` is committed in none of them.
-Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version,
+// has a member among `stores`, calling fn for each. The manifests are read first: versions no
+// group protects cost no data reads, and stores with none are not checked further. Ok when each
+// group checked is recoverable and its parity clean, with no problem; Corrupt otherwise (the
+// checks say what). `layout_only`: only the groups' layouts, from the manifests (sources and
+// parity "unchecked", nothing read or recomputed). Invalid: no store, a null one, or, when some
+// version is coded, stores of different jobs or two of one rank; NotFound: `version` is
+// committed in none of them.
+Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version, bool layout_only,
                          const std::function<void(const GroupCheck&)>& fn);
 
 // The count behind GroupCheck's from_memory and spare, kept apart so that a test can hold it

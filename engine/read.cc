@@ -813,7 +813,7 @@ std::string Db::ParityDir() const {
   return tiers_[0].spec.path + "/ckptdb-parity-r" + std::to_string(identity_.rank);
 }
 
-Status Db::CheckCopies(uint64_t version, std::vector<CopiesOf>* out) {
+Status Db::CheckCopies(uint64_t version, bool check_chunks, std::vector<CopiesOf>* out) {
   std::lock_guard<std::mutex> read_lock(read_mu_);
   out->clear();
   std::vector<std::pair<uint64_t, std::vector<ResidencyRecord>>> targets;
@@ -864,7 +864,7 @@ Status Db::CheckCopies(uint64_t version, std::vector<CopiesOf>* out) {
       if (c.readable.ok()) {
         RamPin pin(this, v, c.ram);
         const format::SegmentReader& reader = *seg->reader;
-        for (uint32_t i = 0; i < reader.manifest().chunk_count(); ++i) {
+        for (uint32_t i = 0; check_chunks && i < reader.manifest().chunk_count(); ++i) {
           format::ChunkProblem problem;
           if (!reader.CheckChunk(i, &scratch, &problem).ok()) {
             const fb::Chunk& chunk = reader.manifest().chunk(i);

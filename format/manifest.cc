@@ -196,6 +196,7 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     const uint32_t sized = r->member_bytes() ? r->member_bytes()->size() : 0;
     if (scheme > static_cast<uint32_t>(fb::RedundancyScheme::Xor) ||
         r->scheme() == fb::RedundancyScheme::Replica || r->k() < 1 || r->m() < 1 ||
+        (r->scheme() == fb::RedundancyScheme::Xor && (r->m() != 1 || r->k() < 2)) ||
         r->k() + r->m() > kMaxGroupMembers || members != r->k() + r->m() ||
         r->position() >= members || r->stripe_bytes() == 0 || !IsAligned(r->stripe_bytes()) ||
         r->stripe_bytes() > kMaxChunkBytes || (r->parity() ? sized != members : sized != 0) ||

@@ -238,6 +238,70 @@ TEST_F(CliTest, VerifyIsCleanThenNamesAFlippedByte) {
   EXPECT_EQ(r.code, 2) << r.output;
 }
 
+// verify of a coding group's roots, as a user runs it after `ckptdb demo --redundancy xor:3`
+// (four ranks on four simulated nodes, node 3 lost and rebuilt): the group's parity recomputed
+// and its spare counted; a flipped byte in a parity block is a problem (exit 1); one root says
+// that parity was not checked.
+TEST_F(CliTest, VerifyOfACodingGroupsRootsChecksItsParity) {
+  TempDir demo("/dev/shm");
+  const std::string root = demo.Sub("job");
+  const std::string ram = demo.Sub("ram");
+  Result r = Cli("demo --redundancy xor:3 --mib-per-rank 2 --iterations 3 --compute-ms 50 --root " +
+                 Quote(root) + " --ram-dir " + Quote(ram));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::string roots;
+  for (int i = 0; i < 4; ++i) {
+    roots += " " + Quote(root + "/node" + std::to_string(i) + "/rank" + std::to_string(i));
+  }
+  r = Cli("verify -q --version 3" + roots);
+  EXPECT_EQ(r.code, 0) << r.output;
+  // Node 3 was lost and rejoined empty: its rank restores by a rebuild and holds no parity, and
+  // xor:3 has no loss to spare then.
+  EXPECT_NE(r.output.find("group 0 of version 3 (xor:3, ranks 0 1 2 3)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("recoverable from memory, 0 more node loss(es) to spare"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("rank 3: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("restores from rebuild; its parity missing"), std::string::npos)
+      << r.output;
+
+  r = Cli("verify -q " + Quote(root + "/node0/rank0"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("coding groups: parity not checked for"), std::string::npos) << r.output;
+
+  // A byte in the middle of the largest parity segment of v3: inside a block's payload (2 MiB a
+  // rank, 4 MiB units: two stripes, each holder's block most of its file; a member that holds
+  // no block of v3 has a segment of a header, a manifest and a footer).
+  std::string parity;
+  for (int i = 0; i < 3; ++i) {
+    const std::string p = ram + "/node" + std::to_string(i) + "/ckptdb-parity-r" +
+                          std::to_string(i) + "/g00000-v00000000000000000003.par";
+    ASSERT_TRUE(fs::exists(p)) << p;
+    if (parity.empty() || fs::file_size(p) > fs::file_size(parity)) parity = p;
+  }
+  ASSERT_GT(fs::file_size(parity), 1u << 20);
+  test::FlipByte(parity, fs::file_size(parity) / 2, 0x01);
+  r = Cli("verify -q --version 3" + roots);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("PROBLEM"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fails xxh3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("its parity bad"), std::string::npos) << r.output;
+
+  // A damaged manifest of a parity segment that holds no block: unreadable, a problem too.
+  std::string smallest;
+  for (int i = 0; i < 3; ++i) {
+    const std::string p = ram + "/node" + std::to_string(i) + "/ckptdb-parity-r" +
+                          std::to_string(i) + "/g00000-v00000000000000000003.par";
+    if (smallest.empty() || fs::file_size(p) < fs::file_size(smallest)) smallest = p;
+  }
+  ASSERT_LT(fs::file_size(smallest), 1u << 20);
+  test::FlipByte(smallest, 4096 + 4096 + 8, 0x01);  // the manifest's payload
+  r = Cli("verify -q --version 3" + roots);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("its parity unreadable"), std::string::npos) << r.output;
+}
+
 TEST_F(CliTest, RestoreWritesEveryTensorBitExactInsideOut) {
   std::string parent = mem_.Sub("restored");
   std::string out = parent + "/out";

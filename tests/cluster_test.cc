@@ -563,7 +563,7 @@ int VerifyGroups(const Job& job, uint64_t version, std::vector<GroupSeen>* out,
   }
   out->clear();
   int rc = ckptdb_verify_groups(
-      dbs.data(), dbs.size(), version,
+      dbs.data(), dbs.size(), version, 0,
       [](void* arg, const ckptdb_group_check* c) {
         GroupSeen g;
         g.version = c->version;

@@ -86,6 +86,27 @@ TEST(CodingGroupsTest, RandomJobsArePartitionedOrRefused) {
   EXPECT_GT(formed, 50);
 }
 
+// Every job with as many ranks on each node, at least K + M nodes and ranks a multiple of K + M
+// is accepted (and partitioned onto distinct nodes); every other equal job is refused.
+TEST(CodingGroupsTest, EqualNodesAreAcceptedExactlyWhenTheyFit) {
+  for (int nodes = 1; nodes <= 10; ++nodes) {
+    for (int per_node = 1; per_node <= 4; ++per_node) {
+      for (uint32_t g = 2; g <= 8; ++g) {
+        for (uint32_t m = 1; m < g; ++m) {
+          const CodeSpec code = Code("ec:" + std::to_string(g - m) + "+" + std::to_string(m));
+          const auto node_of = NodeMajor(nodes, per_node);
+          const bool fits = static_cast<uint32_t>(nodes) >= g && node_of.size() % g == 0;
+          std::vector<std::vector<uint32_t>> groups;
+          Status st = ComputeCodingGroups(node_of, code, &groups);
+          ASSERT_EQ(st.ok(), fits) << nodes << " nodes of " << per_node << ", " << code.Name()
+                                   << ": " << st.message();
+          if (fits) ExpectAPartitionOnDistinctNodes(node_of, code, groups);
+        }
+      }
+    }
+  }
+}
+
 TEST(CodingGroupsTest, RefusalsNameTheNumbers) {
   std::vector<std::vector<uint32_t>> groups;
   Status st = ComputeCodingGroups(NodeMajor(3, 2), Code("ec:2+2"), &groups);

@@ -742,6 +742,11 @@ TEST(Manifest, CodingLayoutRoundTripsAndIsChecked) {
   bad = c;
   bad.redundancy.scheme = 9;
   refused(bad, "unknown scheme");
+  bad = c;  // 2 + 1 members
+  bad.redundancy.scheme = static_cast<uint8_t>(fb::RedundancyScheme::Xor);
+  bad.redundancy.k = 1;
+  bad.redundancy.m = 2;
+  refused(bad, "xor with two parity blocks");
 }
 
 // A manifest written field by field with the generated Create* functions, nothing sorted or

@@ -304,18 +304,25 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
   int smallest = 0;
   std::vector<int> loss_set;
   std::string lost;
+  std::string claim_unchecked;  // why the claim could not be checked
   if (!claim_nodes.empty()) {
     if (Status st = model.SmallestLoss(claim_nodes, &smallest, &loss_set, &lost); !st.ok()) {
-      return Usage(options + ": " + st.message());
+      if (st.code() != CKPTDB_ENOTSUP) return Usage(options + ": " + st.message());
+      claim_unchecked = st.message();
     }
   }
   std::vector<Row> rows;
+  std::string cut;  // the default table stops at the first count too large to enumerate
   const int first_lossy = smallest > 0 ? smallest : std::min(args.nodes, 3);
   for (int k : FailureCounts(args, first_lossy)) {
     Row r;
     r.failures = k;
     if (Status st = model.RecoveryProbability(k, &r.recovery, &r.loss); !st.ok()) {
-      return Usage(options + " --failures " + std::to_string(k) + ": " + st.message());
+      if (args.failures_given || st.code() != CKPTDB_ENOTSUP) {
+        return Usage(options + " --failures " + std::to_string(k) + ": " + st.message());
+      }
+      cut = std::to_string(k) + " or more failures: " + st.message();
+      break;
     }
     rows.push_back(r);
   }
@@ -324,14 +331,19 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
   if (args.json) {
     json["memory_per_node"] = model.memory_per_node;
     json["failures"] = RowsJson(rows);
+    if (!cut.empty()) json["failures_cut"] = cut;
     if (!claim_nodes.empty()) {
       nlohmann::ordered_json claim;
       claim["schemes_stacked"] = schemes_stacked;
-      claim["tolerated_in_sharding_group"] = tolerated;
-      claim["holds"] = holds;
-      if (smallest > 0) {
-        claim["smallest_loss"] = loss_set;
-        claim["lost"] = lost;
+      if (!claim_unchecked.empty()) {
+        claim["unchecked"] = claim_unchecked;
+      } else {
+        claim["tolerated_in_sharding_group"] = tolerated;
+        claim["holds"] = holds;
+        if (smallest > 0) {
+          claim["smallest_loss"] = loss_set;
+          claim["lost"] = lost;
+        }
       }
       json["reft_stacking_claim"] = claim;
     }
@@ -341,12 +353,15 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
   std::printf("memory per node: %.4g x %s\n", model.memory_per_node,
               args.dp > 0 ? "its sharding group's state" : "its ranks' checkpoints");
   PrintRows(rows, false);
+  if (!cut.empty()) std::printf("(not shown: %s)\n", cut.c_str());
   if (!claim_nodes.empty()) {
     std::printf(
         "\nREFT's stacking claim (section 4.2: N protections tolerate N failed nodes in a "
         "sharding group): %d stacked; ",
         schemes_stacked);
-    if (smallest > 0) {
+    if (!claim_unchecked.empty()) {
+      std::printf("not checked: %s\n", claim_unchecked.c_str());
+    } else if (smallest > 0) {
       std::printf("losing nodes %s of sharding group 0 loses %s, so it tolerates %d: %s\n",
                   NodeList(loss_set).c_str(), lost.c_str(), tolerated,
                   holds ? "the claim holds here" : "the claim does NOT hold here");
@@ -371,6 +386,9 @@ int RunPlan(const PlanArgs& args) {
       return Usage("--weibull is for --replicas and --ec layouts of one rank per node");
     }
     if (!args.reft.empty() && args.dp == 0) return Usage("--reft needs --dp M");
+    if (args.dp > 0 && args.ranks_per_node != 1) {
+      return Usage("--ranks-per-node is for --ec alone, not with --dp");
+    }
     if (args.dp == 0 && args.ec.empty()) return Usage("--ranks-per-node is for --ec");
     return RunModelPlan(args, nodes_text);
   }

@@ -88,7 +88,10 @@ void OnEvent(void* arg, const ckptdb_verify_event* e) {
   }
 }
 
-// One store's chunks; kExitOk, kExitProblem or kExitUsage.
+// VerifyStore's answer, with several roots, for a store that does not hold --version.
+constexpr int kExitNotHeld = -1;
+
+// One store's chunks; kExitOk, kExitProblem, kExitUsage or kExitNotHeld.
 int VerifyStore(ckptdb* db, const std::string& root, uint64_t version, const VerifyArgs& args,
                 bool several) {
   if (several) std::printf("%s:\n", root.c_str());
@@ -99,6 +102,11 @@ int VerifyStore(ckptdb* db, const std::string& root, uint64_t version, const Ver
                          &state, &report);
   progress.Clear();
   if (rc == CKPTDB_ENOTFOUND || rc == CKPTDB_ESTATE || rc == CKPTDB_EINVAL) {
+    if (several && rc != CKPTDB_EINVAL && version != CKPTDB_ALL_VERSIONS) {
+      // A member that does not hold it (a replaced node): the group check still counts it.
+      std::printf("not checked: %s\n", ErrorText(rc).c_str());
+      return kExitNotHeld;
+    }
     std::fprintf(stderr, "ckptdb verify: %s: %s\n", root.c_str(), ErrorText(rc).c_str());
     return kExitUsage;
   }
@@ -138,7 +146,7 @@ void OnGroup(void* arg, const ckptdb_group_check* c) {
   } else if (c->recoverable) {
     std::printf("recoverable, not from memory alone\n");
   } else {
-    std::printf("NOT recoverable\n");
+    std::printf("NOT recoverable from the stores given\n");
   }
   for (uint32_t p = 0; p < c->members; ++p) {
     std::printf("  rank %u: %s bytes, restores from %s; its parity %s\n", c->ranks[p],
@@ -154,12 +162,17 @@ void OnGroup(void* arg, const ckptdb_group_check* c) {
   std::fflush(stdout);
 }
 
+// With one root: which versions are coded, from the manifests (CKPTDB_GROUPS_LAYOUT_ONLY).
+struct Unchecked {
+  int versions = 0;
+  std::string first;  // "group 0, ec:2+2, ranks 0 1 2 3"
+};
+
 void NoteUnchecked(void* arg, const ckptdb_group_check* c) {
-  auto* noted = static_cast<int*>(arg);
-  if ((*noted)++ > 0) return;
-  std::printf("coding groups: parity not checked (version %" PRIu64 " is in group %u, %s, ranks "
-              "%s): give every member's root, `ckptdb verify ROOT...`\n",
-              c->version, c->group, c->code, Ranks(c).c_str());
+  auto* u = static_cast<Unchecked*>(arg);
+  if (u->versions++ == 0) {
+    u->first = "group " + std::to_string(c->group) + ", " + c->code + ", ranks " + Ranks(c);
+  }
 }
 
 int RunVerify(const VerifyArgs& args) {
@@ -177,19 +190,34 @@ int RunVerify(const VerifyArgs& args) {
   }
   const bool several = dbs.size() > 1;
   int exit = kExitOk;
+  size_t held = 0;
   for (size_t i = 0; i < dbs.size(); ++i) {
     int rc = VerifyStore(dbs[i].get(), args.roots[i], version, args, several);
     if (rc == kExitUsage) return rc;
+    if (rc == kExitNotHeld) continue;
+    ++held;
     if (rc != kExitOk) exit = rc;
+  }
+  if (held == 0) {
+    std::fprintf(stderr, "ckptdb verify: version %s is committed in none of the %zu stores\n",
+                 args.version.c_str(), dbs.size());
+    return kExitUsage;
   }
   std::vector<ckptdb*> handles;
   for (const DbHandle& db : dbs) handles.push_back(db.get());
-  int groups = 0;
   if (!several) {
-    (void)ckptdb_verify_groups(handles.data(), handles.size(), version, NoteUnchecked, &groups);
+    Unchecked u;
+    if (ckptdb_verify_groups(handles.data(), handles.size(), version, CKPTDB_GROUPS_LAYOUT_ONLY,
+                             NoteUnchecked, &u) == CKPTDB_OK &&
+        u.versions > 0) {
+      std::printf("coding groups: parity not checked for %d coded version(s) (%s): give every "
+                  "member's root, `ckptdb verify ROOT...`\n",
+                  u.versions, u.first.c_str());
+    }
     return exit;
   }
-  int rc = ckptdb_verify_groups(handles.data(), handles.size(), version, OnGroup, &groups);
+  int groups = 0;
+  int rc = ckptdb_verify_groups(handles.data(), handles.size(), version, 0, OnGroup, &groups);
   if (rc == CKPTDB_EINVAL) {
     std::fprintf(stderr, "ckptdb verify: %s\n", ErrorText(rc).c_str());
     return kExitUsage;

@@ -382,17 +382,24 @@ typedef struct ckptdb_group_check {
 
 typedef void (*ckptdb_group_fn)(void* arg, const ckptdb_group_check* check);
 
+/* ckptdb_verify_groups flag: report each group's layout from the manifests only (sources and
+ * parity "unchecked", nothing read, recomputed or counted), e.g. to say that a store is coded. */
+#define CKPTDB_GROUPS_LAYOUT_ONLY 1u
+
 /* Checks the coding groups (redundancy "ec:K+M" or "xor:K") of `version` (or of every committed
  * version with CKPTDB_ALL_VERSIONS) across the stores of their members, `count` handles of one
  * job opened in this process (read-only is enough): each member's copies chunk by chunk, each
  * parity block's xxh3, each stripe's parity recomputed from its data (Reed-Solomon re-encode, XOR
  * syndrome), and whether the version is recoverable, from what, with how many more node losses to
- * spare. A member whose store is not among `dbs` counts as lost. fn is called once per group and
- * version checked. Returns CKPTDB_OK when every group checked is recoverable and its parity clean,
- * ECORRUPT otherwise, EINVAL for no handle, a NULL one, handles of different jobs or two of one
- * rank, ENOTFOUND when `version` is committed in none of them. */
-int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, ckptdb_group_fn fn,
-                         void* arg);
+ * spare. A member whose store is not among `dbs` counts as lost. Versions no group protects are
+ * skipped after reading their manifests. fn is called once per group and version checked.
+ * flags: 0 or CKPTDB_GROUPS_LAYOUT_ONLY. Returns CKPTDB_OK when every group checked is
+ * recoverable, its parity clean and nothing else is wrong (also when nothing is coded), ECORRUPT
+ * otherwise, EINVAL for no handle, a NULL one, unknown flags, or (when something is coded)
+ * handles of different jobs or two of one rank, ENOTFOUND when `version` is committed in none of
+ * them. */
+int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, unsigned flags,
+                         ckptdb_group_fn fn, void* arg);
 
 /* ---- Statistics --------------------------------------------------------------------------- */
 /* Rates are bytes over the ns beside them: capture_bytes / capture_ns is the capture rate. */
