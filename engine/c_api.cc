@@ -333,6 +333,13 @@ int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, uns
   });
 }
 
+int ckptdb_declare_replicas(ckptdb* db, uint32_t group, const uint32_t* members, size_t count,
+                            const char* protection) {
+  if (db == nullptr) return NullHandle("ckptdb_declare_replicas");
+  return Guard("ckptdb_declare_replicas",
+               [&] { return Done(db->db->DeclareReplicas(group, members, count, protection)); });
+}
+
 int ckptdb_hint(ckptdb* db, unsigned hints) {
   if (db == nullptr) return NullHandle("ckptdb_hint");
   return Guard("ckptdb_hint", [&] { return Done(db->db->Hint(hints)); });

@@ -128,8 +128,15 @@ Status Db::ValidatePut(uint64_t version, const char* name, const void* data, siz
   std::string what = "put_shard '" + std::string(name) + "' into " + V(version);
   if (options_.read_only) return Status::State(what + ": the store is open read-only");
   if (version == CKPTDB_ALL_VERSIONS) return Status::Invalid(what + ": that value is reserved");
-  if (flags & ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE)) {
+  if (flags & ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE | CKPTDB_PUT_REPLICATED)) {
     return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
+  }
+  if (flags & CKPTDB_PUT_REPLICATED) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!replica_group_) {
+      return Status::Invalid(what + ": CKPTDB_PUT_REPLICATED without a replica group "
+                                    "(ckptdb_declare_replicas)");
+    }
   }
   if (flags & CKPTDB_PUT_DEVICE) {
     return Status::NotSupported(what + ": device memory needs a CUDA or HIP build");
@@ -237,6 +244,7 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   if (!v->ram) v->unwritten += chunks_needed;
   v->data_bytes += nbytes;
   v->names.insert(t.name);
+  if (flags & CKPTDB_PUT_REPLICATED) v->replicated_names.insert(t.name);
   v->tensors.push_back(std::move(t));
   v->stats.put_calls++;
   v->stats.bytes += nbytes;

@@ -536,8 +536,9 @@ void Cluster::Handle(const Request& request, Reply* reply) {
       WireReader r(request.body, "decision from " + request.peer);
       uint64_t version = r.U64("version");
       bool committed = r.U8("committed") != 0;
+      std::string why = r.Str("why", 2048);
       Status st = r.Finish();
-      if (st.ok() && hooks_.decided) st = hooks_.decided(version, committed);
+      if (st.ok() && hooks_.decided) st = hooks_.decided(version, committed, why);
       if (!st.ok()) Fail(reply, st);
       return;
     }
@@ -564,6 +565,8 @@ void Cluster::Handle(const Request& request, Reply* reply) {
       return HandleDecisions(request, reply);
     case kRecoverable:
       return HandleRecoverable(request, reply);
+    case kReplicaCheck:
+      return HandleReplicaCheck(request, reply);
     case kServe:
       return HandleServe(request, reply);
     default:
@@ -588,7 +591,7 @@ void Cluster::AbortUndecidedLocked(const std::string& why) {
   for (auto& [version, voters] : votes_) {
     if (committed_.count(version) || aborted_.count(version)) continue;
     aborted_.insert(version);
-    to_announce_.emplace_back(version, false);
+    to_announce_.push_back({version, false, why});
     std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s\n", version, why.c_str());
   }
   votes_.clear();
@@ -761,7 +764,7 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     }
     if (aborted_.insert(version).second) {
       votes_.erase(version);
-      to_announce_.emplace_back(version, false);
+      to_announce_.push_back({version, false, R(rank) + " could not prepare it: " + why});
       std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s cannot prepare it: %s\n",
                    version, R(rank).c_str(), why.c_str());
       cv_.notify_all();
@@ -779,7 +782,7 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     Status w = catalog_->PutMeta("coord/committed/" + format::Hex64(version).substr(2), "1", true);
     if (!w.ok()) {
       aborted_.insert(version);
-      to_announce_.emplace_back(version, false);
+      to_announce_.push_back({version, false, "the coordinator could not record it: " + w.message()});
       votes_.erase(version);
       cv_.notify_all();
       return Fail(reply, w.WithContext("recording the decision for v" + std::to_string(version)));
@@ -792,7 +795,7 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     }
     votes_.erase(version);
     CrashPoint("coordinator:after_committed_written");
-    to_announce_.emplace_back(version, true);
+    to_announce_.push_back({version, true, ""});
     cv_.notify_all();
   }
 }
@@ -833,7 +836,7 @@ Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>&
 // dead, or the cluster stops. Rank 0's own decision goes straight to its hook.
 void Cluster::CoordinatorLoop() {
   while (!stop_) {
-    std::pair<uint64_t, bool> d;
+    Announcement d;
     std::vector<Member> members;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -870,12 +873,13 @@ void Cluster::CoordinatorLoop() {
     for (uint32_t rank : order) {
       if (!members[rank].registered || members[rank].dead) continue;
       if (rank == 0) {
-        if (hooks_.decided) (void)hooks_.decided(d.first, d.second);
+        if (hooks_.decided) (void)hooks_.decided(d.version, d.committed, d.why);
         continue;
       }
       WireWriter w;
-      w.U64(d.first);
-      w.U8(d.second ? 1 : 0);
+      w.U64(d.version);
+      w.U8(d.committed ? 1 : 0);
+      w.Str(d.why.size() > 2048 ? d.why.substr(0, 2048) : d.why);
       transport::PeerId peer = 0;
       Status st = PeerFor(members[rank].address, &peer);
       if (st.ok()) {
@@ -887,7 +891,7 @@ void Cluster::CoordinatorLoop() {
         // The rank learns it when it next asks (at its next open, Decisions()).
         DropPeer(members[rank].address);
         std::fprintf(stderr, "ckptdb[coordinator]: telling %s about v%" PRIu64 " failed: %s\n",
-                     R(rank).c_str(), d.first, st.message().c_str());
+                     R(rank).c_str(), d.version, st.message().c_str());
       }
     }
   }
@@ -1146,6 +1150,155 @@ Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
     if (st.code() != CKPTDB_EBUSY || NowMs() >= deadline || stop_) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+// ---- Replica groups (ckptdb_declare_replicas) ---------------------------------------------------
+
+namespace {
+
+constexpr size_t kMaxReplicaChecks = 256;
+constexpr uint32_t kMaxReplicaMembers = 1024;
+constexpr uint32_t kMaxReplicaDigests = uint32_t{1} << 24;
+
+std::string Members(const std::vector<uint32_t>& members) {
+  std::string text;
+  for (uint32_t r : members) text += (text.empty() ? "" : " ") + std::to_string(r);
+  return text;
+}
+
+}  // namespace
+
+Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
+                              const std::vector<uint32_t>& members, uint64_t chunk_bytes,
+                              const std::vector<ReplicaDigest>& digests) {
+  const std::string what = "v" + std::to_string(version) + ": comparing replica group " +
+                           std::to_string(group) + " (ranks " + Members(members) + ")";
+  WireWriter body;
+  body.U64(version);
+  body.U32(group);
+  body.U32(options_.rank);
+  WireWriter list;
+  list.U64(chunk_bytes);
+  list.U32(static_cast<uint32_t>(members.size()));
+  for (uint32_t r : members) list.U32(r);
+  list.U32(static_cast<uint32_t>(digests.size()));
+  for (const ReplicaDigest& d : digests) {
+    list.Str(d.name);
+    list.U64(d.bytes);
+    list.U64(d.digest);
+  }
+  const std::vector<uint8_t> payload = list.Take();
+  const std::vector<uint8_t> request = body.Take();
+  const int64_t deadline = NowMs() + options_.call_timeout_ms;
+  // Bounded by the deadline: the coordinator answers Busy until every member has sent its own.
+  while (true) {
+    transport::PeerId coord = 0;
+    CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord).WithContext(what));
+    std::vector<uint8_t> reply;
+    Status st = transport_->CallSync(coord, kReplicaCheck, request, payload.data(), payload.size(),
+                                     options_.call_timeout_ms, &reply);
+    DropIfGone(st, options_.coordinator);
+    if (st.code() != CKPTDB_EBUSY) return st;
+    if (NowMs() >= deadline || stop_) {
+      return Status::TimedOut(what + ": " + st.message() + " after " +
+                              std::to_string(options_.call_timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
+  WireReader r(request.body, "replica check from " + request.peer);
+  const uint64_t version = r.U64("version");
+  const uint32_t group = r.U32("group");
+  const uint32_t rank = r.U32("rank");
+  Status st = r.Finish();
+  if (!st.ok()) return Fail(reply, st);
+  WireReader p(request.payload, "replica digests from " + R(rank));
+  const uint64_t chunk_bytes = p.U64("chunk_bytes");
+  const uint32_t n = p.U32("members");
+  if (n < 2 || n > kMaxReplicaMembers) {
+    return Fail(reply, Status::Invalid(R(rank) + ": a replica group of " + std::to_string(n)));
+  }
+  std::vector<uint32_t> members;
+  for (uint32_t i = 0; i < n && p.ok(); ++i) members.push_back(p.U32("member"));
+  const uint32_t count = p.U32("digests");
+  if (count > kMaxReplicaDigests) {
+    return Fail(reply, Status::Invalid(R(rank) + ": " + std::to_string(count) + " digests"));
+  }
+  std::vector<ReplicaDigest> digests;
+  for (uint32_t i = 0; i < count && p.ok(); ++i) {
+    ReplicaDigest d;
+    d.name = p.Str("name", CKPTDB_MAX_NAME_BYTES);
+    d.bytes = p.U64("bytes");
+    d.digest = p.U64("digest");
+    digests.push_back(std::move(d));
+  }
+  st = p.Finish();
+  if (st.ok() && (rank >= options_.world_size ||
+                  std::find(members.begin(), members.end(), rank) == members.end())) {
+    st = Status::Invalid(R(rank) + " is not a member of the replica group it reports for");
+  }
+  if (!st.ok()) return Fail(reply, st);
+  const std::string what = "v" + std::to_string(version) + ": replica group " +
+                           std::to_string(group) + " (ranks " + Members(members) + ")";
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key = std::make_pair(version, group);
+  auto it = replica_checks_.find(key);
+  if (it == replica_checks_.end()) {
+    while (replica_checks_.size() >= kMaxReplicaChecks) replica_checks_.erase(replica_checks_.begin());
+    it = replica_checks_.emplace(key, ReplicaCheckState{members, chunk_bytes, {}, std::nullopt})
+             .first;
+  }
+  ReplicaCheckState& c = it->second;
+  if (!c.result) {
+    if (c.members != members) {
+      c.result = Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " +
+                                 Members(members) + ", another member as ranks " +
+                                 Members(c.members));
+    } else if (c.chunk_bytes != chunk_bytes) {
+      c.result = Status::Corrupt(what + ": " + R(rank) + " cuts its shards in chunks of " +
+                                 std::to_string(chunk_bytes) + " bytes, another member in " +
+                                 std::to_string(c.chunk_bytes) + " (the digests need one size)");
+    } else {
+      c.posted[rank] = std::move(digests);
+    }
+  }
+  if (!c.result && c.posted.size() == c.members.size()) {
+    // Every member is in: each one's list against the first member's, shard by shard.
+    const uint32_t first = c.members.front();
+    const std::vector<ReplicaDigest>& want = c.posted.at(first);
+    Status result;
+    for (uint32_t other : c.members) {
+      const std::vector<ReplicaDigest>& have = c.posted.at(other);
+      if (have == want) continue;
+      size_t i = 0;
+      while (i < want.size() && i < have.size() && want[i] == have[i]) ++i;
+      std::string why;
+      if (i < want.size() && i < have.size() && want[i].name == have[i].name) {
+        why = "shard '" + want[i].name + "' differs: " + R(first) + " has " +
+              std::to_string(want[i].bytes) + " bytes of digest " + format::Hex64(want[i].digest) +
+              ", " + R(other) + " " + std::to_string(have[i].bytes) + " bytes of digest " +
+              format::Hex64(have[i].digest);
+      } else {
+        // A name one of them lacks: the smaller name at the first difference.
+        const bool first_has = i < want.size() && (i >= have.size() || want[i].name < have[i].name);
+        const std::string& name = first_has ? want[i].name : have[i].name;
+        why = "shard '" + name + "' was put as replicated by " + R(first_has ? first : other) +
+              " and not by " + R(first_has ? other : first);
+      }
+      result = Status::Corrupt(what + ": the replicas are not identical: " + why +
+                               "; the version is not committed");
+      break;
+    }
+    c.result = result;
+    c.posted.clear();  // decided: the lists are no longer needed
+  }
+  if (!c.result) {
+    return Fail(reply, Status::Busy(what + ": " + std::to_string(c.posted.size()) + " of " +
+                                    std::to_string(c.members.size()) + " members have reported"));
+  }
+  if (!c.result->ok()) return Fail(reply, *c.result);
 }
 
 // A `ckptdb serve` daemon announces (again) what it serves. Kept for dead_after_ms.

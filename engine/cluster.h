@@ -111,7 +111,8 @@ class Cluster {
  public:
   struct Hooks {
     // A decision for `version` arrived from the coordinator. Must record it before returning.
-    std::function<Status(uint64_t version, bool committed)> decided;
+    // `why`: for an abort, what made the coordinator abort it ("" when not known).
+    std::function<Status(uint64_t version, bool committed, const std::string& why)> decided;
     // Committed versions this rank can restore from its own tiers, newest first.
     std::function<std::vector<uint64_t>()> local_versions;
     // Those of them in its ram tier, newest first: what it can serve a rebuild (read_own).
@@ -135,6 +136,20 @@ class Cluster {
   // peers' memory (each acknowledged verified), or its part of its coding group's parity (sealed
   // at every member). Ok at once without redundancy.
   Status Protect(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
+
+  // REFT's check before replicas are trusted (ckptdb_declare_replicas): this rank's digests of
+  // the shards it put as replicated in `version`, sorted by name, go to the coordinator, which
+  // answers once every member of replica group `group` has sent its own (Busy until then, asked
+  // again up to the call timeout): Ok when all are equal, Corrupt naming the first shard and the
+  // ranks that differ, or the members' disagreement on the group itself.
+  struct ReplicaDigest {
+    std::string name;
+    uint64_t bytes = 0;
+    uint64_t digest = 0;  // xxh3 of its chunks' xxh3s
+    bool operator==(const ReplicaDigest&) const = default;
+  };
+  Status CheckReplicas(uint64_t version, uint32_t group, const std::vector<uint32_t>& members,
+                       uint64_t chunk_bytes, const std::vector<ReplicaDigest>& digests);
   // Pushes a version's segment image to this rank's placement peers and waits for each to
   // acknowledge a verified copy. Ok at once when replicas = 1.
   Status Replicate(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
@@ -257,6 +272,7 @@ class Cluster {
   void HandleHolders(const transport::Request& request, transport::Reply* reply);
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);
   void HandleRecoverable(const transport::Request& request, transport::Reply* reply);
+  void HandleReplicaCheck(const transport::Request& request, transport::Reply* reply);
   void HandleServe(const transport::Request& request, transport::Reply* reply);
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
   bool RebuildableLocked(uint32_t rank, uint64_t version) const;
@@ -301,7 +317,21 @@ class Cluster {
   std::map<uint64_t, std::set<uint32_t>> votes_;
   std::set<uint64_t> committed_;  // decided COMMITTED (durable in the catalog)
   std::set<uint64_t> aborted_;
-  std::deque<std::pair<uint64_t, bool>> to_announce_;
+  // Replica groups' comparisons (HandleReplicaCheck), by (version, group); the oldest dropped
+  // past kMaxReplicaChecks.
+  struct ReplicaCheckState {
+    std::vector<uint32_t> members;
+    uint64_t chunk_bytes = 0;
+    std::map<uint32_t, std::vector<ReplicaDigest>> posted;  // by rank
+    std::optional<Status> result;
+  };
+  std::map<std::pair<uint64_t, uint32_t>, ReplicaCheckState> replica_checks_;
+  struct Announcement {
+    uint64_t version = 0;
+    bool committed = false;
+    std::string why;  // an abort's cause
+  };
+  std::deque<Announcement> to_announce_;
   struct Server {
     std::string node_id;
     std::vector<std::pair<uint32_t, uint64_t>> replicas;

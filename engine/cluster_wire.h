@@ -24,6 +24,7 @@ enum MessageType : uint16_t {
   kServe = 29,        // `ckptdb serve` -> coordinator: the replicas a node's daemon serves
   kParity = 30,       // coding group member -> member: building and reading parity
   kRecoverable = 31,  // rank -> coordinator: can every rank restore a version from memory
+  kReplicaCheck = 32,  // rank -> coordinator: a replica group's digests of a version, compared
 };
 
 // One fetch call's payload at most (restores read chunks, rebuilds read units in such pieces).

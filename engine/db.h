@@ -118,6 +118,8 @@ class Db {
                 ckptdb_verify_report* report);
   Status Stats(ckptdb_stats_t* out);
   Status Hint(unsigned hints);
+  Status DeclareReplicas(uint32_t group, const uint32_t* members, size_t count,
+                         const char* protection);
   // world_size > 1: where this rank's last restore came from, replication figures.
   Cluster* cluster() { return cluster_.get(); }
   Status GetVersionStats(uint64_t version, ckptdb_version_stats_t* out);
@@ -214,6 +216,8 @@ class Db {
     uint64_t next_offset = 0;             // where the next record goes
     std::vector<format::TensorEntry> tensors;
     std::set<std::string, std::less<>> names;
+    std::set<std::string> replicated_names;  // put with CKPTDB_PUT_REPLICATED
+    std::string abort_why;  // the coordinator's cause, when it aborted this version
     std::deque<ChunkSlot> chunks;  // a deque: workers hold references while puts append
     uint64_t data_bytes = 0;
     uint64_t uncaptured = 0;         // chunks kQueued, kCopying or kDirect: callers' bytes in use
@@ -405,7 +409,7 @@ class Db {
   // A rank whose catalog was lost (a replacement node) finds its committed segments on tiers
   // that outlived the node (a shared file system) and records them (DESIGN.md section 7).
   Status AdoptSegments();
-  Status OnDecision(uint64_t version, bool committed);
+  Status OnDecision(uint64_t version, bool committed, const std::string& why);
   void ClusterWorkerLoop();
   void PostClusterJob(std::function<void()> job);
   // The planner's peer step: the pending chunks of `name` from peers' replicas of this rank's
@@ -561,6 +565,13 @@ class Db {
   std::condition_variable cluster_cv_;
   bool cluster_stop_ = false;         // mu_
   std::set<uint64_t> job_committed_;  // mu_: versions the coordinator committed
+  // ckptdb_declare_replicas (mu_): the replica group whose members compare their replicated
+  // shards at every commit.
+  struct ReplicaGroup {
+    uint32_t group = 0;
+    std::vector<uint32_t> members;
+  };
+  std::optional<ReplicaGroup> replica_group_;
   std::vector<std::thread> workers_;
 
   // Readers (read_mu_).

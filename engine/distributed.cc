@@ -52,8 +52,8 @@ Status Db::StartCluster() {
     co.code_unit_bytes = bytes;
   }
   Cluster::Hooks hooks;
-  hooks.decided = [this](uint64_t version, bool committed) {
-    return OnDecision(version, committed);
+  hooks.decided = [this](uint64_t version, bool committed, const std::string& why) {
+    return OnDecision(version, committed, why);
   };
   hooks.local_versions = [this] {
     std::vector<uint64_t> out;
@@ -216,17 +216,19 @@ Status Db::AdoptSegments() {
   return catalog_->Apply(batch, /*sync=*/true);
 }
 
-Status Db::OnDecision(uint64_t version, bool committed) {
+Status Db::OnDecision(uint64_t version, bool committed, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (committed) job_committed_.insert(version);
   auto it = live_.find(version);
+  if (it != live_.end() && !committed) it->second.abort_why = why;
   if (it != live_.end() && it->second.phase == CommitPhase::kVoting) {
     it->second.decision = committed ? 1 : -1;
     WakeManager();
   } else if (it != live_.end() && !committed) {
     // Aborted before this rank voted (another rank failed): stop here, no vote needed.
     it->second.decision = -1;
-    FailLocked(&it->second, Status::State(V(version) + " was aborted by the coordinator"));
+    FailLocked(&it->second, Status::State(V(version) + " was aborted by the coordinator" +
+                                          (why.empty() ? "" : ": " + why)));
     WakeManager();
   }
   return Status::Ok();
@@ -258,6 +260,49 @@ Status Db::Hint(unsigned hints) {
     return Status::Invalid("hint: NET_BUSY and NET_IDLE at once");
   }
   if (cluster_ != nullptr && hints != 0) cluster_->Hint((hints & CKPTDB_HINT_NET_BUSY) != 0);
+  return Status::Ok();
+}
+
+Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count,
+                           const char* protection) {
+  const std::string what = "declare_replicas group " + std::to_string(group);
+  const std::string scheme = protection == nullptr ? "none" : protection;
+  if (scheme == "arc" || scheme == "aec") {
+    return Status::NotSupported(what + ": protection '" + scheme +
+                                "' (each member saving 1/count of the replicas) is not in this "
+                                "build; \"none\" compares the replicas at every commit");
+  }
+  if (scheme != "none") {
+    return Status::Invalid(what + ": protection '" + scheme + "' is not none, arc or aec");
+  }
+  if (options_.read_only) return Status::State(what + ": the store is open read-only");
+  if (cluster_ == nullptr) {
+    return Status::Invalid(what + ": a replica group needs a job (world_size > 1)");
+  }
+  if (members == nullptr || count < 2 || count > 1024) {
+    return Status::Invalid(what + ": members must list 2 to 1024 ranks");
+  }
+  std::vector<uint32_t> list(members, members + count);
+  std::set<uint32_t> distinct(list.begin(), list.end());
+  if (distinct.size() != list.size()) {
+    return Status::Invalid(what + ": a rank is listed twice");
+  }
+  if (*distinct.rbegin() >= options_.world_size) {
+    return Status::Invalid(what + ": rank " + std::to_string(*distinct.rbegin()) +
+                           " is not below world_size " + std::to_string(options_.world_size));
+  }
+  if (!distinct.count(options_.rank)) {
+    return Status::Invalid(what + ": this rank (" + std::to_string(options_.rank) +
+                           ") is not among its members");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  if (replica_group_) {
+    if (replica_group_->group == group && replica_group_->members == list) return Status::Ok();
+    return Status::State(what + ": this handle declared replica group " +
+                         std::to_string(replica_group_->group) + " already");
+  }
+  replica_group_ = ReplicaGroup{group, std::move(list)};
   return Status::Ok();
 }
 

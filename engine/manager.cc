@@ -24,6 +24,7 @@
 #include "engine/db.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
+#include "format/little_endian.h"
 #include "format/manifest.h"
 #include "format/segment_format.h"
 #include "util/assert.h"
@@ -759,8 +760,28 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     v->replicating = true;
     v->phase = CommitPhase::kReplicate;
     const uint64_t generation = v->generation;
-    PostClusterJob([this, version, generation, file_bytes, extents] {
-      Status rs = cluster_->Protect(version, file_bytes, extents);
+    // A declared replica group compares its replicated shards before anything is protected:
+    // each one's digest is the xxh3 of its chunks' xxh3s (computed while they were captured).
+    std::optional<ReplicaGroup> group = replica_group_;
+    std::vector<Cluster::ReplicaDigest> digests;
+    if (group) {
+      for (const format::TensorEntry& t : v->tensors) {
+        if (!v->replicated_names.count(t.name)) continue;
+        std::vector<uint8_t> hashes(size_t{8} * t.chunk_count);
+        for (uint32_t c = 0; c < t.chunk_count; ++c) {
+          format::le::Put<uint64_t>(hashes.data(), size_t{8} * c, v->chunks[t.first_chunk + c].xxh3);
+        }
+        digests.push_back({t.name, t.bytes, format::Xxh3(hashes.data(), hashes.size())});
+      }
+      std::sort(digests.begin(), digests.end(),
+                [](const auto& a, const auto& b) { return a.name < b.name; });
+    }
+    const uint64_t chunk_bytes = options_.chunk_bytes;
+    PostClusterJob([this, version, generation, file_bytes, extents, group, digests, chunk_bytes] {
+      Status rs = group ? cluster_->CheckReplicas(version, group->group, group->members,
+                                                  chunk_bytes, digests)
+                        : Status::Ok();
+      if (rs.ok()) rs = cluster_->Protect(version, file_bytes, extents);
       std::lock_guard<std::mutex> guard(mu_);
       auto it = live_.find(version);
       if (it == live_.end() || it->second.generation != generation) return;
@@ -816,8 +837,10 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   if (v->phase == CommitPhase::kVoting) {
     if (v->decision == 0) return false;
     if (v->decision < 0) {
-      return fail(Status::State(V(version) + " was aborted by the coordinator (a rank failed, "
-                                             "was fenced, or did not vote)"));
+      return fail(Status::State(
+          V(version) + " was aborted by the coordinator" +
+          (v->abort_why.empty() ? " (a rank failed, was fenced, or did not vote)"
+                                : ": " + v->abort_why)));
     }
     VersionRecord rec = versions_[version].record;
     rec.state = CKPTDB_STATE_PREPARED;

@@ -100,6 +100,25 @@ TEST_F(ApiTest, RecoverableAloneSaysWhichTiersAndNoLossToSpare) {
   EXPECT_EQ(ckptdb_recoverable(nullptr, 3, &r), CKPTDB_EINVAL);
 }
 
+// Replica groups are a job's (ckptdb_declare_replicas): a rank alone is refused, and so is a
+// replicated put without a declaration; neither changes anything.
+TEST_F(ApiTest, ReplicaGroupsNeedAJob) {
+  Open();
+  const uint32_t members[2] = {0, 1};
+  EXPECT_EQ(ckptdb_declare_replicas(db_, 0, members, 2, nullptr), CKPTDB_EINVAL);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("needs a job"), std::string::npos)
+      << ckptdb_last_error();
+  EXPECT_EQ(ckptdb_declare_replicas(nullptr, 0, members, 2, nullptr), CKPTDB_EINVAL);
+  auto data = RandomBytes(100, 1);
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "w", data.data(), data.size(), nullptr,
+                             CKPTDB_PUT_REPLICATED),
+            CKPTDB_EINVAL);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("ckptdb_declare_replicas"), std::string::npos)
+      << ckptdb_last_error();
+  uint64_t latest = 0;
+  EXPECT_EQ(ckptdb_latest(db_, &latest), CKPTDB_ENOTFOUND) << "the refused put opened nothing";
+}
+
 TEST_F(ApiTest, TensorInfoIsListedBackInNameOrder) {
   Open();
   auto w = RandomBytes(4 * 6 * 2, 3);

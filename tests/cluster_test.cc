@@ -467,6 +467,99 @@ TEST_F(ClusterTest, ARankThatAbortsAVersionAbortsItForEveryRankAtOnce) {
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
+// REFT's check before replicas are trusted (ckptdb_declare_replicas): ranks {0, 1} and {2, 3}
+// are two data-parallel replica groups, each putting a shard "shared" that is identical within
+// its group. v1 commits. In v2 rank 1's "shared" differs from rank 0's: the commit fails on every
+// rank, the failing group's ranks naming the shard and both ranks (from their own comparison, or
+// from the coordinator's abort, which carries the cause), and nothing of v2 can be restored. In
+// v3 rank 0 puts a replicated shard that rank 1 does not: named too. v4 commits again.
+TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
+  job_.dead_after_ms = 60000;
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    const uint32_t group = rank / 2;
+    const uint32_t members[2] = {2 * group, 2 * group + 1};
+    // Refused, changing nothing: this rank not a member, a rank twice, past world_size, one
+    // member, an unknown protection.
+    const uint32_t others[2] = {2 * (1 - group), 2 * (1 - group) + 1};
+    const uint32_t twice[2] = {rank, rank};
+    const uint32_t past[2] = {rank, kRanks};
+    RANK_CHECK(ckptdb_declare_replicas(db, group, others, 2, nullptr) == CKPTDB_EINVAL, "others");
+    RANK_CHECK(ckptdb_declare_replicas(db, group, twice, 2, nullptr) == CKPTDB_EINVAL, "twice");
+    RANK_CHECK(ckptdb_declare_replicas(db, group, past, 2, nullptr) == CKPTDB_EINVAL, "past");
+    RANK_CHECK(ckptdb_declare_replicas(db, group, members, 1, nullptr) == CKPTDB_EINVAL, "one");
+    RANK_CHECK(ckptdb_declare_replicas(db, group, members, 2, "xor") == CKPTDB_EINVAL, "xor");
+    {
+      auto data = TensorData(rank, 1, 9);
+      rc = ckptdb_put_shard(db, 1, "early", data.data(), data.size(), nullptr,
+                            CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_REPLICATED);
+      RANK_CHECK(rc == CKPTDB_EINVAL, "a replicated put before any declaration: %d", rc);
+    }
+    rc = ckptdb_declare_replicas(db, group, members, 2, nullptr);
+    RANK_CHECK(rc == 0, "declare: %d (%s)", rc, ckptdb_last_error());
+    rc = ckptdb_declare_replicas(db, group, members, 2, "none");
+    RANK_CHECK(rc == 0, "declaring the same again: %d", rc);
+    rc = ckptdb_declare_replicas(db, group, members, 2, "arc");
+    RANK_CHECK(rc == CKPTDB_ENOTSUP, "arc: %d", rc);
+    rc = ckptdb_declare_replicas(db, group + 7, members, 2, nullptr);
+    RANK_CHECK(rc == CKPTDB_ESTATE, "another group after one was declared: %d", rc);
+    auto put_shared = [&](uint64_t v, uint64_t seed, const char* name) {
+      auto data = TensorData(100 + static_cast<uint32_t>(seed), v, 7);
+      return ckptdb_put_shard(db, v, name, data.data(), data.size(), nullptr,
+                              CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_REPLICATED);
+    };
+    auto commit = [&](uint64_t v) {
+      int c = ckptdb_commit(db, v, CKPTDB_COMMIT_ASYNC);
+      if (c == 0) c = ckptdb_wait_commit(db, v, nullptr, 40000);
+      return c;
+    };
+    // v1: identical within each group.
+    if (Put(db, rank, 1) != 0) return 1;
+    RANK_CHECK(put_shared(1, group, "shared") == 0, "put shared v1");
+    RANK_CHECK(commit(1) == 0, "commit v1: %s", ckptdb_last_error());
+    // v2: rank 1's replica differs.
+    if (Put(db, rank, 2) != 0) return 1;
+    RANK_CHECK(put_shared(2, rank == 1 ? 9 : group, "shared") == 0, "put shared v2");
+    Done(job_, rank, "put2", /*all_wait=*/true);  // v2 is not aborted before every rank put it
+    rc = commit(2);
+    RANK_CHECK(rc != 0, "v2 committed with diverged replicas");
+    if (rank < 2) {
+      RANK_CHECK(std::strstr(ckptdb_last_error(), "shard 'shared' differs: rank 0 has") != nullptr &&
+                     std::strstr(ckptdb_last_error(), "rank 1 ") != nullptr,
+                 "v2's error does not name the shard and ranks: %s", ckptdb_last_error());
+    }
+    // v3: a replicated shard rank 1 does not put.
+    if (Put(db, rank, 3) != 0) return 1;
+    RANK_CHECK(put_shared(3, group, "shared") == 0, "put shared v3");
+    if (rank == 0) RANK_CHECK(put_shared(3, group, "extra") == 0, "put extra v3");
+    Done(job_, rank, "put3", /*all_wait=*/true);
+    rc = commit(3);
+    RANK_CHECK(rc != 0, "v3 committed with a shard one replica lacks");
+    if (rank < 2) {
+      RANK_CHECK(std::strstr(ckptdb_last_error(),
+                             "shard 'extra' was put as replicated by rank 0 and not by rank 1") !=
+                     nullptr,
+                 "v3's error: %s", ckptdb_last_error());
+    }
+    // v4: identical again.
+    if (Put(db, rank, 4) != 0) return 1;
+    RANK_CHECK(put_shared(4, group, "shared") == 0, "put shared v4");
+    RANK_CHECK(commit(4) == 0, "commit v4: %s", ckptdb_last_error());
+    if (CheckLatest(db, rank, 4) != 0) return 1;
+    std::vector<uint8_t> out(kTensorBytes);
+    rc = ckptdb_restore(db, 4, "shared", out.data(), out.size(), 0);
+    RANK_CHECK(rc == 0 && out == TensorData(100 + group, 4, 7), "restore of shared v4: %d", rc);
+    rc = ckptdb_restore(db, 2, "shared", out.data(), out.size(), 0);
+    RANK_CHECK(rc != 0, "the failed v2 restored");
+    Done(job_, rank, "done");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
 // The ram tier's replicas= bounds the memory a rank keeps its peers' replicas in: a replica over
 // it is refused (ENOSPC, naming the holder and the budget) before a byte is sent, the owner
 // votes no, and the version aborts on every rank; the replicas held stay as they were.

@@ -156,6 +156,9 @@ int ckptdb_close(ckptdb* db);
 /* ---- Saving ------------------------------------------------------------------------------- */
 #define CKPTDB_PUT_COPY_NOW 0x1u /* copy out of `data` before returning */
 #define CKPTDB_PUT_DEVICE 0x2u   /* data is device memory: ENOTSUP in a host-only build */
+/* The shard is identical on every member of this rank's declared replica group (data-parallel
+ * replicas, ckptdb_declare_replicas): the members compare it at commit. */
+#define CKPTDB_PUT_REPLICATED 0x4u
 
 /* Adds one shard (name, bytes) to `version` of this rank. The first put of a version opens it.
  * Lazy capture (DataStates-LLM): the shard is queued and the call returns; capture threads copy
@@ -167,6 +170,21 @@ int ckptdb_close(ckptdb* db);
  * version), ESKIPPED (back-pressure dropped the version), and with COPY_NOW any capture error. */
 int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
                      size_t nbytes, const ckptdb_tensor_info* info, unsigned flags);
+
+/* REFT's replica groups (DESIGN.md section 7): ranks that hold identical data-parallel replicas
+ * declare it, every member with the same `group` number and `members` (count ranks, 2..1024,
+ * distinct, below world_size, this rank among them). Shards put with CKPTDB_PUT_REPLICATED are
+ * then compared at every commit: each member's digest of each such shard (its name, length and
+ * the xxh3 of its chunks' xxh3s) goes to the coordinator, and a version whose replicas differ,
+ * or that one member put as replicated and another did not, fails to commit on every rank with
+ * an error naming the shard and the ranks (nothing of it is committed). `protection`: NULL or
+ * "none" (every member keeps its whole shards; the comparison only); "arc" and "aec" (each
+ * saving 1/count with local redundancy) are ENOTSUP in this build. Call it after open, before the
+ * first put that uses it; again with the same arguments is a no-op. Errors: EINVAL (bad
+ * arguments, world_size 1, members not as above), ESTATE (declared before with other arguments,
+ * read-only handle), ENOTSUP. */
+int ckptdb_declare_replicas(ckptdb* db, uint32_t group, const uint32_t* members, size_t count,
+                            const char* protection);
 
 /* Returns once every byte of every shard put so far for `version` is out of the caller's
  * buffers: call it before the buffers change (the optimizer step). timeout_ms < 0 waits forever.
