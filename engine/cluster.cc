@@ -97,16 +97,16 @@ bool Holds(const std::vector<std::pair<uint32_t, uint64_t>>& replicas, uint32_t 
 }
 
 // Whether member m can serve its units of `version` to a rebuild: they are read from its ram tier
-// only (read_own). Its holdings say which versions are there; a version it voted for after its
-// last holdings arrived is taken to be there until the next ones say (a commit leaves the version
-// in its commit tier, ram for a coding group's member).
+// only (read_own). Its holdings list which versions are there, those it has voted for included;
+// a version it voted for after it listed them is there (its commit tier is ram) until holdings
+// listed after that vote say otherwise.
 template <typename M>
 bool InMemory(const M& m, uint64_t version) {
   if (std::find(m.memory_versions.begin(), m.memory_versions.end(), version) !=
       m.memory_versions.end()) {
     return true;
   }
-  return m.voted.count(version) && version > m.voted_before_holdings;
+  return m.voted.count(version) && version > m.memory_voted_through;
 }
 
 }  // namespace
@@ -431,11 +431,11 @@ std::vector<uint8_t> Cluster::Holdings() const {
     held.U32(group);
     held.U64(v);
   }
-  std::vector<uint64_t> memory =
-      hooks_.memory_versions ? hooks_.memory_versions() : std::vector<uint64_t>{};
-  if (memory.size() > 256) memory.resize(256);
-  held.U32(static_cast<uint32_t>(memory.size()));
-  for (uint64_t v : memory) held.U64(v);
+  Hooks::InMemory memory = hooks_.memory_versions ? hooks_.memory_versions() : Hooks::InMemory{};
+  if (memory.versions.size() > 256) memory.versions.resize(256);
+  held.U64(memory.voted_through);
+  held.U32(static_cast<uint32_t>(memory.versions.size()));
+  for (uint64_t v : memory.versions) held.U64(v);
   return held.Take();
 }
 
@@ -443,7 +443,7 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
                      std::vector<uint64_t>* local,
                      std::vector<std::pair<uint32_t, uint64_t>>* replicas,
                      std::vector<std::pair<uint32_t, uint64_t>>* parity,
-                     std::vector<uint64_t>* memory) {
+                     std::vector<uint64_t>* memory, uint64_t* voted_through) {
   WireReader h(in, what);
   uint32_t n = h.U32("local versions");
   if (n > 256) return Status::Corrupt(what + ": " + std::to_string(n) + " local versions");
@@ -462,6 +462,8 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
     uint64_t v = h.U64("version");
     if (parity != nullptr) parity->emplace_back(group, v);
   }
+  const uint64_t through = h.U64("voted through");
+  if (voted_through != nullptr) *voted_through = through;
   uint32_t in_memory = h.U32("versions in memory");
   if (in_memory > 256) {
     return Status::Corrupt(what + ": " + std::to_string(in_memory) + " versions in memory");
@@ -607,10 +609,11 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   std::string address = r.Str("address", 256);
   Status st = r.Finish();
   std::vector<uint64_t> local, memory;
+  uint64_t voted_through = 0;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
   if (st.ok()) {
     st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
-                       &memory);
+                       &memory, &voted_through);
   }
   if (st.ok() && (world != options_.world_size || rank >= world)) {
     st =
@@ -654,7 +657,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   }
   m.local_versions = std::move(local);
   m.memory_versions = std::move(memory);
-  m.voted_before_holdings = m.voted.empty() ? 0 : *m.voted.rbegin();
+  m.memory_voted_through = voted_through;
   m.replicas = std::move(replicas);
   m.parity = std::move(parity);
   m.last_seen_ms = NowMs();
@@ -699,10 +702,11 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   bool ready = r.U8("ready") != 0;
   Status st = r.Finish();
   std::vector<uint64_t> local, memory;
+  uint64_t voted_through = 0;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
   if (st.ok()) {
     st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
-                       &memory);
+                       &memory, &voted_through);
   }
   if (st.ok() && rank >= options_.world_size)
     st = Status::Invalid("heartbeat from rank " + std::to_string(rank));
@@ -717,7 +721,7 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   m.last_seen_ms = NowMs();
   m.local_versions = std::move(local);
   m.memory_versions = std::move(memory);
-  m.voted_before_holdings = m.voted.empty() ? 0 : *m.voted.rbegin();
+  m.memory_voted_through = voted_through;
   m.replicas = std::move(replicas);
   m.parity = std::move(parity);
   if (ready && !m.ready) {
@@ -1243,6 +1247,11 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   const std::string what = "v" + std::to_string(version) + ": replica group " +
                            std::to_string(group) + " (ranks " + Members(members) + ")";
   std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_.count(version)) {
+    // A member that learned of the abort first never reports: the others stop waiting for it.
+    replica_checks_.erase(std::make_pair(version, group));
+    return Fail(reply, Status::State(what + ": the version was aborted"));
+  }
   auto key = std::make_pair(version, group);
   auto it = replica_checks_.find(key);
   if (it == replica_checks_.end()) {
@@ -1308,10 +1317,11 @@ void Cluster::HandleServe(const Request& request, Reply* reply) {
   std::string address = r.Str("address", 256);
   Status st = r.Finish();
   std::vector<uint64_t> local, memory;
+  uint64_t voted_through = 0;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
   if (st.ok()) {
     st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
-                       &memory);
+                       &memory, &voted_through);
   }
   if (st.ok() && (node.empty() || address.empty()))
     st = Status::Invalid(request.peer + ": a serve announcement without node_id or address");

@@ -115,8 +115,14 @@ class Cluster {
     std::function<Status(uint64_t version, bool committed, const std::string& why)> decided;
     // Committed versions this rank can restore from its own tiers, newest first.
     std::function<std::vector<uint64_t>()> local_versions;
-    // Those of them in its ram tier, newest first: what it can serve a rebuild (read_own).
-    std::function<std::vector<uint64_t>()> memory_versions;
+    // What it can serve a rebuild (read_own): the versions in its ram tier, newest first
+    // (committed ones, and those it has voted for, whose ram copy is their commit tier's), and
+    // the newest version it had sent a vote for when it listed them.
+    struct InMemory {
+      std::vector<uint64_t> versions;
+      uint64_t voted_through = 0;
+    };
+    std::function<InMemory()> memory_versions;
     // Bytes [offset, offset + bytes) of this rank's own segment of `version`, from its memory:
     // the other members of its coding group read its units to rebuild a lost member.
     std::function<Status(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out)> read_own;
@@ -217,7 +223,7 @@ class Cluster {
     int64_t last_seen_ms = 0;
     std::vector<uint64_t> local_versions;                 // newest first
     std::vector<uint64_t> memory_versions;                // in its ram tier, newest first
-    uint64_t voted_before_holdings = 0;  // its newest vote when its last holdings arrived
+    uint64_t memory_voted_through = 0;  // its newest vote sent when it listed them
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
     std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
     std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
@@ -344,7 +350,7 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
                      std::vector<uint64_t>* local,
                      std::vector<std::pair<uint32_t, uint64_t>>* replicas,
                      std::vector<std::pair<uint32_t, uint64_t>>* parity,
-                     std::vector<uint64_t>* memory);
+                     std::vector<uint64_t>* memory, uint64_t* voted_through);
 
 // Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8), "ec:K+M"
 // and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).

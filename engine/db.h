@@ -565,6 +565,7 @@ class Db {
   std::condition_variable cluster_cv_;
   bool cluster_stop_ = false;         // mu_
   std::set<uint64_t> job_committed_;  // mu_: versions the coordinator committed
+  uint64_t newest_vote_sent_ = 0;     // mu_: the newest version this rank sent a yes vote for
   // ckptdb_declare_replicas (mu_): the replica group whose members compare their replicated
   // shards at every commit.
   struct ReplicaGroup {

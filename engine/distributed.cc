@@ -70,15 +70,25 @@ Status Db::StartCluster() {
     return out;
   };
   hooks.memory_versions = [this] {
-    std::vector<uint64_t> out;
+    Cluster::Hooks::InMemory out;
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = ram_images_.rbegin(); it != ram_images_.rend() && out.size() < 256; ++it) {
+    std::set<uint64_t, std::greater<>> in_ram;
+    for (const auto& [version, v] : live_) {
+      // Voted for: its ram copy is whole (the commit tier of a job's rank is ram).
+      if (v.ram && v.vote_sent) in_ram.insert(version);
+    }
+    for (auto it = ram_images_.rbegin(); it != ram_images_.rend(); ++it) {
       auto entry = versions_.find(it->first);
       if (entry != versions_.end() && entry->second.record.state == CKPTDB_STATE_COMMITTED &&
           Durable(entry->second, 0)) {
-        out.push_back(it->first);
+        in_ram.insert(it->first);
       }
     }
+    for (uint64_t v : in_ram) {
+      if (out.versions.size() == 256) break;
+      out.versions.push_back(v);
+    }
+    out.voted_through = newest_vote_sent_;
     return out;
   };
   hooks.read_own = [this](uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out) {

@@ -807,6 +807,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
         // Given up since (a newer commit, a failure): FinishAbort votes no instead.
         if (it == live_.end() || it->second.abort_requested) return;
         it->second.vote_sent = true;
+        newest_vote_sent_ = std::max(newest_vote_sent_, version);
       }
       Status vs = cluster_->Vote(version);
       if (vs.ok()) {
