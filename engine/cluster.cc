@@ -588,12 +588,18 @@ Status Cluster::BumpEpochLocked(const std::string& why) {
   return Status::Ok();
 }
 
+void Cluster::NoteAbortCauseLocked(uint64_t version, const std::string& why) {
+  abort_causes_[version] = why;
+  while (abort_causes_.size() > 256) abort_causes_.erase(abort_causes_.begin());
+}
+
 // Presumed abort: a version without a durable COMMITTED decision is aborted.
 void Cluster::AbortUndecidedLocked(const std::string& why) {
   for (auto& [version, voters] : votes_) {
     if (committed_.count(version) || aborted_.count(version)) continue;
     aborted_.insert(version);
     to_announce_.push_back({version, false, why});
+    NoteAbortCauseLocked(version, why);
     std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s\n", version, why.c_str());
   }
   votes_.clear();
@@ -769,6 +775,7 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     if (aborted_.insert(version).second) {
       votes_.erase(version);
       to_announce_.push_back({version, false, R(rank) + " could not prepare it: " + why});
+      NoteAbortCauseLocked(version, to_announce_.back().why);
       std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s cannot prepare it: %s\n",
                    version, R(rank).c_str(), why.c_str());
       cv_.notify_all();
@@ -787,6 +794,7 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     if (!w.ok()) {
       aborted_.insert(version);
       to_announce_.push_back({version, false, "the coordinator could not record it: " + w.message()});
+      NoteAbortCauseLocked(version, to_announce_.back().why);
       votes_.erase(version);
       cv_.notify_all();
       return Fail(reply, w.WithContext("recording the decision for v" + std::to_string(version)));
@@ -1247,13 +1255,16 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   const std::string what = "v" + std::to_string(version) + ": replica group " +
                            std::to_string(group) + " (ranks " + Members(members) + ")";
   std::lock_guard<std::mutex> lock(mu_);
-  if (aborted_.count(version)) {
-    // A member that learned of the abort first never reports: the others stop waiting for it.
-    replica_checks_.erase(std::make_pair(version, group));
-    return Fail(reply, Status::State(what + ": the version was aborted"));
-  }
   auto key = std::make_pair(version, group);
   auto it = replica_checks_.find(key);
+  if (aborted_.count(version) && (it == replica_checks_.end() || !it->second.result)) {
+    // A member that learned of the abort first never reports: the others stop waiting for it.
+    // (A comparison already decided keeps its answer, which is the abort's cause.)
+    if (it != replica_checks_.end()) replica_checks_.erase(it);
+    auto cause = abort_causes_.find(version);
+    return Fail(reply, Status::State(what + ": the version was aborted" +
+                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
+  }
   if (it == replica_checks_.end()) {
     while (replica_checks_.size() >= kMaxReplicaChecks) replica_checks_.erase(replica_checks_.begin());
     it = replica_checks_.emplace(key, ReplicaCheckState{members, chunk_bytes, {}, std::nullopt})

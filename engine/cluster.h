@@ -287,6 +287,8 @@ class Cluster {
   Status BumpEpochLocked(const std::string& why);
   Status LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed);
   void AbortUndecidedLocked(const std::string& why);
+  // Keeps why `version` was aborted (the newest 256), for late replica checks of it.
+  void NoteAbortCauseLocked(uint64_t version, const std::string& why);
   void Decide(uint64_t version, bool committed);
   Status ComputePlacementLocked();
 
@@ -332,6 +334,7 @@ class Cluster {
     std::optional<Status> result;
   };
   std::map<std::pair<uint64_t, uint32_t>, ReplicaCheckState> replica_checks_;
+  std::map<uint64_t, std::string> abort_causes_;
   struct Announcement {
     uint64_t version = 0;
     bool committed = false;
