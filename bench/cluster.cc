@@ -279,6 +279,9 @@ struct Job {
   uint32_t keep = 1;
   int port = 0;
   uint32_t ranks_per_node = 1;  // node_id "node<rank / ranks_per_node>"
+  // > 1: ranks [g * n, g * n + n) are replica group g (ckptdb_declare_replicas), holding the same
+  // state (their group's first rank's) and putting every shard as replicated.
+  uint32_t replica_group = 0;
   // A rank's directories (its store and its node's memory); a node's loss removes those of all
   // its ranks.
   std::string Node(uint32_t rank) const { return dir + "/node" + std::to_string(rank); }
@@ -317,10 +320,10 @@ int OpenRank(const Job& job, uint32_t rank, size_t bytes, ckptdb** db) {
   return ckptdb_open(&o, db);
 }
 
-int PutAll(ckptdb* db, const RankState& s, uint64_t version) {
+int PutAll(ckptdb* db, const RankState& s, uint64_t version, unsigned flags = 0) {
   for (size_t i = 0; i < s.shards.size(); ++i) {
-    int rc =
-        ckptdb_put_shard(db, version, s.names[i].c_str(), s.shards[i], s.shard_bytes, nullptr, 0);
+    int rc = ckptdb_put_shard(db, version, s.names[i].c_str(), s.shards[i], s.shard_bytes, nullptr,
+                              flags);
     if (rc != CKPTDB_OK) return rc;
   }
   return ckptdb_wait_capture(db, version, -1);
@@ -649,12 +652,20 @@ bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
   return RunRanks(
       job.ranks,
       [&](uint32_t rank) {
-        RankState s = MakeRankState(rank, bytes);
+        const uint32_t n = job.replica_group;
+        const uint32_t first = n > 1 ? rank / n * n : rank;
+        RankState s = MakeRankState(first, bytes);
         ckptdb* db = nullptr;
         RANK_CHECK(OpenRank(job, rank, s.bytes, &db), "open");
+        if (n > 1) {
+          std::vector<uint32_t> members;
+          for (uint32_t m = first; m < first + n; ++m) members.push_back(m);
+          RANK_CHECK(ckptdb_declare_replicas(db, rank / n, members.data(), n, nullptr),
+                     "declare replicas");
+        }
         for (int v = 1; v <= versions; ++v) {
           Step(s, v);
-          RANK_CHECK(PutAll(db, s, v), "put");
+          RANK_CHECK(PutAll(db, s, v, n > 1 ? CKPTDB_PUT_REPLICATED : 0), "put");
           Barrier();
           g_shared->t0[rank][v] = Now();
           RANK_CHECK(ckptdb_commit(db, v, 0), "commit");
@@ -671,11 +682,12 @@ bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
 }
 
 CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redundancy, size_t bytes,
-                       int warmup, int versions) {
+                       int warmup, int versions, uint32_t replica_group = 0) {
   Job job;
   job.dir = a.shm + "/job";
   job.ranks = ranks;
   job.redundancy = redundancy;
+  job.replica_group = replica_group;
   job.keep = 1;
   job.port = FreePort();
   fs::remove_all(job.dir);
@@ -729,8 +741,12 @@ void Commit(const Args& a) {
               Percentile(single.job_ms, 0.9), Median(single.rank_ms), Median(single.stat_ms), 1.0,
               rtt_ms > 0 ? single_ms / rtt_ms : 0);
   for (uint32_t n : a.ranks) {
-    for (const char* redundancy : {"replicate:2", "none"}) {
-      CommitResult r = CommitJob(a, n, redundancy, bytes, warmup, versions);
+    // "none+groups": replica groups of 2 ranks (ckptdb_declare_replicas), every shard put as
+    // replicated and compared at each commit, against the same job without them.
+    for (const char* redundancy : {"replicate:2", "none", "none+groups"}) {
+      const bool groups = std::strcmp(redundancy, "none+groups") == 0;
+      CommitResult r =
+          CommitJob(a, n, groups ? "none" : redundancy, bytes, warmup, versions, groups ? 2 : 0);
       if (!r.ok) {
         std::printf("  %-5u %-11s failed (see stderr)\n", n, redundancy);
         continue;

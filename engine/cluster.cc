@@ -100,6 +100,14 @@ bool Holds(const std::vector<std::pair<uint32_t, uint64_t>>& replicas, uint32_t 
 // only (read_own). Its holdings list which versions are there, those it has voted for included;
 // a version it voted for after it listed them is there (its commit tier is ram) until holdings
 // listed after that vote say otherwise.
+// Whether member m holds its parity of `version` for group g: its holdings list it, or it voted
+// for the version after it listed them (its vote follows its group's parity being sealed).
+template <typename M>
+bool HoldsParity(const M& m, uint32_t g, uint64_t version) {
+  return Holds(m.parity, g, version) ||
+         (m.voted.count(version) && version > m.memory_voted_through);
+}
+
 template <typename M>
 bool InMemory(const M& m, uint64_t version) {
   if (std::find(m.memory_versions.begin(), m.memory_versions.end(), version) !=
@@ -424,6 +432,10 @@ std::vector<uint8_t> Cluster::Holdings() const {
     held.U32(owner);
     held.U64(v);
   }
+  // What is in memory, and through which vote, before the parity: a version voted for by then
+  // has its parity sealed (BuildParity precedes the vote), so the list below has it too.
+  Hooks::InMemory memory = hooks_.memory_versions ? hooks_.memory_versions() : Hooks::InMemory{};
+  if (memory.versions.size() > 256) memory.versions.resize(256);
   auto parity = parity_ != nullptr ? parity_->Held() : std::vector<std::pair<uint32_t, uint64_t>>{};
   if (parity.size() > 4096) parity.erase(parity.begin(), parity.end() - 4096);  // the newest
   held.U32(static_cast<uint32_t>(parity.size()));
@@ -431,8 +443,6 @@ std::vector<uint8_t> Cluster::Holdings() const {
     held.U32(group);
     held.U64(v);
   }
-  Hooks::InMemory memory = hooks_.memory_versions ? hooks_.memory_versions() : Hooks::InMemory{};
-  if (memory.versions.size() > 256) memory.versions.resize(256);
   held.U64(memory.voted_through);
   held.U32(static_cast<uint32_t>(memory.versions.size()));
   for (uint64_t v : memory.versions) held.U64(v);
@@ -783,7 +793,9 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     return;
   }
   if (aborted_.count(version)) {
-    return Fail(reply, Status::State("v" + std::to_string(version) + " was already aborted"));
+    auto cause = abort_causes_.find(version);
+    return Fail(reply, Status::State("v" + std::to_string(version) + " was already aborted" +
+                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
   }
   if (committed_.count(version)) return;  // a repeated vote
   auto& voters = votes_[version];
@@ -1039,7 +1051,7 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
           // A member whose yes vote committed it had its group's parity sealed (its holdings
           // say so only from its next heartbeat).
           const Member& mq = members_[q];
-          missing += has(mq) && InMemory(mq, version) && Holds(mq.parity, g, version) ? 0 : 1;
+          missing += has(mq) && InMemory(mq, version) && HoldsParity(mq, g, version) ? 0 : 1;
         }
         const int32_t m = static_cast<int32_t>(options_.code->m);
         mine = missing <= m ? m - missing : (own ? 0 : -1);
@@ -1124,7 +1136,7 @@ bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
           m.registered && !m.dead &&
           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
                                                version) != m.local_versions.end()) &&
-          InMemory(m, version) && Holds(m.parity, g, version);
+          InMemory(m, version) && HoldsParity(m, g, version);
       missing += has ? 0 : 1;
     }
     return missing <= options_.code->m;
@@ -1172,9 +1184,13 @@ constexpr size_t kMaxReplicaChecks = 256;
 constexpr uint32_t kMaxReplicaMembers = 1024;
 constexpr uint32_t kMaxReplicaDigests = uint32_t{1} << 24;
 
+// "0 1 2 3", or "0 1 2 3 4 5 6 7 ... (1024 ranks)": error replies must fit a message body.
 std::string Members(const std::vector<uint32_t>& members) {
   std::string text;
-  for (uint32_t r : members) text += (text.empty() ? "" : " ") + std::to_string(r);
+  for (size_t i = 0; i < members.size() && i < 8; ++i) {
+    text += (text.empty() ? "" : " ") + std::to_string(members[i]);
+  }
+  if (members.size() > 8) text += " ... (" + std::to_string(members.size()) + " ranks)";
   return text;
 }
 
@@ -1203,6 +1219,9 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
   const std::vector<uint8_t> request = body.Take();
   const int64_t deadline = NowMs() + options_.call_timeout_ms;
   // Bounded by the deadline: the coordinator answers Busy until every member has sent its own.
+  // Members reach their commits together (a training step's barrier), so the first asks again
+  // after 1 ms, backing off to 20 ms while a late member is awaited.
+  int pause_us = 1000;
   while (true) {
     transport::PeerId coord = 0;
     CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord).WithContext(what));
@@ -1215,7 +1234,8 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
       return Status::TimedOut(what + ": " + st.message() + " after " +
                               std::to_string(options_.call_timeout_ms) + " ms");
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    pause_us = std::min(2 * pause_us, 20000);
   }
 }
 
@@ -1257,31 +1277,55 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::make_pair(version, group);
   auto it = replica_checks_.find(key);
-  if (aborted_.count(version) && (it == replica_checks_.end() || !it->second.result)) {
+  if (aborted_.count(version) && (it == replica_checks_.end() || !it->second.result ||
+                                  it->second.result->ok())) {
     // A member that learned of the abort first never reports: the others stop waiting for it.
-    // (A comparison already decided keeps its answer, which is the abort's cause.)
-    if (it != replica_checks_.end()) replica_checks_.erase(it);
+    // A comparison that failed keeps its answer (the abort's cause); one that passed does not
+    // send a member on to protect a version the job has given up.
     auto cause = abort_causes_.find(version);
     return Fail(reply, Status::State(what + ": the version was aborted" +
                                      (cause != abort_causes_.end() ? ": " + cause->second : "")));
   }
   if (it == replica_checks_.end()) {
-    while (replica_checks_.size() >= kMaxReplicaChecks) replica_checks_.erase(replica_checks_.begin());
+    // Bounded: decided comparisons go first, oldest first; an undecided one only past the cap
+    // (one per group for many versions in flight).
+    const size_t cap = std::max<size_t>(kMaxReplicaChecks, 4 * size_t{options_.world_size});
+    for (auto old = replica_checks_.begin();
+         replica_checks_.size() >= cap && old != replica_checks_.end();) {
+      old = old->second.result ? replica_checks_.erase(old) : std::next(old);
+    }
+    while (replica_checks_.size() >= cap) replica_checks_.erase(replica_checks_.begin());
     it = replica_checks_.emplace(key, ReplicaCheckState{members, chunk_bytes, {}, std::nullopt})
              .first;
   }
   ReplicaCheckState& c = it->second;
+  // Every post is held against the group as first reported, decided or not.
+  if (c.members != members) {
+    Status mismatch = Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " +
+                                      Members(members) + ", another member as ranks " +
+                                      Members(c.members));
+    if (!c.result) c.result = mismatch;
+    c.posted.clear();
+    return Fail(reply, mismatch);
+  }
   if (!c.result) {
-    if (c.members != members) {
-      c.result = Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " +
-                                 Members(members) + ", another member as ranks " +
-                                 Members(c.members));
-    } else if (c.chunk_bytes != chunk_bytes) {
+    if (c.chunk_bytes != chunk_bytes) {
       c.result = Status::Corrupt(what + ": " + R(rank) + " cuts its shards in chunks of " +
                                  std::to_string(chunk_bytes) + " bytes, another member in " +
                                  std::to_string(c.chunk_bytes) + " (the digests need one size)");
+      c.posted.clear();
     } else {
       c.posted[rank] = std::move(digests);
+    }
+  }
+  if (!c.result) {
+    // A member declared dead will never report: the others are told now, not at their timeout.
+    for (uint32_t m : c.members) {
+      if (members_[m].dead) {
+        c.result = Status::State(what + ": " + R(m) + " was declared dead");
+        c.posted.clear();
+        break;
+      }
     }
   }
   if (!c.result && c.posted.size() == c.members.size()) {

@@ -39,6 +39,13 @@ inline int64_t NowMs() {
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();
   reply->message = st.message();
+  // The message is the reply's body: past transport::kMaxBodyBytes the receiver would drop the
+  // connection instead of reading it.
+  constexpr size_t kMaxMessage = transport::kMaxBodyBytes - 256;
+  if (reply->message.size() > kMaxMessage) {
+    reply->message.resize(kMaxMessage);
+    reply->message += " ...";
+  }
 }
 
 inline std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }

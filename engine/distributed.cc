@@ -1,6 +1,7 @@
 // The Db's side of a job of world_size > 1 ranks (DESIGN.md sections 6-7): joining through the
 // Cluster, resolving versions left in doubt, the worker that pushes replicas and casts votes off
 // the manager thread, decisions from the coordinator, and restoring from peers' memory.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -293,6 +294,7 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
     return Status::Invalid(what + ": members must list 2 to 1024 ranks");
   }
   std::vector<uint32_t> list(members, members + count);
+  std::sort(list.begin(), list.end());  // the same set in any order is the same group
   std::set<uint32_t> distinct(list.begin(), list.end());
   if (distinct.size() != list.size()) {
     return Status::Invalid(what + ": a rank is listed twice");

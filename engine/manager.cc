@@ -781,6 +781,18 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
       Status rs = group ? cluster_->CheckReplicas(version, group->group, group->members,
                                                   chunk_bytes, digests)
                         : Status::Ok();
+      if (rs.ok() && group) {
+        // The job may have given the version up while the group compared: protect nothing then.
+        std::lock_guard<std::mutex> guard(mu_);
+        auto it = live_.find(version);
+        if (it == live_.end() || it->second.generation != generation ||
+            it->second.abort_requested || !it->second.error.ok() || it->second.decision < 0) {
+          rs = Status::State(V(version) + " was given up while its replica group compared" +
+                             (it != live_.end() && !it->second.abort_why.empty()
+                                  ? ": " + it->second.abort_why
+                                  : ""));
+        }
+      }
       if (rs.ok()) rs = cluster_->Protect(version, file_bytes, extents);
       std::lock_guard<std::mutex> guard(mu_);
       auto it = live_.find(version);
@@ -819,6 +831,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
       if (it == live_.end()) return;
       if (vs.code() == CKPTDB_ESTATE) {
         it->second.decision = -1;  // refused (fenced, or already aborted): it cannot commit
+        if (it->second.abort_why.empty()) it->second.abort_why = vs.message();
       } else if (it->second.decision == 0) {
         // The vote may or may not have arrived (the coordinator may have committed and died):
         // the version stays PREPARED with its copies, in doubt, until an open asks the

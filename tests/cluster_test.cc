@@ -480,7 +480,8 @@ TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "open: %d", rc);
     const uint32_t group = rank / 2;
-    const uint32_t members[2] = {2 * group, 2 * group + 1};
+    // Each rank lists itself first: the same set in any order is the same group.
+    const uint32_t members[2] = {rank, rank ^ 1u};
     // Refused, changing nothing: this rank not a member, a rank twice, past world_size, one
     // member, an unknown protection.
     const uint32_t others[2] = {2 * (1 - group), 2 * (1 - group) + 1};
