@@ -119,6 +119,26 @@ bool InMemory(const M& m, uint64_t version) {
 
 }  // namespace
 
+namespace {
+std::atomic<uint32_t> g_protocol{kProtocolVersion};
+
+// Ok when a peer's announced protocol is this build's; Invalid naming both otherwise.
+Status CheckProtocol(WireReader* r, const std::string& who) {
+  const uint32_t protocol = r->U32("protocol");
+  if (!r->ok() || protocol != kProtocolVersion) {
+    return Status::Invalid(who + " speaks ckptdb protocol " +
+                           (r->ok() ? std::to_string(protocol)
+                                    : "1 (or another older than " +
+                                          std::to_string(kProtocolVersion) + ")") +
+                           "; this coordinator speaks " + std::to_string(kProtocolVersion) +
+                           ": every rank and ckptdb serve of a job must run the same ckptdb build");
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+void SetProtocolVersionForTesting(uint32_t version) { g_protocol = version; }
+
 Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optional<CodeSpec>* code) {
   *replicas = 1;
   code->reset();
@@ -327,6 +347,7 @@ Status Cluster::Join() {
     w.U64(incarnation_);
     w.Str(options_.node_id);
     w.Str(transport_->address());
+    w.U32(g_protocol);
     auto holdings = Holdings();
     std::vector<uint8_t> body;
     std::vector<uint8_t> table(kMaxTable);
@@ -623,7 +644,9 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   uint64_t incarnation = r.U64("incarnation");
   std::string node = r.Str("node_id", 256);
   std::string address = r.Str("address", 256);
-  Status st = r.Finish();
+  Status st = CheckProtocol(&r, request.peer + " (" + R(rank) + ")");
+  if (!st.ok()) return Fail(reply, st);
+  st = r.Finish();
   std::vector<uint64_t> local, memory;
   uint64_t voted_through = 0;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
@@ -1370,7 +1393,9 @@ void Cluster::HandleServe(const Request& request, Reply* reply) {
   WireReader r(request.body, "serve announcement from " + request.peer);
   std::string node = r.Str("node_id", 256);
   std::string address = r.Str("address", 256);
-  Status st = r.Finish();
+  Status st = CheckProtocol(&r, "ckptdb serve at " + request.peer);
+  if (!st.ok()) return Fail(reply, st);
+  st = r.Finish();
   std::vector<uint64_t> local, memory;
   uint64_t voted_through = 0;
   std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
@@ -1538,6 +1563,7 @@ void Cluster::ServeLoop() {
         WireWriter w;
         w.Str(options_.node_id);
         w.Str(transport_->address());
+        w.U32(g_protocol);
         auto holdings = Holdings();
         std::vector<uint8_t> reply;
         st = transport_->CallSync(coord, kServe, w.Take(), holdings.data(), holdings.size(),

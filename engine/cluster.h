@@ -349,6 +349,10 @@ class Cluster {
   std::map<std::string, Server> servers_;  // `ckptdb serve` daemons, by address
 };
 
+// Tests: the protocol version this process's ranks and daemons announce (kProtocolVersion
+// unless set).
+void SetProtocolVersionForTesting(uint32_t version);
+
 Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
                      std::vector<uint64_t>* local,
                      std::vector<std::pair<uint32_t, uint64_t>>* replicas,

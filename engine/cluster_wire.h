@@ -36,6 +36,10 @@ inline int64_t NowMs() {
       .count();
 }
 
+// The messages' field layout, checked when a rank registers and when `ckptdb serve` announces
+// itself: a job runs one build. 2: holdings list the versions in memory, decisions carry a cause.
+inline constexpr uint32_t kProtocolVersion = 2;
+
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();
   reply->message = st.message();

@@ -373,6 +373,27 @@ TEST_F(ClusterTest, ARankWithTheWrongTokenIsRefused) {
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
+// A rank of another build (another protocol version) is refused at registration with a clear
+// error naming both versions; the job never assembles with it.
+TEST_F(ClusterTest, ARankOfAnotherProtocolIsRefused) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    setenv("CKPTDB_JOIN_TIMEOUT_MS", "3000", 1);
+    if (rank == 3) engine::SetProtocolVersionForTesting(1);
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    if (rank == 3) {
+      RANK_CHECK(rc == CKPTDB_EINVAL, "open of another protocol returned %d", rc);
+      RANK_CHECK(std::strstr(ckptdb_last_error(), "speaks ckptdb protocol 1; this coordinator "
+                                                  "speaks 2") != nullptr,
+                 "the error does not name both protocols: %s", ckptdb_last_error());
+      return 0;
+    }
+    RANK_CHECK(rc != 0, "the job assembled with a rank of another protocol");
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
 // The state the rank's catalog records for `version` (-1: none).
 int StateOf(ckptdb* db, uint64_t version) {
   std::pair<uint64_t, int> arg{version, -1};
