@@ -1224,10 +1224,14 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
                               const std::vector<ReplicaDigest>& digests) {
   const std::string what = "v" + std::to_string(version) + ": comparing replica group " +
                            std::to_string(group) + " (ranks " + Members(members) + ")";
-  WireWriter body;
-  body.U64(version);
-  body.U32(group);
-  body.U32(options_.rank);
+  auto body = [&](bool poll) {
+    WireWriter w;
+    w.U64(version);
+    w.U32(group);
+    w.U32(options_.rank);
+    w.U8(poll ? 1 : 0);  // 1: only asking for the answer; the list was sent before
+    return w.Take();
+  };
   WireWriter list;
   list.U64(chunk_bytes);
   list.U32(static_cast<uint32_t>(members.size()));
@@ -1239,7 +1243,7 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
     list.U64(d.digest);
   }
   const std::vector<uint8_t> payload = list.Take();
-  const std::vector<uint8_t> request = body.Take();
+  bool sent = false;  // the coordinator has this member's list (until it says otherwise)
   const int64_t deadline = NowMs() + options_.call_timeout_ms;
   // Bounded by the deadline: the coordinator answers Busy until every member has sent its own.
   // Members reach their commits together (a training step's barrier), so the first asks again
@@ -1249,10 +1253,15 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
     transport::PeerId coord = 0;
     CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord).WithContext(what));
     std::vector<uint8_t> reply;
-    Status st = transport_->CallSync(coord, kReplicaCheck, request, payload.data(), payload.size(),
-                                     options_.call_timeout_ms, &reply);
+    Status st = transport_->CallSync(coord, kReplicaCheck, body(sent), sent ? nullptr : payload.data(),
+                                     sent ? 0 : payload.size(), options_.call_timeout_ms, &reply);
     DropIfGone(st, options_.coordinator);
+    if (sent && st.code() == CKPTDB_ENOTFOUND) {
+      sent = false;  // a restarted coordinator (or an evicted comparison): send the list again
+      continue;
+    }
     if (st.code() != CKPTDB_EBUSY) return st;
+    sent = true;
     if (NowMs() >= deadline || stop_) {
       return Status::TimedOut(what + ": " + st.message() + " after " +
                               std::to_string(options_.call_timeout_ms) + " ms");
@@ -1267,8 +1276,24 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   const uint64_t version = r.U64("version");
   const uint32_t group = r.U32("group");
   const uint32_t rank = r.U32("rank");
+  const bool poll = r.U8("poll") != 0;
   Status st = r.Finish();
   if (!st.ok()) return Fail(reply, st);
+  if (poll) {
+    // Only the answer: from the comparison this member's list went into.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = replica_checks_.find(std::make_pair(version, group));
+    const bool known = it != replica_checks_.end() &&
+                       std::find(it->second.members.begin(), it->second.members.end(), rank) !=
+                           it->second.members.end() &&
+                       (it->second.result || it->second.posted.count(rank));
+    if (!known) {
+      return Fail(reply, Status::NotFound("v" + std::to_string(version) + ": replica group " +
+                                          std::to_string(group) + ": no list of " + R(rank) +
+                                          " here; send it again"));
+    }
+    return AnswerReplicaCheckLocked(version, group, &it->second, reply);
+  }
   WireReader p(request.payload, "replica digests from " + R(rank));
   const uint64_t chunk_bytes = p.U64("chunk_bytes");
   const uint32_t n = p.U32("members");
@@ -1300,15 +1325,7 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::make_pair(version, group);
   auto it = replica_checks_.find(key);
-  if (aborted_.count(version) && (it == replica_checks_.end() || !it->second.result ||
-                                  it->second.result->ok())) {
-    // A member that learned of the abort first never reports: the others stop waiting for it.
-    // A comparison that failed keeps its answer (the abort's cause); one that passed does not
-    // send a member on to protect a version the job has given up.
-    auto cause = abort_causes_.find(version);
-    return Fail(reply, Status::State(what + ": the version was aborted" +
-                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
-  }
+  if (aborted_.count(version)) return AnswerReplicaCheckLocked(version, group, nullptr, reply);
   if (it == replica_checks_.end()) {
     // Bounded: decided comparisons go first, oldest first; an undecided one only past the cap
     // (one per group for many versions in flight).
@@ -1341,6 +1358,23 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
       c.posted[rank] = std::move(digests);
     }
   }
+  AnswerReplicaCheckLocked(version, group, &c, reply);
+}
+
+void Cluster::AnswerReplicaCheckLocked(uint64_t version, uint32_t group, ReplicaCheckState* check,
+                                       Reply* reply) {
+  const std::string what =
+      "v" + std::to_string(version) + ": replica group " + std::to_string(group) +
+      (check != nullptr ? " (ranks " + Members(check->members) + ")" : "");
+  if (aborted_.count(version) && (check == nullptr || !check->result || check->result->ok())) {
+    // A member that learned of the abort first never reports: the others stop waiting for it.
+    // A comparison that failed keeps its answer (the abort's cause); one that passed does not
+    // send a member on to protect a version the job has given up.
+    auto cause = abort_causes_.find(version);
+    return Fail(reply, Status::State(what + ": the version was aborted" +
+                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
+  }
+  ReplicaCheckState& c = *check;
   if (!c.result) {
     // A member declared dead will never report: the others are told now, not at their timeout.
     for (uint32_t m : c.members) {

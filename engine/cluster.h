@@ -279,6 +279,11 @@ class Cluster {
   void HandleDecisions(const transport::Request& request, transport::Reply* reply);
   void HandleRecoverable(const transport::Request& request, transport::Reply* reply);
   void HandleReplicaCheck(const transport::Request& request, transport::Reply* reply);
+  struct ReplicaCheckState;
+  // The answer to a member about a comparison (nullptr: none kept), with mu_ held: the abort's
+  // cause, a dead member, the comparison once every list is in, or Busy.
+  void AnswerReplicaCheckLocked(uint64_t version, uint32_t group, ReplicaCheckState* check,
+                                transport::Reply* reply);
   void HandleServe(const transport::Request& request, transport::Reply* reply);
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
   bool RebuildableLocked(uint32_t rank, uint64_t version) const;
