@@ -241,7 +241,7 @@ TEST_F(CliTest, VerifyIsCleanThenNamesAFlippedByte) {
 // verify of a coding group's roots, as a user runs it after `ckptdb demo --redundancy xor:3`
 // (four ranks on four simulated nodes, node 3 lost and rebuilt): the group's parity recomputed
 // and its spare counted; a flipped byte in a parity block is a problem (exit 1); one root says
-// that parity was not checked.
+// that parity was not checked, and inspect names the group.
 TEST_F(CliTest, VerifyOfACodingGroupsRootsChecksItsParity) {
   TempDir demo("/dev/shm");
   const std::string root = demo.Sub("job");
@@ -269,6 +269,15 @@ TEST_F(CliTest, VerifyOfACodingGroupsRootsChecksItsParity) {
   r = Cli("verify -q " + Quote(root + "/node0/rank0"));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("coding groups: parity not checked for"), std::string::npos) << r.output;
+  // inspect names the group a version's segment belongs to, in text and JSON.
+  r = Cli("inspect " + Quote(root + "/node0/rank0") + " --version 3");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("coding group 0 (xor:3), ranks 0 1 2 3"), std::string::npos) << r.output;
+  r = Cli("inspect " + Quote(root + "/node0/rank0") + " --version 3 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["versions"][0]["coding_group"]["code"], "xor:3") << r.output;
+  EXPECT_EQ(j["versions"][0]["coding_group"]["ranks"], (std::vector<int>{0, 1, 2, 3}));
 
   // A byte in the middle of the largest parity segment of v3: inside a block's payload (2 MiB a
   // rank, 4 MiB units: two stripes, each holder's block most of its file; a member that holds

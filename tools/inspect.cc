@@ -44,6 +44,11 @@ struct Detail {
   std::string chunk_source;  // and its file (a segment, or the ram tier's arena)
   std::string chunk_error;
   std::vector<std::vector<ChunkRecord>> chunks;  // per tensor, parallel to `tensors`
+  // The coding group (ec:K+M, xor:K) the version's segment belongs to, from its manifest.
+  bool coded = false;
+  uint32_t group = 0;
+  std::string code;
+  std::vector<uint32_t> group_ranks;
 };
 
 std::string Hex64(uint64_t value) {
@@ -61,6 +66,16 @@ Detail ReadDetail(ckptdb* db, const VersionRecord& v, bool want_chunks) {
     return d;
   }
   d.listed = true;
+  (void)ckptdb_verify_groups(
+      &db, 1, v.version, CKPTDB_GROUPS_LAYOUT_ONLY,
+      [](void* arg, const ckptdb_group_check* c) {
+        auto* detail = static_cast<Detail*>(arg);
+        detail->coded = true;
+        detail->group = c->group;
+        detail->code = c->code;
+        detail->group_ranks.assign(c->ranks, c->ranks + c->members);
+      },
+      &d);
   if (!want_chunks) return d;
   d.chunks.assign(d.tensors.size(), {});
   for (size_t i = 0; i < d.tensors.size(); i++) {
@@ -113,6 +128,9 @@ nlohmann::ordered_json VersionJson(const VersionRecord& v, const Detail* d) {
   if (d->chunked) {
     j["chunks_source"] = d->chunk_source;
     j["chunks_tier"] = d->chunk_tier;
+  }
+  if (d->coded) {
+    j["coding_group"] = {{"group", d->group}, {"code", d->code}, {"ranks", d->group_ranks}};
   }
   j["tensors"] = nlohmann::ordered_json::array();
   for (size_t i = 0; i < d->tensors.size(); i++) {
@@ -175,6 +193,13 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
   if (!d.listed) {
     std::printf("  tensors: cannot be listed: %s\n", d.list_error.c_str());
     return;
+  }
+  if (d.coded) {
+    std::string ranks;
+    for (uint32_t r : d.group_ranks) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+    std::printf("  coding group %u (%s), ranks %s: its parity is on the other members' nodes "
+                "(`ckptdb verify` of their roots checks it)\n",
+                d.group, d.code.c_str(), ranks.c_str());
   }
   size_t width = 4;
   for (const TensorRecord& t : d.tensors) width = std::max(width, t.name.size());
