@@ -90,7 +90,8 @@ struct Args {
   std::string shm = "/dev/shm/ckptdb-bench-cluster";
   std::string disk = "/var/tmp/ckptdb-bench-cluster";
   int timeout_s = 170;  // a rank process never outlives this (alarm)
-  std::string only;     // --mode coding: run the configs whose "<nodes>x<per node>:<redundancy>" has it
+  std::string
+      only;  // --mode coding: run the configs whose "<nodes>x<per node>:<redundancy>" has it
 };
 
 double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
@@ -1171,8 +1172,8 @@ void Coding(const Args& a) {
   if (!a.only.empty()) {
     std::vector<Config> chosen;
     for (const Config& c : configs) {
-      const std::string key = std::to_string(c.nodes) + "x" + std::to_string(c.per_node) + ":" +
-                              c.redundancy;
+      const std::string key =
+          std::to_string(c.nodes) + "x" + std::to_string(c.per_node) + ":" + c.redundancy;
       if (key.find(a.only) != std::string::npos) chosen.push_back(c);
     }
     configs = chosen;

@@ -286,15 +286,16 @@ int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_
 int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, unsigned flags,
                          ckptdb_group_fn fn, void* arg) {
   return Guard("ckptdb_verify_groups", [&] {
-    if (dbs == nullptr && count > 0) return Done(ckpt::Status::Invalid("verify_groups: dbs is NULL"));
+    if (dbs == nullptr && count > 0)
+      return Done(ckpt::Status::Invalid("verify_groups: dbs is NULL"));
     if ((flags & ~CKPTDB_GROUPS_LAYOUT_ONLY) != 0) {
       return Done(ckpt::Status::Invalid("verify_groups: unknown flags " + std::to_string(flags)));
     }
     std::vector<ckpt::engine::Db*> stores;
     for (size_t i = 0; i < count; ++i) {
       if (dbs[i] == nullptr) {
-        return Done(ckpt::Status::Invalid("verify_groups: handle " + std::to_string(i) +
-                                          " is NULL"));
+        return Done(
+            ckpt::Status::Invalid("verify_groups: handle " + std::to_string(i) + " is NULL"));
       }
       stores.push_back(dbs[i]->db.get());
     }

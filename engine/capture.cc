@@ -134,8 +134,9 @@ Status Db::ValidatePut(uint64_t version, const char* name, const void* data, siz
   if (flags & CKPTDB_PUT_REPLICATED) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!replica_group_) {
-      return Status::Invalid(what + ": CKPTDB_PUT_REPLICATED without a replica group "
-                                    "(ckptdb_declare_replicas)");
+      return Status::Invalid(what +
+                             ": CKPTDB_PUT_REPLICATED without a replica group "
+                             "(ckptdb_declare_replicas)");
     }
   }
   if (flags & CKPTDB_PUT_DEVICE) {

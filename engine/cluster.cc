@@ -126,12 +126,12 @@ std::atomic<uint32_t> g_protocol{kProtocolVersion};
 Status CheckProtocol(WireReader* r, const std::string& who) {
   const uint32_t protocol = r->U32("protocol");
   if (!r->ok() || protocol != kProtocolVersion) {
-    return Status::Invalid(who + " speaks ckptdb protocol " +
-                           (r->ok() ? std::to_string(protocol)
-                                    : "1 (or another older than " +
-                                          std::to_string(kProtocolVersion) + ")") +
-                           "; this coordinator speaks " + std::to_string(kProtocolVersion) +
-                           ": every rank and ckptdb serve of a job must run the same ckptdb build");
+    return Status::Invalid(
+        who + " speaks ckptdb protocol " +
+        (r->ok() ? std::to_string(protocol)
+                 : "1 (or another older than " + std::to_string(kProtocolVersion) + ")") +
+        "; this coordinator speaks " + std::to_string(kProtocolVersion) +
+        ": every rank and ckptdb serve of a job must run the same ckptdb build");
   }
   return Status::Ok();
 }
@@ -828,7 +828,8 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
     Status w = catalog_->PutMeta("coord/committed/" + format::Hex64(version).substr(2), "1", true);
     if (!w.ok()) {
       aborted_.insert(version);
-      to_announce_.push_back({version, false, "the coordinator could not record it: " + w.message()});
+      to_announce_.push_back(
+          {version, false, "the coordinator could not record it: " + w.message()});
       NoteAbortCauseLocked(version, to_announce_.back().why);
       votes_.erase(version);
       cv_.notify_all();
@@ -1079,7 +1080,8 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
         const int32_t m = static_cast<int32_t>(options_.code->m);
         mine = missing <= m ? m - missing : (own ? 0 : -1);
         how = "a rebuild from coding group " + std::to_string(g) + " (" + std::to_string(missing) +
-              " of " + std::to_string(groups[g].size()) + " members lack it in memory or its parity)";
+              " of " + std::to_string(groups[g].size()) +
+              " members lack it in memory or its parity)";
       }
     } else {
       std::set<std::string> nodes;
@@ -1253,8 +1255,9 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
     transport::PeerId coord = 0;
     CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord).WithContext(what));
     std::vector<uint8_t> reply;
-    Status st = transport_->CallSync(coord, kReplicaCheck, body(sent), sent ? nullptr : payload.data(),
-                                     sent ? 0 : payload.size(), options_.call_timeout_ms, &reply);
+    Status st =
+        transport_->CallSync(coord, kReplicaCheck, body(sent), sent ? nullptr : payload.data(),
+                             sent ? 0 : payload.size(), options_.call_timeout_ms, &reply);
     DropIfGone(st, options_.coordinator);
     if (sent && st.code() == CKPTDB_ENOTFOUND) {
       sent = false;  // a restarted coordinator (or an evicted comparison): send the list again
@@ -1341,9 +1344,9 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   ReplicaCheckState& c = it->second;
   // Every post is held against the group as first reported, decided or not.
   if (c.members != members) {
-    Status mismatch = Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " +
-                                      Members(members) + ", another member as ranks " +
-                                      Members(c.members));
+    Status mismatch =
+        Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " + Members(members) +
+                        ", another member as ranks " + Members(c.members));
     if (!c.result) c.result = mismatch;
     c.posted.clear();
     return Fail(reply, mismatch);
@@ -1363,9 +1366,9 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
 
 void Cluster::AnswerReplicaCheckLocked(uint64_t version, uint32_t group, ReplicaCheckState* check,
                                        Reply* reply) {
-  const std::string what =
-      "v" + std::to_string(version) + ": replica group " + std::to_string(group) +
-      (check != nullptr ? " (ranks " + Members(check->members) + ")" : "");
+  const std::string what = "v" + std::to_string(version) + ": replica group " +
+                           std::to_string(group) +
+                           (check != nullptr ? " (ranks " + Members(check->members) + ")" : "");
   if (aborted_.count(version) && (check == nullptr || !check->result || check->result->ok())) {
     // A member that learned of the abort first never reports: the others stop waiting for it.
     // A comparison that failed keeps its answer (the abort's cause); one that passed does not

@@ -221,9 +221,9 @@ class Cluster {
     bool dead = false;
     bool ready = false;  // recovered in this incarnation: its holdings are final
     int64_t last_seen_ms = 0;
-    std::vector<uint64_t> local_versions;                 // newest first
-    std::vector<uint64_t> memory_versions;                // in its ram tier, newest first
-    uint64_t memory_voted_through = 0;  // its newest vote sent when it listed them
+    std::vector<uint64_t> local_versions;   // newest first
+    std::vector<uint64_t> memory_versions;  // in its ram tier, newest first
+    uint64_t memory_voted_through = 0;      // its newest vote sent when it listed them
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
     std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
     std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
@@ -367,8 +367,6 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
 // Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8), "ec:K+M"
 // and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).
 Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optional<CodeSpec>* code);
-
-
 
 class Cluster::Rebuild {
  public:

@@ -12,18 +12,18 @@
 namespace ckpt::engine::cluster_wire {
 
 enum MessageType : uint16_t {
-  kRegister = 20,     // rank -> coordinator
-  kHeartbeat = 21,    // rank -> coordinator
-  kVote = 22,         // rank -> coordinator
-  kDecision = 23,     // coordinator -> rank
-  kLatest = 24,       // rank -> coordinator
-  kHolders = 25,      // rank -> coordinator
-  kDecisions = 26,    // rank -> coordinator
-  kReplica = 27,      // rank -> placement peer: a range of a segment image
-  kFetch = 28,        // rank -> replica holder: a range of a replica (or of the holder's segment)
-  kServe = 29,        // `ckptdb serve` -> coordinator: the replicas a node's daemon serves
-  kParity = 30,       // coding group member -> member: building and reading parity
-  kRecoverable = 31,  // rank -> coordinator: can every rank restore a version from memory
+  kRegister = 20,      // rank -> coordinator
+  kHeartbeat = 21,     // rank -> coordinator
+  kVote = 22,          // rank -> coordinator
+  kDecision = 23,      // coordinator -> rank
+  kLatest = 24,        // rank -> coordinator
+  kHolders = 25,       // rank -> coordinator
+  kDecisions = 26,     // rank -> coordinator
+  kReplica = 27,       // rank -> placement peer: a range of a segment image
+  kFetch = 28,         // rank -> replica holder: a range of a replica (or of the holder's segment)
+  kServe = 29,         // `ckptdb serve` -> coordinator: the replicas a node's daemon serves
+  kParity = 30,        // coding group member -> member: building and reading parity
+  kRecoverable = 31,   // rank -> coordinator: can every rank restore a version from memory
   kReplicaCheck = 32,  // rank -> coordinator: a replica group's digests of a version, compared
 };
 

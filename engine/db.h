@@ -217,7 +217,7 @@ class Db {
     std::vector<format::TensorEntry> tensors;
     std::set<std::string, std::less<>> names;
     std::set<std::string> replicated_names;  // put with CKPTDB_PUT_REPLICATED
-    std::string abort_why;  // the coordinator's cause, when it aborted this version
+    std::string abort_why;         // the coordinator's cause, when it aborted this version
     std::deque<ChunkSlot> chunks;  // a deque: workers hold references while puts append
     uint64_t data_bytes = 0;
     uint64_t uncaptured = 0;         // chunks kQueued, kCopying or kDirect: callers' bytes in use

@@ -32,7 +32,8 @@ void ForEachSubset(int n, int k, F fn) {
     while (i >= 0 && pick[static_cast<size_t>(i)] == n - k + i) --i;
     if (i < 0) return;
     ++pick[static_cast<size_t>(i)];
-    for (int j = i + 1; j < k; ++j) pick[static_cast<size_t>(j)] = pick[static_cast<size_t>(j - 1)] + 1;
+    for (int j = i + 1; j < k; ++j)
+      pick[static_cast<size_t>(j)] = pick[static_cast<size_t>(j - 1)] + 1;
   }
 }
 
@@ -112,7 +113,8 @@ Status FailureModel::RecoveryProbability(int failures, double* recovery, double*
     return Status::Invalid("failures " + Str(failures) + " is outside 0.." + Str(nodes_));
   }
   const double sets = Choose(nodes_, failures);
-  const double size = static_cast<double>(names_.size() + codes_.size() + wholes_.size() + implications_.size() + 1);
+  const double size = static_cast<double>(names_.size() + codes_.size() + wholes_.size() +
+                                          implications_.size() + 1);
   if (sets * size > kMaxExactSteps) {
     return Status::NotSupported("enumerating all " + Str(static_cast<int>(std::min(sets, 2e9))) +
                                 " sets of " + Str(failures) + " failed nodes of " + Str(nodes_) +
@@ -135,7 +137,8 @@ Status FailureModel::RecoveryProbability(int failures, double* recovery, double*
 Status FailureModel::SmallestLoss(const std::vector<int>& among, int* size, std::vector<int>* nodes,
                                   std::string* lost) const {
   const int n = static_cast<int>(among.size());
-  const double size_cost = static_cast<double>(names_.size() + codes_.size() + wholes_.size() + implications_.size() + 1);
+  const double size_cost = static_cast<double>(names_.size() + codes_.size() + wholes_.size() +
+                                               implications_.size() + 1);
   *size = 0;
   std::vector<bool> failed(static_cast<size_t>(nodes_));
   double spent = 0;
@@ -185,8 +188,7 @@ Status ParseReftScheme(const std::string& text, ReftScheme* out) {
 }
 
 Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& schemes,
-                      const Placement* replicas, const CodingPlacement* coding,
-                      FailureModel* out) {
+                      const Placement* replicas, const CodingPlacement* coding, FailureModel* out) {
   const int m = group_size;
   if (nodes < 1 || nodes > kMaxPlacementNodes) {
     return Status::Invalid("nodes " + Str(nodes) + " is outside 1.." + Str(kMaxPlacementNodes));
@@ -200,8 +202,9 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
   }
   for (const ReftScheme& s : schemes) {
     if (s.kind == ReftScheme::kAec && m < 3) {
-      return Status::Invalid("aec needs sharding groups of 3 or more (with 2, the parity of the "
-                             "one peer's slice is that slice: arc)");
+      return Status::Invalid(
+          "aec needs sharding groups of 3 or more (with 2, the parity of the "
+          "one peer's slice is that slice: arc)");
     }
     if (s.kind == ReftScheme::kArc && (s.shift < 1 || s.shift >= m)) {
       return Status::Invalid(s.Name() + ": the shift must be 1.." + Str(m - 1) +
@@ -232,7 +235,8 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
     for (int j = 0; j < m; ++j) save(slice[static_cast<size_t>(j)], j);
     for (const ReftScheme& s : schemes) {
       if (s.kind == ReftScheme::kArc) {
-        for (int j = 0; j < m; ++j) save(slice[static_cast<size_t>(j)], ((j - s.shift) % m + m) % m);
+        for (int j = 0; j < m; ++j)
+          save(slice[static_cast<size_t>(j)], ((j - s.shift) % m + m) % m);
       } else {
         for (int p = 0; p < m; ++p) {
           const int parity = model.AddItem("AEC parity on node " + Str(base + p) + " of " + sg);
@@ -240,7 +244,8 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
           std::vector<int> blocks;
           for (int i = 0; i < m; ++i) {
             if (i != p) {
-              blocks.push_back(sub[static_cast<size_t>(i)][static_cast<size_t>(((p - i - 1) % m + m) % m)]);
+              blocks.push_back(
+                  sub[static_cast<size_t>(i)][static_cast<size_t>(((p - i - 1) % m + m) % m)]);
             }
           }
           blocks.push_back(parity);
@@ -281,8 +286,8 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
       }
       model.AddCode(std::move(columns), coding->data_shards);
     }
-    per_node *= static_cast<double>(coding->data_shards + coding->parity_shards) /
-                coding->data_shards;
+    per_node *=
+        static_cast<double>(coding->data_shards + coding->parity_shards) / coding->data_shards;
   }
   model.memory_per_node = per_node;
   *out = std::move(model);
@@ -298,8 +303,7 @@ Status BuildCodingModel(int nodes, int ranks_per_node, int data_shards, int pari
     return Status::Invalid("ranks per node " + Str(ranks_per_node) + " is outside 1..1024");
   }
   CodeSpec code;
-  CKPTDB_RETURN_IF_ERROR(ParseCodeSpec(
-      "ec:" + Str(data_shards) + "+" + Str(parity_shards), &code));
+  CKPTDB_RETURN_IF_ERROR(ParseCodeSpec("ec:" + Str(data_shards) + "+" + Str(parity_shards), &code));
   std::vector<std::string> node_of_rank;
   for (int n = 0; n < nodes; ++n) {
     for (int r = 0; r < ranks_per_node; ++r) node_of_rank.push_back(Str(n));
@@ -314,9 +318,8 @@ Status BuildCodingModel(int nodes, int ranks_per_node, int data_shards, int pari
     std::vector<int> on;
     for (uint32_t rank : groups[g]) {
       const int node = static_cast<int>(rank) / ranks_per_node;
-      const int item = model.AddItem("rank " + Str(static_cast<int>(rank)) + " (node " +
-                                     Str(node) + ", coding group " + Str(static_cast<int>(g)) +
-                                     ")");
+      const int item = model.AddItem("rank " + Str(static_cast<int>(rank)) + " (node " + Str(node) +
+                                     ", coding group " + Str(static_cast<int>(g)) + ")");
       model.Hold(item, node);
       model.AddTarget(item);
       columns.push_back(item);

@@ -41,7 +41,7 @@ class FailureModel {
   void AddCode(std::vector<int> blocks, int k);  // any k of blocks give all of them
   void AddWhole(int whole, std::vector<int> parts);
   void AddImplication(int from, int to);  // knowing `from` gives `to` (not the other way)
-  void AddTarget(int item);  // the restart needs it
+  void AddTarget(int item);               // the restart needs it
 
   // With `failed` nodes lost: true when every target is known; otherwise *lost names one that
   // is not.
@@ -83,7 +83,7 @@ class FailureModel {
 // REFT's protections within a sharding group.
 struct ReftScheme {
   enum Kind { kArc, kAec } kind = kArc;
-  int shift = 1;     // ARC: slice j on node j - shift
+  int shift = 1;  // ARC: slice j on node j - shift
   std::string Name() const;
 };
 // "arc", "arc:2" (shift 2), "aec". Invalid names the text.
@@ -95,8 +95,7 @@ Status ParseReftScheme(const std::string& text, ReftScheme* out);
 // Invalid: group_size < 2 or not dividing N, a scheme that needs more members (AEC needs 3: with
 // 2 its parity is the peer's slice, ARC), an ARC shift outside 1..m-1, both replicas and coding.
 Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& schemes,
-                      const Placement* replicas, const CodingPlacement* coding,
-                      FailureModel* out);
+                      const Placement* replicas, const CodingPlacement* coding, FailureModel* out);
 
 // ec:K+M groups of ranks over N nodes with `ranks_per_node` ranks each, as Cluster forms them
 // (engine/cluster.h, ComputeCodingGroups: ranks dealt round the nodes, runs of K + M): each

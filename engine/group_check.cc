@@ -41,7 +41,7 @@ class ParityFile {
     what_ = "parity segment " + path;
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) return Status::FromErrno(errno, "open " + path);
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd_, &st) != 0) return Status::FromErrno(errno, "fstat " + path);
     return format::SegmentReader::Open(
         what_, static_cast<uint64_t>(st.st_size),
@@ -53,8 +53,8 @@ class ParityFile {
       ssize_t n = ::pread(fd_, dst + done, bytes - done, static_cast<off_t>(offset + done));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return Status::FromErrno(errno, "read " + what_);
-      if (n == 0) return Status::Corrupt(what_ + ": ends before offset " +
-                                         std::to_string(offset + done));
+      if (n == 0)
+        return Status::Corrupt(what_ + ": ends before offset " + std::to_string(offset + done));
       done += static_cast<size_t>(n);
     }
     return Status::Ok();
@@ -67,17 +67,16 @@ class ParityFile {
   std::unique_ptr<format::SegmentReader> reader_;
 };
 
-bool Overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& bad, uint64_t begin,
-              uint64_t end) {
+bool Overlaps(const std::vector<std::pair<uint64_t, uint64_t>>& bad, uint64_t begin, uint64_t end) {
   return std::any_of(bad.begin(), bad.end(),
                      [&](const auto& r) { return r.first < end && begin < r.second; });
 }
 
 // One member of a group as the check sees it.
 struct Member {
-  Db* store = nullptr;                        // nullptr: not given
-  const Db::CopiesOf* copies = nullptr;       // nullptr: its store has no copy of the version
-  std::unique_ptr<ParityFile> parity;         // readable parity segment, else nullptr
+  Db* store = nullptr;                   // nullptr: not given
+  const Db::CopiesOf* copies = nullptr;  // nullptr: its store has no copy of the version
+  std::unique_ptr<ParityFile> parity;    // readable parity segment, else nullptr
   std::string parity_state = "not given";
   std::map<std::string, uint32_t> bad_blocks;  // block names failing xxh3 (value unused)
   const Db::CopyCheck* ram() const {
@@ -229,19 +228,20 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version, bool lay
         const fb::Redundancy* r = file->reader().manifest().root().redundancy();
         const auto scheme = g.code.scheme == CodeScheme::kXor ? fb::RedundancyScheme::Xor
                                                               : fb::RedundancyScheme::ReedSolomon;
-        const bool same =
-            r != nullptr && r->parity() && r->scheme() == scheme && r->k() == g.code.k &&
-            r->m() == g.code.m && r->group() == group_number && r->stripe_bytes() == g.unit_bytes &&
-            r->position() == p && r->member_bytes() != nullptr && r->member_bytes()->size() == n &&
-            r->member_ranks() != nullptr &&
-            std::equal(g.members.begin(), g.members.end(), r->member_ranks()->begin(),
-                       r->member_ranks()->end());
+        const bool same = r != nullptr && r->parity() && r->scheme() == scheme &&
+                          r->k() == g.code.k && r->m() == g.code.m && r->group() == group_number &&
+                          r->stripe_bytes() == g.unit_bytes && r->position() == p &&
+                          r->member_bytes() != nullptr && r->member_bytes()->size() == n &&
+                          r->member_ranks() != nullptr &&
+                          std::equal(g.members.begin(), g.members.end(), r->member_ranks()->begin(),
+                                     r->member_ranks()->end());
         // A length no segment can have (it would lay out billions of stripes).
         if (same) {
           for (uint64_t bytes : *r->member_bytes()) {
             if (bytes > kMaxMemberBytes) {
-              st = Status::Corrupt("parity of " + R(g.members[p]) + " records a member's segment of " +
-                                   std::to_string(bytes) + " bytes");
+              st = Status::Corrupt("parity of " + R(g.members[p]) +
+                                   " records a member's segment of " + std::to_string(bytes) +
+                                   " bytes");
             }
           }
         }
@@ -266,7 +266,8 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version, bool lay
     }
     for (uint32_t h = 0; h < n; ++h) {
       if (members[h].parity == nullptr) continue;
-      const auto* recorded = members[h].parity->reader().manifest().root().redundancy()->member_bytes();
+      const auto* recorded =
+          members[h].parity->reader().manifest().root().redundancy()->member_bytes();
       for (uint32_t p = 0; p < n; ++p) {
         if (!known[p]) {
           check.member_bytes[p] = recorded->Get(p);
@@ -283,8 +284,8 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version, bool lay
     const bool all_known = std::all_of(known.begin(), known.end(), [](bool b) { return b; });
     std::unique_ptr<ErasureCode> code;
     if (Status st = ErasureCode::Make(g.code, &code); !st.ok()) {
-      check.problems.push_back(what + ": its layout is not a code this build makes: " +
-                               st.message());
+      check.problems.push_back(what +
+                               ": its layout is not a code this build makes: " + st.message());
       check.sources.assign(n, "lost");
       check.parity.assign(n, "unchecked");
       check.member_bytes.assign(n, 0);
@@ -313,7 +314,7 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version, bool lay
     }
     // Per stripe: recompute the parity where every data unit reads, and count what is there.
     std::vector<StripeBlocks> counts(check.stripes);
-    std::vector<bool> unit_missing;  // scratch
+    std::vector<bool> unit_missing;              // scratch
     std::vector<bool> rebuild_needed(n, false);  // a member's ram copy lacks some unit
     std::vector<std::vector<uint64_t>> missing_stripes(n);
     for (uint64_t s = 0; s < check.stripes; ++s) {
@@ -442,7 +443,8 @@ Status CheckCodingGroups(std::span<Db* const> stores, uint64_t version, bool lay
       }
     }
     if (!all_known) {
-      check.problems.push_back(what + ": some members' segment lengths are unknown (no copy and "
+      check.problems.push_back(what +
+                               ": some members' segment lengths are unknown (no copy and "
                                "no parity segment records them): the stripes cannot be laid out");
     }
     check.parity.resize(n);

@@ -769,7 +769,8 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
         if (!v->replicated_names.count(t.name)) continue;
         std::vector<uint8_t> hashes(size_t{8} * t.chunk_count);
         for (uint32_t c = 0; c < t.chunk_count; ++c) {
-          format::le::Put<uint64_t>(hashes.data(), size_t{8} * c, v->chunks[t.first_chunk + c].xxh3);
+          format::le::Put<uint64_t>(hashes.data(), size_t{8} * c,
+                                    v->chunks[t.first_chunk + c].xxh3);
         }
         digests.push_back({t.name, t.bytes, format::Xxh3(hashes.data(), hashes.size())});
       }
@@ -851,10 +852,10 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   if (v->phase == CommitPhase::kVoting) {
     if (v->decision == 0) return false;
     if (v->decision < 0) {
-      return fail(Status::State(
-          V(version) + " was aborted by the coordinator" +
-          (v->abort_why.empty() ? " (a rank failed, was fenced, or did not vote)"
-                                : ": " + v->abort_why)));
+      return fail(
+          Status::State(V(version) + " was aborted by the coordinator" +
+                        (v->abort_why.empty() ? " (a rank failed, was fenced, or did not vote)"
+                                              : ": " + v->abort_why)));
     }
     VersionRecord rec = versions_[version].record;
     rec.state = CKPTDB_STATE_PREPARED;

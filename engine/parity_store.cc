@@ -25,7 +25,6 @@ constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 40;
 constexpr size_t kMaxClaims = size_t{1} << 22;
 constexpr size_t kMaxStripeLocks = 64;
 
-
 uint64_t NowNs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())

@@ -110,8 +110,7 @@ TEST_F(ApiTest, ReplicaGroupsNeedAJob) {
       << ckptdb_last_error();
   EXPECT_EQ(ckptdb_declare_replicas(nullptr, 0, members, 2, nullptr), CKPTDB_EINVAL);
   auto data = RandomBytes(100, 1);
-  EXPECT_EQ(ckptdb_put_shard(db_, 1, "w", data.data(), data.size(), nullptr,
-                             CKPTDB_PUT_REPLICATED),
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "w", data.data(), data.size(), nullptr, CKPTDB_PUT_REPLICATED),
             CKPTDB_EINVAL);
   EXPECT_NE(std::string(ckptdb_last_error()).find("ckptdb_declare_replicas"), std::string::npos)
       << ckptdb_last_error();

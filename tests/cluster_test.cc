@@ -383,8 +383,9 @@ TEST_F(ClusterTest, ARankOfAnotherProtocolIsRefused) {
     int rc = OpenRank(job_, rank, "job-secret", &db);
     if (rank == 3) {
       RANK_CHECK(rc == CKPTDB_EINVAL, "open of another protocol returned %d", rc);
-      RANK_CHECK(std::strstr(ckptdb_last_error(), "speaks ckptdb protocol 1; this coordinator "
-                                                  "speaks 2") != nullptr,
+      RANK_CHECK(std::strstr(ckptdb_last_error(),
+                             "speaks ckptdb protocol 1; this coordinator "
+                             "speaks 2") != nullptr,
                  "the error does not name both protocols: %s", ckptdb_last_error());
       return 0;
     }
@@ -534,7 +535,8 @@ TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
     };
     auto commit = [&](uint64_t v) {
       int c = ckptdb_commit(db, v, CKPTDB_COMMIT_ASYNC);
-      if (c == 0) c = ckptdb_wait_commit(db, v, nullptr, 20000);  // well under the 30 s call timeout
+      if (c == 0)
+        c = ckptdb_wait_commit(db, v, nullptr, 20000);  // well under the 30 s call timeout
       return c;
     };
     // v1: identical within each group.
@@ -548,9 +550,10 @@ TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
     rc = commit(2);
     RANK_CHECK(rc != 0, "v2 committed with diverged replicas");
     if (rank < 2) {
-      RANK_CHECK(std::strstr(ckptdb_last_error(), "shard 'shared' differs: rank 0 has") != nullptr &&
-                     std::strstr(ckptdb_last_error(), "rank 1 ") != nullptr,
-                 "v2's error does not name the shard and ranks: %s", ckptdb_last_error());
+      RANK_CHECK(
+          std::strstr(ckptdb_last_error(), "shard 'shared' differs: rank 0 has") != nullptr &&
+              std::strstr(ckptdb_last_error(), "rank 1 ") != nullptr,
+          "v2's error does not name the shard and ranks: %s", ckptdb_last_error());
     }
     // v3: a replicated shard rank 1 does not put.
     if (Put(db, rank, 3) != 0) return 1;
@@ -560,10 +563,10 @@ TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
     rc = commit(3);
     RANK_CHECK(rc != 0, "v3 committed with a shard one replica lacks");
     if (rank < 2) {
-      RANK_CHECK(std::strstr(ckptdb_last_error(),
-                             "shard 'extra' was put as replicated by rank 0 and not by rank 1") !=
-                     nullptr,
-                 "v3's error: %s", ckptdb_last_error());
+      RANK_CHECK(
+          std::strstr(ckptdb_last_error(),
+                      "shard 'extra' was put as replicated by rank 0 and not by rank 1") != nullptr,
+          "v3's error: %s", ckptdb_last_error());
     }
     // v4: identical again.
     if (Put(db, rank, 4) != 0) return 1;
@@ -794,7 +797,9 @@ TEST_F(ClusterTest, VerifyAgreesWithAnOracleForEveryLossOfEveryFourNodeCode) {
       if (lost == 0) EXPECT_EQ(g.parity_checked, g.parity_blocks);
       for (uint32_t r = 0; r < kRanks; ++r) {
         const bool here = (given >> r) & 1;
-        EXPECT_EQ(g.sources.at(r), here ? "ram" : lost <= m ? "rebuild" : "lost")
+        EXPECT_EQ(g.sources.at(r), here        ? "ram"
+                                   : lost <= m ? "rebuild"
+                                               : "lost")
             << "given " << given << ", rank " << r;
         EXPECT_EQ(g.parity.at(r), here ? "ok" : "not given") << "given " << given;
       }
@@ -823,8 +828,8 @@ TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
 // A rebuild reads the survivors' ram only: once keep=1 dropped v2 from every member's ram (it is
 // on their node disks), losing node 1 leaves rank 1's v2 unrebuildable, and ckptdb_recoverable
 // says so (it used to count the survivors' disk copies and answer yes); rank 1's restore of v2
-// fails and leaves the buffer untouched, while v3 (in ram) is rebuilt. xor:3, so that every stripe needs
-// the other data members' units (with ec:2+2 two parity blocks would do).
+// fails and leaves the buffer untouched, while v3 (in ram) is rebuilt. xor:3, so that every stripe
+// needs the other data members' units (with ec:2+2 two parity blocks would do).
 TEST_F(ClusterTest, RecoverableCountsOnlySurvivorsThatHoldTheVersionInMemory) {
   job_.code = "xor:3";
   job_.ram_keep = 1;
@@ -839,8 +844,8 @@ TEST_F(ClusterTest, RecoverableCountsOnlySurvivorsThatHoldTheVersionInMemory) {
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
   for (uint32_t r = 0; r < kRanks; ++r) {
-    ASSERT_FALSE(std::filesystem::exists(job_.Node(r) + "/shm/ckptdb-parity-r" +
-                                         std::to_string(r) + "/g00000-v00000000000000000001.par"))
+    ASSERT_FALSE(std::filesystem::exists(job_.Node(r) + "/shm/ckptdb-parity-r" + std::to_string(r) +
+                                         "/g00000-v00000000000000000001.par"))
         << "v1's parity should have been dropped (retention keeps 2)";
   }
   job_.WipeNode(1);

@@ -98,8 +98,8 @@ TEST(CodingGroupsTest, EqualNodesAreAcceptedExactlyWhenTheyFit) {
           const bool fits = static_cast<uint32_t>(nodes) >= g && node_of.size() % g == 0;
           std::vector<std::vector<uint32_t>> groups;
           Status st = ComputeCodingGroups(node_of, code, &groups);
-          ASSERT_EQ(st.ok(), fits) << nodes << " nodes of " << per_node << ", " << code.Name()
-                                   << ": " << st.message();
+          ASSERT_EQ(st.ok(), fits)
+              << nodes << " nodes of " << per_node << ", " << code.Name() << ": " << st.message();
           if (fits) ExpectAPartitionOnDistinctNodes(node_of, code, groups);
         }
       }

@@ -126,10 +126,8 @@ TEST(FailureModelTest, MixedWithReplicasAcrossNodes) {
 
 TEST(FailureModelTest, BadLayoutsAreRefused) {
   FailureModel model(1);
-  EXPECT_EQ(BuildReftModel(6, 4, Schemes({"arc"}), nullptr, nullptr, &model).code(),
-            CKPTDB_EINVAL);
-  EXPECT_EQ(BuildReftModel(4, 2, Schemes({"aec"}), nullptr, nullptr, &model).code(),
-            CKPTDB_EINVAL);
+  EXPECT_EQ(BuildReftModel(6, 4, Schemes({"arc"}), nullptr, nullptr, &model).code(), CKPTDB_EINVAL);
+  EXPECT_EQ(BuildReftModel(4, 2, Schemes({"aec"}), nullptr, nullptr, &model).code(), CKPTDB_EINVAL);
   EXPECT_EQ(BuildReftModel(4, 4, Schemes({"arc:4"}), nullptr, nullptr, &model).code(),
             CKPTDB_EINVAL);
   ReftScheme s;

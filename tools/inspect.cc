@@ -197,9 +197,10 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
   if (d.coded) {
     std::string ranks;
     for (uint32_t r : d.group_ranks) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
-    std::printf("  coding group %u (%s), ranks %s: its parity is on the other members' nodes "
-                "(`ckptdb verify` of their roots checks it)\n",
-                d.group, d.code.c_str(), ranks.c_str());
+    std::printf(
+        "  coding group %u (%s), ranks %s: its parity is on the other members' nodes "
+        "(`ckptdb verify` of their roots checks it)\n",
+        d.group, d.code.c_str(), ranks.c_str());
   }
   size_t width = 4;
   for (const TensorRecord& t : d.tensors) width = std::max(width, t.name.size());

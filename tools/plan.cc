@@ -38,7 +38,7 @@ struct PlanArgs {
   bool json = false;
   bool replicas_given = false;
   int ranks_per_node = 1;
-  int dp = 0;                      // REFT sharding groups of this many nodes
+  int dp = 0;                     // REFT sharding groups of this many nodes
   std::vector<std::string> reft;  // their schemes, stacked
 };
 
@@ -247,9 +247,9 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
                engine::PlacementStrategyName(r.strategy) + ")";
       options += " --replicas " + std::to_string(args.replicas);
     }
-    if (Status st = engine::BuildReftModel(args.nodes, args.dp, schemes,
-                                           replicas ? &*replicas : nullptr,
-                                           coding ? &*coding : nullptr, &model);
+    if (Status st =
+            engine::BuildReftModel(args.nodes, args.dp, schemes, replicas ? &*replicas : nullptr,
+                                   coding ? &*coding : nullptr, &model);
         !st.ok()) {
       return Usage(options + ": " + st.message());
     }

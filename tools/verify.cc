@@ -139,8 +139,8 @@ void OnGroup(void* arg, const ckptdb_group_check* c) {
   ++*printed;
   std::printf("group %u of version %" PRIu64 " (%s, ranks %s): parity %" PRIu64 " of %" PRIu64
               " block(s) recomputed, %" PRIu64 " bad; ",
-              c->group, c->version, c->code, Ranks(c).c_str(), c->parity_checked,
-              c->parity_blocks, c->parity_bad);
+              c->group, c->version, c->code, Ranks(c).c_str(), c->parity_checked, c->parity_blocks,
+              c->parity_bad);
   if (c->from_memory) {
     std::printf("recoverable from memory, %d more node loss(es) to spare\n", c->spare_losses);
   } else if (c->recoverable) {
@@ -210,9 +210,10 @@ int RunVerify(const VerifyArgs& args) {
     if (ckptdb_verify_groups(handles.data(), handles.size(), version, CKPTDB_GROUPS_LAYOUT_ONLY,
                              NoteUnchecked, &u) == CKPTDB_OK &&
         u.versions > 0) {
-      std::printf("coding groups: parity not checked for %d coded version(s) (%s): give every "
-                  "member's root, `ckptdb verify ROOT...`\n",
-                  u.versions, u.first.c_str());
+      std::printf(
+          "coding groups: parity not checked for %d coded version(s) (%s): give every "
+          "member's root, `ckptdb verify ROOT...`\n",
+          u.versions, u.first.c_str());
     }
     return exit;
   }
