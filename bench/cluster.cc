@@ -840,6 +840,42 @@ int RestoreAll(ckptdb* db, const RankState& s, uint8_t* dst, uint64_t version, d
   return CKPTDB_OK;
 }
 
+// The job restarts (on a fresh port) after `lost` lost its directories; `lost` restores its whole
+// state of `versions` steps, the newest version every rank can restore, and checks it bit for
+// bit; the others serve. g_shared->value[1][0]: its seconds, [1][1]: its peer_fetch_bytes;
+// g_shared->text[1]: where the restore came from.
+bool RestartAndRestoreLostRank(const Args& a, Job& job, uint32_t lost, size_t bytes, int versions) {
+  job.port = FreePort();
+  return RunRanks(
+      job.ranks,
+      [&](uint32_t rank) {
+        RankState s;
+        uint8_t* dst = nullptr;
+        if (rank == lost) {
+          s = MakeRankState(lost, bytes);
+          for (int v = 1; v <= versions; ++v) Step(s, v);
+          dst = Allocate(s.bytes);
+        }
+        ckptdb* db = nullptr;
+        RANK_CHECK(OpenRank(job, rank, bytes, &db), "reopen");
+        uint64_t latest = 0;
+        RANK_CHECK(ckptdb_latest(db, &latest), "latest");
+        Barrier();
+        if (rank == lost) {
+          double t = 0;
+          RANK_CHECK(RestoreAll(db, s, dst, latest, &t), "restore of the lost rank");
+          ckptdb_stats_t st;
+          RANK_CHECK(ckptdb_stats(db, &st), "stats");
+          g_shared->value[1][0] = t;
+          g_shared->value[1][1] = static_cast<double>(st.peer_fetch_bytes);
+          std::snprintf(g_shared->text[1], sizeof g_shared->text[1], "%s", st.last_restore_tier);
+        }
+        RANK_CHECK(CloseRanks(db, rank, job.ranks), "close");
+        return 0;
+      },
+      a.timeout_s);
+}
+
 // One process with a disk-only handle on the store (as after a reboot): drops the page cache and
 // reads the segment raw, drops it again and restores every shard, or the same the other way round
 // (the virtual disk reads faster what it read a moment ago: the rounds alternate the order).
@@ -924,34 +960,7 @@ void Restore(const Args& a) {
     Perf p = PerfOne(tls, "ucp_am_bw", kPieceBytes, 64);
     if (p.ok) perf_gbs.push_back(p.gbs);
     fs::remove_all(job.Node(1));
-    job.port = FreePort();
-    ok = RunRanks(
-        2,
-        [&](uint32_t rank) {
-          RankState s;
-          uint8_t* dst = nullptr;
-          if (rank == 1) {
-            s = MakeRankState(1, bytes);
-            dst = Allocate(s.bytes);
-          }
-          ckptdb* db = nullptr;
-          RANK_CHECK(OpenRank(job, rank, bytes, &db), "reopen");
-          uint64_t latest = 0;
-          RANK_CHECK(ckptdb_latest(db, &latest), "latest");
-          Barrier();
-          if (rank == 1) {
-            double t = 0;
-            RANK_CHECK(RestoreAll(db, s, dst, latest, &t), "restore from a peer");
-            ckptdb_stats_t st;
-            RANK_CHECK(ckptdb_stats(db, &st), "stats");
-            g_shared->value[1][0] = t;
-            g_shared->value[1][1] = static_cast<double>(st.peer_fetch_bytes);
-            std::snprintf(g_shared->text[1], sizeof g_shared->text[1], "%s", st.last_restore_tier);
-          }
-          RANK_CHECK(CloseRanks(db, rank, 2), "close");
-          return 0;
-        },
-        a.timeout_s);
+    ok = RestartAndRestoreLostRank(a, job, 1, bytes, 0);
     if (!ok) break;
     peer_s.push_back(g_shared->value[1][0]);
     peer_source = g_shared->text[1];
@@ -1114,34 +1123,7 @@ CodingResult CodingJob(const Args& a, uint32_t ranks, uint32_t per_node,
   const double state = static_cast<double>(ranks) * bytes;
   res.overhead = (state + redundancy_bytes) / state;
   for (uint32_t r = lost; r < lost + per_node; ++r) fs::remove_all(job.Node(r));
-  job.port = FreePort();
-  res.ok = RunRanks(
-      ranks,
-      [&](uint32_t rank) {
-        RankState s;
-        uint8_t* dst = nullptr;
-        if (rank == lost) {
-          s = MakeRankState(lost, bytes);
-          for (int v = 1; v <= versions; ++v) Step(s, v);
-          dst = Allocate(s.bytes);
-        }
-        ckptdb* db = nullptr;
-        RANK_CHECK(OpenRank(job, rank, bytes, &db), "reopen");
-        uint64_t latest = 0;
-        RANK_CHECK(ckptdb_latest(db, &latest), "latest");
-        Barrier();
-        if (rank == lost) {
-          double t = 0;
-          RANK_CHECK(RestoreAll(db, s, dst, latest, &t), "restore of the lost rank");
-          ckptdb_stats_t st;
-          RANK_CHECK(ckptdb_stats(db, &st), "stats");
-          g_shared->value[1][0] = t;
-          std::snprintf(g_shared->text[1], sizeof g_shared->text[1], "%s", st.last_restore_tier);
-        }
-        RANK_CHECK(CloseRanks(db, rank, ranks), "close");
-        return 0;
-      },
-      a.timeout_s);
+  res.ok = RestartAndRestoreLostRank(a, job, lost, bytes, versions);
   fs::remove_all(job.dir);
   res.restore_s = g_shared->value[1][0];
   res.source = g_shared->text[1];

@@ -470,38 +470,32 @@ std::vector<uint8_t> Cluster::Holdings() const {
   return held.Take();
 }
 
-Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
-                     std::vector<uint64_t>* local,
-                     std::vector<std::pair<uint32_t, uint64_t>>* replicas,
-                     std::vector<std::pair<uint32_t, uint64_t>>* parity,
-                     std::vector<uint64_t>* memory, uint64_t* voted_through) {
+Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, HoldingsReport* out) {
   WireReader h(in, what);
   uint32_t n = h.U32("local versions");
   if (n > 256) return Status::Corrupt(what + ": " + std::to_string(n) + " local versions");
-  for (uint32_t i = 0; i < n && h.ok(); ++i) local->push_back(h.U64("version"));
+  for (uint32_t i = 0; i < n && h.ok(); ++i) out->local.push_back(h.U64("version"));
   uint32_t m = h.U32("replicas");
   if (m > 4096) return Status::Corrupt(what + ": " + std::to_string(m) + " replicas");
   for (uint32_t i = 0; i < m && h.ok(); ++i) {
     uint32_t owner = h.U32("owner");
     uint64_t v = h.U64("version");
-    replicas->emplace_back(owner, v);
+    out->replicas.emplace_back(owner, v);
   }
   uint32_t p = h.U32("parity");
   if (p > 4096) return Status::Corrupt(what + ": " + std::to_string(p) + " parity segments");
   for (uint32_t i = 0; i < p && h.ok(); ++i) {
     uint32_t group = h.U32("group");
     uint64_t v = h.U64("version");
-    if (parity != nullptr) parity->emplace_back(group, v);
+    out->parity.emplace_back(group, v);
   }
-  const uint64_t through = h.U64("voted through");
-  if (voted_through != nullptr) *voted_through = through;
+  out->voted_through = h.U64("voted through");
   uint32_t in_memory = h.U32("versions in memory");
   if (in_memory > 256) {
     return Status::Corrupt(what + ": " + std::to_string(in_memory) + " versions in memory");
   }
   for (uint32_t i = 0; i < in_memory && h.ok(); ++i) {
-    const uint64_t v = h.U64("version");
-    if (memory != nullptr) memory->push_back(v);
+    out->memory.push_back(h.U64("version"));
   }
   return h.Finish();
 }
@@ -647,13 +641,8 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   Status st = CheckProtocol(&r, request.peer + " (" + R(rank) + ")");
   if (!st.ok()) return Fail(reply, st);
   st = r.Finish();
-  std::vector<uint64_t> local, memory;
-  uint64_t voted_through = 0;
-  std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
-  if (st.ok()) {
-    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
-                       &memory, &voted_through);
-  }
+  HoldingsReport held;
+  if (st.ok()) st = ParseHoldings(request.payload, "holdings from " + request.peer, &held);
   if (st.ok() && (world != options_.world_size || rank >= world)) {
     st =
         Status::Invalid(request.peer + " registers as " + R(rank) + " of " + std::to_string(world) +
@@ -663,7 +652,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   if (!st.ok()) return Fail(reply, st);
   std::lock_guard<std::mutex> lock(mu_);
   if (!assembled_) {
-    st = LearnDecisionsLocked(rank, local);
+    st = LearnDecisionsLocked(rank, held.local);
     if (!st.ok()) return Fail(reply, st);
   }
   if (assembled_ && options_.code) {
@@ -694,11 +683,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
     m.node_id = node;
     m.address = address;
   }
-  m.local_versions = std::move(local);
-  m.memory_versions = std::move(memory);
-  m.memory_voted_through = voted_through;
-  m.replicas = std::move(replicas);
-  m.parity = std::move(parity);
+  m.Take(std::move(held));
   m.last_seen_ms = NowMs();
   complete_ = std::all_of(members_.begin(), members_.end(),
                           [](const Member& x) { return x.registered && !x.dead; });
@@ -740,13 +725,8 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
   (void)r.U64("epoch");
   bool ready = r.U8("ready") != 0;
   Status st = r.Finish();
-  std::vector<uint64_t> local, memory;
-  uint64_t voted_through = 0;
-  std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
-  if (st.ok()) {
-    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
-                       &memory, &voted_through);
-  }
+  HoldingsReport held;
+  if (st.ok()) st = ParseHoldings(request.payload, "holdings from " + request.peer, &held);
   if (st.ok() && rank >= options_.world_size)
     st = Status::Invalid("heartbeat from rank " + std::to_string(rank));
   if (!st.ok()) return Fail(reply, st);
@@ -758,11 +738,7 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
                                      "replaced; restart it"));
   }
   m.last_seen_ms = NowMs();
-  m.local_versions = std::move(local);
-  m.memory_versions = std::move(memory);
-  m.memory_voted_through = voted_through;
-  m.replicas = std::move(replicas);
-  m.parity = std::move(parity);
+  m.Take(std::move(held));
   if (ready && !m.ready) {
     m.ready = true;
     cv_.notify_all();
@@ -1433,25 +1409,20 @@ void Cluster::HandleServe(const Request& request, Reply* reply) {
   Status st = CheckProtocol(&r, "ckptdb serve at " + request.peer);
   if (!st.ok()) return Fail(reply, st);
   st = r.Finish();
-  std::vector<uint64_t> local, memory;
-  uint64_t voted_through = 0;
-  std::vector<std::pair<uint32_t, uint64_t>> replicas, parity;
-  if (st.ok()) {
-    st = ParseHoldings(request.payload, "holdings from " + request.peer, &local, &replicas, &parity,
-                       &memory, &voted_through);
-  }
+  HoldingsReport held;
+  if (st.ok()) st = ParseHoldings(request.payload, "holdings from " + request.peer, &held);
   if (st.ok() && (node.empty() || address.empty()))
     st = Status::Invalid(request.peer + ": a serve announcement without node_id or address");
   if (!st.ok()) return Fail(reply, st);
-  std::erase_if(replicas, [this](const auto& p) { return p.first >= options_.world_size; });
+  std::erase_if(held.replicas, [this](const auto& p) { return p.first >= options_.world_size; });
   std::lock_guard<std::mutex> lock(mu_);
   Server& s = servers_[address];
   if (s.node_id.empty()) {
     std::fprintf(stderr, "ckptdb[coordinator]: ckptdb serve on node %s (%s) holds %zu replicas\n",
-                 node.c_str(), address.c_str(), replicas.size());
+                 node.c_str(), address.c_str(), held.replicas.size());
   }
   s.node_id = node;
-  s.replicas = std::move(replicas);
+  s.replicas = std::move(held.replicas);
   s.last_seen_ms = NowMs();
   WireWriter w;
   w.U64(epoch_);

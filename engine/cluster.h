@@ -107,6 +107,16 @@ struct ClusterStats {
   uint64_t epoch = 0;
 };
 
+// What a rank (or a `ckptdb serve` daemon) reports holding, as Cluster::Holdings writes it and
+// ParseHoldings reads it.
+struct HoldingsReport {
+  std::vector<uint64_t> local;                          // committed, on its own tiers
+  std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version)
+  std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version)
+  uint64_t voted_through = 0;    // its newest vote sent when it listed `memory`
+  std::vector<uint64_t> memory;  // committed or voted for, in its ram tier
+};
+
 class Cluster {
  public:
   struct Hooks {
@@ -224,6 +234,13 @@ class Cluster {
     std::vector<uint64_t> local_versions;   // newest first
     std::vector<uint64_t> memory_versions;  // in its ram tier, newest first
     uint64_t memory_voted_through = 0;      // its newest vote sent when it listed them
+    void Take(HoldingsReport&& h) {
+      local_versions = std::move(h.local);
+      memory_versions = std::move(h.memory);
+      memory_voted_through = h.voted_through;
+      replicas = std::move(h.replicas);
+      parity = std::move(h.parity);
+    }
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
     std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
     std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
@@ -358,11 +375,7 @@ class Cluster {
 // unless set).
 void SetProtocolVersionForTesting(uint32_t version);
 
-Status ParseHoldings(std::span<const uint8_t> in, const std::string& what,
-                     std::vector<uint64_t>* local,
-                     std::vector<std::pair<uint32_t, uint64_t>>* replicas,
-                     std::vector<std::pair<uint32_t, uint64_t>>* parity,
-                     std::vector<uint64_t>* memory, uint64_t* voted_through);
+Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, HoldingsReport* out);
 
 // Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8), "ec:K+M"
 // and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).
