@@ -131,12 +131,22 @@ Status Db::ValidatePut(uint64_t version, const char* name, const void* data, siz
   if (flags & ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE | CKPTDB_PUT_REPLICATED)) {
     return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
   }
-  if (flags & CKPTDB_PUT_REPLICATED) {
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!replica_group_) {
+    if ((flags & CKPTDB_PUT_REPLICATED) && !replica_group_) {
       return Status::Invalid(what +
                              ": CKPTDB_PUT_REPLICATED without a replica group "
                              "(ckptdb_declare_replicas)");
+    }
+    if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->arc &&
+        cluster_->options().replicas <= 1 && !cluster_->options().code) {
+      // A member that loses its node restores from its group alone: nothing of it may exist
+      // only on its own node.
+      return Status::Invalid(what +
+                             ": a member of an \"arc\" replica group in a job without "
+                             "redundancy puts only replicated shards (CKPTDB_PUT_REPLICATED); "
+                             "this one would have no copy on another node (use redundancy "
+                             "replicate:M to keep private shards)");
     }
   }
   if (flags & CKPTDB_PUT_DEVICE) {
@@ -222,28 +232,72 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   }
   LiveVersion* v = nullptr;
   CKPTDB_RETURN_IF_ERROR(LiveVersionFor(version, &v).WithContext(what));
+  // REFT's ARC: a replicated shard of an "arc" replica group is cut into chunk-sized pieces and
+  // this member keeps only its own slice of them and the next member's; the rest is only hashed.
+  std::vector<std::pair<uint64_t, uint64_t>> held{{0, chunks_needed}};
+  uint32_t position = 0;
+  if ((flags & CKPTDB_PUT_REPLICATED) && replica_group_->arc && chunks_needed > 0) {
+    const std::vector<uint32_t>& members = replica_group_->members;
+    position = static_cast<uint32_t>(std::find(members.begin(), members.end(), identity_.rank) -
+                                     members.begin());
+    held = format::HeldPieces(chunks_needed, static_cast<uint32_t>(members.size()), position);
+  }
+  const bool dedup = held.size() != 1 || held[0] != std::make_pair(uint64_t{0}, chunks_needed);
   // The layout is fixed now, so chunks can be captured by any thread in any order: chunk k's
   // record lies at a known offset of the segment.
   t.first_chunk = static_cast<uint32_t>(v->chunks.size());
-  t.chunk_count = static_cast<uint32_t>(chunks_needed);
   const auto* src = static_cast<const uint8_t*>(data);
-  const uint32_t first = t.first_chunk;
   const bool copy_now = (flags & CKPTDB_PUT_COPY_NOW) != 0;
-  for (uint64_t off = 0; off < nbytes; off += chunk_bytes) {
+  std::vector<uint32_t> own_chunks;  // COPY_NOW: captured by this thread
+  std::vector<uint32_t> own_pieces;
+  std::vector<int64_t> sources;
+  uint64_t stored = 0;
+  size_t next_held = 0;
+  for (uint64_t piece = 0; piece < chunks_needed; ++piece) {
+    const uint64_t off = piece * chunk_bytes;
+    const uint64_t bytes = std::min<uint64_t>(chunk_bytes, nbytes - off);
+    while (next_held < held.size() && held[next_held].second <= piece) ++next_held;
+    const bool keep = next_held < held.size() && held[next_held].first <= piece;
+    if (!keep) {
+      v->hash_pieces.push_back({src + off, bytes, 0});
+      const auto index = static_cast<uint32_t>(v->hash_pieces.size() - 1);
+      sources.push_back(-1 - int64_t{index});
+      if (copy_now) {
+        own_pieces.push_back(index);
+      } else {
+        tasks_.push_back(Task{version, 0, index, nullptr});
+      }
+      continue;
+    }
     ChunkSlot c;
     c.record_offset = v->next_offset;
-    c.payload_bytes = std::min<uint64_t>(chunk_bytes, nbytes - off);
+    c.payload_bytes = bytes;
     c.src = src + off;
     v->next_offset += format::RecordBytes(c.payload_bytes);
     v->chunks.push_back(c);
+    stored += bytes;
+    const auto index = static_cast<uint32_t>(v->chunks.size() - 1);
+    sources.push_back(index);
     // COPY_NOW: the caller's thread captures its chunks itself, not waiting behind the queue.
-    if (!copy_now) {
-      tasks_.push_back(Task{version, static_cast<uint32_t>(v->chunks.size() - 1), nullptr});
+    if (copy_now) {
+      own_chunks.push_back(index);
+    } else {
+      tasks_.push_back(Task{version, index, kNoPiece, nullptr});
     }
   }
+  t.chunk_count = static_cast<uint32_t>(v->chunks.size() - t.first_chunk);
+  if (dedup) {
+    t.full_bytes = nbytes;
+    t.bytes = stored;
+    for (const auto& [first, end] : held) {
+      const uint64_t from = first * chunk_bytes;
+      t.slices.emplace_back(from, std::min<uint64_t>(end * chunk_bytes, nbytes) - from);
+    }
+    v->piece_sources[t.name] = std::move(sources);
+  }
   v->uncaptured += chunks_needed;
-  if (!v->ram) v->unwritten += chunks_needed;
-  v->data_bytes += nbytes;
+  if (!v->ram) v->unwritten += t.chunk_count;
+  v->data_bytes += t.bytes;
   v->names.insert(t.name);
   if (flags & CKPTDB_PUT_REPLICATED) v->replicated_names.insert(t.name);
   v->tensors.push_back(std::move(t));
@@ -254,9 +308,13 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   if (!v->opened) WakeManager();
   Status result;
   if (copy_now) {
-    const uint32_t end = first + static_cast<uint32_t>(chunks_needed);
     const uint64_t generation = v->generation;
-    for (uint32_t index = first; index < end; ++index) {
+    for (uint32_t index : own_pieces) {
+      auto live = live_.find(version);
+      CKPTDB_ASSERT(live != live_.end());  // its unhashed pieces keep it live
+      HashPiece(lock, &live->second, index);
+    }
+    for (uint32_t index : own_chunks) {
       auto live = live_.find(version);
       CKPTDB_ASSERT(live != live_.end());  // its uncaptured chunks keep it live
       CaptureChunk(lock, &live->second, index);
@@ -266,7 +324,7 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
     state_cv_.wait(lock, [&] {
       auto live = live_.find(version);
       if (live == live_.end() || live->second.generation != generation) return true;
-      for (uint32_t i = first; i < end; ++i) {
+      for (uint32_t i : own_chunks) {
         Home h = live->second.chunks[i].home;
         if (h == Home::kQueued || h == Home::kCopying || h == Home::kDirect) return false;
       }
@@ -465,7 +523,11 @@ void Db::WorkerLoop() {
     }
     auto it = live_.find(task.version);
     CKPTDB_ASSERT(it != live_.end());  // a version stays live while it has queued chunks
-    CaptureChunk(lock, &it->second, task.chunk);
+    if (task.piece != kNoPiece) {
+      HashPiece(lock, &it->second, task.piece);
+    } else {
+      CaptureChunk(lock, &it->second, task.chunk);
+    }
   }
 }
 
@@ -477,7 +539,7 @@ void Db::RunParallel(size_t count, std::function<void(size_t)> fn) {
   const size_t helpers = std::min<size_t>(workers_.size(), count - 1);
   if (helpers > 0) {
     std::lock_guard<std::mutex> g(mu_);
-    for (size_t i = 0; i < helpers; ++i) tasks_.push_front(Task{0, 0, job});
+    for (size_t i = 0; i < helpers; ++i) tasks_.push_front(Task{0, 0, kNoPiece, job});
     work_cv_.notify_all();
   }
   // The caller works too; helpers that start late find nothing left and return.
@@ -527,15 +589,31 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   FinishChunkLocked(v, &c);
 }
 
+void Db::HashPiece(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index) {
+  if (v->error.ok() && !v->abort_requested) {
+    const uint8_t* src = v->hash_pieces[index].src;
+    const uint64_t bytes = v->hash_pieces[index].bytes;
+    lock.unlock();
+    const uint64_t xxh3 = format::Xxh3(src, bytes);
+    lock.lock();
+    v->hash_pieces[index].xxh3 = xxh3;
+  }
+  CapturedOneLocked(v);
+}
+
 // Bookkeeping once a chunk no longer reads the caller's buffer (captured, dropped, or its direct
 // write done).
 void Db::FinishChunkLocked(LiveVersion* v, ChunkSlot* c) {
-  CKPTDB_ASSERT(v->uncaptured > 0);
-  v->uncaptured--;
   if (c->home == Home::kDropped) {
     FreeChunkRegionLocked(v, c);
     if (!v->ram) v->unwritten--;
   }
+  CapturedOneLocked(v);
+}
+
+void Db::CapturedOneLocked(LiveVersion* v) {
+  CKPTDB_ASSERT(v->uncaptured > 0);
+  v->uncaptured--;
   if (v->uncaptured == 0) {
     v->stats.capture_ns = MonoNs() - v->first_put_mono_ns;
     if (v->error.ok()) stats_.capture_ns += v->stats.capture_ns;
@@ -650,7 +728,10 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
 
 void Db::DropQueuedLocked(LiveVersion* v) {
   for (auto it = tasks_.begin(); it != tasks_.end();) {
-    if (!it->help && it->version == v->version) {
+    if (!it->help && it->version == v->version && it->piece != kNoPiece) {
+      it = tasks_.erase(it);
+      CapturedOneLocked(v);
+    } else if (!it->help && it->version == v->version) {
       ChunkSlot& c = v->chunks[it->chunk];
       c.home = Home::kDropped;
       it = tasks_.erase(it);

@@ -20,6 +20,7 @@
 #include "engine/cluster_wire.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
+#include "format/manifest.h"
 #include "format/segment_format.h"
 #include "format/segment_reader.h"
 #include "transport/wire.h"
@@ -410,6 +411,17 @@ Status Cluster::ComputePlacementLocked() {
                           PlacementStrategy::kMixed, &placement_);
 }
 
+Status Cluster::MemberAt(uint32_t rank, ReplicaHolder* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank >= table_.size() || table_[rank].address.empty()) {
+    return Status::NotFound(R(rank) + " is not in the job's membership table");
+  }
+  out->rank = rank;
+  out->node_id = table_[rank].node_id;
+  out->address = table_[rank].address;
+  return Status::Ok();
+}
+
 std::vector<uint32_t> Cluster::ReplicaTargets() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> nodes;
@@ -467,6 +479,14 @@ std::vector<uint8_t> Cluster::Holdings() const {
   held.U64(memory.voted_through);
   held.U32(static_cast<uint32_t>(memory.versions.size()));
   for (uint64_t v : memory.versions) held.U64(v);
+  if (memory.arc.size() > kMaxArcReports) memory.arc.resize(kMaxArcReports);
+  held.U32(static_cast<uint32_t>(memory.arc.size()));
+  for (const ArcReport& a : memory.arc) {
+    held.U64(a.version);
+    held.U32(a.group);
+    held.U32(static_cast<uint32_t>(a.members.size()));
+    for (uint32_t r : a.members) held.U32(r);
+  }
   return held.Take();
 }
 
@@ -496,6 +516,26 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, Holdi
   }
   for (uint32_t i = 0; i < in_memory && h.ok(); ++i) {
     out->memory.push_back(h.U64("version"));
+  }
+  const uint32_t arc = h.U32("arc versions");
+  if (arc > kMaxArcReports) {
+    return Status::Corrupt(what + ": " + std::to_string(arc) + " arc versions");
+  }
+  for (uint32_t i = 0; i < arc && h.ok(); ++i) {
+    ArcReport a;
+    a.version = h.U64("version");
+    a.group = h.U32("group");
+    const uint32_t n = h.U32("members");
+    if (n < 2 || n > format::kMaxReplicaMembers) {
+      return Status::Corrupt(what + ": an arc group of " + std::to_string(n) + " members");
+    }
+    for (uint32_t j = 0; j < n && h.ok(); ++j) a.members.push_back(h.U32("member"));
+    for (uint32_t j = 1; j < a.members.size(); ++j) {
+      if (a.members[j - 1] >= a.members[j]) {
+        return Status::Corrupt(what + ": an arc group's members are not ascending");
+      }
+    }
+    out->arc.push_back(std::move(a));
   }
   return h.Finish();
 }
@@ -955,6 +995,9 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
              Holds(s->second.replicas, rank, v);
       }
       if (!ok && options_.code) ok = RebuildableLocked(rank, v);
+      // A member of an "arc" group (no redundancy): every slice of its shards must have a
+      // keeper, its own copy or not.
+      if (std::optional<int32_t> arc = ArcSpareLocked(rank, v)) ok = *arc >= 0;
       all = ok;
     }
     if (all) {
@@ -1073,6 +1116,10 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
       mine = static_cast<int32_t>(nodes.size()) - 1;
       how = "replicas on " + std::to_string(own ? nodes.size() - 1 : nodes.size()) + " node(s)";
     }
+    if (std::optional<int32_t> arc = ArcSpareLocked(rank, version)) {
+      mine = *arc;
+      how = "its replica group's slices, each kept by two members";
+    }
     if (mine < 0) {
       ++info.ranks_lost;
       if (lost.size() < 200) lost += " " + std::to_string(rank);
@@ -1145,6 +1192,39 @@ bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
   return false;
 }
 
+std::optional<int32_t> Cluster::ArcSpareLocked(uint32_t rank, uint64_t version) const {
+  if (options_.replicas > 1 || options_.code) return std::nullopt;
+  const ArcReport* report = nullptr;
+  for (const Member& m : members_) {
+    if (!m.registered || m.dead) continue;
+    for (const ArcReport& a : m.arc) {
+      if (a.version == version && std::binary_search(a.members.begin(), a.members.end(), rank)) {
+        report = &a;
+        break;
+      }
+    }
+    if (report != nullptr) break;
+  }
+  if (report == nullptr) return std::nullopt;
+  // Slice s is kept by member s and, as its ARC copy, by member s - 1, each on its own node
+  // (declare_replicas refuses two on one), from any of its tiers.
+  const std::vector<uint32_t>& g = report->members;
+  const auto count = static_cast<uint32_t>(g.size());
+  auto keeps = [&](uint32_t q) {
+    if (g[q] >= members_.size()) return false;
+    const Member& m = members_[g[q]];
+    return m.registered && !m.dead &&
+           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                                version) != m.local_versions.end());
+  };
+  int32_t spare = INT32_MAX;
+  for (uint32_t s = 0; s < count; ++s) {
+    const int32_t keepers = (keeps(s) ? 1 : 0) + (keeps((s + count - 1) % count) ? 1 : 0);
+    spare = std::min(spare, keepers - 1);
+  }
+  return spare;
+}
+
 // Busy (the asker retries) while a restarted coordinator gives serving daemons two heartbeats to
 // announce themselves, or while a live rank has not yet recovered: no answer about where data
 // lives is computed from holdings that are about to change. Never blocks a service thread.
@@ -1182,7 +1262,6 @@ Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
 namespace {
 
 constexpr size_t kMaxReplicaChecks = 256;
-constexpr uint32_t kMaxReplicaMembers = 1024;
 constexpr uint32_t kMaxReplicaDigests = uint32_t{1} << 24;
 
 // "0 1 2 3", or "0 1 2 3 4 5 6 7 ... (1024 ranks)": error replies must fit a message body.
@@ -1198,7 +1277,7 @@ std::string Members(const std::vector<uint32_t>& members) {
 }  // namespace
 
 Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
-                              const std::vector<uint32_t>& members, uint64_t chunk_bytes,
+                              const std::vector<uint32_t>& members, bool arc, uint64_t chunk_bytes,
                               const std::vector<ReplicaDigest>& digests) {
   const std::string what = "v" + std::to_string(version) + ": comparing replica group " +
                            std::to_string(group) + " (ranks " + Members(members) + ")";
@@ -1212,6 +1291,7 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
   };
   WireWriter list;
   list.U64(chunk_bytes);
+  list.U8(arc ? 1 : 0);
   list.U32(static_cast<uint32_t>(members.size()));
   for (uint32_t r : members) list.U32(r);
   list.U32(static_cast<uint32_t>(digests.size()));
@@ -1275,8 +1355,9 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   }
   WireReader p(request.payload, "replica digests from " + R(rank));
   const uint64_t chunk_bytes = p.U64("chunk_bytes");
+  const bool arc = p.U8("protection") != 0;
   const uint32_t n = p.U32("members");
-  if (n < 2 || n > kMaxReplicaMembers) {
+  if (n < 2 || n > format::kMaxReplicaMembers) {
     return Fail(reply, Status::Invalid(R(rank) + ": a replica group of " + std::to_string(n)));
   }
   std::vector<uint32_t> members;
@@ -1314,8 +1395,9 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
       old = old->second.result ? replica_checks_.erase(old) : std::next(old);
     }
     while (replica_checks_.size() >= cap) replica_checks_.erase(replica_checks_.begin());
-    it = replica_checks_.emplace(key, ReplicaCheckState{members, chunk_bytes, {}, std::nullopt})
-             .first;
+    it =
+        replica_checks_.emplace(key, ReplicaCheckState{members, arc, chunk_bytes, {}, std::nullopt})
+            .first;
   }
   ReplicaCheckState& c = it->second;
   // Every post is held against the group as first reported, decided or not.
@@ -1328,7 +1410,12 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
     return Fail(reply, mismatch);
   }
   if (!c.result) {
-    if (c.chunk_bytes != chunk_bytes) {
+    if (c.arc != arc) {
+      c.result = Status::Corrupt(what + ": " + R(rank) + " declared protection '" +
+                                 (arc ? "arc" : "none") + "', another member '" +
+                                 (c.arc ? "arc" : "none") + "' (every member must declare one)");
+      c.posted.clear();
+    } else if (c.chunk_bytes != chunk_bytes) {
       c.result = Status::Corrupt(what + ": " + R(rank) + " cuts its shards in chunks of " +
                                  std::to_string(chunk_bytes) + " bytes, another member in " +
                                  std::to_string(c.chunk_bytes) + " (the digests need one size)");
@@ -1789,19 +1876,47 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
   uint64_t version = r.U64("version");
   uint64_t offset = r.U64("offset");
   uint64_t bytes = r.U64("bytes");
+  const bool any_tier = r.U8("any tier") != 0;
   Status st = r.Finish();
   if (st.ok() && bytes > kMaxFetchBytes) st = Status::Invalid("a fetch of more than 8 MiB");
   if (!st.ok()) return Fail(reply, st);
   if (owner == options_.rank && !options_.serve_only) {
     // This rank's own segment: a member of its coding group rebuilding a lost member reads its
-    // units. Copied out of the arena (its extents need not lie next to each other).
-    if (!hooks_.read_own || bytes == 0) {
-      return Fail(reply, Status::Invalid(R(options_.rank) + " serves ranges of its own segment, "
-                                                            "not its size"));
+    // units from memory; a member of its replica group gathering slices reads any tier. Copied
+    // out of the arena (its extents need not lie next to each other), or sent from a file's
+    // mapping.
+    if (!hooks_.read_own) {
+      return Fail(reply, Status::Invalid(R(options_.rank) + " serves no segment of its own"));
+    }
+    const std::string mine = R(options_.rank) + "'s own segment";
+    std::shared_ptr<MappedFile> map;
+    uint64_t size = 0;
+    st = hooks_.own_bytes(version, &size);
+    if (st.code() == CKPTDB_ENOTFOUND && any_tier) {
+      std::string path;
+      st = hooks_.own_file(version, &path);
+      if (st.ok()) st = MappedFile::OpenReadOnly(path, &map);
+      if (st.ok()) size = map->bytes();
+    }
+    if (st.ok() && (offset > size || bytes > size - offset)) {
+      st = Status::Invalid(V(version) + ": the range [" + std::to_string(offset) + ", +" +
+                           std::to_string(bytes) + ") is past its " + std::to_string(size) +
+                           " bytes");
+    }
+    if (!st.ok()) return Fail(reply, st.WithContext(mine));
+    if (bytes == 0) {  // its size (a member of its replica group opening it)
+      WireWriter w;
+      w.U64(size);
+      reply->body = w.Take();
+      return;
+    }
+    if (map != nullptr) {
+      map->Populate(offset, bytes);
+      return ServeMapped(std::move(map), offset, bytes, reply);
     }
     auto out = std::make_shared<std::vector<uint8_t>>(bytes);
     st = hooks_.read_own(version, offset, bytes, out->data());
-    if (!st.ok()) return Fail(reply, st.WithContext(R(options_.rank) + "'s own segment"));
+    if (!st.ok()) return Fail(reply, st.WithContext(mine));
     reply->payload = out->data();
     reply->payload_bytes = bytes;
     reply->keep = std::move(out);
@@ -1847,7 +1962,7 @@ void Cluster::ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint
 }
 
 Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
-                             uint64_t* bytes) {
+                             uint64_t* bytes, bool any_tier) {
   transport::PeerId peer = 0;
   CKPTDB_RETURN_IF_ERROR(PeerFor(holder.address, &peer));
   WireWriter w;
@@ -1855,6 +1970,7 @@ Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64
   w.U64(version);
   w.U64(0);
   w.U64(0);
+  w.U8(any_tier ? 1 : 0);
   std::vector<uint8_t> reply;
   Status st =
       transport_->CallSync(peer, kFetch, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
@@ -1866,15 +1982,16 @@ Status Cluster::ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64
 }
 
 Status Cluster::Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
-                      uint64_t offset, void* dst, uint64_t bytes) {
+                      uint64_t offset, void* dst, uint64_t bytes, bool any_tier) {
   std::vector<Status> results;
-  Status st =
-      FetchRanges(holder, owner, version, {{offset, static_cast<uint8_t*>(dst), bytes}}, &results);
+  Status st = FetchRanges(holder, owner, version, {{offset, static_cast<uint8_t*>(dst), bytes}},
+                          &results, any_tier);
   return st.ok() ? results[0] : st;
 }
 
 Status Cluster::FetchRanges(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
-                            const std::vector<FetchRange>& ranges, std::vector<Status>* results) {
+                            const std::vector<FetchRange>& ranges, std::vector<Status>* results,
+                            bool any_tier) {
   const std::string what =
       "fetching v" + std::to_string(version) + " of " + R(owner) + " from " +
       (holder.rank == kServeRank ? std::string("ckptdb serve") : R(holder.rank)) + " (node " +
@@ -1910,6 +2027,7 @@ Status Cluster::FetchRanges(const ReplicaHolder& holder, uint32_t owner, uint64_
       w.U64(version);
       w.U64(r.offset + off);
       w.U64(n);
+      w.U8(any_tier ? 1 : 0);
       std::unique_ptr<transport::Call> call;
       gone = transport_->Start(peer, kFetch, w.Take(), nullptr, 0, r.dst + off, n, &call);
       if (gone.ok()) {

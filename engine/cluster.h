@@ -107,6 +107,16 @@ struct ClusterStats {
   uint64_t epoch = 0;
 };
 
+// A version in a member's memory whose replicated shards an "arc" replica group deduplicated
+// (its manifest records the group): each member keeps its own slice and the next member's.
+struct ArcReport {
+  uint64_t version = 0;
+  uint32_t group = 0;
+  std::vector<uint32_t> members;  // ascending
+  bool operator==(const ArcReport&) const = default;
+};
+inline constexpr size_t kMaxArcReports = 16;  // the newest versions a member reports
+
 // What a rank (or a `ckptdb serve` daemon) reports holding, as Cluster::Holdings writes it and
 // ParseHoldings reads it.
 struct HoldingsReport {
@@ -115,6 +125,7 @@ struct HoldingsReport {
   std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version)
   uint64_t voted_through = 0;    // its newest vote sent when it listed `memory`
   std::vector<uint64_t> memory;  // committed or voted for, in its ram tier
+  std::vector<ArcReport> arc;    // of the versions in `memory`
 };
 
 class Cluster {
@@ -131,11 +142,17 @@ class Cluster {
     struct InMemory {
       std::vector<uint64_t> versions;
       uint64_t voted_through = 0;
+      std::vector<ArcReport> arc;  // those of `versions` an "arc" replica group deduplicated
     };
     std::function<InMemory()> memory_versions;
     // Bytes [offset, offset + bytes) of this rank's own segment of `version`, from its memory:
     // the other members of its coding group read its units to rebuild a lost member.
     std::function<Status(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out)> read_own;
+    // The size of this rank's own segment of `version` in its memory (read_own's bounds).
+    std::function<Status(uint64_t version, uint64_t* bytes)> own_bytes;
+    // A durable file copy of this rank's own segment of `version` on one of its directory tiers
+    // (served when it is not in memory and the asker takes any tier).
+    std::function<Status(uint64_t version, std::string* path)> own_file;
   };
 
   // Joins the job: starts the transport (and the coordinator on rank 0), registers and waits
@@ -165,7 +182,7 @@ class Cluster {
     bool operator==(const ReplicaDigest&) const = default;
   };
   Status CheckReplicas(uint64_t version, uint32_t group, const std::vector<uint32_t>& members,
-                       uint64_t chunk_bytes, const std::vector<ReplicaDigest>& digests);
+                       bool arc, uint64_t chunk_bytes, const std::vector<ReplicaDigest>& digests);
   // Pushes a version's segment image to this rank's placement peers and waits for each to
   // acknowledge a verified copy. Ok at once when replicas = 1.
   Status Replicate(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
@@ -194,8 +211,10 @@ class Cluster {
   // Ranks holding a verified replica of `owner`'s segment of `version`.
   Status Holders(uint32_t owner, uint64_t version, std::vector<ReplicaHolder>* out);
   // Reads [offset, offset + bytes) of owner's replica of `version` from `holder` into dst.
+  // owner == holder.rank reads the holder's own segment: from its memory, or with any_tier from
+  // whichever of its tiers holds it (a replica group's member gathering slices).
   Status Fetch(const ReplicaHolder& holder, uint32_t owner, uint64_t version, uint64_t offset,
-               void* dst, uint64_t bytes);
+               void* dst, uint64_t bytes, bool any_tier = false);
 
   // Several ranges of owner's replica of `version` on `holder`, kept in flight together (a
   // restore's missing chunks): (*results)[i] says how range i went. The returned status is the
@@ -206,11 +225,12 @@ class Cluster {
     uint64_t bytes = 0;
   };
   Status FetchRanges(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
-                     const std::vector<FetchRange>& ranges, std::vector<Status>* results);
+                     const std::vector<FetchRange>& ranges, std::vector<Status>* results,
+                     bool any_tier = false);
 
   // The size of owner's replica of `version` on `holder`.
   Status ReplicaBytes(const ReplicaHolder& holder, uint32_t owner, uint64_t version,
-                      uint64_t* bytes);
+                      uint64_t* bytes, bool any_tier = false);
   // The rank has recovered (its holdings are final for this incarnation): tells the
   // coordinator at once. Latest and Holders wait for every live rank's Ready, so that no answer
   // is computed from what a rank held before it recovered.
@@ -220,6 +240,9 @@ class Cluster {
   // The placement over this job's nodes (valid after Start).
   const Placement& placement() const { return placement_; }
   std::vector<uint32_t> ReplicaTargets() const;  // the ranks this rank's segment goes to
+  // Rank `rank`'s node and address, from the membership table (to read its own segment with
+  // ReplicaBytes and FetchRanges, owner == rank: a replica group's member gathering slices).
+  Status MemberAt(uint32_t rank, ReplicaHolder* out) const;
   // serve_only: the replicas this daemon holds now, (owner rank, version).
   std::vector<std::pair<uint32_t, uint64_t>> HeldReplicas() const;
 
@@ -240,7 +263,9 @@ class Cluster {
       memory_voted_through = h.voted_through;
       replicas = std::move(h.replicas);
       parity = std::move(h.parity);
+      arc = std::move(h.arc);
     }
+    std::vector<ArcReport> arc;  // its "arc" replica groups' versions in memory
     std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
     std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
     std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
@@ -304,6 +329,11 @@ class Cluster {
   void HandleServe(const transport::Request& request, transport::Reply* reply);
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
   bool RebuildableLocked(uint32_t rank, uint64_t version) const;
+  // A job without redundancy: when a live member reports `version` deduplicated by an "arc"
+  // replica group holding `rank`, the node losses its slices survive still (each slice is kept
+  // by its owner and the member before it, in memory), -1 when a slice has no live keeper;
+  // nullopt when no member reports such a group (the rank's own copy decides).
+  std::optional<int32_t> ArcSpareLocked(uint32_t rank, uint64_t version) const;
   Status CastVote(uint64_t version, bool yes, const std::string& why);
   Status AskCoordinator(uint16_t type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
   Status BumpEpochLocked(const std::string& why);
@@ -351,6 +381,7 @@ class Cluster {
   // past kMaxReplicaChecks.
   struct ReplicaCheckState {
     std::vector<uint32_t> members;
+    bool arc = false;  // the protection every member must have declared
     uint64_t chunk_bytes = 0;
     std::map<uint32_t, std::vector<ReplicaDigest>> posted;  // by rank
     std::optional<Status> result;

@@ -38,7 +38,8 @@ inline int64_t NowMs() {
 
 // The messages' field layout, checked when a rank registers and when `ckptdb serve` announces
 // itself: a job runs one build. 2: holdings list the versions in memory, decisions carry a cause.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: holdings list "arc" replica groups' versions, replica checks compare the protection.
+inline constexpr uint32_t kProtocolVersion = 3;
 
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();

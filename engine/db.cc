@@ -276,7 +276,10 @@ Status Db::OpenImpl() {
     CKPTDB_RETURN_IF_ERROR(AdoptSegments());
   }
   CKPTDB_RETURN_IF_ERROR(Recover());
-  if (cluster_ != nullptr) cluster_->Ready();
+  if (cluster_ != nullptr) {
+    LearnArcVersions();
+    cluster_->Ready();
+  }
   // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
   // copy is refused there).
   std::string canonical;

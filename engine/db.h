@@ -219,6 +219,16 @@ class Db {
     std::set<std::string> replicated_names;  // put with CKPTDB_PUT_REPLICATED
     std::string abort_why;         // the coordinator's cause, when it aborted this version
     std::deque<ChunkSlot> chunks;  // a deque: workers hold references while puts append
+    // REFT's ARC: the pieces of deduplicated shards that other members save, only hashed (so
+    // the commit compares whole replicas and a restore checks what peers send).
+    struct HashPiece {
+      const uint8_t* src = nullptr;
+      uint64_t bytes = 0;
+      uint64_t xxh3 = 0;
+    };
+    std::deque<HashPiece> hash_pieces;
+    // Each deduplicated shard's pieces, by name: >= 0 chunk index, < 0 hash piece -1 - index.
+    std::map<std::string, std::vector<int64_t>> piece_sources;
     uint64_t data_bytes = 0;
     uint64_t uncaptured = 0;         // chunks kQueued, kCopying or kDirect: callers' bytes in use
     uint64_t unwritten = 0;          // directory capture: chunks not yet kDone
@@ -279,10 +289,28 @@ class Db {
     std::vector<std::pair<std::string, uint64_t>> served;  // bytes by source, in order tried
     std::string errors;
     uint64_t chunk_failures = 0;
+    // A deduplicated replicated shard (REFT's ARC): the segment's chunks are the pieces its
+    // member keeps; the others are gathered from the replica group's members (GatherSlices).
+    struct Dedup {
+      uint64_t full_bytes = 0;
+      uint64_t piece_bytes = 0;
+      std::vector<uint64_t> piece_xxh3;  // every piece's, from this rank's manifest
+      std::vector<uint32_t> members;
+      uint32_t position = 0;
+      std::vector<bool> have;  // by piece: in the caller's buffer and verified
+    };
+    std::optional<Dedup> dedup;
     void Note(const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
     void Served(const std::string& source, uint64_t bytes) {
       if (bytes > 0) served.emplace_back(source, bytes);
     }
+  };
+  // A member of this rank's replica group whose own segment (or a replica of it) a restore
+  // gathers slices from, its manifest read once per version restored.
+  struct ArcMember {
+    ReplicaHolder holder;  // the member itself, or a holder of its replica
+    std::unique_ptr<format::SegmentReader> reader;
+    bool failed = false;
   };
   // A peer's replica of this rank's segment, its manifest read once per version restored.
   struct PeerReplica {
@@ -353,9 +381,11 @@ class Db {
     std::atomic<size_t> next{0};
     std::atomic<size_t> done{0};
   };
+  static constexpr uint32_t kNoPiece = UINT32_MAX;
   struct Task {
     uint64_t version = 0;  // a capture task: chunk `chunk` of `version`
     uint32_t chunk = 0;
+    uint32_t piece = kNoPiece;          // or hash piece `piece` of `version` (hash_pieces)
     std::shared_ptr<ParallelJob> help;  // or help with a caller's parallel job
   };
 
@@ -377,6 +407,10 @@ class Db {
   void DropQueuedLocked(LiveVersion* v);
   void SkipLocked(LiveVersion* v, const std::string& why);
   void FinishChunkLocked(LiveVersion* v, ChunkSlot* c);
+  // Hashes piece `index` of v's hash_pieces (ARC) from the caller's buffer; lock held, dropped.
+  void HashPiece(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index);
+  // One more task no longer reads the caller's buffer (uncaptured drops by one).
+  void CapturedOneLocked(LiveVersion* v);
   Status ValidatePut(uint64_t version, const char* name, const void* data, size_t nbytes,
                      const ckptdb_tensor_info* info, unsigned flags, format::TensorEntry* t);
   Status LiveVersionFor(uint64_t version, LiveVersion** out);
@@ -409,6 +443,9 @@ class Db {
   // A rank whose catalog was lost (a replacement node) finds its committed segments on tiers
   // that outlived the node (a shared file system) and records them (DESIGN.md section 7).
   Status AdoptSegments();
+  // After recovery: which of the newest committed versions this rank holds recorded an "arc"
+  // replica group in their manifests (arc_versions_), for its holdings.
+  void LearnArcVersions();
   Status OnDecision(uint64_t version, bool committed, const std::string& why);
   void ClusterWorkerLoop();
   void PostClusterJob(std::function<void()> job);
@@ -421,6 +458,19 @@ class Db {
   // decoded; distributed.cc).
   Status RestoreFromRebuild(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
                             RestorePlan* plan);
+  // The restore planner's last step for a deduplicated shard (REFT's ARC, distributed.cc): the
+  // pieces this rank does not keep, from each slice's owner and then from the member keeping its
+  // ARC copy, each checked against this rank's own xxh3 of it. What none supplies stays !have.
+  void GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan);
+  // Opens member `owner`'s segment of `version` (its framing and manifest, fetched) on `holder`:
+  // the member itself (any of its tiers), or a holder of its replica.
+  Status OpenArcMember(uint64_t version, uint32_t owner, const ReplicaHolder& holder,
+                       const std::vector<uint32_t>& members, uint64_t piece_bytes,
+                       const std::string& what, ArcMember** out);
+  // A rank with no copy of its own segment, in an "arc" group of a job without redundancy: lays
+  // `name` out from a member's manifest (every shard of it was replicated), nothing kept here.
+  Status LayOutFromGroup(uint64_t version, const std::string& name, size_t nbytes,
+                         RestorePlan* plan);
   // Bytes of this rank's own segment of `version` from its ram tier (a member rebuilding a lost
   // one reads them).
   Status ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out);
@@ -459,8 +509,9 @@ class Db {
   Status OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
                        const VersionRecord& record, RamImage image, OpenSegment* out,
                        io::IoQueue* queue);
-  Status ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uint64_t first_chunk,
-                    uint8_t* dst, std::vector<uint32_t>* failed, uint64_t* bytes_read);
+  Status ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks,
+                    const std::vector<uint64_t>& dst_offset, uint8_t* dst,
+                    std::vector<uint32_t>* failed, uint64_t* bytes_read);
   // Lays the plan out from a source's manifest, or checks that the source lays `name` out the
   // same way. NotFound / Size when the first source has no such tensor or another size (the
   // caller's error); Corrupt when a later source disagrees (that source is skipped).
@@ -570,16 +621,26 @@ class Db {
   // shards at every commit.
   struct ReplicaGroup {
     uint32_t group = 0;
-    std::vector<uint32_t> members;
+    std::vector<uint32_t> members;  // ascending
+    bool arc = false;  // protection "arc": replicated shards are deduplicated (REFT's ARC)
   };
   std::optional<ReplicaGroup> replica_group_;
+  // Versions whose manifest records an "arc" replica group (mu_): written at commit, read back
+  // at open; holdings report them so the coordinator counts a member's slices.
+  struct ArcVersion {
+    uint32_t group = 0;
+    std::vector<uint32_t> members;
+  };
+  std::map<uint64_t, ArcVersion> arc_versions_;
   std::vector<std::thread> workers_;
 
   // Readers (read_mu_).
   std::mutex read_mu_;
   std::unique_ptr<io::IoQueue> read_queue_;
   std::map<std::pair<uint64_t, size_t>, OpenSegment> segments_;  // (version, tier) readers
-  std::string last_problem_;            // the first chunk failure of the current restore
+  std::string last_problem_;  // the first chunk failure of the current restore
+  uint64_t arc_version_ = 0;  // the version arc_members_ are of (0: none)
+  std::map<std::pair<uint32_t, std::string>, ArcMember> arc_members_;  // (owner, holder address)
   uint64_t peer_replicas_version_ = 0;  // the version peer_replicas_ are of (0: none)
   std::vector<PeerReplica> peer_replicas_;
   // The rebuild of one version (a restore of a model is a call per tensor): its units decoded

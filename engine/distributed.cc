@@ -16,6 +16,11 @@
 #include "io/tier_spec.h"
 
 namespace ckpt::engine {
+namespace {
+
+std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
+
+}  // namespace
 
 Status Db::StartCluster() {
   ClusterOptions co;
@@ -90,10 +95,48 @@ Status Db::StartCluster() {
       out.versions.push_back(v);
     }
     out.voted_through = newest_vote_sent_;
+    // The versions it holds (in memory, or committed on a tier) that an "arc" replica group
+    // deduplicated, newest first; the others are forgotten.
+    for (auto it = arc_versions_.begin(); it != arc_versions_.end();) {
+      auto entry = versions_.find(it->first);
+      const bool held =
+          in_ram.count(it->first) || live_.count(it->first) ||
+          (entry != versions_.end() && entry->second.record.state == CKPTDB_STATE_COMMITTED);
+      it = held ? std::next(it) : arc_versions_.erase(it);
+    }
+    for (auto it = arc_versions_.rbegin();
+         it != arc_versions_.rend() && out.arc.size() < kMaxArcReports; ++it) {
+      if (live_.count(it->first) && !in_ram.count(it->first)) continue;  // not voted for yet
+      out.arc.push_back({it->first, it->second.group, it->second.members});
+    }
     return out;
   };
   hooks.read_own = [this](uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out) {
     return ReadOwnSegment(version, offset, bytes, out);
+  };
+  hooks.own_file = [this](uint64_t version, std::string* path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = versions_.find(version);
+    if (it != versions_.end() && it->second.record.state == CKPTDB_STATE_COMMITTED) {
+      for (size_t ti = 1; ti < tiers_.size(); ++ti) {
+        for (const ResidencyRecord& r : it->second.residency) {
+          if (r.tier == tiers_[ti].name() && r.state == CKPTDB_RESIDENT_DURABLE) {
+            *path = r.path;
+            return Status::Ok();
+          }
+        }
+      }
+    }
+    return Status::NotFound(V(version) + " is committed on none of this rank's directory tiers");
+  };
+  hooks.own_bytes = [this](uint64_t version, uint64_t* bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ram_images_.find(version);
+    if (tiers_.empty() || !tiers_[0].is_ram() || it == ram_images_.end()) {
+      return Status::NotFound(V(version) + " is not in this rank's ram tier");
+    }
+    *bytes = it->second.file_bytes;
+    return Status::Ok();
   };
   CKPTDB_RETURN_IF_ERROR(Cluster::Start(co, std::move(hooks), catalog_.get(), &cluster_));
   cluster_worker_ = std::thread([this] { ClusterWorkerLoop(); });
@@ -278,12 +321,13 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
                            const char* protection) {
   const std::string what = "declare_replicas group " + std::to_string(group);
   const std::string scheme = protection == nullptr ? "none" : protection;
-  if (scheme == "arc" || scheme == "aec") {
-    return Status::NotSupported(what + ": protection '" + scheme +
-                                "' (each member saving 1/count of the replicas) is not in this "
-                                "build; \"none\" compares the replicas at every commit");
+  if (scheme == "aec") {
+    return Status::NotSupported(what +
+                                ": protection 'aec' (each member keeping parity of the others' "
+                                "slices) is not in this build; \"arc\" keeps a copy of the next "
+                                "member's slice");
   }
-  if (scheme != "none") {
+  if (scheme != "none" && scheme != "arc") {
     return Status::Invalid(what + ": protection '" + scheme + "' is not none, arc or aec");
   }
   if (options_.read_only) return Status::State(what + ": the store is open read-only");
@@ -307,14 +351,51 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
     return Status::Invalid(what + ": this rank (" + std::to_string(options_.rank) +
                            ") is not among its members");
   }
+  const bool arc = scheme == "arc";
+  const bool job_redundancy = cluster_->options().replicas > 1 || cluster_->options().code;
+  if (arc && cluster_->options().code) {
+    return Status::NotSupported(what +
+                                ": protection 'arc' with a coding group (ec:K+M, xor:K): a "
+                                "member's slices are read from its tiers or its replicas, not "
+                                "rebuilt; use redundancy none or replicate:M");
+  }
+  if (arc) {
+    // ARC's copy of a member's slice is kept by the member before it: on another node, or the
+    // loss of that node would take both.
+    std::map<std::string, uint32_t> on_node;
+    for (uint32_t rank : list) {
+      ReplicaHolder m;
+      CKPTDB_RETURN_IF_ERROR(cluster_->MemberAt(rank, &m).WithContext(what));
+      auto [it, fresh] = on_node.emplace(m.node_id, rank);
+      if (!fresh) {
+        return Status::Invalid(what + ": protection 'arc' needs its members on distinct nodes; " +
+                               R(it->second) + " and " + R(rank) + " are both on node " +
+                               m.node_id);
+      }
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   if (replica_group_) {
-    if (replica_group_->group == group && replica_group_->members == list) return Status::Ok();
+    if (replica_group_->group == group && replica_group_->members == list &&
+        replica_group_->arc == arc) {
+      return Status::Ok();
+    }
     return Status::State(what + ": this handle declared replica group " +
                          std::to_string(replica_group_->group) + " already");
   }
-  replica_group_ = ReplicaGroup{group, std::move(list)};
+  if (arc && !job_redundancy) {
+    // Without the job's redundancy a member's whole segment must be derivable from its group:
+    // shards put before, not replicated, would have no copy on another node.
+    for (const auto& [version, v] : live_) {
+      if (v.names.size() != v.replicated_names.size()) {
+        return Status::State(what + ": " + V(version) +
+                             " already holds shards that are not replicated; declare the group "
+                             "before the first put");
+      }
+    }
+  }
+  replica_group_ = ReplicaGroup{group, std::move(list), arc};
   return Status::Ok();
 }
 
@@ -428,6 +509,265 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
     return Status::Peer(why);
   }
   return Status::Ok();
+}
+
+void Db::LearnArcVersions() {
+  std::vector<uint64_t> newest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = versions_.rbegin(); it != versions_.rend() && newest.size() < kMaxArcReports;
+         ++it) {
+      if (it->second.record.state == CKPTDB_STATE_COMMITTED) newest.push_back(it->first);
+    }
+  }
+  for (uint64_t version : newest) {
+    // A copy that cannot be read is not reported: the coordinator then counts only its own.
+    (void)WithManifest(
+        version, "reading " + V(version) + "'s replica group",
+        [&](const format::ManifestView& m, size_t) {
+          if (const fb::Replicas* g = m.root().replicas()) {
+            std::lock_guard<std::mutex> lock(mu_);
+            arc_versions_[version] = {g->group(), {g->members()->begin(), g->members()->end()}};
+          }
+          return Status::Ok();
+        });
+  }
+}
+
+namespace {
+
+// The xxh3 of every piece of shard `t` cut in piece_bytes pieces (xxh3 may be null), and the
+// chunk of m holding each piece t keeps: a deduplicated shard's slices, or every piece of one
+// kept whole. False when a whole shard's chunks are not cut so.
+bool PiecesOf(const format::ManifestView& m, const fb::Tensor& t, uint64_t piece_bytes,
+              std::vector<uint64_t>* xxh3, std::map<uint64_t, uint32_t>* chunk_of) {
+  uint32_t c = t.first_chunk();
+  if (t.full_bytes() != 0) {  // ManifestView checked its slices against the chunks
+    if (xxh3 != nullptr) xxh3->assign(t.piece_xxh3()->begin(), t.piece_xxh3()->end());
+    for (const fb::Slice* s : *t.slices()) {
+      for (uint64_t off = s->offset(); off < s->offset() + s->bytes(); off += piece_bytes) {
+        (*chunk_of)[off / piece_bytes] = c++;
+      }
+    }
+    return true;
+  }
+  if (xxh3 != nullptr) xxh3->clear();
+  for (uint32_t i = 0; i < t.chunk_count(); ++i, ++c) {
+    const uint64_t bytes = m.chunk(c).payload_bytes();
+    if (bytes != std::min(piece_bytes, t.bytes() - uint64_t{i} * piece_bytes)) return false;
+    if (xxh3 != nullptr) xxh3->push_back(m.chunk(c).xxh3());
+    (*chunk_of)[i] = c;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status Db::OpenArcMember(uint64_t version, uint32_t owner, const ReplicaHolder& holder,
+                         const std::vector<uint32_t>& members, uint64_t piece_bytes,
+                         const std::string& what, ArcMember** out) {
+  if (arc_version_ != version) {
+    arc_members_.clear();
+    arc_version_ = version;
+  }
+  ArcMember& a = arc_members_[{owner, holder.address}];
+  *out = &a;
+  const bool own = holder.rank == owner;
+  const std::string src = own ? "the segment of " + R(owner) + " (of this rank's replica group)"
+                              : "the replica of " + R(owner) + "'s segment on " +
+                                    (holder.rank == kServeRank ? "ckptdb serve" : R(holder.rank));
+  if (a.failed) return Status::Peer(src + " failed earlier in this version's restore");
+  if (a.reader != nullptr) return Status::Ok();
+  a.holder = holder;
+  uint64_t file_bytes = 0;
+  Status st = cluster_->ReplicaBytes(holder, owner, version, &file_bytes, own);
+  if (st.ok()) {
+    st = format::SegmentReader::Open(
+        what + " from " + src, file_bytes,
+        [this, holder, owner, version, own](uint64_t off, void* buf, size_t len) {
+          return cluster_->Fetch(holder, owner, version, off, buf, len, own);
+        },
+        &a.reader);
+  }
+  if (st.ok()) {
+    // The member's own segment of the same group: its position is its rank's place in it.
+    const fb::Replicas* g = a.reader->manifest().root().replicas();
+    const auto position =
+        static_cast<uint32_t>(std::find(members.begin(), members.end(), owner) - members.begin());
+    if (g == nullptr || g->position() != position || g->piece_bytes() != piece_bytes ||
+        !std::equal(members.begin(), members.end(), g->members()->begin(), g->members()->end())) {
+      st = Status::Corrupt(src + " is not of this rank's replica group");
+    }
+  }
+  if (!st.ok()) {
+    a.reader.reset();
+    a.failed = true;
+    return st.WithContext(what);
+  }
+  return Status::Ok();
+}
+
+Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nbytes,
+                           RestorePlan* plan) {
+  std::vector<uint32_t> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!replica_group_ || !replica_group_->arc || cluster_->options().replicas > 1) {
+      return Status::Ok();  // nothing to lay out from: the caller reports the missing copy
+    }
+    members = replica_group_->members;
+  }
+  const uint64_t piece_bytes = options_.chunk_bytes;
+  for (uint32_t rank : members) {
+    if (rank == options_.rank) continue;
+    ReplicaHolder holder;
+    ArcMember* member = nullptr;
+    Status st = cluster_->MemberAt(rank, &holder);
+    if (st.ok())
+      st = OpenArcMember(version, rank, holder, members, piece_bytes, plan->what, &member);
+    if (!st.ok()) {
+      plan->Note(st.message());
+      continue;
+    }
+    // Every member put the same replicated shards (compared at commit), and this rank put no
+    // others (an "arc" group without redundancy refuses them): a member's list is this rank's.
+    const format::ManifestView& m = member->reader->manifest();
+    const fb::Tensor* t = m.Find(name);
+    if (t == nullptr) {
+      return Status::NotFound(plan->what +
+                              ": this rank's own copy is lost and the version has no replicated "
+                              "shard by that name in replica group [" +
+                              JoinRanks(members) + "]");
+    }
+    if (format::ShardBytes(*t) != nbytes) {
+      return Status::Size(plan->what + ": the tensor is " + std::to_string(format::ShardBytes(*t)) +
+                          " bytes, the buffer is " + std::to_string(nbytes));
+    }
+    RestorePlan::Dedup d;
+    std::map<uint64_t, uint32_t> chunk_of;
+    if (!PiecesOf(m, *t, piece_bytes, &d.piece_xxh3, &chunk_of)) {
+      plan->Note(R(rank) + " cuts '" + name + "' in other pieces");
+      continue;
+    }
+    d.full_bytes = format::ShardBytes(*t);
+    d.piece_bytes = piece_bytes;
+    d.members = members;
+    d.position = static_cast<uint32_t>(std::find(members.begin(), members.end(), options_.rank) -
+                                       members.begin());
+    d.have.assign(d.piece_xxh3.size(), false);
+    plan->laid_out = true;
+    plan->first = 0;
+    plan->count = 0;
+    plan->dedup = std::move(d);
+    plan->Note("this rank's own copy is lost: the shard is laid out from " + R(rank) +
+               "'s manifest");
+    return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+// Every slice from the member that owns it (the load spread over the group), then what is still
+// missing from the member before it, which keeps its ARC copy, then (a job with replicas) from
+// holders of either one's replica. A piece is used only when it matches this rank's own xxh3 of
+// it (taken from its own replica at capture; from a member's manifest when its own is lost).
+void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan) {
+  RestorePlan::Dedup& d = *plan->dedup;
+  const std::string& what = plan->what;
+  if (cluster_ == nullptr) {
+    plan->Note(
+        "the other members' slices of this deduplicated shard are read from their "
+        "segments, which needs the job (world_size > 1)");
+    return;
+  }
+  const auto count = static_cast<uint32_t>(d.members.size());
+  const uint64_t n = d.piece_xxh3.size();
+  auto missing = [&](uint32_t s) {
+    const auto [first, end] = format::SlicePieces(n, count, s);
+    for (uint64_t p = first; p < end; ++p) {
+      if (!d.have[p]) return true;
+    }
+    return false;
+  };
+  // Slice s's missing pieces from member q's segment on `holder`.
+  auto gather = [&](uint32_t s, uint32_t q, const ReplicaHolder& holder) {
+    ArcMember* member = nullptr;
+    Status st =
+        OpenArcMember(version, d.members[q], holder, d.members, d.piece_bytes, what, &member);
+    if (!st.ok()) {
+      plan->Note(st.message());
+      return;
+    }
+    const std::string src = "slice " + std::to_string(s) + " of " + R(d.members[q]) +
+                            (holder.rank == d.members[q] ? "" : " (a replica)");
+    const format::ManifestView& m = member->reader->manifest();
+    const fb::Tensor* t = m.Find(name);
+    std::vector<uint64_t> xxh3;
+    std::map<uint64_t, uint32_t> chunk_of;
+    if (t == nullptr || format::ShardBytes(*t) != d.full_bytes ||
+        !PiecesOf(m, *t, d.piece_bytes, &xxh3, &chunk_of) || xxh3 != d.piece_xxh3) {
+      plan->Note(src + ": its shard '" + name + "' is not this rank's replica of it");
+      return;
+    }
+    std::vector<Cluster::FetchRange> ranges;
+    std::vector<uint64_t> pieces;
+    const auto [first, end] = format::SlicePieces(n, count, s);
+    for (uint64_t p = first; p < end; ++p) {
+      auto it = chunk_of.find(p);
+      if (d.have[p] || it == chunk_of.end()) continue;
+      const fb::Chunk& chunk = m.chunk(it->second);
+      ranges.push_back({chunk.record_offset() + format::kBlockBytes, out + p * d.piece_bytes,
+                        chunk.payload_bytes()});
+      pieces.push_back(p);
+    }
+    std::vector<Status> results;
+    Status gone = cluster_->FetchRanges(member->holder, d.members[q], version, ranges, &results,
+                                        holder.rank == d.members[q]);
+    uint64_t served = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      Status cs = results[i];
+      if (cs.ok()) {
+        cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, d.piece_xxh3[pieces[i]],
+                               "piece " + std::to_string(pieces[i]) + " of " + src);
+      }
+      if (cs.ok()) {
+        d.have[pieces[i]] = true;
+        served += ranges[i].bytes;
+      } else if (cs.code() == CKPTDB_ECORRUPT) {
+        plan->chunk_failures++;
+        if (last_problem_.empty()) last_problem_ = cs.message();
+      }
+    }
+    if (!gone.ok()) {
+      member->failed = true;  // vanished or timed out: not asked again for this version
+      plan->Note(gone.message());
+    }
+    plan->Served("arc:rank" + std::to_string(d.members[q]), served);
+  };
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint32_t s = 0; s < count; ++s) {
+      const uint32_t q = pass == 0 ? s : (s + count - 1) % count;
+      if (q == d.position || !missing(s)) continue;
+      ReplicaHolder holder;
+      Status st = cluster_->MemberAt(d.members[q], &holder);
+      if (st.ok()) {
+        gather(s, q, holder);
+      } else {
+        plan->Note(st.message());
+      }
+    }
+  }
+  if (cluster_->options().replicas <= 1) return;
+  for (uint32_t s = 0; s < count; ++s) {
+    for (uint32_t q : {s, (s + count - 1) % count}) {
+      if (q == d.position || !missing(s)) continue;
+      std::vector<ReplicaHolder> holders;
+      Status st = cluster_->Holders(d.members[q], version, &holders);
+      if (!st.ok()) plan->Note(st.message());
+      for (const ReplicaHolder& h : holders) {
+        if (missing(s)) gather(s, q, h);
+      }
+    }
+  }
 }
 
 // The ram copy only: a coding group protects the copies in memory, and a member that has its

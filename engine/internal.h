@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "util/status.h"
 
@@ -23,6 +24,13 @@ inline uint64_t MonoNs() {
 }
 
 inline std::string V(uint64_t version) { return "version " + std::to_string(version); }
+
+// "0, 2, 5": ranks as messages list them.
+inline std::string JoinRanks(const std::vector<uint32_t>& ranks) {
+  std::string out;
+  for (uint32_t r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
 
 // The catalog name of the ram tier; directory tiers are "kind:path".
 inline bool IsRamName(const std::string& tier) { return tier == "ram"; }

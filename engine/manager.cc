@@ -584,6 +584,28 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     mc.created_unix_ns = v->created_unix_ns;
     mc.writer = "ckptdb " + std::to_string(CKPTDB_VERSION_MAJOR) + "." +
                 std::to_string(CKPTDB_VERSION_MINOR) + "." + std::to_string(CKPTDB_VERSION_PATCH);
+    // Deduplicated shards (REFT's ARC) list every piece's xxh3: the held ones from their chunks.
+    for (format::TensorEntry& t : v->tensors) {
+      if (t.full_bytes == 0) continue;
+      t.piece_xxh3.clear();
+      for (int64_t source : v->piece_sources.at(t.name)) {
+        t.piece_xxh3.push_back(source >= 0 ? v->chunks[static_cast<size_t>(source)].xxh3
+                                           : v->hash_pieces[static_cast<size_t>(-1 - source)].xxh3);
+      }
+    }
+    // A version with replicated shards of an "arc" group records the group (docs/format.md),
+    // also when every shard is kept whole (two members, small shards): what a member that lost
+    // its own copy lays its shards out from, and what holdings advertise.
+    if (replica_group_ && replica_group_->arc && !v->replicated_names.empty()) {
+      const ReplicaGroup& g = *replica_group_;
+      mc.replicas.present = true;
+      mc.replicas.group = g.group;
+      mc.replicas.members = g.members;
+      mc.replicas.position = static_cast<uint32_t>(
+          std::find(g.members.begin(), g.members.end(), identity_.rank) - g.members.begin());
+      mc.replicas.piece_bytes = options_.chunk_bytes;
+      arc_versions_[version] = {g.group, g.members};
+    }
     mc.tensors = v->tensors;
     if (cluster_ != nullptr && cluster_->Group()) {
       // The coding group's layout (docs/format.md): what a rebuild and verify read back.
@@ -767,19 +789,23 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     if (group) {
       for (const format::TensorEntry& t : v->tensors) {
         if (!v->replicated_names.count(t.name)) continue;
-        std::vector<uint8_t> hashes(size_t{8} * t.chunk_count);
-        for (uint32_t c = 0; c < t.chunk_count; ++c) {
+        // A deduplicated shard's pieces are its chunks had it been kept whole.
+        const bool dedup = t.full_bytes != 0;
+        const size_t count = dedup ? t.piece_xxh3.size() : t.chunk_count;
+        std::vector<uint8_t> hashes(size_t{8} * count);
+        for (size_t c = 0; c < count; ++c) {
           format::le::Put<uint64_t>(hashes.data(), size_t{8} * c,
-                                    v->chunks[t.first_chunk + c].xxh3);
+                                    dedup ? t.piece_xxh3[c] : v->chunks[t.first_chunk + c].xxh3);
         }
-        digests.push_back({t.name, t.bytes, format::Xxh3(hashes.data(), hashes.size())});
+        digests.push_back(
+            {t.name, dedup ? t.full_bytes : t.bytes, format::Xxh3(hashes.data(), hashes.size())});
       }
       std::sort(digests.begin(), digests.end(),
                 [](const auto& a, const auto& b) { return a.name < b.name; });
     }
     const uint64_t chunk_bytes = options_.chunk_bytes;
     PostClusterJob([this, version, generation, file_bytes, extents, group, digests, chunk_bytes] {
-      Status rs = group ? cluster_->CheckReplicas(version, group->group, group->members,
+      Status rs = group ? cluster_->CheckReplicas(version, group->group, group->members, group->arc,
                                                   chunk_bytes, digests)
                         : Status::Ok();
       if (rs.ok() && group) {

@@ -150,22 +150,14 @@ Status Db::ReadSegment(uint64_t version, size_t tier, OpenSegment** out) {
   return Status::Ok();
 }
 
-// Reads chunks `chunks` (sorted indexes) of seg's tensor whose first chunk is first_chunk into
-// dst, checking each against its xxh3; the failed ones are listed in *failed. A ram copy is
-// copied by the caller and the capture workers together; a file is read through io_uring.
-Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks, uint64_t first_chunk,
-                      uint8_t* dst, std::vector<uint32_t>* failed, uint64_t* bytes_read) {
+// Reads chunks `chunks` (sorted indexes) of seg's tensor into dst, chunk chunks[k] at
+// dst_offset[k], checking each against its xxh3; the failed ones are listed in *failed. A ram
+// copy is copied by the caller and the capture workers together; a file is read through io_uring.
+Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks,
+                      const std::vector<uint64_t>& dst_offset, uint8_t* dst,
+                      std::vector<uint32_t>* failed, uint64_t* bytes_read) {
   const format::ManifestView& m = seg->reader->manifest();
-  // Destination offset of each chunk: chunk k of the tensor starts after chunks [first, k).
-  std::vector<uint64_t> dst_offset;
-  dst_offset.reserve(chunks.size());
-  uint64_t running = 0;
-  uint32_t next_chunk = static_cast<uint32_t>(first_chunk);
-  for (uint32_t idx : chunks) {
-    CKPTDB_ASSERT(idx >= next_chunk);
-    for (; next_chunk < idx; ++next_chunk) running += m.chunk(next_chunk).payload_bytes();
-    dst_offset.push_back(running);
-  }
+  CKPTDB_ASSERT(dst_offset.size() == chunks.size());
   failed->clear();
   auto record_failure = [&](uint32_t index, const std::string& problem) {
     failed->push_back(index);
@@ -312,24 +304,42 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
   if (!plan->laid_out) {
     if (t == nullptr)
       return Status::NotFound(plan->what + ": the version has no tensor by that name");
-    if (t->bytes() != nbytes) {
-      return Status::Size(plan->what + ": the tensor is " + std::to_string(t->bytes()) +
+    if (format::ShardBytes(*t) != nbytes) {
+      return Status::Size(plan->what + ": the tensor is " + std::to_string(format::ShardBytes(*t)) +
                           " bytes, the buffer is " + std::to_string(nbytes));
     }
     plan->laid_out = true;
     plan->first = t->first_chunk();
     plan->count = t->chunk_count();
+    // A deduplicated shard's chunks are the pieces of its slices, in order (ManifestView checked).
+    std::vector<uint64_t> starts;
+    if (t->full_bytes() != 0) {
+      const fb::Replicas& g = *m.root().replicas();
+      RestorePlan::Dedup& d = plan->dedup.emplace();
+      d.full_bytes = t->full_bytes();
+      d.piece_bytes = g.piece_bytes();
+      d.piece_xxh3.assign(t->piece_xxh3()->begin(), t->piece_xxh3()->end());
+      d.members.assign(g.members()->begin(), g.members()->end());
+      d.position = g.position();
+      d.have.assign(d.piece_xxh3.size(), false);
+      for (const fb::Slice* s : *t->slices()) {
+        for (uint64_t off = s->offset(); off < s->offset() + s->bytes(); off += d.piece_bytes) {
+          starts.push_back(off);
+          d.have[off / d.piece_bytes] = true;  // once its chunk is read (Restore checks pending)
+        }
+      }
+    }
     uint64_t offset = 0;
     for (uint32_t c = plan->first; c < plan->first + plan->count; ++c) {
       plan->pending.push_back(c);
-      plan->dst_offset.push_back(offset);
+      plan->dst_offset.push_back(starts.empty() ? offset : starts[c - plan->first]);
       plan->chunk_bytes.push_back(m.chunk(c).payload_bytes());
       offset += m.chunk(c).payload_bytes();
     }
     return Status::Ok();
   }
   if (t == nullptr || t->first_chunk() != plan->first || t->chunk_count() != plan->count ||
-      t->bytes() != nbytes) {
+      format::ShardBytes(*t) != nbytes || (t->full_bytes() != 0) != plan->dedup.has_value()) {
     return Status::Corrupt(source + " lays the tensor out differently");
   }
   for (uint32_t i = 0; i < plan->count; ++i) {
@@ -401,7 +411,9 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     }
     std::vector<uint32_t> failed;
     const uint64_t before = read_by_tier[ti];
-    Status rs = ReadChunks(seg, plan.pending, plan.first, out, &failed, &read_by_tier[ti]);
+    std::vector<uint64_t> offsets;
+    for (uint32_t c : plan.pending) offsets.push_back(plan.dst_offset[c - plan.first]);
+    Status rs = ReadChunks(seg, plan.pending, offsets, out, &failed, &read_by_tier[ti]);
     pin.Release();
     if (!rs.ok()) {
       // Nothing in the buffer can be vouched for after a queue failure.
@@ -411,6 +423,24 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     plan.chunk_failures += failed.size();
     plan.Served(tiers_[ti].name(), read_by_tier[ti] - before);
     plan.pending = std::move(failed);
+  }
+  // A member of an "arc" group whose own copy is lost lays its shard out from the group.
+  if (!plan.laid_out && cluster_ != nullptr) {
+    Status ls = LayOutFromGroup(version, name, nbytes, &plan);
+    if (!ls.ok()) return ls;
+  }
+  // A deduplicated shard: the slices other members keep, once this rank's own are in.
+  uint64_t pieces_missing = 0;
+  if (plan.dedup) {
+    RestorePlan::Dedup& d = *plan.dedup;
+    if (plan.pending.empty()) GatherSlices(version, name, out, &plan);
+    for (size_t p = 0; p < d.have.size(); ++p) {
+      if (d.have[p]) continue;  // kept here (pending says whether it was read) or gathered
+      // Never wrong bytes: a piece no member supplied is zeroed.
+      const uint64_t off = p * d.piece_bytes;
+      std::memset(out + off, 0, std::min(d.piece_bytes, d.full_bytes - off));
+      ++pieces_missing;
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
@@ -430,7 +460,17 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
                            std::to_string(plan.count) + " chunks have no good copy on any tier" +
                            (cluster_ != nullptr ? " or peer" : "") + " (" + last_problem_ +
                            (plan.errors.empty() ? "" : "; " + plan.errors) +
-                           "); their bytes in the buffer are zeroed");
+                           "); their bytes in the buffer are zeroed" +
+                           (plan.dedup ? ", as are the slices other members keep" : ""));
+  }
+  if (pieces_missing > 0) {
+    const RestorePlan::Dedup& d = *plan.dedup;
+    return Status::Corrupt(
+        what + ": " + std::to_string(pieces_missing) + " of the " + std::to_string(d.have.size()) +
+        " pieces of this deduplicated shard that other members of replica group [" +
+        JoinRanks(d.members) + "] keep could be read from none of them (" +
+        (last_problem_.empty() ? plan.errors : last_problem_ + "; " + plan.errors) +
+        "); their bytes in the buffer are zeroed");
   }
   // Where the bytes came from: the first source that served any (the fastest), and all of them.
   std::string first_source = plan.served.empty() ? "" : plan.served[0].first;
@@ -573,7 +613,7 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
           (t.global_shape() && t.global_shape()->size()) ? t.global_shape()->data() : nullptr;
       d.global_offset =
           (t.global_offset() && t.global_offset()->size()) ? t.global_offset()->data() : nullptr;
-      d.nbytes = t.bytes();
+      d.nbytes = format::ShardBytes(t);  // what a restore fills; a deduplicated shard keeps less
       d.chunk_count = t.chunk_count();
       if (fn(arg, &d) != 0) break;
     }

@@ -30,7 +30,63 @@ bool ElementsAligned(const V* v) {
   return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
 }
 
+// A deduplicated tensor (REFT's ARC): the slices it holds are exactly the pieces its member
+// keeps by the group's layout, and its chunks are those pieces in order, each one the piece's
+// length and hash.
+template <typename Bad>
+Status CheckSlices(const fb::Manifest& m, const fb::Tensor& t, const fb::Replicas& group,
+                   const std::string& label, const Bad& bad) {
+  const uint64_t piece = group.piece_bytes();
+  const uint64_t full = t.full_bytes();
+  const uint64_t n = full / piece + (full % piece != 0);
+  const uint32_t slice_count = t.slices() ? t.slices()->size() : 0;
+  if (!t.piece_xxh3() || t.piece_xxh3()->size() != n || !ElementsAligned(t.piece_xxh3()) ||
+      !ElementsAligned(t.slices())) {
+    return bad(label + " does not list the xxh3 of each of its " + std::to_string(n) + " pieces");
+  }
+  const auto held = HeldPieces(n, group.members()->size(), group.position());
+  bool same = held.size() == slice_count;
+  for (uint32_t i = 0; same && i < slice_count; ++i) {
+    const fb::Slice* s = t.slices()->Get(i);
+    const uint64_t end = std::min(held[i].second * piece, full);
+    same = s->offset() == held[i].first * piece && s->bytes() == end - s->offset();
+  }
+  if (!same) {
+    return bad(label + " holds slices other than member " + std::to_string(group.position()) +
+               " of " + std::to_string(group.members()->size()) + " keeps");
+  }
+  uint32_t c = t.first_chunk();
+  const uint32_t end_chunk = t.first_chunk() + t.chunk_count();
+  for (const auto& [first, end] : held) {
+    for (uint64_t p = first; p < end; ++p, ++c) {
+      const uint64_t bytes = std::min(piece, full - p * piece);
+      if (c >= end_chunk || m.chunks()->Get(c)->payload_bytes() != bytes ||
+          m.chunks()->Get(c)->xxh3() != t.piece_xxh3()->Get(static_cast<uint32_t>(p))) {
+        return bad(label + " piece " + std::to_string(p) + " disagrees with its chunk");
+      }
+    }
+  }
+  if (c != end_chunk) return bad(label + " has chunks past its slices");
+  return Status::Ok();
+}
+
 }  // namespace
+
+std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count,
+                                                      uint32_t position) {
+  CKPTDB_ASSERT(count >= 2 && position < count);
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (uint32_t s : {position, (position + 1) % count}) {
+    auto [first, end] = SlicePieces(n, count, s);
+    if (first < end) ranges.emplace_back(first, end);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  if (ranges.size() == 2 && ranges[0].second == ranges[1].first) {
+    ranges[0].second = ranges[1].second;  // the own slice and the next are adjacent
+    ranges.pop_back();
+  }
+  return ranges;
+}
 
 size_t DTypeBytes(uint32_t dtype) {
   return dtype < std::size(kDTypeBytes) ? kDTypeBytes[dtype] : 0;
@@ -46,15 +102,27 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
   tensors.reserve(c.tensors.size());
   uint64_t data_bytes = 0;
+  bool dedup = false;
   for (const TensorEntry& t : c.tensors) {
     auto name = b.CreateString(t.name);
     auto shape = b.CreateVector(t.shape);
     auto gshape = b.CreateVector(t.global_shape);
     auto goffset = b.CreateVector(t.global_offset);
+    flatbuffers::Offset<flatbuffers::Vector<const fb::Slice*>> slices;
+    flatbuffers::Offset<flatbuffers::Vector<uint64_t>> piece_xxh3;
+    if (t.full_bytes != 0) {
+      std::vector<fb::Slice> list;
+      for (const auto& [offset, bytes] : t.slices) list.emplace_back(offset, bytes);
+      slices = b.CreateVectorOfStructs(list);
+      piece_xxh3 = b.CreateVector(t.piece_xxh3);
+      dedup = true;
+    }
     tensors.push_back(fb::CreateTensor(b, name, static_cast<fb::DType>(t.dtype), shape, gshape,
-                                       goffset, t.bytes, t.first_chunk, t.chunk_count));
+                                       goffset, t.bytes, t.first_chunk, t.chunk_count, t.full_bytes,
+                                       slices, piece_xxh3));
     data_bytes += t.bytes;
   }
+  CKPTDB_ASSERT(!dedup || c.replicas.present);
   auto tensor_vec = b.CreateVector(tensors);
   std::vector<fb::Chunk> chunks;
   chunks.reserve(c.chunks.size());
@@ -75,8 +143,14 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
   auto prov =
       fb::CreateProvenance(b, c.job_id, c.rank, c.world_size, c.version, b.CreateString(c.node_id),
                            c.created_unix_ns, b.CreateString(c.writer));
-  auto root =
-      fb::CreateManifest(b, kFormatVersion, prov, tensor_vec, chunk_vec, redundancy, data_bytes);
+  flatbuffers::Offset<fb::Replicas> replicas;
+  if (c.replicas.present) {
+    replicas = fb::CreateReplicas(b, fb::ReplicaProtection::Arc, c.replicas.group,
+                                  b.CreateVector(c.replicas.members), c.replicas.position,
+                                  c.replicas.piece_bytes);
+  }
+  auto root = fb::CreateManifest(b, c.replicas.present ? kManifestVersionDedup : kFormatVersion,
+                                 prov, tensor_vec, chunk_vec, redundancy, data_bytes, replicas);
   b.Finish(root, fb::ManifestIdentifier());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -92,8 +166,27 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
                                  /*max_tables=*/4 * kMaxTensors);
   if (!fb::VerifyManifestBuffer(verifier)) return bad("fails FlatBuffers verification");
   const fb::Manifest* m = fb::GetManifest(bytes.data());
-  if (m->format_version() != kFormatVersion) {
+  if (m->format_version() != kFormatVersion && m->format_version() != kManifestVersionDedup) {
     return bad("has format version " + std::to_string(m->format_version()));
+  }
+  // Format version 2: the replica group whose deduplicated shards the segment holds slices of.
+  const fb::Replicas* group = m->replicas();
+  if ((group != nullptr) != (m->format_version() == kManifestVersionDedup)) {
+    return bad("has format version " + std::to_string(m->format_version()) +
+               (group != nullptr ? " and a replica group" : " and no replica group"));
+  }
+  if (group != nullptr) {
+    const uint32_t count = group->members() ? group->members()->size() : 0;
+    bool ascending = true;
+    for (uint32_t i = 1; i < count; ++i) {
+      ascending = ascending && group->members()->Get(i - 1) < group->members()->Get(i);
+    }
+    if (group->protection() != fb::ReplicaProtection::Arc || count < 2 ||
+        count > kMaxReplicaMembers || !ascending || group->position() >= count ||
+        group->piece_bytes() == 0 || !IsAligned(group->piece_bytes()) ||
+        group->piece_bytes() > kMaxChunkBytes) {
+      return bad("replica group is out of range or inconsistent");
+    }
   }
   uint32_t chunk_count = m->chunks() ? m->chunks()->size() : 0;
   uint32_t tensor_count = m->tensors() ? m->tensors()->size() : 0;
@@ -146,6 +239,13 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     if (ndim > kMaxDims || (gdim != 0 && gdim != ndim) || odim != gdim) {
       return bad(label + " has inconsistent dimensions");
     }
+    const bool dedup = t->full_bytes() != 0;
+    if (!dedup &&
+        ((t->slices() && t->slices()->size()) || (t->piece_xxh3() && t->piece_xxh3()->size()))) {
+      return bad(label + " lists slices but is not deduplicated");
+    }
+    if (dedup && group == nullptr) return bad(label + " is deduplicated without a replica group");
+    const uint64_t shard_bytes = dedup ? t->full_bytes() : t->bytes();
     if (ndim > 0) {
       uint64_t elements = 1;
       for (uint32_t d = 0; d < ndim; ++d) {
@@ -161,8 +261,8 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
       }
       uint64_t shape_bytes;
       if (MulOverflows(elements, DTypeBytes(static_cast<uint32_t>(t->dtype())), &shape_bytes) ||
-          shape_bytes != t->bytes()) {
-        return bad(label + " shape does not match its " + std::to_string(t->bytes()) + " bytes");
+          shape_bytes != shard_bytes) {
+        return bad(label + " shape does not match its " + std::to_string(shard_bytes) + " bytes");
       }
     }
     uint64_t end = uint64_t{t->first_chunk()} + t->chunk_count();
@@ -177,6 +277,7 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
       return bad(label + " has " + std::to_string(t->bytes()) + " bytes but its chunks hold " +
                  std::to_string(sum));
     }
+    if (dedup) CKPTDB_RETURN_IF_ERROR(CheckSlices(*m, *t, *group, label, bad));
     if (t->chunk_count() > 0) ranges.emplace_back(t->first_chunk(), t->chunk_count());
     data_bytes += t->bytes();
   }

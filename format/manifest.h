@@ -17,7 +17,12 @@ namespace ckpt::format {
 
 inline constexpr uint32_t kMaxDims = 8;
 inline constexpr uint32_t kMaxTensorsPerSegment = 1u << 24;
-inline constexpr uint32_t kMaxGroupMembers = 32;  // a coding group's K + M at most
+inline constexpr uint32_t kMaxGroupMembers = 32;      // a coding group's K + M at most
+inline constexpr uint32_t kMaxReplicaMembers = 1024;  // a replica group's members at most
+// A manifest recording an "arc" replica group (fb::Replicas), whose replicated shards may be
+// deduplicated, has format version 2, which a reader of version 1 refuses; every other manifest
+// is written as version 1.
+inline constexpr uint32_t kManifestVersionDedup = 2;
 
 struct TensorEntry {
   std::string name;
@@ -28,6 +33,12 @@ struct TensorEntry {
   uint64_t bytes = 0;
   uint32_t first_chunk = 0;
   uint32_t chunk_count = 0;
+  // A deduplicated replicated shard (REFT's ARC): its whole length, the [offset, offset + bytes)
+  // ranges of it the segment holds (sorted; `bytes` above is their sum) and the xxh3 of every
+  // piece of the whole shard. full_bytes 0: held whole.
+  uint64_t full_bytes = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> slices{};
+  std::vector<uint64_t> piece_xxh3{};
 };
 
 struct ChunkEntry {
@@ -49,6 +60,26 @@ struct RedundancyEntry {
   uint32_t position = 0;
 };
 
+// The replica group whose deduplicated shards a segment holds slices of (fb::Replicas).
+struct ReplicasEntry {
+  bool present = false;
+  uint32_t group = 0;
+  std::vector<uint32_t> members;  // ascending
+  uint32_t position = 0;
+  uint64_t piece_bytes = 0;
+};
+
+// Pieces [first, end) of n that member `position` of `count` keeps as slice `position` of a
+// deduplicated shard (fb::Replicas): slice s is [s*n/count, (s+1)*n/count).
+inline std::pair<uint64_t, uint64_t> SlicePieces(uint64_t n, uint32_t count, uint32_t s) {
+  return {n * s / count, n * (s + 1) / count};
+}
+
+// The pieces a member keeps of a deduplicated shard of n pieces: its own slice and the next
+// member's (its ARC copy), as sorted disjoint [first, end) ranges.
+std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count,
+                                                      uint32_t position);
+
 struct ManifestContents {
   uint64_t job_id = 0;
   uint32_t rank = 0;
@@ -60,10 +91,16 @@ struct ManifestContents {
   std::vector<TensorEntry> tensors;  // any order: Build sorts by name
   std::vector<ChunkEntry> chunks;    // in file order
   RedundancyEntry redundancy;
+  ReplicasEntry replicas;  // an "arc" replica group's; required when a tensor is deduplicated
 };
 
 // Serializes contents (tensors sorted by name). Asserts that names are unique.
 std::vector<uint8_t> BuildManifest(ManifestContents contents);
+
+// A tensor's whole length: full_bytes for a deduplicated shard, else bytes.
+inline uint64_t ShardBytes(const fb::Tensor& t) {
+  return t.full_bytes() != 0 ? t.full_bytes() : t.bytes();
+}
 
 // Bytes per element of a ckptdb_dtype, 0 when out of range.
 size_t DTypeBytes(uint32_t dtype);

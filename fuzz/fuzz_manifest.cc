@@ -49,7 +49,13 @@ std::vector<uint64_t> ToVector(const flatbuffers::Vector<uint64_t>* v) {
 // Everything ManifestView::Open promises about a manifest it accepts (docs/format.md).
 void Walk(const ManifestView& view, uint64_t data_end) {
   const fb::Manifest& m = view.root();
-  Check(m.format_version() == kFormatVersion);
+  Check(m.format_version() == kFormatVersion || m.format_version() == kManifestVersionDedup);
+  Check((m.replicas() != nullptr) == (m.format_version() == kManifestVersionDedup));
+  if (const fb::Replicas* g = m.replicas()) {
+    Check(g->members() != nullptr && g->members()->size() >= 2 &&
+          g->members()->size() <= kMaxReplicaMembers && g->position() < g->members()->size());
+    Check(g->piece_bytes() > 0 && IsAligned(g->piece_bytes()));
+  }
   Check(m.provenance() != nullptr);
   uint32_t chunk_count = view.chunk_count();
   Check(chunk_count <= kMaxChunksPerSegment);
@@ -91,7 +97,22 @@ void Walk(const ManifestView& view, uint64_t data_end) {
                 shape[d] <= global_shape[d] - global_offset[d]);
         }
       }
-      Check(elements * DTypeBytes(static_cast<uint32_t>(t.dtype())) == t.bytes());
+      Check(elements * DTypeBytes(static_cast<uint32_t>(t.dtype())) == ShardBytes(t));
+    }
+    // A deduplicated shard: a piece hash for every piece, slices inside it that add up to bytes.
+    if (t.full_bytes() != 0) {
+      Check(m.replicas() != nullptr);
+      const uint64_t piece = m.replicas()->piece_bytes();
+      Check(t.piece_xxh3() != nullptr &&
+            t.piece_xxh3()->size() == t.full_bytes() / piece + (t.full_bytes() % piece != 0));
+      uint64_t held = 0;
+      for (const fb::Slice* s : *t.slices()) {
+        Check(s->offset() % piece == 0 && s->bytes() <= t.full_bytes() - s->offset());
+        held += s->bytes();
+      }
+      Check(held == t.bytes());
+    } else {
+      Check(!t.slices() || t.slices()->size() == 0);
     }
     Check(uint64_t{t.first_chunk()} + t.chunk_count() <= chunk_count);
     uint64_t sum = 0;

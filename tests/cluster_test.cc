@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -385,7 +386,7 @@ TEST_F(ClusterTest, ARankOfAnotherProtocolIsRefused) {
       RANK_CHECK(rc == CKPTDB_EINVAL, "open of another protocol returned %d", rc);
       RANK_CHECK(std::strstr(ckptdb_last_error(),
                              "speaks ckptdb protocol 1; this coordinator "
-                             "speaks 2") != nullptr,
+                             "speaks 3") != nullptr,
                  "the error does not name both protocols: %s", ckptdb_last_error());
       return 0;
     }
@@ -525,7 +526,9 @@ TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
     rc = ckptdb_declare_replicas(db, group, members, 2, "none");
     RANK_CHECK(rc == 0, "declaring the same again: %d", rc);
     rc = ckptdb_declare_replicas(db, group, members, 2, "arc");
-    RANK_CHECK(rc == CKPTDB_ENOTSUP, "arc: %d", rc);
+    RANK_CHECK(rc == CKPTDB_ESTATE, "arc after none: %d", rc);
+    rc = ckptdb_declare_replicas(db, group, members, 2, "aec");
+    RANK_CHECK(rc == CKPTDB_ENOTSUP, "aec: %d", rc);
     rc = ckptdb_declare_replicas(db, group + 7, members, 2, nullptr);
     RANK_CHECK(rc == CKPTDB_ESTATE, "another group after one was declared: %d", rc);
     auto put_shared = [&](uint64_t v, uint64_t seed, const char* name) {
@@ -579,6 +582,164 @@ TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
     rc = ckptdb_restore(db, 2, "shared", out.data(), out.size(), 0);
     RANK_CHECK(rc != 0, "the failed v2 restored");
     Done(job_, rank, "done");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+// REFT's ARC (ckptdb_declare_replicas "arc") in a job without redundancy: the four ranks hold
+// the same replicated shards; each keeps only its own slice and the next member's (2/4 of the
+// bytes), hashing the rest, so a replica that differs only in bytes its rank does not keep
+// still fails the commit. Every rank restores the whole shard, gathering the slices it lacks
+// from the members. Node 2 lost: latest and recoverable still count v2 (each slice has another
+// keeper), rank 2 restores everything from its group and ranks 1 and 3 read slice 2 from rank
+// 1's ARC copy. Node 1 lost too: slice 2 has no keeper left, v2 is not recoverable, and a
+// restore of it fails with the missing slice zeroed, never wrong.
+constexpr size_t kSharedBytes = (9u << 20) + 77;  // 10 pieces of 1 MiB: slices of 2, 3, 2, 3
+
+std::vector<uint8_t> SharedData(uint64_t version, int which, size_t bytes) {
+  return test::RandomBytes(bytes, 0xA5C0000 ^ (version << 8) ^ which);
+}
+
+uint64_t KeptBytes(ckptdb* db, uint64_t version, const char* name) {
+  uint64_t sum = 0;
+  auto add = [](void* arg, const ckptdb_chunk_desc* c) {
+    *static_cast<uint64_t*>(arg) += c->payload_bytes;
+    return 0;
+  };
+  return ckptdb_list_chunks(db, version, name, add, &sum, nullptr) == 0 ? sum : UINT64_MAX;
+}
+
+int DeclareArc(ckptdb* db, uint32_t rank) {
+  const uint32_t members[kRanks] = {3, 1, 0, 2};  // any order: the same group
+  int rc = ckptdb_declare_replicas(db, 0, members, kRanks, "arc");
+  RANK_CHECK(rc == 0, "declare arc: %d", rc);
+  return 0;
+}
+
+int RestoreShared(ckptdb* db, uint32_t rank, uint64_t version, std::string* sources) {
+  for (int which = 0; which < 2; ++which) {
+    const size_t bytes = which == 0 ? kSharedBytes : 100000;
+    std::vector<uint8_t> out(bytes, 0xEE);
+    const std::string name = "shared/" + std::to_string(which);
+    int rc = ckptdb_restore(db, version, name.c_str(), out.data(), out.size(), 0);
+    RANK_CHECK(rc == 0, "restore %s v%llu: %d", name.c_str(), (unsigned long long)version, rc);
+    RANK_CHECK(out == SharedData(version, which, bytes), "restored bytes of %s differ",
+               name.c_str());
+    ckptdb_stats_t stats;
+    ckptdb_stats(db, &stats);
+    if (which == 0) *sources = stats.last_restore_sources;
+  }
+  return 0;
+}
+
+TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) {
+  job_.replicas = 1;
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (DeclareArc(db, rank) != 0) return 1;
+    const uint32_t pair[2] = {0, 1};
+    rc = ckptdb_declare_replicas(db, 0, pair, 2, "arc");
+    RANK_CHECK(rc == (rank < 2 ? CKPTDB_ESTATE : CKPTDB_EINVAL), "another group: %d", rc);
+    {
+      auto data = TensorData(rank, 1, 0);
+      rc = ckptdb_put_shard(db, 1, "private", data.data(), data.size(), nullptr,
+                            CKPTDB_PUT_COPY_NOW);
+      RANK_CHECK(rc == CKPTDB_EINVAL && std::strstr(ckptdb_last_error(), "no copy on another"),
+                 "a private shard without redundancy: %d", rc);
+    }
+    for (uint64_t v = 1; v <= 3; ++v) {
+      auto a = SharedData(v, 0, kSharedBytes);
+      // v3: rank 3's replica differs in piece 3 (slice 1), which rank 3 only hashes.
+      if (v == 3 && rank == 3) a[(3u << 20) + 5] ^= 1;
+      auto b = SharedData(v, 1, 100000);
+      rc = ckptdb_put_shard(db, v, "shared/0", a.data(), a.size(), nullptr, CKPTDB_PUT_REPLICATED);
+      RANK_CHECK(rc == 0, "put shared/0 v%llu: %d", (unsigned long long)v, rc);
+      rc = ckptdb_put_shard(db, v, "shared/1", b.data(), b.size(), nullptr,
+                            CKPTDB_PUT_REPLICATED | CKPTDB_PUT_COPY_NOW);
+      RANK_CHECK(rc == 0, "put shared/1 v%llu: %d", (unsigned long long)v, rc);
+      RANK_CHECK(ckptdb_wait_capture(db, v, -1) == 0, "wait_capture v%llu", (unsigned long long)v);
+      rc = ckptdb_commit(db, v, 0);
+      if (v < 3) {
+        RANK_CHECK(rc == 0, "commit v%llu: %d", (unsigned long long)v, rc);
+      } else {
+        RANK_CHECK(rc != 0, "v3 committed though rank 3's replica differs");
+        RANK_CHECK(std::strstr(ckptdb_last_error(), "shard 'shared/0' differs") != nullptr,
+                   "v3's error: %s", ckptdb_last_error());
+      }
+    }
+    // Members 0..3 keep slices {0,1}, {1,2}, {2,3}, {3,0} of the 10 pieces cut 2, 3, 2, 3.
+    const uint64_t kept[kRanks] = {5u << 20, 5u << 20, (4u << 20) + 77, (4u << 20) + 77};
+    RANK_CHECK(KeptBytes(db, 2, "shared/0") == kept[rank], "rank keeps %llu bytes of shared/0",
+               (unsigned long long)KeptBytes(db, 2, "shared/0"));
+    std::string sources;
+    if (RestoreShared(db, rank, 2, &sources) != 0) return 1;
+    RANK_CHECK(sources.find("arc:rank") != std::string::npos, "sources: %s", sources.c_str());
+    if (CheckRecoverable(db, rank, 2, 1, 1, kRanks, 0) != 0) return 1;
+    Done(job_, rank, "save", /*all_wait=*/true);
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+
+  job_.WipeNode(2);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    if (DeclareArc(db, rank) != 0) return 1;
+    if (CheckLatest(db, rank, 2) != 0) return 1;
+    // Slices 2 and 3 have one keeper left each (ranks 1 and 3): no further loss to spare.
+    if (CheckRecoverable(db, rank, 2, 1, 0, kRanks - 1, 1) != 0) return 1;
+    std::string sources;
+    if (RestoreShared(db, rank, 2, &sources) != 0) return 1;
+    RANK_CHECK(sources.find("arc:rank2") == std::string::npos, "served by the lost rank: %s",
+               sources.c_str());
+    if (rank == 2) {
+      RANK_CHECK(sources.find("ram") == std::string::npos, "rank 2 read its own ram: %s",
+                 sources.c_str());
+      std::vector<uint8_t> out(16);
+      rc = ckptdb_restore(db, 2, "private", out.data(), out.size(), 0);
+      RANK_CHECK(rc == CKPTDB_ENOTFOUND, "restore of a name no member has: %d", rc);
+    }
+    Done(job_, rank, "restore", /*all_wait=*/true);  // members serve each other till then
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+
+  job_.WipeNode(1);
+  job_.port = FreePort();
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    if (DeclareArc(db, rank) != 0) return 1;
+    uint64_t latest = 0;
+    rc = ckptdb_latest(db, &latest);
+    RANK_CHECK(rc == CKPTDB_ENOTFOUND, "latest with slice 2 lost: %d, v%llu", rc,
+               (unsigned long long)latest);
+    if (CheckRecoverable(db, rank, 2, 0, -1, 0, 0) != 0) return 1;
+    if (rank == 0) {
+      std::vector<uint8_t> out(kSharedBytes, 0xEE);
+      rc = ckptdb_restore(db, 2, "shared/0", out.data(), out.size(), 0);
+      RANK_CHECK(rc == CKPTDB_ECORRUPT && std::strstr(ckptdb_last_error(),
+                                                      "could be read from "
+                                                      "none of them"),
+                 "restore with slice 2 lost: %d", rc);
+      const auto want = SharedData(2, 0, kSharedBytes);
+      const size_t lost_from = 5u << 20, lost_to = 7u << 20;  // slice 2: pieces 5 and 6
+      RANK_CHECK(std::equal(out.begin(), out.begin() + lost_from, want.begin()) &&
+                     std::all_of(out.begin() + lost_from, out.begin() + lost_to,
+                                 [](uint8_t x) { return x == 0; }) &&
+                     std::equal(out.begin() + lost_to, out.end(), want.begin() + lost_to),
+                 "the restored buffer is not the kept slices with slice 2 zeroed");
+    }
+    Done(job_, rank, "lost2", /*all_wait=*/true);
     ckptdb_close(db);
     return 0;
   });

@@ -255,8 +255,9 @@ typedef struct ckptdb_tensor_desc {
   const uint64_t* shape;         /* ndim entries */
   const uint64_t* global_shape;  /* ndim entries, or NULL when the shard is the whole tensor */
   const uint64_t* global_offset; /* ndim entries, or NULL when the shard is the whole tensor */
-  uint64_t nbytes;
-  uint32_t chunk_count;
+  uint64_t nbytes;               /* the shard's size (what ckptdb_restore fills) */
+  uint32_t chunk_count;          /* the chunks this rank's segment keeps of it: of a shard an "arc"
+                                    replica group deduplicated, only its slices' */
 } ckptdb_tensor_desc;
 
 /* Return nonzero to stop the listing early. */
