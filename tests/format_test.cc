@@ -749,6 +749,97 @@ TEST(Manifest, CodingLayoutRoundTripsAndIsChecked) {
   refused(bad, "xor with two parity blocks");
 }
 
+// A segment of member 1 of an "arc" replica group of 4 (REFT's ARC): of a shard of 5 pieces
+// (slices [0,1) [1,2) [2,3) [3,5)) it keeps pieces 1 and 2, its own slice and the next one's.
+ManifestContents ArcContents() {
+  ManifestContents c;
+  c.replicas.present = true;
+  c.replicas.group = 6;
+  c.replicas.members = {2, 5, 7, 9};
+  c.replicas.position = 1;
+  c.replicas.piece_bytes = 4096;
+  const std::vector<uint64_t> pieces = {0x10, 0x11, 0x12, 0x13, 0x14};
+  c.chunks.push_back({kBlockBytes, 4096, pieces[1]});
+  c.chunks.push_back({kBlockBytes + RecordBytes(4096), 4096, pieces[2]});
+  c.chunks.push_back({kBlockBytes + 2 * RecordBytes(4096), 8, 0x99});
+  TensorEntry w{"w", 2, {4 * 4096 + 100}, {}, {}, 8192, 0, 2};
+  w.full_bytes = 4 * 4096 + 100;
+  w.slices = {{4096, 8192}};
+  w.piece_xxh3 = pieces;
+  TensorEntry rng{"rng", 8, {1}, {}, {}, 8, 2, 1};  // kept whole
+  c.tensors = {w, rng};
+  return c;
+}
+
+TEST(Manifest, DeduplicatedShardsRoundTripAndAreChecked) {
+  ManifestContents c = ArcContents();
+  std::vector<uint8_t> bytes = BuildManifest(c);
+  const uint64_t data_end = kBlockBytes + 2 * RecordBytes(4096) + RecordBytes(8);
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, data_end, "seg", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(v.root().format_version(), kManifestVersionDedup);
+  const fb::Replicas* g = v.root().replicas();
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->protection(), fb::ReplicaProtection::Arc);
+  EXPECT_EQ(g->group(), 6u);
+  EXPECT_EQ(g->position(), 1u);
+  EXPECT_EQ(g->piece_bytes(), 4096u);
+  ASSERT_EQ(g->members()->size(), 4u);
+  EXPECT_EQ(g->members()->Get(3), 9u);
+  const fb::Tensor* w = v.Find("w");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->bytes(), 8192u);
+  EXPECT_EQ(ShardBytes(*w), 4 * 4096u + 100);
+  ASSERT_EQ(w->slices()->size(), 1u);
+  EXPECT_EQ(w->slices()->Get(0)->offset(), 4096u);
+  EXPECT_EQ(w->slices()->Get(0)->bytes(), 8192u);
+  EXPECT_EQ(w->piece_xxh3()->size(), 5u);
+  EXPECT_EQ(ShardBytes(*v.Find("rng")), 8u);
+  EXPECT_EQ(v.root().data_bytes(), 8200u);
+  // A manifest of no arc group stays version 1, readable by the readers before it.
+  ManifestContents plain;
+  bytes = BuildManifest(plain);
+  ASSERT_TRUE(ManifestView::Open(bytes, kBlockBytes, "seg", &v).ok());
+  EXPECT_EQ(v.root().format_version(), kFormatVersion);
+
+  auto refused = [&](ManifestContents bad, const char* needle) {
+    std::vector<uint8_t> b = BuildManifest(std::move(bad));
+    ManifestView view;
+    Status s = ManifestView::Open(b, data_end, "seg", &view);
+    EXPECT_EQ(s.code(), CKPTDB_ECORRUPT) << needle;
+    EXPECT_THAT(s.message(), HasSubstr(needle));
+  };
+  ManifestContents bad = c;
+  bad.tensors[0].slices = {{0, 8192}};  // member 0's slices
+  refused(bad, "holds slices other than member 1 of 4 keeps");
+  bad = c;
+  bad.replicas.position = 2;  // member 2 keeps pieces 2..4
+  refused(bad, "holds slices other than member 2 of 4 keeps");
+  bad = c;
+  bad.tensors[0].piece_xxh3[2] = 0x77;
+  refused(bad, "piece 2 disagrees with its chunk");
+  bad = c;
+  bad.tensors[0].piece_xxh3.pop_back();
+  refused(bad, "does not list the xxh3 of each of its 5 pieces");
+  bad = c;
+  bad.tensors[0].shape = {8192};  // the kept bytes, not the shard's
+  refused(bad, "shape does not match its 16484 bytes");
+  bad = c;
+  bad.replicas.members = {2, 7, 5, 9};
+  refused(bad, "replica group is out of range");
+  bad = c;
+  bad.replicas.position = 4;
+  refused(bad, "replica group is out of range");
+  bad = c;
+  bad.replicas.piece_bytes = 1000;
+  refused(bad, "replica group is out of range");
+  bad = c;
+  bad.replicas.members = {2};
+  bad.replicas.position = 0;
+  refused(bad, "replica group is out of range");
+}
+
 // A manifest written field by field with the generated Create* functions, nothing sorted or
 // checked, to reach each semantic check of ManifestView::Open.
 struct RawTensor {
@@ -1521,6 +1612,61 @@ TEST(FormatGolden, ReadsV1) {
   EXPECT_EQ(records[4].header.sequence, 4u);
 }
 
+// ---- the golden manifest of format version 2 ------------------------------------------------
+
+// tests/data/golden-arc-v2.ckmf: ArcContents() as BuildManifest writes it. Version 2 changes only
+// the manifest (an "arc" replica group and deduplicated shards; the segment framing is version
+// 1's), so the golden file is the manifest alone. See tests/data/README.md.
+std::string GoldenV2Path() { return std::string(CKPTDB_TEST_DATA_DIR) + "/golden-arc-v2.ckmf"; }
+// XXH3-64 and size of the file; printed by FormatGolden.DISABLED_RegenerateV2.
+constexpr uint64_t kGoldenV2Xxh3 = 0x66ab1b68808ceb60ull;
+constexpr uint64_t kGoldenV2Bytes = 568;
+
+TEST(FormatGolden, DISABLED_RegenerateV2) {
+  std::vector<uint8_t> m = BuildManifest(ArcContents());
+  test::WriteWholeFile(GoldenV2Path(), std::string(m.begin(), m.end()));
+  std::printf("wrote %s: %zu bytes, xxh3 %s\n", GoldenV2Path().c_str(), m.size(),
+              Hex64(Xxh3(m.data(), m.size())).c_str());
+}
+
+TEST(FormatGolden, ReadsV2Manifest) {
+  std::string raw = test::ReadWholeFile(GoldenV2Path());
+  std::vector<uint8_t> bytes(raw.begin(), raw.end());
+  ASSERT_EQ(bytes.size(), kGoldenV2Bytes) << GoldenV2Path();
+  EXPECT_EQ(Hex64(Xxh3(bytes.data(), bytes.size())), Hex64(kGoldenV2Xxh3));
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, kBlockBytes + 2 * RecordBytes(4096) + RecordBytes(8),
+                                 "golden-arc-v2", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(v.root().format_version(), 2u);
+  const fb::Replicas* g = v.root().replicas();
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->protection(), fb::ReplicaProtection::Arc);
+  EXPECT_EQ(g->group(), 6u);
+  EXPECT_EQ(std::vector<uint32_t>(g->members()->begin(), g->members()->end()),
+            (std::vector<uint32_t>{2, 5, 7, 9}));
+  EXPECT_EQ(g->position(), 1u);
+  EXPECT_EQ(g->piece_bytes(), 4096u);
+  ASSERT_EQ(v.tensor_count(), 2u);
+  const fb::Tensor& rng = v.tensor(0);
+  EXPECT_EQ(rng.name()->str(), "rng");
+  EXPECT_EQ(rng.full_bytes(), 0u);
+  EXPECT_EQ(rng.bytes(), 8u);
+  const fb::Tensor& w = v.tensor(1);
+  EXPECT_EQ(w.name()->str(), "w");
+  EXPECT_EQ(w.full_bytes(), 16484u);
+  EXPECT_EQ(w.bytes(), 8192u);
+  EXPECT_EQ(w.first_chunk(), 0u);
+  EXPECT_EQ(w.chunk_count(), 2u);
+  ASSERT_EQ(w.slices()->size(), 1u);
+  EXPECT_EQ(w.slices()->Get(0)->offset(), 4096u);
+  EXPECT_EQ(w.slices()->Get(0)->bytes(), 8192u);
+  EXPECT_EQ(std::vector<uint64_t>(w.piece_xxh3()->begin(), w.piece_xxh3()->end()),
+            (std::vector<uint64_t>{0x10, 0x11, 0x12, 0x13, 0x14}));
+  EXPECT_EQ(v.chunk(1).xxh3(), 0x12u);
+  EXPECT_EQ(v.root().data_bytes(), 8200u);
+}
+
 // The fuzzers' seed inputs (fuzz/corpus/): valid segments and manifests and a few damaged ones,
 // each under 64 KiB. Regenerate them freely; unlike the golden file they pin nothing.
 TEST(FuzzSeeds, DISABLED_Regenerate) {
@@ -1553,6 +1699,7 @@ TEST(FuzzSeeds, DISABLED_Regenerate) {
   write("manifest/no-tensors.ckmf", none.manifest);
   write("manifest/one-chunk.ckmf", single.manifest);
   write("manifest/two-tensors.ckmf", ValidRaw().Build());
+  write("manifest/arc-slices.ckmf", BuildManifest(ArcContents()));
   RawManifest unsorted = ValidRaw();
   std::swap(unsorted.tensors[0].name, unsorted.tensors[1].name);
   write("manifest/unsorted.ckmf", unsorted.Build());
