@@ -157,7 +157,8 @@ int ckptdb_close(ckptdb* db);
 #define CKPTDB_PUT_COPY_NOW 0x1u /* copy out of `data` before returning */
 #define CKPTDB_PUT_DEVICE 0x2u   /* data is device memory: ENOTSUP in a host-only build */
 /* The shard is identical on every member of this rank's declared replica group (data-parallel
- * replicas, ckptdb_declare_replicas): the members compare it at commit. */
+ * replicas, ckptdb_declare_replicas): the members compare it at commit, and an "arc" group's
+ * members each keep only their slices of it. */
 #define CKPTDB_PUT_REPLICATED 0x4u
 
 /* Adds one shard (name, bytes) to `version` of this rank. The first put of a version opens it.
@@ -175,14 +176,26 @@ int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void*
  * declare it, every member with the same `group` number and `members` (count ranks, 2..1024,
  * distinct, below world_size, this rank among them). Shards put with CKPTDB_PUT_REPLICATED are
  * then compared at every commit: each member's digest of each such shard (its name, length and
- * the xxh3 of its chunks' xxh3s) goes to the coordinator, and a version whose replicas differ,
- * or that one member put as replicated and another did not, fails to commit on every rank with
- * an error naming the shard and the ranks (nothing of it is committed). `protection`: NULL or
- * "none" (every member keeps its whole shards; the comparison only); "arc" and "aec" (each
- * saving 1/count with local redundancy) are ENOTSUP in this build. Call it after open, before the
- * first put that uses it; again with the same arguments is a no-op. Errors: EINVAL (bad
- * arguments, world_size 1, members not as above), ESTATE (declared before with other arguments,
- * read-only handle), ENOTSUP. */
+ * the xxh3 of its chunk-sized pieces' xxh3s) goes to the coordinator, and a version whose
+ * replicas differ, or that one member put as replicated and another did not, or whose members
+ * declared different protections, fails to commit on every rank with an error naming the shard
+ * and the ranks (nothing of it is committed). `protection`:
+ *  - NULL or "none": every member keeps its whole shards; the comparison only.
+ *  - "arc" (REFT's ARC): each replicated shard is cut into count slices of whole chunks; member i
+ *    (its index in the sorted members) keeps slice i and, as the ARC copy of its neighbour,
+ *    slice i+1 mod count, copied from its own replica (no network bytes), and only hashes the
+ *    rest. A restore gathers the slices it lacks from the members that keep them (any of their
+ *    tiers; in a job with replicate:M, from their replicas too), each checked against this
+ *    rank's own hash. Members must be on distinct nodes. In a job without redundancy a member
+ *    puts only replicated shards (a private one is EINVAL: it would have no copy elsewhere), so
+ *    a member that lost its node restores from its group alone; ckptdb_latest and
+ *    ckptdb_recoverable count each slice's two keepers. Not with ec:K+M or xor:K (ENOTSUP).
+ *    Declare it again after a restart, before restoring.
+ *  - "aec" (parity of the peers' slices): ENOTSUP in this build.
+ * Call it after open, before the first put that uses it; again with the same arguments is a
+ * no-op. Errors: EINVAL (bad arguments, world_size 1, members not as above or two on one node
+ * with "arc"), ESTATE (declared before with other arguments, read-only handle, "arc" without
+ * redundancy after shards were put unreplicated into an open version), ENOTSUP. */
 int ckptdb_declare_replicas(ckptdb* db, uint32_t group, const uint32_t* members, size_t count,
                             const char* protection);
 
