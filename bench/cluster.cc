@@ -28,8 +28,15 @@
 //              disk tier read by a process whose reads of that disk are throttled (cgroup blkio,
 //              v1 read_bps_device or v2 io.max) to a tenth of the raw read rate measured in (b):
 //              a stand-in for a slow shared tier (ckptdb has no nfs tier yet).
+//   arc        REFT's ARC against plain replica groups: m ranks on m nodes, no redundancy, one
+//              replica group holding the same state, every shard put as replicated, declared
+//              "none" (each keeps the whole state) and "arc" (each keeps its slice and the next
+//              member's, hashing the rest). Per config: the bytes a rank keeps against its state
+//              (the ideal is 2/m), put + wait_capture and commit times, and the time every rank
+//              takes to restore its whole state at once (checked byte for byte), arc against none
+//              in the same run; and the bytes sent to peers at capture (none: 0).
 //
-// Usage: bench_cluster [--mode replicate|commit|restore|all] [--mib M] [--versions V]
+// Usage: bench_cluster [--mode replicate|commit|restore|coding|arc|all] [--mib M] [--versions V]
 //                      [--tls "UCX_TLS [UCX_NAME=VALUE]..."]... [--ranks 2,4,8] [--commit-kib K]
 //                      [--repeats R] [--shm DIR] [--disk DIR] [--timeout S]
 // --tls may be given more than once (replicate runs each; commit and restore use the first);
@@ -283,6 +290,7 @@ struct Job {
   // > 1: ranks [g * n, g * n + n) are replica group g (ckptdb_declare_replicas), holding the same
   // state (their group's first rank's) and putting every shard as replicated.
   uint32_t replica_group = 0;
+  const char* protection = nullptr;  // the replica groups' (ckptdb_declare_replicas)
   // A rank's directories (its store and its node's memory); a node's loss removes those of all
   // its ranks.
   std::string Node(uint32_t rank) const { return dir + "/node" + std::to_string(rank); }
@@ -661,7 +669,7 @@ bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
         if (n > 1) {
           std::vector<uint32_t> members;
           for (uint32_t m = first; m < first + n; ++m) members.push_back(m);
-          RANK_CHECK(ckptdb_declare_replicas(db, rank / n, members.data(), n, nullptr),
+          RANK_CHECK(ckptdb_declare_replicas(db, rank / n, members.data(), n, job.protection),
                      "declare replicas");
         }
         for (int v = 1; v <= versions; ++v) {
@@ -1130,6 +1138,147 @@ CodingResult CodingJob(const Args& a, uint32_t ranks, uint32_t per_node,
   return res;
 }
 
+// ---- arc ---------------------------------------------------------------------------------------
+
+struct ArcResult {
+  bool ok = false;
+  double kept_ratio = 0;  // the bytes the ranks keep (their segments' chunks) / their state
+  std::vector<double> capture_ms, commit_ms;  // per rank and measured version
+  std::vector<double> restore_s;              // per rank: its whole state, all ranks at once
+  double sent = 0;                            // replica_bytes_sent, all ranks
+};
+
+ArcResult ArcJob(const Args& a, uint32_t ranks, const char* protection, size_t bytes,
+                 int versions) {
+  Job job;
+  job.dir = a.shm + "/job";
+  job.ranks = ranks;
+  job.redundancy = "none";
+  job.replica_group = ranks;
+  job.protection = protection;
+  job.keep = 1;
+  job.port = FreePort();
+  fs::remove_all(job.dir);
+  ArcResult res;
+  res.ok = RunRanks(
+      ranks,
+      [&](uint32_t rank) {
+        RankState s = MakeRankState(0, bytes);  // every rank the same replica
+        ckptdb* db = nullptr;
+        RANK_CHECK(OpenRank(job, rank, s.bytes, &db), "open");
+        std::vector<uint32_t> members;
+        for (uint32_t m = 0; m < ranks; ++m) members.push_back(m);
+        RANK_CHECK(ckptdb_declare_replicas(db, 0, members.data(), ranks, protection), "declare");
+        for (int v = 1; v <= versions; ++v) {
+          Step(s, v);
+          Barrier();
+          const auto t0 = Clock::now();
+          RANK_CHECK(PutAll(db, s, v, CKPTDB_PUT_REPLICATED), "put");
+          g_shared->t0[rank][v] = Since(t0) * 1e3;
+          Barrier();
+          const auto t1 = Clock::now();
+          RANK_CHECK(ckptdb_commit(db, v, 0), "commit");
+          g_shared->t1[rank][v] = Since(t1) * 1e3;
+        }
+        uint64_t kept = 0;
+        auto add = [](void* arg, const ckptdb_chunk_desc* c) {
+          *static_cast<uint64_t*>(arg) += c->payload_bytes;
+          return 0;
+        };
+        for (const std::string& name : s.names) {
+          RANK_CHECK(ckptdb_list_chunks(db, versions, name.c_str(), add, &kept, nullptr), "list");
+        }
+        g_shared->value[rank][0] = static_cast<double>(kept);
+        std::vector<uint8_t> out(s.shard_bytes);
+        Barrier();
+        const auto t2 = Clock::now();
+        for (size_t i = 0; i < s.shards.size(); ++i) {
+          RANK_CHECK(ckptdb_restore(db, versions, s.names[i].c_str(), out.data(), out.size(), 0),
+                     "restore");
+          if (std::memcmp(out.data(), s.shards[i], out.size()) != 0) {
+            std::fprintf(stderr, "rank %u: %s restored wrong\n", rank, s.names[i].c_str());
+            return 1;
+          }
+        }
+        g_shared->value[rank][1] = Since(t2);
+        ckptdb_stats_t st;
+        ckptdb_stats(db, &st);
+        g_shared->value[rank][2] = static_cast<double>(st.replica_bytes_sent);
+        RANK_CHECK(CloseRanks(db, rank, ranks), "close");
+        return 0;
+      },
+      a.timeout_s);
+  fs::remove_all(job.dir);
+  if (!res.ok) return res;
+  double kept = 0;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    kept += g_shared->value[r][0];
+    res.restore_s.push_back(g_shared->value[r][1]);
+    res.sent += g_shared->value[r][2];
+    for (int v = 2; v <= versions; ++v) {  // version 1 pays the arena's first touch
+      res.capture_ms.push_back(g_shared->t0[r][v]);
+      res.commit_ms.push_back(g_shared->t1[r][v]);
+    }
+  }
+  const size_t state = (bytes + kShardBytes - 1) / kShardBytes * std::min(bytes, kShardBytes);
+  res.kept_ratio = kept / (static_cast<double>(state) * ranks);
+  return res;
+}
+
+void Arc(const Args& a) {
+  const size_t bytes = (a.mib ? a.mib : 128) * kMiB;
+  const int versions = a.versions ? a.versions : 4;
+  const std::string tls = ApplyTls(a.tls.front());
+  std::printf(
+      "== REFT's ARC: m ranks on m nodes holding the same %zu MiB state, one replica group, no "
+      "redundancy, UCX_TLS=%s; \"none\" keeps it whole, \"arc\" each rank's 2 slices ==\n",
+      bytes / kMiB, tls.c_str());
+  Perf bw = PerfOne(tls, "ucp_am_bw", kPieceBytes, 200);
+  if (bw.ok) {
+    std::printf("  limit: ucx_perftest ucp_am_bw, one pair, %zu MiB messages: %.2f GB/s\n",
+                kPieceBytes / kMiB, bw.gbs);
+  }
+  std::printf("  %-3s %-5s %9s %9s %13s %12s %14s %12s %11s\n", "m", "group", "kept", "ideal",
+              "capture ms", "commit ms", "restore s", "restore GB/s", "sent at cap");
+  for (uint32_t m : a.ranks) {
+    if (m < 2 || m > kMaxRanks) continue;
+    ArcResult none = ArcJob(a, m, "none", bytes, versions);
+    ArcResult arc = ArcJob(a, m, "arc", bytes, versions);
+    for (const auto* r : {&none, &arc}) {
+      const bool is_arc = r == &arc;
+      if (!r->ok) {
+        std::printf("  %-3u %-5s failed (see stderr)\n", m, is_arc ? "arc" : "none");
+        continue;
+      }
+      const double restore = Median(r->restore_s);
+      std::printf("  %-3u %-5s %8.1f%% %8.1f%% %13.1f %12.1f %14.3f %12.2f %11.0f\n", m,
+                  is_arc ? "arc" : "none", 100 * r->kept_ratio, is_arc ? 100.0 * 2 / m : 100.0,
+                  Median(r->capture_ms), Median(r->commit_ms), restore, bytes / restore / 1e9,
+                  r->sent);
+    }
+    if (none.ok && arc.ok) {
+      std::printf("      arc / none: memory %.2f, capture %.2f, commit %.2f, restore %.2f\n",
+                  arc.kept_ratio / none.kept_ratio,
+                  Median(arc.capture_ms) / Median(none.capture_ms),
+                  Median(arc.commit_ms) / Median(none.commit_ms),
+                  Median(arc.restore_s) / Median(none.restore_s));
+      // What arc's restores moved: every rank gathers the (1 - kept) of its state it lacks.
+      const double gathered = (1 - arc.kept_ratio) * static_cast<double>(bytes) * m;
+      const double slowest = *std::max_element(arc.restore_s.begin(), arc.restore_s.end());
+      std::printf(
+          "      arc gathered %.0f MiB over the network in all, %.2f GB/s (%.0f%% of one "
+          "ucp_am_bw pair)\n",
+          gathered / kMiB, gathered / slowest / 1e9,
+          bw.ok ? 100 * gathered / slowest / 1e9 / bw.gbs : 0.0);
+    }
+  }
+  std::printf(
+      "  (kept: the chunks of the ranks' segments over their states; capture: put_shard of every "
+      "shard + wait_capture; restore: every rank restores its whole state at once, the median "
+      "rank; medians over ranks and versions 2..%d)\n",
+      versions);
+}
+
 void Coding(const Args& a) {
   const size_t bytes = (a.mib ? a.mib : 64) * kMiB;
   const int versions = std::clamp(a.versions ? a.versions : 6, 3, kMaxVersions - 1);
@@ -1217,7 +1366,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--mode replicate|commit|restore|coding|all] [--mib M] [--versions V] "
+          "usage: %s [--mode replicate|commit|restore|coding|arc|all] [--mib M] [--versions V] "
           "[--tls UCX_TLS]... [--ranks 2,4,8] [--commit-kib K] [--repeats R] [--shm DIR] "
           "[--disk DIR] [--timeout S] [--only NODESxPER:REDUNDANCY]\n",
           argv[0]);
@@ -1249,6 +1398,10 @@ int main(int argc, char** argv) {
   if (all || a.mode == "coding") {
     if (all) std::printf("\n");
     Coding(a);
+  }
+  if (all || a.mode == "arc") {
+    if (all) std::printf("\n");
+    Arc(a);
   }
   fs::remove_all(a.shm);
   fs::remove_all(a.disk);

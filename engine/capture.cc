@@ -131,24 +131,6 @@ Status Db::ValidatePut(uint64_t version, const char* name, const void* data, siz
   if (flags & ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE | CKPTDB_PUT_REPLICATED)) {
     return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if ((flags & CKPTDB_PUT_REPLICATED) && !replica_group_) {
-      return Status::Invalid(what +
-                             ": CKPTDB_PUT_REPLICATED without a replica group "
-                             "(ckptdb_declare_replicas)");
-    }
-    if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->arc &&
-        cluster_->options().replicas <= 1 && !cluster_->options().code) {
-      // A member that loses its node restores from its group alone: nothing of it may exist
-      // only on its own node.
-      return Status::Invalid(what +
-                             ": a member of an \"arc\" replica group in a job without "
-                             "redundancy puts only replicated shards (CKPTDB_PUT_REPLICATED); "
-                             "this one would have no copy on another node (use redundancy "
-                             "replicate:M to keep private shards)");
-    }
-  }
   if (flags & CKPTDB_PUT_DEVICE) {
     return Status::NotSupported(what + ": device memory needs a CUDA or HIP build");
   }
@@ -213,6 +195,22 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   std::string what = "put_shard '" + t.name + "' into " + V(version);
   std::unique_lock<std::mutex> lock(mu_);
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
+  // Under the same lock as the put itself: a declaration cannot slip in between.
+  if ((flags & CKPTDB_PUT_REPLICATED) && !replica_group_) {
+    return Status::Invalid(what +
+                           ": CKPTDB_PUT_REPLICATED without a replica group "
+                           "(ckptdb_declare_replicas)");
+  }
+  if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->arc &&
+      cluster_->options().replicas <= 1 && !cluster_->options().code) {
+    // A member that loses its node restores from its group alone: nothing of it may exist
+    // only on its own node.
+    return Status::Invalid(what +
+                           ": a member of an \"arc\" replica group in a job without "
+                           "redundancy puts only replicated shards (CKPTDB_PUT_REPLICATED); "
+                           "this one would have no copy on another node (use redundancy "
+                           "replicate:M to keep private shards)");
+  }
   auto existing = live_.find(version);
   if (existing != live_.end() && existing->second.names.count(t.name)) {
     return Status::Exists(what + ": the name was already put in this version");

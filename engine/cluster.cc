@@ -1885,24 +1885,31 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
     // units from memory; a member of its replica group gathering slices reads any tier. Copied
     // out of the arena (its extents need not lie next to each other), or sent from a file's
     // mapping.
-    if (!hooks_.read_own) {
+    if (!hooks_.read_own || !hooks_.own_bytes || !hooks_.own_file) {
       return Fail(reply, Status::Invalid(R(options_.rank) + " serves no segment of its own"));
     }
     const std::string mine = R(options_.rank) + "'s own segment";
+    // Its memory first; a file copy when the asker takes any tier and memory has none (or
+    // dropped it between the size and the read).
+    auto from_file = [&](std::shared_ptr<MappedFile>* map, uint64_t* size) {
+      std::string path;
+      Status fs = hooks_.own_file(version, &path);
+      if (fs.ok()) fs = MappedFile::OpenReadOnly(path, map);
+      if (fs.ok()) *size = (*map)->bytes();
+      return fs;
+    };
     std::shared_ptr<MappedFile> map;
     uint64_t size = 0;
     st = hooks_.own_bytes(version, &size);
-    if (st.code() == CKPTDB_ENOTFOUND && any_tier) {
-      std::string path;
-      st = hooks_.own_file(version, &path);
-      if (st.ok()) st = MappedFile::OpenReadOnly(path, &map);
-      if (st.ok()) size = map->bytes();
-    }
-    if (st.ok() && (offset > size || bytes > size - offset)) {
-      st = Status::Invalid(V(version) + ": the range [" + std::to_string(offset) + ", +" +
-                           std::to_string(bytes) + ") is past its " + std::to_string(size) +
-                           " bytes");
-    }
+    if (st.code() == CKPTDB_ENOTFOUND && any_tier) st = from_file(&map, &size);
+    auto in_range = [&] {
+      return offset > size || bytes > size - offset
+                 ? Status::Invalid(V(version) + ": the range [" + std::to_string(offset) + ", +" +
+                                   std::to_string(bytes) + ") is past its " + std::to_string(size) +
+                                   " bytes")
+                 : Status::Ok();
+    };
+    if (st.ok()) st = in_range();
     if (!st.ok()) return Fail(reply, st.WithContext(mine));
     if (bytes == 0) {  // its size (a member of its replica group opening it)
       WireWriter w;
@@ -1910,19 +1917,24 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
       reply->body = w.Take();
       return;
     }
-    if (map != nullptr) {
-      map->Populate(offset, bytes);
-      return ServeMapped(std::move(map), offset, bytes, reply);
+    if (map == nullptr) {
+      auto out = std::make_shared<std::vector<uint8_t>>(bytes);
+      st = hooks_.read_own(version, offset, bytes, out->data());
+      if (st.ok()) {
+        reply->payload = out->data();
+        reply->payload_bytes = bytes;
+        reply->keep = std::move(out);
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.served_bytes += bytes;
+        return;
+      }
+      if (st.code() != CKPTDB_ENOTFOUND || !any_tier) return Fail(reply, st.WithContext(mine));
+      st = from_file(&map, &size);
+      if (st.ok()) st = in_range();
+      if (!st.ok()) return Fail(reply, st.WithContext(mine));
     }
-    auto out = std::make_shared<std::vector<uint8_t>>(bytes);
-    st = hooks_.read_own(version, offset, bytes, out->data());
-    if (!st.ok()) return Fail(reply, st.WithContext(mine));
-    reply->payload = out->data();
-    reply->payload_bytes = bytes;
-    reply->keep = std::move(out);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.served_bytes += bytes;
-    return;
+    map->Populate(offset, bytes);
+    return ServeMapped(std::move(map), offset, bytes, reply);
   }
   // From the replica's mapping: the reply's payload is sent from it, nothing is copied.
   std::shared_ptr<MappedFile> map;

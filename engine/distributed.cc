@@ -663,6 +663,7 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
                "'s manifest");
     return Status::Ok();
   }
+  for (auto& [key, member] : arc_members_) member.failed = false;  // ask again next time
   return Status::Ok();
 }
 
@@ -756,16 +757,25 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
       }
     }
   }
-  if (cluster_->options().replicas <= 1) return;
-  for (uint32_t s = 0; s < count; ++s) {
-    for (uint32_t q : {s, (s + count - 1) % count}) {
-      if (q == d.position || !missing(s)) continue;
-      std::vector<ReplicaHolder> holders;
-      Status st = cluster_->Holders(d.members[q], version, &holders);
-      if (!st.ok()) plan->Note(st.message());
-      for (const ReplicaHolder& h : holders) {
-        if (missing(s)) gather(s, q, h);
+  if (cluster_->options().replicas > 1) {
+    for (uint32_t s = 0; s < count; ++s) {
+      for (uint32_t q : {s, (s + count - 1) % count}) {
+        if (q == d.position || !missing(s)) continue;
+        std::vector<ReplicaHolder> holders;
+        Status st = cluster_->Holders(d.members[q], version, &holders);
+        if (!st.ok()) plan->Note(st.message());
+        for (const ReplicaHolder& h : holders) {
+          if (missing(s)) gather(s, q, h);
+        }
       }
+    }
+  }
+  // Members that failed are skipped for the rest of this version's tensors while restores
+  // succeed; one that fails makes the next call ask them all again (they may be back).
+  for (uint32_t s = 0; s < count; ++s) {
+    if (missing(s)) {
+      for (auto& [key, member] : arc_members_) member.failed = false;
+      break;
     }
   }
 }

@@ -433,7 +433,13 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   uint64_t pieces_missing = 0;
   if (plan.dedup) {
     RestorePlan::Dedup& d = *plan.dedup;
-    if (plan.pending.empty()) GatherSlices(version, name, out, &plan);
+    // Its own pieces no tier could supply are kept by another member too (slice p by member
+    // p - 1, slice p + 1 by member p + 1): they are gathered like the rest.
+    for (uint32_t c : plan.pending) d.have[plan.dst_offset[c - plan.first] / d.piece_bytes] = false;
+    GatherSlices(version, name, out, &plan);
+    std::erase_if(plan.pending, [&](uint32_t c) {
+      return d.have[plan.dst_offset[c - plan.first] / d.piece_bytes];
+    });
     for (size_t p = 0; p < d.have.size(); ++p) {
       if (d.have[p]) continue;  // kept here (pending says whether it was read) or gathered
       // Never wrong bytes: a piece no member supplied is zeroed.
@@ -460,8 +466,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
                            std::to_string(plan.count) + " chunks have no good copy on any tier" +
                            (cluster_ != nullptr ? " or peer" : "") + " (" + last_problem_ +
                            (plan.errors.empty() ? "" : "; " + plan.errors) +
-                           "); their bytes in the buffer are zeroed" +
-                           (plan.dedup ? ", as are the slices other members keep" : ""));
+                           "); their bytes in the buffer are zeroed");
   }
   if (pieces_missing > 0) {
     const RestorePlan::Dedup& d = *plan.dedup;

@@ -41,8 +41,9 @@ Status CheckSlices(const fb::Manifest& m, const fb::Tensor& t, const fb::Replica
   const uint64_t n = full / piece + (full % piece != 0);
   const uint32_t slice_count = t.slices() ? t.slices()->size() : 0;
   if (!t.piece_xxh3() || t.piece_xxh3()->size() != n || !ElementsAligned(t.piece_xxh3()) ||
-      !ElementsAligned(t.slices())) {
-    return bad(label + " does not list the xxh3 of each of its " + std::to_string(n) + " pieces");
+      !t.slices() || !ElementsAligned(t.slices())) {
+    return bad(label + " does not list its slices and the xxh3 of each of its " +
+               std::to_string(n) + " pieces");
   }
   const auto held = HeldPieces(n, group.members()->size(), group.position());
   bool same = held.size() == slice_count;

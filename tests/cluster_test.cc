@@ -588,6 +588,32 @@ TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
+// Flips two payload bytes of chunk `sequence` of `rank`'s segment of `version` in the rank's
+// ram arena, found by its record header (the arena holds older versions' bytes, and the tests'
+// data repeats shifted from version to version, so content alone is ambiguous).
+void FlipChunkInArena(const Job& job, uint32_t rank, uint64_t version, uint32_t sequence) {
+  std::string arena;
+  for (const auto& e : std::filesystem::directory_iterator(job.Node(rank) + "/shm")) {
+    if (e.path().extension() == ".ram") arena = e.path().string();
+  }
+  ASSERT_FALSE(arena.empty());
+  std::string bytes = test::ReadWholeFile(arena);
+  size_t record = std::string::npos;
+  for (size_t at = 0; at + format::kBlockBytes <= bytes.size(); at += format::kBlockBytes) {
+    format::RecordHeader h;
+    const auto* block = reinterpret_cast<const uint8_t*>(bytes.data()) + at;
+    if (format::DecodeRecordHeader(std::span<const uint8_t, 64>(block, 64), "arena", &h).ok() &&
+        h.type == format::RecordType::kChunk && h.version == version && h.rank == rank &&
+        h.sequence == sequence) {
+      record = at;
+    }
+  }
+  ASSERT_NE(record, std::string::npos) << "the chunk in rank " << rank << "'s arena";
+  bytes[record + format::kBlockBytes + 1000] ^= 0x40;
+  bytes[record + format::kBlockBytes + 300000] ^= 0x40;
+  test::WriteWholeFile(arena, bytes);
+}
+
 // REFT's ARC (ckptdb_declare_replicas "arc") in a job without redundancy: the four ranks hold
 // the same replicated shards; each keeps only its own slice and the next member's (2/4 of the
 // bytes), hashing the rest, so a replica that differs only in bytes its rank does not keep
@@ -685,6 +711,9 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
 
+  // Rank 1's own copy of piece 2 of shared/0 (its chunk 0, slice 1) goes bad: rank 1 and every
+  // rank that reads slice 1 from it take the piece from rank 0's ARC copy instead.
+  ASSERT_NO_FATAL_FAILURE(FlipChunkInArena(job_, 1, 2, 0));
   job_.WipeNode(2);
   job_.port = FreePort();
   codes = RunRanks([&](uint32_t rank) {
@@ -699,6 +728,10 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
     if (RestoreShared(db, rank, 2, &sources) != 0) return 1;
     RANK_CHECK(sources.find("arc:rank2") == std::string::npos, "served by the lost rank: %s",
                sources.c_str());
+    if (rank != 0) {
+      RANK_CHECK(sources.find("arc:rank0") != std::string::npos, "piece 2 not from rank 0: %s",
+                 sources.c_str());
+    }
     if (rank == 2) {
       RANK_CHECK(sources.find("ram") == std::string::npos, "rank 2 read its own ram: %s",
                  sources.c_str());
@@ -1068,31 +1101,8 @@ TEST_F(ClusterTest, ACorruptUnitACorruptParityBlockAndALostNodeAreAllErasures) {
     return 0;
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-  // Rank 0's arena: two bytes of v3's third chunk record (tensor w0's bytes 2 MiB..3 MiB), found
-  // by its record header (the arena holds older versions' bytes, and this test's data repeats
-  // shifted from version to version, so content alone is ambiguous).
-  std::string arena;
-  for (const auto& e : std::filesystem::directory_iterator(job_.Node(0) + "/shm")) {
-    if (e.path().extension() == ".ram") arena = e.path().string();
-  }
-  ASSERT_FALSE(arena.empty());
-  {
-    std::string bytes = test::ReadWholeFile(arena);
-    size_t record = std::string::npos;
-    for (size_t at = 0; at + format::kBlockBytes <= bytes.size(); at += format::kBlockBytes) {
-      format::RecordHeader h;
-      const auto* block = reinterpret_cast<const uint8_t*>(bytes.data()) + at;
-      if (format::DecodeRecordHeader(std::span<const uint8_t, 64>(block, 64), "arena", &h).ok() &&
-          h.type == format::RecordType::kChunk && h.version == 3 && h.rank == 0 &&
-          h.sequence == 2) {
-        record = at;
-      }
-    }
-    ASSERT_NE(record, std::string::npos) << "v3's chunk 2 in rank 0's arena";
-    bytes[record + format::kBlockBytes + 1000] ^= 0x40;
-    bytes[record + format::kBlockBytes + 300000] ^= 0x40;
-    test::WriteWholeFile(arena, bytes);
-  }
+  // Rank 0's arena: two bytes of v3's third chunk record (tensor w0's bytes 2 MiB..3 MiB).
+  ASSERT_NO_FATAL_FAILURE(FlipChunkInArena(job_, 0, 3, 2));
   const std::string parity =
       job_.Node(3) + "/shm/ckptdb-parity-r3/g00000-v00000000000000000003.par";
   ASSERT_TRUE(std::filesystem::exists(parity)) << parity;

@@ -821,7 +821,7 @@ TEST(Manifest, DeduplicatedShardsRoundTripAndAreChecked) {
   refused(bad, "piece 2 disagrees with its chunk");
   bad = c;
   bad.tensors[0].piece_xxh3.pop_back();
-  refused(bad, "does not list the xxh3 of each of its 5 pieces");
+  refused(bad, "does not list its slices and the xxh3 of each of its 5 pieces");
   bad = c;
   bad.tensors[0].shape = {8192};  // the kept bytes, not the shard's
   refused(bad, "shape does not match its 16484 bytes");

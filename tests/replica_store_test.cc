@@ -321,7 +321,10 @@ TEST(ReplicaStoreTest, NoPieceLandsBeforeTheBeginHasAllocatedTheMemory) {
   std::atomic<int> refused_early{0};
   size_t resident_at_first_place = 0;
   std::thread placer([&] {
-    for (int i = 0; i < 2000000; ++i) {
+    // Until the begin is done (however long a loaded machine takes to allocate), then a few
+    // more tries: a placement must succeed once it is.
+    for (int after = 0; after < 1000;) {
+      const bool was_begun = begun;
       uint8_t* at = nullptr;
       std::shared_ptr<MappedFile> keep;
       Status st = store->Place(0, 1, bytes, 0, 4096, &at, &keep);
@@ -330,7 +333,7 @@ TEST(ReplicaStoreTest, NoPieceLandsBeforeTheBeginHasAllocatedTheMemory) {
         return;
       }
       if (st.message().find("being allocated") != std::string::npos) ++refused_early;
-      if (begun && i > 1000) return;
+      if (was_begun) ++after;
     }
   });
   Status st = store->Begin(0, 1, bytes, "replica");
