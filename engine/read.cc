@@ -620,6 +620,7 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
           (t.global_offset() && t.global_offset()->size()) ? t.global_offset()->data() : nullptr;
       d.nbytes = format::ShardBytes(t);  // what a restore fills; a deduplicated shard keeps less
       d.chunk_count = t.chunk_count();
+      d.kept_bytes = t.bytes();
       if (fn(arg, &d) != 0) break;
     }
     return Status::Ok();

@@ -6,6 +6,7 @@
 // the wrong job token.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -711,6 +712,34 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
 
+  // Rank 1's store alone (read-only, outside the job): it lists the whole shard and what it
+  // keeps of it, and a restore, which cannot reach the group, fails naming why, buffer zeroed.
+  {
+    const std::string root = job_.Node(1) + "/root";
+    ckptdb_options o;
+    ckptdb_options_init(&o);
+    o.root = root.c_str();
+    o.read_only = 1;
+    ckptdb* db = nullptr;
+    ASSERT_EQ(ckptdb_open(&o, &db), 0) << ckptdb_last_error();
+    std::map<std::string, std::pair<uint64_t, uint64_t>> listed;  // name -> (bytes, kept)
+    ASSERT_EQ(ckptdb_list(
+                  db, 2,
+                  [](void* arg, const ckptdb_tensor_desc* t) {
+                    (*static_cast<decltype(listed)*>(arg))[t->name] = {t->nbytes, t->kept_bytes};
+                    return 0;
+                  },
+                  &listed),
+              0);
+    EXPECT_EQ(listed["shared/0"], std::make_pair(uint64_t{kSharedBytes}, uint64_t{5} << 20));
+    EXPECT_EQ(listed["shared/1"], std::make_pair(uint64_t{100000}, uint64_t{0}));
+    std::vector<uint8_t> out(kSharedBytes, 0xEE);
+    EXPECT_EQ(ckptdb_restore(db, 2, "shared/0", out.data(), out.size(), 0), CKPTDB_ECORRUPT);
+    EXPECT_THAT(std::string(ckptdb_last_error()), ::testing::HasSubstr("needs the job"));
+    EXPECT_TRUE(std::all_of(out.begin(), out.begin() + (2 << 20), [](uint8_t x) { return x == 0; }))
+        << "pieces 0 and 1, which rank 1 does not keep, are zeroed";
+    ckptdb_close(db);
+  }
   // Rank 1's own copy of piece 2 of shared/0 (its chunk 0, slice 1) goes bad: rank 1 and every
   // rank that reads slice 1 from it take the piece from rank 0's ARC copy instead.
   ASSERT_NO_FATAL_FAILURE(FlipChunkInArena(job_, 1, 2, 0));

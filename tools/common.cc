@@ -67,6 +67,7 @@ int ListTensors(ckptdb* db, uint64_t version, std::vector<TensorRecord>* out) {
     }
     r.bytes = t->nbytes;
     r.chunk_count = t->chunk_count;
+    r.kept_bytes = t->kept_bytes;
     records->push_back(std::move(r));
     return 0;
   };

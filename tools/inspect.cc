@@ -142,6 +142,7 @@ nlohmann::ordered_json VersionJson(const VersionRecord& v, const Detail* d) {
     tj["global_shape"] = t.global_shape;
     tj["global_offset"] = t.global_offset;
     tj["bytes"] = t.bytes;
+    tj["kept_bytes"] = t.kept_bytes;
     tj["chunk_count"] = t.chunk_count;
     if (d->chunked) {
       tj["chunks"] = nlohmann::ordered_json::array();
@@ -215,6 +216,12 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
     if (!t.global_shape.empty()) {
       std::printf("  %-*s  shard at %s of global %s\n", static_cast<int>(width), "",
                   FormatShape(t.global_offset).c_str(), FormatShape(t.global_shape).c_str());
+    }
+    if (t.kept_bytes != t.bytes) {
+      std::printf(
+          "  %-*s  deduplicated by its \"arc\" replica group: this segment keeps %s, its two "
+          "slices; a restore gathers the rest from the group\n",
+          static_cast<int>(width), "", HumanBytes(t.kept_bytes).c_str());
     }
     if (d.chunked) {
       for (size_t c = 0; c < d.chunks[i].size(); c++) {

@@ -271,6 +271,8 @@ typedef struct ckptdb_tensor_desc {
   uint64_t nbytes;               /* the shard's size (what ckptdb_restore fills) */
   uint32_t chunk_count;          /* the chunks this rank's segment keeps of it: of a shard an "arc"
                                     replica group deduplicated, only its slices' */
+  uint64_t kept_bytes;           /* the bytes those chunks hold: nbytes, or less for such a
+                                    shard */
 } ckptdb_tensor_desc;
 
 /* Return nonzero to stop the listing early. */
