@@ -37,3 +37,6 @@ echo "== issue 5: encode, a holder's accumulation and decode against bare ISA-L;
 echo
 echo "== issue 5: replicate:2 against ec:2+2, xor:3, ec:4+2, ec:6+2 on 4, 6 and 8 nodes =="
 "$build/bench_cluster" --mode coding --mib 64 --tls tcp
+echo
+echo "== issue 5: REFT's ARC against plain replica groups of 2, 4 and 8 ranks (128 MiB each) =="
+"$build/bench_cluster" --mode arc --mib 128 --ranks 2,4,8 --tls tcp
