@@ -296,6 +296,18 @@ struct Job {
   std::string Node(uint32_t rank) const { return dir + "/node" + std::to_string(rank); }
 };
 
+// A job of `ranks` ranks on fresh directories under --shm, its coordinator on a free port.
+Job NewJob(const Args& a, uint32_t ranks, const std::string& redundancy, uint32_t keep = 1) {
+  Job job;
+  job.dir = a.shm + "/job";
+  job.ranks = ranks;
+  job.redundancy = redundancy;
+  job.keep = keep;
+  job.port = FreePort();
+  fs::remove_all(job.dir);
+  return job;
+}
+
 // A ram arena for keep + 1 versions of `bytes` (one being captured while `keep` are kept), plus
 // record headers and slack.
 std::string RamMib(size_t bytes, uint32_t keep) {
@@ -473,13 +485,7 @@ struct ReplicateResult {
 ReplicateResult ReplicateJob(const Args& a, const std::string& redundancy, size_t bytes0,
                              size_t bytes1, int versions,
                              const std::function<void(int)>& between = {}) {
-  Job job;
-  job.dir = a.shm + "/job";
-  job.ranks = 2;
-  job.redundancy = redundancy;
-  job.keep = 1;
-  job.port = FreePort();
-  fs::remove_all(job.dir);
+  Job job = NewJob(a, 2, redundancy);
   ReplicateResult res;
   res.ok = RunRanks(
       2,
@@ -692,14 +698,8 @@ bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
 
 CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redundancy, size_t bytes,
                        int warmup, int versions, uint32_t replica_group = 0) {
-  Job job;
-  job.dir = a.shm + "/job";
-  job.ranks = ranks;
-  job.redundancy = redundancy;
+  Job job = NewJob(a, ranks, redundancy);
   job.replica_group = replica_group;
-  job.keep = 1;
-  job.port = FreePort();
-  fs::remove_all(job.dir);
   CommitResult res;
   const int total = warmup + versions;
   res.ok = CommitVersions(a, job, bytes, total);
@@ -943,13 +943,7 @@ void Restore(const Args& a) {
       bytes >> 20, tls.c_str(), a.repeats);
   // (a) From a peer. Both ranks save version 1 (replicate:2: each holds the other's replica);
   // then node 1 is lost (its directories, memory included) and rank 1 reopens on empty ones.
-  Job job;
-  job.dir = a.shm + "/job";
-  job.ranks = 2;
-  job.redundancy = "replicate:2";
-  job.keep = 2;
-  job.port = FreePort();
-  fs::remove_all(job.dir);
+  Job job = NewJob(a, 2, "replicate:2", 2);
   bool ok = RunRanks(
       2,
       [&](uint32_t rank) {
@@ -1093,15 +1087,9 @@ struct CodingResult {
 // `redundancy`; then node 1 is lost and its first rank restores everything on empty directories.
 CodingResult CodingJob(const Args& a, uint32_t ranks, uint32_t per_node,
                        const std::string& redundancy, size_t bytes, int versions) {
-  Job job;
-  job.dir = a.shm + "/job";
-  job.ranks = ranks;
+  Job job = NewJob(a, ranks, redundancy);
   job.ranks_per_node = per_node;
   const uint32_t lost = per_node;  // node 1's first rank
-  job.redundancy = redundancy;
-  job.keep = 1;
-  job.port = FreePort();
-  fs::remove_all(job.dir);
   CodingResult res;
   const int warmup = 2;
   res.ok = CommitVersions(a, job, bytes, versions);
@@ -1150,15 +1138,9 @@ struct ArcResult {
 
 ArcResult ArcJob(const Args& a, uint32_t ranks, const char* protection, size_t bytes,
                  int versions) {
-  Job job;
-  job.dir = a.shm + "/job";
-  job.ranks = ranks;
-  job.redundancy = "none";
+  Job job = NewJob(a, ranks, "none");
   job.replica_group = ranks;
   job.protection = protection;
-  job.keep = 1;
-  job.port = FreePort();
-  fs::remove_all(job.dir);
   ArcResult res;
   res.ok = RunRanks(
       ranks,

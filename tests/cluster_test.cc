@@ -84,6 +84,12 @@ int FreePort() {
   return 0;
 }
 
+// Node `lost` is gone (its directories wiped); the job's next run gets a fresh coordinator port.
+void LoseNode(Job& job, uint32_t lost) {
+  job.WipeNode(lost);
+  job.port = FreePort();
+}
+
 // Opens rank `rank` of the job (its node is node<rank>); returns the status.
 int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   std::string node = job.Node(rank);
@@ -259,8 +265,7 @@ void LoseANodeAndRestore(Job& job, uint32_t lost) {
     return 0;
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-  job.WipeNode(lost);
-  job.port = FreePort();
+  LoseNode(job, lost);
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job, rank, 3, &db) != 0) return 1;
@@ -743,8 +748,7 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   // Rank 1's own copy of piece 2 of shared/0 (its chunk 0, slice 1) goes bad: rank 1 and every
   // rank that reads slice 1 from it take the piece from rank 0's ARC copy instead.
   ASSERT_NO_FATAL_FAILURE(FlipChunkInArena(job_, 1, 2, 0));
-  job_.WipeNode(2);
-  job_.port = FreePort();
+  LoseNode(job_, 2);
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
@@ -774,8 +778,7 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
 
-  job_.WipeNode(1);
-  job_.port = FreePort();
+  LoseNode(job_, 1);
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
@@ -1071,8 +1074,7 @@ TEST_F(ClusterTest, RecoverableCountsOnlySurvivorsThatHoldTheVersionInMemory) {
                                          "/g00000-v00000000000000000001.par"))
         << "v1's parity should have been dropped (retention keeps 2)";
   }
-  job_.WipeNode(1);
-  job_.port = FreePort();
+  LoseNode(job_, 1);
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 3, &db) != 0) return 1;
@@ -1523,8 +1525,7 @@ TEST_F(NetnsClusterTest, RanksAtDistinctAddressesReplicateAndRestoreAcrossABridg
     return 0;
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-  job_.WipeNode(3);
-  job_.port = FreePort();
+  LoseNode(job_, 3);
   codes = RunRanks([&](uint32_t rank) {
     RANK_CHECK(Enter(rank) == 0, "setns into %s: %s", Ns(rank).c_str(), std::strerror(errno));
     ckptdb* db = nullptr;
