@@ -224,14 +224,20 @@ int CheckRecoverable(ckptdb* db, uint32_t rank, uint64_t version, int recoverabl
   return 0;
 }
 
+// Tensor `name` of `version` restores to exactly `want`.
+int RestoreEquals(ckptdb* db, uint32_t rank, uint64_t version, const std::string& name,
+                  const std::vector<uint8_t>& want) {
+  std::vector<uint8_t> out(want.size(), 0xEE);
+  int rc = ckptdb_restore(db, version, name.c_str(), out.data(), out.size(), 0);
+  RANK_CHECK(rc == 0, "restore %s v%llu: %d", name.c_str(), (unsigned long long)version, rc);
+  RANK_CHECK(out == want, "restored bytes of %s differ", name.c_str());
+  return 0;
+}
+
 int CheckRestore(ckptdb* db, uint32_t rank, uint64_t version, std::string* source) {
   for (int which = 0; which < 2; ++which) {
-    std::vector<uint8_t> out(kTensorBytes);
     std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
-    int rc = ckptdb_restore(db, version, name.c_str(), out.data(), out.size(), 0);
-    RANK_CHECK(rc == 0, "restore %s v%llu: %d", name.c_str(), (unsigned long long)version, rc);
-    RANK_CHECK(out == TensorData(rank, version, which), "restored bytes of %s differ",
-               name.c_str());
+    if (RestoreEquals(db, rank, version, name, TensorData(rank, version, which)) != 0) return 1;
   }
   ckptdb_stats_t stats;
   ckptdb_stats(db, &stats);
@@ -653,12 +659,8 @@ int DeclareArc(ckptdb* db, uint32_t rank) {
 int RestoreShared(ckptdb* db, uint32_t rank, uint64_t version, std::string* sources) {
   for (int which = 0; which < 2; ++which) {
     const size_t bytes = which == 0 ? kSharedBytes : 100000;
-    std::vector<uint8_t> out(bytes, 0xEE);
     const std::string name = "shared/" + std::to_string(which);
-    int rc = ckptdb_restore(db, version, name.c_str(), out.data(), out.size(), 0);
-    RANK_CHECK(rc == 0, "restore %s v%llu: %d", name.c_str(), (unsigned long long)version, rc);
-    RANK_CHECK(out == SharedData(version, which, bytes), "restored bytes of %s differ",
-               name.c_str());
+    if (RestoreEquals(db, rank, version, name, SharedData(version, which, bytes)) != 0) return 1;
     ckptdb_stats_t stats;
     ckptdb_stats(db, &stats);
     if (which == 0) *sources = stats.last_restore_sources;
