@@ -742,7 +742,12 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
       member->failed = true;  // vanished or timed out: not asked again for this version
       plan->Note(gone.message());
     }
-    plan->Served("arc:rank" + std::to_string(d.members[q]), served);
+    // "arc:rank2", or "arc:rank2@rank3" for rank 2's segment read from a replica on rank 3.
+    plan->Served("arc:rank" + std::to_string(d.members[q]) +
+                     (holder.rank == d.members[q] ? ""
+                      : holder.rank == kServeRank ? "@serve:" + holder.node_id
+                                                  : "@rank" + std::to_string(holder.rank)),
+                 served);
   };
   for (int pass = 0; pass < 2; ++pass) {
     for (uint32_t s = 0; s < count; ++s) {

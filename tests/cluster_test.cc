@@ -813,6 +813,57 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
+// ARC stacked on replicate:2 (GEMINI pairs {node0, node1}, {node2, node3}): members keep private
+// shards too, and each segment (two slices and the private shards) is replicated whole. Nodes 1
+// and 2 are lost at once: slice 2's two keepers (ranks 2 and 1) are both gone, which ARC alone
+// cannot survive, but their segments' replicas (on nodes 0 and 3) still hold it. latest = 2;
+// every rank restores its private shards and the whole shared shard, slice 2 from a replica.
+TEST_F(ClusterTest, ArcOnReplicasSurvivesLosingBothKeepersOfASlice) {
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (DeclareArc(db, rank) != 0) return 1;
+    for (uint64_t v = 1; v <= 2; ++v) {
+      if (Put(db, rank, v) != 0) return 1;  // private shards: allowed with redundancy
+      auto a = SharedData(v, 0, kSharedBytes);
+      rc = ckptdb_put_shard(db, v, "shared/0", a.data(), a.size(), nullptr,
+                            CKPTDB_PUT_REPLICATED | CKPTDB_PUT_COPY_NOW);
+      RANK_CHECK(rc == 0, "put shared/0 v%llu: %d", (unsigned long long)v, rc);
+      rc = ckptdb_commit(db, v, 0);
+      RANK_CHECK(rc == 0, "commit v%llu: %d", (unsigned long long)v, rc);
+    }
+    Done(job_, rank, "save", /*all_wait=*/true);
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  job_.WipeNode(1);
+  LoseNode(job_, 2);
+  codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "reopen: %d", rc);
+    if (DeclareArc(db, rank) != 0) return 1;
+    if (CheckLatest(db, rank, 2) != 0) return 1;
+    std::string source;
+    if (CheckRestore(db, rank, 2, &source) != 0) return 1;
+    if (RestoreEquals(db, rank, 2, "shared/0", SharedData(2, 0, kSharedBytes)) != 0) return 1;
+    ckptdb_stats_t stats;
+    ckptdb_stats(db, &stats);
+    // Ranks 0 and 3 lack slice 2, which is on no live member: a replica of rank 2's segment
+    // (on node 3) or rank 1's (on node 0) served it.
+    const std::string sources = stats.last_restore_sources;
+    RANK_CHECK(rank == 1 || rank == 2 || sources.find("arc:rank2@rank3") != std::string::npos ||
+                   sources.find("arc:rank1@rank0") != std::string::npos,
+               "slice 2 came from: %s", sources.c_str());
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
 // The ram tier's replicas= bounds the memory a rank keeps its peers' replicas in: a replica over
 // it is refused (ENOSPC, naming the holder and the budget) before a byte is sent, the owner
 // votes no, and the version aborts on every rank; the replicas held stay as they were.
