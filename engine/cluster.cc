@@ -484,6 +484,7 @@ std::vector<uint8_t> Cluster::Holdings() const {
   for (const ArcReport& a : memory.arc) {
     held.U64(a.version);
     held.U32(a.group);
+    held.U8(a.replicated_only ? 1 : 0);
     held.U32(static_cast<uint32_t>(a.members.size()));
     for (uint32_t r : a.members) held.U32(r);
   }
@@ -525,6 +526,7 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, Holdi
     ArcReport a;
     a.version = h.U64("version");
     a.group = h.U32("group");
+    a.replicated_only = h.U8("replicated only") != 0;
     const uint32_t n = h.U32("members");
     if (n < 2 || n > format::kMaxReplicaMembers) {
       return Status::Corrupt(what + ": an arc group of " + std::to_string(n) + " members");
@@ -980,6 +982,7 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
   for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
     uint64_t v = *it;
     bool all = true;
+    const std::map<uint32_t, int32_t> arc = ArcSparesLocked(v);
     for (uint32_t rank = 0; rank < members_.size() && all; ++rank) {
       const Member& m = members_[rank];
       bool ok = m.registered && !m.dead &&
@@ -995,9 +998,9 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
              Holds(s->second.replicas, rank, v);
       }
       if (!ok && options_.code) ok = RebuildableLocked(rank, v);
-      // A member of an "arc" group (no redundancy): every slice of its shards must have a
-      // keeper, its own copy or not.
-      if (std::optional<int32_t> arc = ArcSpareLocked(rank, v)) ok = *arc >= 0;
+      // A member of an "arc" group whose segments hold replicated shards only: every slice of
+      // its shards must have a keeper, its own copy or not.
+      if (auto a = arc.find(rank); a != arc.end()) ok = a->second >= 0;
       all = ok;
     }
     if (all) {
@@ -1079,6 +1082,7 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
     if (!ComputeCodingGroups(node_of_rank, *options_.code, &groups).ok()) groups.clear();
   }
   const int64_t now = NowMs();
+  const std::map<uint32_t, int32_t> arc = ArcSparesLocked(version);
   RecoverableInfo info;
   int32_t spare = INT32_MAX;
   std::string peers, lost, tightest;
@@ -1116,8 +1120,8 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
       mine = static_cast<int32_t>(nodes.size()) - 1;
       how = "replicas on " + std::to_string(own ? nodes.size() - 1 : nodes.size()) + " node(s)";
     }
-    if (std::optional<int32_t> arc = ArcSpareLocked(rank, version)) {
-      mine = *arc;
+    if (auto a = arc.find(rank); a != arc.end()) {
+      mine = a->second;
       how = "its replica group's slices, each kept by two members";
     }
     if (mine < 0) {
@@ -1192,37 +1196,44 @@ bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
   return false;
 }
 
-std::optional<int32_t> Cluster::ArcSpareLocked(uint32_t rank, uint64_t version) const {
-  if (options_.replicas > 1 || options_.code) return std::nullopt;
-  const ArcReport* report = nullptr;
+std::map<uint32_t, int32_t> Cluster::ArcSparesLocked(uint64_t version) const {
+  std::map<uint32_t, int32_t> spares;
+  // The groups whose every member's segment holds only replicated shards: from this
+  // coordinator's own comparisons of the version (until the members' holdings list it; a group
+  // compared in a job without redundancy), or from live members' holdings.
+  std::set<std::vector<uint32_t>> groups;
+  if (!options_.code && options_.replicas <= 1) {
+    for (auto it = replica_checks_.lower_bound({version, 0});
+         it != replica_checks_.end() && it->first.first == version; ++it) {
+      const ReplicaCheckState& c = it->second;
+      if (c.arc && c.result && c.result->ok()) groups.insert(c.members);
+    }
+  }
   for (const Member& m : members_) {
     if (!m.registered || m.dead) continue;
     for (const ArcReport& a : m.arc) {
-      if (a.version == version && std::binary_search(a.members.begin(), a.members.end(), rank)) {
-        report = &a;
-        break;
-      }
+      if (a.version == version && a.replicated_only) groups.insert(a.members);
     }
-    if (report != nullptr) break;
   }
-  if (report == nullptr) return std::nullopt;
   // Slice s is kept by member s and, as its ARC copy, by member s - 1, each on its own node
   // (declare_replicas refuses two on one), from any of its tiers.
-  const std::vector<uint32_t>& g = report->members;
-  const auto count = static_cast<uint32_t>(g.size());
-  auto keeps = [&](uint32_t q) {
-    if (g[q] >= members_.size()) return false;
-    const Member& m = members_[g[q]];
-    return m.registered && !m.dead &&
-           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
-                                                version) != m.local_versions.end());
-  };
-  int32_t spare = INT32_MAX;
-  for (uint32_t s = 0; s < count; ++s) {
-    const int32_t keepers = (keeps(s) ? 1 : 0) + (keeps((s + count - 1) % count) ? 1 : 0);
-    spare = std::min(spare, keepers - 1);
+  for (const std::vector<uint32_t>& g : groups) {
+    const auto count = static_cast<uint32_t>(g.size());
+    auto keeps = [&](uint32_t q) {
+      if (g[q] >= members_.size()) return false;
+      const Member& m = members_[g[q]];
+      return m.registered && !m.dead &&
+             (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                                  version) != m.local_versions.end());
+    };
+    int32_t spare = INT32_MAX;
+    for (uint32_t s = 0; s < count; ++s) {
+      const int32_t keepers = (keeps(s) ? 1 : 0) + (keeps((s + count - 1) % count) ? 1 : 0);
+      spare = std::min(spare, keepers - 1);
+    }
+    for (uint32_t rank : g) spares[rank] = spare;
   }
-  return spare;
+  return spares;
 }
 
 // Busy (the asker retries) while a restarted coordinator gives serving daemons two heartbeats to

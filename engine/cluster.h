@@ -112,6 +112,8 @@ struct ClusterStats {
 struct ArcReport {
   uint64_t version = 0;
   uint32_t group = 0;
+  bool replicated_only = false;   // written in a job without redundancy: no member has private
+                                  // shards, so a lost member's segment is its group's slices
   std::vector<uint32_t> members;  // ascending
   bool operator==(const ArcReport&) const = default;
 };
@@ -329,11 +331,11 @@ class Cluster {
   void HandleServe(const transport::Request& request, transport::Reply* reply);
   Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
   bool RebuildableLocked(uint32_t rank, uint64_t version) const;
-  // A job without redundancy: when a live member reports `version` deduplicated by an "arc"
-  // replica group holding `rank`, the node losses its slices survive still (each slice is kept
-  // by its owner and the member before it, in memory), -1 when a slice has no live keeper;
-  // nullopt when no member reports such a group (the rank's own copy decides).
-  std::optional<int32_t> ArcSpareLocked(uint32_t rank, uint64_t version) const;
+  // The members of "arc" replica groups whose segments of `version` hold replicated shards
+  // only (a group compared in a job without redundancy), each with the node losses its group's
+  // slices survive still (each slice is kept by its owner and the member before it), -1 when a
+  // slice has no live keeper. A rank not listed is counted by its own copy.
+  std::map<uint32_t, int32_t> ArcSparesLocked(uint64_t version) const;
   Status CastVote(uint64_t version, bool yes, const std::string& why);
   Status AskCoordinator(uint16_t type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
   Status BumpEpochLocked(const std::string& why);

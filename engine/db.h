@@ -463,7 +463,9 @@ class Db {
   // ARC copy, each checked against this rank's own xxh3 of it. What none supplies stays !have.
   void GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan);
   // Opens member `owner`'s segment of `version` (its framing and manifest, fetched) on `holder`:
-  // the member itself (any of its tiers), or a holder of its replica.
+  // the member itself (any of its tiers), or a holder of its replica. Its manifest must record
+  // the group `members` (ascending) cut in `piece_bytes`, or with members empty any group that
+  // holds this rank and `owner`.
   Status OpenArcMember(uint64_t version, uint32_t owner, const ReplicaHolder& holder,
                        const std::vector<uint32_t>& members, uint64_t piece_bytes,
                        const std::string& what, ArcMember** out);
@@ -471,6 +473,8 @@ class Db {
   // `name` out from a member's manifest (every shard of it was replicated), nothing kept here.
   Status LayOutFromGroup(uint64_t version, const std::string& name, size_t nbytes,
                          RestorePlan* plan);
+  // Lets the next gather ask the members that failed again (at most every 5 s).
+  void RetryArcMembers();
   // Bytes of this rank's own segment of `version` from its ram tier (a member rebuilding a lost
   // one reads them).
   Status ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out);
@@ -630,6 +634,7 @@ class Db {
   struct ArcVersion {
     uint32_t group = 0;
     std::vector<uint32_t> members;
+    bool replicated_only = false;
   };
   std::map<uint64_t, ArcVersion> arc_versions_;
   std::vector<std::thread> workers_;
@@ -638,8 +643,9 @@ class Db {
   std::mutex read_mu_;
   std::unique_ptr<io::IoQueue> read_queue_;
   std::map<std::pair<uint64_t, size_t>, OpenSegment> segments_;  // (version, tier) readers
-  std::string last_problem_;  // the first chunk failure of the current restore
-  uint64_t arc_version_ = 0;  // the version arc_members_ are of (0: none)
+  std::string last_problem_;         // the first chunk failure of the current restore
+  uint64_t arc_version_ = 0;         // the version arc_members_ are of (0: none)
+  uint64_t arc_retry_after_ns_ = 0;  // MonoNs before which failed members stay failed
   std::map<std::pair<uint32_t, std::string>, ArcMember> arc_members_;  // (owner, holder address)
   uint64_t peer_replicas_version_ = 0;  // the version peer_replicas_ are of (0: none)
   std::vector<PeerReplica> peer_replicas_;

@@ -107,7 +107,8 @@ Status Db::StartCluster() {
     for (auto it = arc_versions_.rbegin();
          it != arc_versions_.rend() && out.arc.size() < kMaxArcReports; ++it) {
       if (live_.count(it->first) && !in_ram.count(it->first)) continue;  // not voted for yet
-      out.arc.push_back({it->first, it->second.group, it->second.members});
+      out.arc.push_back(
+          {it->first, it->second.group, it->second.replicated_only, it->second.members});
     }
     return out;
   };
@@ -522,15 +523,16 @@ void Db::LearnArcVersions() {
   }
   for (uint64_t version : newest) {
     // A copy that cannot be read is not reported: the coordinator then counts only its own.
-    (void)WithManifest(
-        version, "reading " + V(version) + "'s replica group",
-        [&](const format::ManifestView& m, size_t) {
-          if (const fb::Replicas* g = m.root().replicas()) {
-            std::lock_guard<std::mutex> lock(mu_);
-            arc_versions_[version] = {g->group(), {g->members()->begin(), g->members()->end()}};
-          }
-          return Status::Ok();
-        });
+    (void)WithManifest(version, "reading " + V(version) + "'s replica group",
+                       [&](const format::ManifestView& m, size_t) {
+                         if (const fb::Replicas* g = m.root().replicas()) {
+                           std::lock_guard<std::mutex> lock(mu_);
+                           arc_versions_[version] = {g->group(),
+                                                     {g->members()->begin(), g->members()->end()},
+                                                     g->replicated_only()};
+                         }
+                         return Status::Ok();
+                       });
   }
 }
 
@@ -590,14 +592,21 @@ Status Db::OpenArcMember(uint64_t version, uint32_t owner, const ReplicaHolder& 
         &a.reader);
   }
   if (st.ok()) {
-    // The member's own segment of the same group: its position is its rank's place in it.
+    // The member's own segment of the same group (members empty: of any group holding this rank
+    // and the member): the member at its place in it.
     const fb::Replicas* g = a.reader->manifest().root().replicas();
-    const auto position =
-        static_cast<uint32_t>(std::find(members.begin(), members.end(), owner) - members.begin());
-    if (g == nullptr || g->position() != position || g->piece_bytes() != piece_bytes ||
-        !std::equal(members.begin(), members.end(), g->members()->begin(), g->members()->end())) {
-      st = Status::Corrupt(src + " is not of this rank's replica group");
+    bool same = g != nullptr;
+    if (same && members.empty()) {
+      const auto* list = g->members();
+      same = g->position() < list->size() && list->Get(g->position()) == owner &&
+             std::find(list->begin(), list->end(), options_.rank) != list->end();
+    } else if (same) {
+      const auto position =
+          static_cast<uint32_t>(std::find(members.begin(), members.end(), owner) - members.begin());
+      same = g->position() == position && g->piece_bytes() == piece_bytes &&
+             std::equal(members.begin(), members.end(), g->members()->begin(), g->members()->end());
     }
+    if (!same) st = Status::Corrupt(src + " is not of this rank's replica group");
   }
   if (!st.ok()) {
     a.reader.reset();
@@ -609,29 +618,38 @@ Status Db::OpenArcMember(uint64_t version, uint32_t owner, const ReplicaHolder& 
 
 Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nbytes,
                            RestorePlan* plan) {
-  std::vector<uint32_t> members;
+  std::vector<uint32_t> declared;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!replica_group_ || !replica_group_->arc || cluster_->options().replicas > 1) {
+    if (!replica_group_ || !replica_group_->arc) {
       return Status::Ok();  // nothing to lay out from: the caller reports the missing copy
     }
-    members = replica_group_->members;
+    declared = replica_group_->members;
   }
-  const uint64_t piece_bytes = options_.chunk_bytes;
-  for (uint32_t rank : members) {
+  // The group and its piece size as the version recorded them, from the first member that has
+  // it (the declaration only says whom to ask).
+  for (uint32_t rank : declared) {
     if (rank == options_.rank) continue;
     ReplicaHolder holder;
     ArcMember* member = nullptr;
     Status st = cluster_->MemberAt(rank, &holder);
-    if (st.ok())
-      st = OpenArcMember(version, rank, holder, members, piece_bytes, plan->what, &member);
+    if (st.ok()) st = OpenArcMember(version, rank, holder, {}, 0, plan->what, &member);
     if (!st.ok()) {
       plan->Note(st.message());
       continue;
     }
+    const format::ManifestView& m = member->reader->manifest();
+    const fb::Replicas& g = *m.root().replicas();
+    if (!g.replicated_only()) {
+      // Written with the job's redundancy: members kept private shards, which no other
+      // member's manifest lists; this rank's own segment comes from its replicas or not at all.
+      plan->Note(R(rank) + "'s segment of the version was written with the job's redundancy: " +
+                 "a member's lost segment is not its group's slices");
+      return Status::Ok();
+    }
     // Every member put the same replicated shards (compared at commit), and this rank put no
     // others (an "arc" group without redundancy refuses them): a member's list is this rank's.
-    const format::ManifestView& m = member->reader->manifest();
+    const std::vector<uint32_t> members(g.members()->begin(), g.members()->end());
     const fb::Tensor* t = m.Find(name);
     if (t == nullptr) {
       return Status::NotFound(plan->what +
@@ -645,12 +663,12 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
     }
     RestorePlan::Dedup d;
     std::map<uint64_t, uint32_t> chunk_of;
-    if (!PiecesOf(m, *t, piece_bytes, &d.piece_xxh3, &chunk_of)) {
+    if (!PiecesOf(m, *t, g.piece_bytes(), &d.piece_xxh3, &chunk_of)) {
       plan->Note(R(rank) + " cuts '" + name + "' in other pieces");
       continue;
     }
     d.full_bytes = format::ShardBytes(*t);
-    d.piece_bytes = piece_bytes;
+    d.piece_bytes = g.piece_bytes();
     d.members = members;
     d.position = static_cast<uint32_t>(std::find(members.begin(), members.end(), options_.rank) -
                                        members.begin());
@@ -663,8 +681,16 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
                "'s manifest");
     return Status::Ok();
   }
-  for (auto& [key, member] : arc_members_) member.failed = false;  // ask again next time
+  RetryArcMembers();
   return Status::Ok();
+}
+
+void Db::RetryArcMembers() {
+  // At most every 5 s: a member that is gone for good would be dialled again by every tensor.
+  const uint64_t now = MonoNs();
+  if (now < arc_retry_after_ns_) return;
+  arc_retry_after_ns_ = now + uint64_t{5'000'000'000};
+  for (auto& [key, member] : arc_members_) member.failed = false;
 }
 
 // Every slice from the member that owns it (the load spread over the group), then what is still
@@ -776,10 +802,10 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
     }
   }
   // Members that failed are skipped for the rest of this version's tensors while restores
-  // succeed; one that fails makes the next call ask them all again (they may be back).
+  // succeed; one that fails lets a later call ask them again (they may be back).
   for (uint32_t s = 0; s < count; ++s) {
     if (missing(s)) {
-      for (auto& [key, member] : arc_members_) member.failed = false;
+      RetryArcMembers();
       break;
     }
   }

@@ -604,7 +604,10 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
       mc.replicas.position = static_cast<uint32_t>(
           std::find(g.members.begin(), g.members.end(), identity_.rank) - g.members.begin());
       mc.replicas.piece_bytes = options_.chunk_bytes;
-      arc_versions_[version] = {g.group, g.members};
+      // Without the job's redundancy every member put replicated shards only (put_shard refuses
+      // others): a member's lost segment is its group's slices.
+      mc.replicas.replicated_only = cluster_->options().replicas <= 1 && !cluster_->options().code;
+      arc_versions_[version] = {g.group, g.members, mc.replicas.replicated_only};
     }
     mc.tensors = v->tensors;
     if (cluster_ != nullptr && cluster_->Group()) {

@@ -148,7 +148,7 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
   if (c.replicas.present) {
     replicas = fb::CreateReplicas(b, fb::ReplicaProtection::Arc, c.replicas.group,
                                   b.CreateVector(c.replicas.members), c.replicas.position,
-                                  c.replicas.piece_bytes);
+                                  c.replicas.piece_bytes, c.replicas.replicated_only);
   }
   auto root = fb::CreateManifest(b, c.replicas.present ? kManifestVersionDedup : kFormatVersion,
                                  prov, tensor_vec, chunk_vec, redundancy, data_bytes, replicas);

@@ -67,6 +67,7 @@ struct ReplicasEntry {
   std::vector<uint32_t> members;  // ascending
   uint32_t position = 0;
   uint64_t piece_bytes = 0;
+  bool replicated_only = false;  // no member put private shards (a job without redundancy)
 };
 
 // Pieces [first, end) of n that member `position` of `count` keeps as slice `position` of a

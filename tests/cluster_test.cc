@@ -813,6 +813,59 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
+// Whether this rank's ram tier still holds `version` (a DURABLE "ram" copy).
+bool InRam(ckptdb* db, uint64_t version) {
+  std::pair<uint64_t, bool> seen{version, false};
+  ckptdb_list_versions(
+      db,
+      [](void* arg, const ckptdb_version_info* v) {
+        auto* s = static_cast<std::pair<uint64_t, bool>*>(arg);
+        for (uint32_t i = 0; i < v->residency_count && v->version == s->first; ++i) {
+          s->second |= std::string(v->residency[i].tier) == "ram" &&
+                       v->residency[i].state == CKPTDB_RESIDENT_DURABLE;
+        }
+        return 0;
+      },
+      &seen);
+  return seen.second;
+}
+
+// An "arc" group whose members keep one version in ram (keep=1) and three on a disk tier of
+// their node: once v1 has left every member's memory, a restore of it still gathers each slice,
+// which the members serve from their disk copies.
+TEST_F(ClusterTest, ArcMembersServeSlicesFromTheirDiskTiers) {
+  job_.replicas = 1;
+  job_.ram_keep = 1;
+  job_.node_disk = "keep=3";
+  auto codes = RunRanks([&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    if (DeclareArc(db, rank) != 0) return 1;
+    for (uint64_t v = 1; v <= 2; ++v) {
+      auto a = SharedData(v, 0, kSharedBytes);
+      rc = ckptdb_put_shard(db, v, "shared/0", a.data(), a.size(), nullptr,
+                            CKPTDB_PUT_REPLICATED | CKPTDB_PUT_COPY_NOW);
+      RANK_CHECK(rc == 0, "put v%llu: %d", (unsigned long long)v, rc);
+      RANK_CHECK(ckptdb_commit(db, v, 0) == 0, "commit v%llu", (unsigned long long)v);
+    }
+    RANK_CHECK(ckptdb_wait_commit(db, 1, "disk", 20000) == 0, "v1 on disk");
+    for (int i = 0; i < 2000 && InRam(db, 1); ++i) usleep(5000);
+    RANK_CHECK(!InRam(db, 1), "v1 is still in ram after 10 s");
+    Done(job_, rank, "evicted", /*all_wait=*/true);  // v1 is in no member's memory now
+    if (RestoreEquals(db, rank, 1, "shared/0", SharedData(1, 0, kSharedBytes)) != 0) return 1;
+    ckptdb_stats_t stats;
+    ckptdb_stats(db, &stats);
+    const std::string sources = stats.last_restore_sources;
+    RANK_CHECK(sources.rfind("disk:", 0) == 0 && sources.find("arc:rank") != std::string::npos,
+               "sources: %s", sources.c_str());
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
 // ARC stacked on replicate:2 (GEMINI pairs {node0, node1}, {node2, node3}): members keep private
 // shards too, and each segment (two slices and the private shards) is replicated whole. Nodes 1
 // and 2 are lost at once: slice 2's two keepers (ranks 2 and 1) are both gone, which ARC alone

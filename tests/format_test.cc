@@ -851,6 +851,9 @@ struct RawTensor {
   uint64_t bytes = 0;
   uint32_t first_chunk = 0;
   uint32_t chunk_count = 0;
+  uint64_t full_bytes = 0;
+  std::optional<std::vector<fb::Slice>> slices;  // unset: not written at all
+  std::vector<uint64_t> piece_xxh3;
 };
 
 struct RawManifest {
@@ -858,6 +861,7 @@ struct RawManifest {
   std::vector<RawTensor> tensors;
   std::vector<fb::Chunk> chunks;
   std::optional<uint64_t> data_bytes;  // the sum of the tensors' bytes when unset
+  std::optional<ReplicasEntry> replicas;
 
   // Where the data records end when the chunks are laid out back to back from block 1.
   uint64_t DataEnd() const {
@@ -871,15 +875,25 @@ struct RawManifest {
     std::vector<flatbuffers::Offset<fb::Tensor>> ts;
     uint64_t sum = 0;
     for (const RawTensor& t : tensors) {
+      auto slices = t.slices ? b.CreateVectorOfStructs(*t.slices) : 0;
+      auto pieces = t.piece_xxh3.empty() ? 0 : b.CreateVector(t.piece_xxh3);
       ts.push_back(fb::CreateTensor(b, b.CreateString(t.name), t.dtype, b.CreateVector(t.shape),
                                     b.CreateVector(t.global_shape), b.CreateVector(t.global_offset),
-                                    t.bytes, t.first_chunk, t.chunk_count));
+                                    t.bytes, t.first_chunk, t.chunk_count, t.full_bytes, slices,
+                                    pieces));
       sum += t.bytes;
     }
     auto tv = b.CreateVector(ts);
     auto cv = b.CreateVectorOfStructs(chunks);
     auto prov = fb::CreateProvenance(b, 1, 0, 1, 1, b.CreateString("n"), 1, b.CreateString("w"));
-    auto root = fb::CreateManifest(b, format_version, prov, tv, cv, 0, data_bytes.value_or(sum));
+    flatbuffers::Offset<fb::Replicas> group;
+    if (replicas) {
+      group = fb::CreateReplicas(b, fb::ReplicaProtection::Arc, replicas->group,
+                                 b.CreateVector(replicas->members), replicas->position,
+                                 replicas->piece_bytes);
+    }
+    auto root =
+        fb::CreateManifest(b, format_version, prov, tv, cv, 0, data_bytes.value_or(sum), group);
     b.Finish(root, fb::ManifestIdentifier());
     return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
   }
@@ -913,6 +927,64 @@ TEST(ManifestSemantics, BaselineIsValid) {
   RawManifest m = ValidRaw();
   Status st = OpenRaw(m, m.DataEnd());
   EXPECT_TRUE(st.ok()) << st.ToString();
+}
+
+// A version 2 manifest of member 0 of an "arc" group of 2 (pieces of 4096): of shard "a" (2
+// pieces) it keeps both, which a writer stores whole but a reader must also accept written as
+// slices; each rule of a deduplicated tensor broken in turn.
+TEST(ManifestSemantics, RejectsDeduplicatedTensorsThatBreakTheirRules) {
+  auto arc = [] {
+    RawManifest m = ValidRaw();
+    m.format_version = kManifestVersionDedup;
+    m.replicas = ReplicasEntry{true, 1, {3, 8}, 0, 4096};
+    m.chunks[1] = fb::Chunk(4096 + 8192, 4096, 2);  // "a" is pieces 0 and 1, 8192 bytes
+    m.chunks[2] = fb::Chunk(4096 + 2 * 8192, 16, 3);
+    RawTensor& a = m.tensors[0];
+    a.shape = {8192};
+    a.bytes = 8192;
+    a.full_bytes = 8192;
+    a.slices = std::vector<fb::Slice>{fb::Slice(0, 8192)};
+    a.piece_xxh3 = {1, 2};
+    return m;
+  };
+  RawManifest m = arc();
+  Status st = OpenRaw(m, m.DataEnd());
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  m = arc();
+  m.tensors[0].slices.reset();
+  ExpectRejected(m, "tensor 'a' does not list its slices and the xxh3 of each of its 2 pieces");
+  m = arc();
+  m.tensors[0].piece_xxh3 = {1, 2, 3};
+  ExpectRejected(m, "does not list its slices and the xxh3 of each of its 2 pieces");
+  m = arc();
+  m.replicas.reset();
+  ExpectRejected(m, "has format version 2 and no replica group");
+  m = arc();
+  m.format_version = kFormatVersion;
+  ExpectRejected(m, "has format version 1 and a replica group");
+  m = arc();
+  m.format_version = kFormatVersion;
+  m.replicas.reset();
+  ExpectRejected(m, "tensor 'a' is deduplicated without a replica group");
+  m = arc();
+  m.tensors[1].slices = std::vector<fb::Slice>{fb::Slice(0, 16)};
+  ExpectRejected(m, "tensor 'b' lists slices but is not deduplicated");
+  m = arc();
+  m.tensors[0].slices = std::vector<fb::Slice>{fb::Slice(0, 4096)};  // only piece 0
+  ExpectRejected(m, "tensor 'a' holds slices other than member 0 of 2 keeps");
+  m = arc();
+  m.tensors[0].piece_xxh3 = {1, 9};
+  ExpectRejected(m, "tensor 'a' piece 1 disagrees with its chunk");
+  m = arc();  // a third chunk for "a", taken from "b"
+  m.tensors[0].chunk_count = 3;
+  m.tensors[0].bytes = 8192 + 16;
+  m.tensors[1].chunk_count = 0;
+  m.tensors[1].bytes = 0;
+  m.tensors[1].shape = {};
+  ExpectRejected(m, "tensor 'a' has chunks past its slices");
+  m = arc();
+  m.replicas->members = {8, 3};
+  ExpectRejected(m, "replica group is out of range or inconsistent");
 }
 
 TEST(ManifestSemantics, RejectsUnsortedAndDuplicateNames) {

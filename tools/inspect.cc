@@ -219,8 +219,8 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
     }
     if (t.kept_bytes != t.bytes) {
       std::printf(
-          "  %-*s  deduplicated by its \"arc\" replica group: this segment keeps %s, its two "
-          "slices; a restore gathers the rest from the group\n",
+          "  %-*s  deduplicated by its \"arc\" replica group: this segment keeps %s of it (its "
+          "own slice and the next member's); a restore gathers the rest from the group\n",
           static_cast<int>(width), "", HumanBytes(t.kept_bytes).c_str());
     }
     if (d.chunked) {
