@@ -42,6 +42,20 @@ bool IsAsciiSpace(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
+// Why a directory path as written cannot name a tier ("" when it can): a control character (NUL
+// included) has no place in one, and a spec formatted back (FormatTierSpec) must parse to the
+// same path, which a path ending in whitespace would not (whitespace around a piece is trimmed).
+std::string PathProblem(std::string_view text, const std::string& normal) {
+  for (char c : text) {
+    if (c == '\0') return "the path contains a NUL byte";
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return "the path contains a control character";
+    }
+  }
+  if (!normal.empty() && IsAsciiSpace(normal.back())) return "the path ends in a space";
+  return "";
+}
+
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && IsAsciiSpace(s.front())) s.remove_prefix(1);
   while (!s.empty() && IsAsciiSpace(s.back())) s.remove_suffix(1);
@@ -290,10 +304,13 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
         return error.Invalid(number, text, "empty path",
                              "a directory path after \"" + std::string(kind_text) + ":\"");
       }
-      if (arg_text.find('\0') != std::string_view::npos) {
-        return error.Invalid(number, text, "the path contains a NUL byte", "a directory path");
+      if (std::string problem = PathProblem(arg_text, ""); !problem.empty()) {
+        return error.Invalid(number, text, problem, "a directory path");
       }
       CKPTDB_RETURN_IF_ERROR(ResolvePath(arg_text, base_dir, &base, &base_resolved, &tier.path));
+      if (std::string problem = PathProblem(arg_text, tier.path); !problem.empty()) {
+        return error.Invalid(number, text, problem, "a directory path");
+      }
     }
 
     bool seen_keep = false;
@@ -358,12 +375,14 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
         if (value_text.empty()) {
           return error.Invalid(number, text, "option \"dir\": empty value", "dir=PATH");
         }
-        if (value_text.find('\0') != std::string_view::npos) {
-          return error.Invalid(number, text, "option \"dir\": the path contains a NUL byte",
-                               "dir=PATH");
+        if (std::string problem = PathProblem(value_text, ""); !problem.empty()) {
+          return error.Invalid(number, text, "option \"dir\": " + problem, "dir=PATH");
         }
         CKPTDB_RETURN_IF_ERROR(
             ResolvePath(value_text, base_dir, &base, &base_resolved, &tier.path));
+        if (std::string problem = PathProblem(value_text, tier.path); !problem.empty()) {
+          return error.Invalid(number, text, "option \"dir\": " + problem, "dir=PATH");
+        }
       } else if (!ParseNumber(value_text, field, &problem)) {
         return error.Invalid(number, text, "option \"" + std::string(key) + "\": " + problem,
                              std::string(key) + "=N with N a decimal number from 1 to 2^63");

@@ -151,6 +151,11 @@ INSTANTIATE_TEST_SUITE_P(
     Table, MalformedTierSpecTest,
     ::testing::Values(
         BadSpec{"", kInvalid, {"tier 1 \"\"", "empty spec"}},
+        // fuzz_tier_spec found these: formatted back, the path would parse to another one.
+        BadSpec{"ram:64M,dir=\r\rir=\r\r\r/\r", kInvalid,
+                {"option \"dir\": the path contains a control character"}},
+        BadSpec{"disk:/a\tb", kInvalid, {"the path contains a control character"}},
+        BadSpec{"disk:a /", kInvalid, {"the path ends in a space"}},
         BadSpec{"   ", kInvalid, {"empty spec"}}, BadSpec{";", kInvalid, {"tier 1"}},
         BadSpec{"disk:/a;;disk:/b", kInvalid, {"tier 2 \"\"", "empty tier"}},
         BadSpec{";disk:/a", kInvalid, {"tier 1 \"\"", "empty tier"}},
