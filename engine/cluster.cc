@@ -452,94 +452,17 @@ std::vector<uint32_t> Cluster::ReplicaTargets() const {
 // What this rank can restore from its own tiers and which peers' replicas it holds: the
 // coordinator's input for Latest and Holders.
 std::vector<uint8_t> Cluster::Holdings() const {
-  WireWriter held;
-  std::vector<uint64_t> local =
-      hooks_.local_versions ? hooks_.local_versions() : std::vector<uint64_t>{};
-  if (local.size() > 256) local.resize(256);
-  held.U32(static_cast<uint32_t>(local.size()));
-  for (uint64_t v : local) held.U64(v);
-  auto replicas = HeldReplicas();
-  if (replicas.size() > 4096) replicas.resize(4096);
-  held.U32(static_cast<uint32_t>(replicas.size()));
-  for (auto [owner, v] : replicas) {
-    held.U32(owner);
-    held.U64(v);
-  }
+  HoldingsReport r;
+  if (hooks_.local_versions) r.local = hooks_.local_versions();
+  r.replicas = HeldReplicas();
   // What is in memory, and through which vote, before the parity: a version voted for by then
-  // has its parity sealed (BuildParity precedes the vote), so the list below has it too.
+  // has its parity sealed (BuildParity precedes the vote), so the parity list has it too.
   Hooks::InMemory memory = hooks_.memory_versions ? hooks_.memory_versions() : Hooks::InMemory{};
-  if (memory.versions.size() > 256) memory.versions.resize(256);
-  auto parity = parity_ != nullptr ? parity_->Held() : std::vector<std::pair<uint32_t, uint64_t>>{};
-  if (parity.size() > 4096) parity.erase(parity.begin(), parity.end() - 4096);  // the newest
-  held.U32(static_cast<uint32_t>(parity.size()));
-  for (auto [group, v] : parity) {
-    held.U32(group);
-    held.U64(v);
-  }
-  held.U64(memory.voted_through);
-  held.U32(static_cast<uint32_t>(memory.versions.size()));
-  for (uint64_t v : memory.versions) held.U64(v);
-  if (memory.arc.size() > kMaxArcReports) memory.arc.resize(kMaxArcReports);
-  held.U32(static_cast<uint32_t>(memory.arc.size()));
-  for (const ArcReport& a : memory.arc) {
-    held.U64(a.version);
-    held.U32(a.group);
-    held.U8(a.replicated_only ? 1 : 0);
-    held.U32(static_cast<uint32_t>(a.members.size()));
-    for (uint32_t r : a.members) held.U32(r);
-  }
-  return held.Take();
-}
-
-Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, HoldingsReport* out) {
-  WireReader h(in, what);
-  uint32_t n = h.U32("local versions");
-  if (n > 256) return Status::Corrupt(what + ": " + std::to_string(n) + " local versions");
-  for (uint32_t i = 0; i < n && h.ok(); ++i) out->local.push_back(h.U64("version"));
-  uint32_t m = h.U32("replicas");
-  if (m > 4096) return Status::Corrupt(what + ": " + std::to_string(m) + " replicas");
-  for (uint32_t i = 0; i < m && h.ok(); ++i) {
-    uint32_t owner = h.U32("owner");
-    uint64_t v = h.U64("version");
-    out->replicas.emplace_back(owner, v);
-  }
-  uint32_t p = h.U32("parity");
-  if (p > 4096) return Status::Corrupt(what + ": " + std::to_string(p) + " parity segments");
-  for (uint32_t i = 0; i < p && h.ok(); ++i) {
-    uint32_t group = h.U32("group");
-    uint64_t v = h.U64("version");
-    out->parity.emplace_back(group, v);
-  }
-  out->voted_through = h.U64("voted through");
-  uint32_t in_memory = h.U32("versions in memory");
-  if (in_memory > 256) {
-    return Status::Corrupt(what + ": " + std::to_string(in_memory) + " versions in memory");
-  }
-  for (uint32_t i = 0; i < in_memory && h.ok(); ++i) {
-    out->memory.push_back(h.U64("version"));
-  }
-  const uint32_t arc = h.U32("arc versions");
-  if (arc > kMaxArcReports) {
-    return Status::Corrupt(what + ": " + std::to_string(arc) + " arc versions");
-  }
-  for (uint32_t i = 0; i < arc && h.ok(); ++i) {
-    ArcReport a;
-    a.version = h.U64("version");
-    a.group = h.U32("group");
-    a.replicated_only = h.U8("replicated only") != 0;
-    const uint32_t n = h.U32("members");
-    if (n < 2 || n > format::kMaxReplicaMembers) {
-      return Status::Corrupt(what + ": an arc group of " + std::to_string(n) + " members");
-    }
-    for (uint32_t j = 0; j < n && h.ok(); ++j) a.members.push_back(h.U32("member"));
-    for (uint32_t j = 1; j < a.members.size(); ++j) {
-      if (a.members[j - 1] >= a.members[j]) {
-        return Status::Corrupt(what + ": an arc group's members are not ascending");
-      }
-    }
-    out->arc.push_back(std::move(a));
-  }
-  return h.Finish();
+  if (parity_ != nullptr) r.parity = parity_->Held();
+  r.voted_through = memory.voted_through;
+  r.memory = std::move(memory.versions);
+  r.arc = std::move(memory.arc);
+  return EncodeHoldings(std::move(r));
 }
 
 void Cluster::HeartbeatLoop() {

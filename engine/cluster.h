@@ -34,6 +34,7 @@
 
 #include "engine/catalog.h"
 #include "engine/erasure_code.h"
+#include "engine/holdings.h"
 #include "engine/parity_store.h"
 #include "engine/placement.h"
 #include "engine/replica_store.h"
@@ -105,29 +106,6 @@ struct ClusterStats {
   uint64_t served_bytes = 0;  // replica bytes sent to ranks that fetched them
   uint64_t refused = 0;
   uint64_t epoch = 0;
-};
-
-// A version in a member's memory whose replicated shards an "arc" replica group deduplicated
-// (its manifest records the group): each member keeps its own slice and the next member's.
-struct ArcReport {
-  uint64_t version = 0;
-  uint32_t group = 0;
-  bool replicated_only = false;   // written in a job without redundancy: no member has private
-                                  // shards, so a lost member's segment is its group's slices
-  std::vector<uint32_t> members;  // ascending
-  bool operator==(const ArcReport&) const = default;
-};
-inline constexpr size_t kMaxArcReports = 16;  // the newest versions a member reports
-
-// What a rank (or a `ckptdb serve` daemon) reports holding, as Cluster::Holdings writes it and
-// ParseHoldings reads it.
-struct HoldingsReport {
-  std::vector<uint64_t> local;                          // committed, on its own tiers
-  std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version)
-  std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version)
-  uint64_t voted_through = 0;    // its newest vote sent when it listed `memory`
-  std::vector<uint64_t> memory;  // committed or voted for, in its ram tier
-  std::vector<ArcReport> arc;    // of the versions in `memory`
 };
 
 class Cluster {
@@ -407,8 +385,6 @@ class Cluster {
 // Tests: the protocol version this process's ranks and daemons announce (kProtocolVersion
 // unless set).
 void SetProtocolVersionForTesting(uint32_t version);
-
-Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, HoldingsReport* out);
 
 // Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8), "ec:K+M"
 // and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).
