@@ -26,76 +26,15 @@
 #include <unordered_map>
 
 #include "transport/wire.h"
+#include "transport/wire_format.h"
 #include "util/assert.h"
 
 namespace ckpt::transport {
 namespace {
 
+static_assert(crypto_auth_BYTES == kMacBytes);
+
 constexpr uint16_t kAmId = 7;
-constexpr uint32_t kWireMagic = 0x5750'4B43;  // "CKPW"
-constexpr uint16_t kWireVersion = 1;
-constexpr size_t kNonceBytes = 32;
-constexpr size_t kWireHeaderBytes = 4 + 2 + 1 + 1 + 2 + 8 + 4 + 4;
-
-enum class Kind : uint8_t {
-  kRequest = 1,
-  kReply = 2,
-  kHello = 3,      // client -> server: client nonce
-  kChallenge = 4,  // server -> client: server nonce, server's proof
-  kProof = 5,      // client -> server: client's proof
-  kWelcome = 6,    // server -> client: accepted
-  kRefused = 7,    // server -> client: the token did not match
-};
-
-struct WireHeader {
-  Kind kind = Kind::kRequest;
-  uint16_t type = 0;
-  uint64_t call_id = 0;
-  int32_t status = 0;
-  uint32_t body_bytes = 0;
-};
-
-void EncodeWireHeader(const WireHeader& h, WireWriter* w) {
-  w->U32(kWireMagic);
-  w->U16(kWireVersion);
-  w->U8(static_cast<uint8_t>(h.kind));
-  w->U8(0);
-  w->U16(h.type);
-  w->U64(h.call_id);
-  w->I32(h.status);
-  w->U32(h.body_bytes);
-}
-
-Status DecodeWireHeader(std::span<const uint8_t> in, const std::string& what, WireHeader* h,
-                        std::span<const uint8_t>* body) {
-  if (in.size() < kWireHeaderBytes) {
-    return Status::Corrupt(what + ": a message header of " + std::to_string(in.size()) + " bytes");
-  }
-  WireReader r(in.first(kWireHeaderBytes), what);
-  uint32_t magic = r.U32("magic");
-  uint16_t version = r.U16("version");
-  uint8_t kind = r.U8("kind");
-  (void)r.U8("reserved");
-  h->type = r.U16("type");
-  h->call_id = r.U64("call_id");
-  h->status = r.I32("status");
-  h->body_bytes = r.U32("body_bytes");
-  CKPTDB_RETURN_IF_ERROR(r.Finish());
-  if (magic != kWireMagic) return Status::Corrupt(what + ": not a ckptdb message (bad magic)");
-  if (version != kWireVersion) {
-    return Status::Corrupt(what + ": wire version " + std::to_string(version) + ", expected " +
-                           std::to_string(kWireVersion));
-  }
-  if (kind < 1 || kind > 7) return Status::Corrupt(what + ": unknown message kind");
-  h->kind = static_cast<Kind>(kind);
-  if (h->body_bytes != in.size() - kWireHeaderBytes || h->body_bytes > kMaxBodyBytes) {
-    return Status::Corrupt(what + ": body length " + std::to_string(h->body_bytes) +
-                           " does not match the message");
-  }
-  *body = in.subspan(kWireHeaderBytes);
-  return Status::Ok();
-}
-
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -869,34 +808,31 @@ void TransportImpl::OnSendDone(void* request, ucs_status_t status, void* user_da
 }
 
 void TransportImpl::HandleHandshake(Conn* c, const WireHeader& h, std::span<const uint8_t> body) {
-  WireReader r(body, "handshake from " + c->peer);
+  const std::string what = "handshake from " + c->peer;
+  HandshakeBody in;
   if (!c->client && h.kind == Kind::kHello && c->state == ConnState::kServerNew) {
-    std::string name = r.Str("name", 256);
-    r.Raw(c->their_nonce, kNonceBytes, "nonce");
-    if (!r.Finish().ok()) {
-      CloseConn(c->id, r.Finish().message(), false);
+    Status st = ParseHandshake(h.kind, body, what, &in);
+    if (!st.ok()) {
+      CloseConn(c->id, st.message(), false);
       return;
     }
-    c->peer = name + " (" + c->peer + ")";
+    std::memcpy(c->their_nonce, in.nonce.data(), kNonceBytes);
+    c->peer = in.name + " (" + c->peer + ")";
+    HandshakeBody out;
+    out.name = options_.name;
     randombytes_buf(c->my_nonce, kNonceBytes);
-    uint8_t mac[crypto_auth_BYTES];
-    Mac("ckptdb-server", c->their_nonce, c->my_nonce, mac);
-    WireWriter w;
-    w.Str(options_.name);
-    w.Raw(c->my_nonce, kNonceBytes);
-    w.Raw(mac, sizeof mac);
+    std::memcpy(out.nonce.data(), c->my_nonce, kNonceBytes);
+    Mac("ckptdb-server", c->their_nonce, c->my_nonce, out.mac.data());
     c->state = ConnState::kServerChallenged;
-    Send(c, Kind::kChallenge, 0, 0, 0, w.buffer(), nullptr, 0, nullptr, nullptr);
+    Send(c, Kind::kChallenge, 0, 0, 0, EncodeHandshake(Kind::kChallenge, out), nullptr, 0, nullptr,
+         nullptr);
     return;
   }
   if (c->client && h.kind == Kind::kChallenge && c->state == ConnState::kClientHello) {
-    std::string name = r.Str("name", 256);
-    uint8_t mac[crypto_auth_BYTES];
-    r.Raw(c->their_nonce, kNonceBytes, "nonce");
-    r.Raw(mac, sizeof mac, "mac");
-    Status st = r.Finish();
-    if (st.ok() && !CheckMac("ckptdb-server", c->my_nonce, c->their_nonce, mac)) {
-      st = Status::Auth(c->peer + " (" + name +
+    Status st = ParseHandshake(h.kind, body, what, &in);
+    if (st.ok()) std::memcpy(c->their_nonce, in.nonce.data(), kNonceBytes);
+    if (st.ok() && !CheckMac("ckptdb-server", c->my_nonce, c->their_nonce, in.mac.data())) {
+      st = Status::Auth(c->peer + " (" + in.name +
                         ") could not prove it holds this job's token: refusing it");
     }
     if (!st.ok()) {
@@ -904,17 +840,17 @@ void TransportImpl::HandleHandshake(Conn* c, const WireHeader& h, std::span<cons
       FailConnect(c, st);
       return;
     }
-    c->peer = name + " (" + c->peer + ")";
-    uint8_t proof[crypto_auth_BYTES];
-    Mac("ckptdb-client", c->my_nonce, c->their_nonce, proof);
+    c->peer = in.name + " (" + c->peer + ")";
+    HandshakeBody proof;
+    Mac("ckptdb-client", c->my_nonce, c->their_nonce, proof.mac.data());
     c->state = ConnState::kClientProof;
-    Send(c, Kind::kProof, 0, 0, 0, {proof, sizeof proof}, nullptr, 0, nullptr, nullptr);
+    Send(c, Kind::kProof, 0, 0, 0, EncodeHandshake(Kind::kProof, proof), nullptr, 0, nullptr,
+         nullptr);
     return;
   }
   if (!c->client && h.kind == Kind::kProof && c->state == ConnState::kServerChallenged) {
-    uint8_t mac[crypto_auth_BYTES];
-    r.Raw(mac, sizeof mac, "mac");
-    if (r.Finish().ok() && CheckMac("ckptdb-client", c->their_nonce, c->my_nonce, mac)) {
+    if (ParseHandshake(h.kind, body, what, &in).ok() &&
+        CheckMac("ckptdb-client", c->their_nonce, c->my_nonce, in.mac.data())) {
       c->state = ConnState::kOpen;
       c->handshake_deadline_ms = 0;
       Send(c, Kind::kWelcome, 0, 0, 0, {}, nullptr, 0, nullptr, nullptr);
@@ -1045,10 +981,11 @@ Status TransportImpl::Connect(const std::string& address, int timeout_ms, PeerId
       conns_[c->id] = c;
     }
     by_ep_[c->ep] = c.get();
-    WireWriter w;
-    w.Str(options_.name);
-    w.Raw(c->my_nonce, kNonceBytes);
-    Send(c.get(), Kind::kHello, 0, 0, 0, w.buffer(), nullptr, 0, nullptr, nullptr);
+    HandshakeBody hello;
+    hello.name = options_.name;
+    std::memcpy(hello.nonce.data(), c->my_nonce, kNonceBytes);
+    Send(c.get(), Kind::kHello, 0, 0, 0, EncodeHandshake(Kind::kHello, hello), nullptr, 0, nullptr,
+         nullptr);
   });
   std::unique_lock<std::mutex> lock(mu_);
   bool done = cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
