@@ -55,5 +55,43 @@ TEST(Catalog, FiguresThatDoNotDecodeAreSkippedNotFatal) {
   EXPECT_EQ(versions[7].stats.bytes, 0u);
 }
 
+// The seeds of fuzz/fuzz_catalog_record.cc (fuzz/corpus/catalog_record/): one value of each
+// kind. They pin nothing: regenerate freely.
+TEST(Catalog, DISABLED_RegenerateFuzzSeeds) {
+  const std::string dir = std::string(CKPTDB_TEST_DATA_DIR) + "/../../fuzz/corpus/catalog_record";
+  VersionRecord v;
+  v.version = 42;
+  v.state = CKPTDB_STATE_COMMITTED;
+  v.rank = 3;
+  v.data_bytes = 1 << 20;
+  v.tensor_count = 2;
+  v.chunk_count = 5;
+  v.created_unix_ns = 1700000000000000000ull;
+  v.committed_unix_ns = 1700000000100000000ull;
+  v.manifest_xxh3 = 0x0123456789abcdefull;
+  test::WriteWholeFile(dir + "/version", Catalog::EncodeVersion(v));
+  ResidencyRecord r;
+  r.tier = "ram";
+  r.state = CKPTDB_RESIDENT_DURABLE;
+  r.path = "/dev/shm/ckptdb-0000000000000001-r00003.ram";
+  r.file_bytes = 1 << 21;
+  r.ram_generation = 7;
+  r.ram_index_offset = 1 << 22;
+  r.ram_index_bytes = 4096;
+  test::WriteWholeFile(dir + "/residency-ram", Catalog::EncodeResidency(r));
+  r = ResidencyRecord{};
+  r.tier = "disk:/var/tmp/ck";
+  r.state = CKPTDB_RESIDENT_EVICTED;
+  r.path = "/var/tmp/ck/v00000000000000000042-r00003.seg";
+  test::WriteWholeFile(dir + "/residency-disk", Catalog::EncodeResidency(r));
+  VersionStatsRecord st;
+  st.bytes = 1 << 20;
+  st.put_calls = 2;
+  st.commit_ns = 12345;
+  st.AddTier("ram", 1 << 20, 999);
+  st.AddTier("disk:/var/tmp/ck", 1 << 20, 5555);
+  test::WriteWholeFile(dir + "/stats", Catalog::EncodeStats(st));
+}
+
 }  // namespace
 }  // namespace ckpt::engine
