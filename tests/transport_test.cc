@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -101,7 +102,7 @@ TEST_P(TransportTest, CallsCarryBodiesAndPayloadsBothWays) {
     ASSERT_TRUE(st.ok()) << st.ToString() << " at " << bytes;
     EXPECT_EQ(reply_body, body);
     ASSERT_EQ(got, bytes);
-    EXPECT_EQ(0, std::memcmp(back.data(), payload.data(), bytes));
+    EXPECT_TRUE(std::equal(payload.begin(), payload.end(), back.begin()));  // 0 bytes: no memcmp
   }
   std::vector<uint8_t> reply_body;
   st = client->CallSync(peer, kFail, {}, nullptr, 0, 10000, &reply_body);
