@@ -39,9 +39,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < tiers.size(); ++i) {
     const TierSpec& t = tiers[i];
     if (t.path.empty() || t.path[0] != '/' || t.every == 0) std::abort();
-    if (t.kind == TierKind::kRam && (i != 0 || t.capacity_bytes < kMinRamBytes ||
-                                     t.capacity_bytes > kMaxRamBytes ||
-                                     t.capacity_bytes % 4096 != 0)) {
+    if (t.kind == TierKind::kRam &&
+        (i != 0 || t.capacity_bytes < kMinRamBytes || t.capacity_bytes > kMaxRamBytes ||
+         t.capacity_bytes % 4096 != 0)) {
       std::abort();
     }
     canonical += (i ? ";" : "") + FormatTierSpec(t);

@@ -234,6 +234,13 @@ int RestoreEquals(ckptdb* db, uint32_t rank, uint64_t version, const std::string
   return 0;
 }
 
+// Where the bytes of this handle's last restore came from (ckptdb_stats' last_restore_sources).
+std::string LastSources(ckptdb* db) {
+  ckptdb_stats_t stats;
+  ckptdb_stats(db, &stats);
+  return stats.last_restore_sources;
+}
+
 int CheckRestore(ckptdb* db, uint32_t rank, uint64_t version, std::string* source) {
   for (int which = 0; which < 2; ++which) {
     std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
@@ -661,9 +668,7 @@ int RestoreShared(ckptdb* db, uint32_t rank, uint64_t version, std::string* sour
     const size_t bytes = which == 0 ? kSharedBytes : 100000;
     const std::string name = "shared/" + std::to_string(which);
     if (RestoreEquals(db, rank, version, name, SharedData(version, which, bytes)) != 0) return 1;
-    ckptdb_stats_t stats;
-    ckptdb_stats(db, &stats);
-    if (which == 0) *sources = stats.last_restore_sources;
+    if (which == 0) *sources = LastSources(db);
   }
   return 0;
 }
@@ -854,9 +859,7 @@ TEST_F(ClusterTest, ArcMembersServeSlicesFromTheirDiskTiers) {
     RANK_CHECK(!InRam(db, 1), "v1 is still in ram after 10 s");
     Done(job_, rank, "evicted", /*all_wait=*/true);  // v1 is in no member's memory now
     if (RestoreEquals(db, rank, 1, "shared/0", SharedData(1, 0, kSharedBytes)) != 0) return 1;
-    ckptdb_stats_t stats;
-    ckptdb_stats(db, &stats);
-    const std::string sources = stats.last_restore_sources;
+    const std::string sources = LastSources(db);
     RANK_CHECK(sources.rfind("disk:", 0) == 0 && sources.find("arc:rank") != std::string::npos,
                "sources: %s", sources.c_str());
     Done(job_, rank, "restore", /*all_wait=*/true);
@@ -902,11 +905,9 @@ TEST_F(ClusterTest, ArcOnReplicasSurvivesLosingBothKeepersOfASlice) {
     std::string source;
     if (CheckRestore(db, rank, 2, &source) != 0) return 1;
     if (RestoreEquals(db, rank, 2, "shared/0", SharedData(2, 0, kSharedBytes)) != 0) return 1;
-    ckptdb_stats_t stats;
-    ckptdb_stats(db, &stats);
     // Ranks 0 and 3 lack slice 2, which is on no live member: a replica of rank 2's segment
     // (on node 3) or rank 1's (on node 0) served it.
-    const std::string sources = stats.last_restore_sources;
+    const std::string sources = LastSources(db);
     RANK_CHECK(rank == 1 || rank == 2 || sources.find("arc:rank2@rank3") != std::string::npos ||
                    sources.find("arc:rank1@rank0") != std::string::npos,
                "slice 2 came from: %s", sources.c_str());

@@ -152,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadSpec{"", kInvalid, {"tier 1 \"\"", "empty spec"}},
         // fuzz_tier_spec found these: formatted back, the path would parse to another one.
-        BadSpec{"ram:64M,dir=\r\rir=\r\r\r/\r", kInvalid,
+        BadSpec{"ram:64M,dir=\r\rir=\r\r\r/\r",
+                kInvalid,
                 {"option \"dir\": the path contains a control character"}},
         BadSpec{"disk:/a\tb", kInvalid, {"the path contains a control character"}},
         BadSpec{"disk:a /", kInvalid, {"the path ends in a space"}},
