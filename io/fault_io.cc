@@ -1,0 +1,126 @@
+#include "io/fault_io.h"
+
+#include <cerrno>
+#include <map>
+
+namespace ckpt::io {
+namespace {
+
+// A queue whose write and fsync completions FaultIo may turn into failures. Requests go to the
+// base queue unchanged (the kernel does the work); only what Reap reports is changed.
+class FaultQueue final : public IoQueue {
+ public:
+  FaultQueue(FaultIo* io, std::unique_ptr<IoQueue> base) : io_(io), base_(std::move(base)) {}
+
+  Status RegisterBuffers(std::span<const iovec> buffers) override {
+    return base_->RegisterBuffers(buffers);
+  }
+  Status Submit(std::span<const IoRequest> requests) override {
+    for (const IoRequest& r : requests) ops_[r.tag] = r.op;
+    return base_->Submit(requests);
+  }
+  Status Reap(size_t min_completions, std::vector<IoCompletion>* out, int timeout_ms) override {
+    const size_t before = out->size();
+    Status st = base_->Reap(min_completions, out, timeout_ms);
+    for (size_t i = before; i < out->size(); ++i) {
+      IoCompletion& c = (*out)[i];
+      auto op = ops_.find(c.tag);
+      if (op == ops_.end()) continue;
+      const IoRequest::Op kind = op->second;
+      ops_.erase(op);
+      if (c.result < 0 || kind == IoRequest::Op::kRead) continue;
+      const int error =
+          io_->Take(kind == IoRequest::Op::kWrite ? FaultIo::Call::kWrite : FaultIo::Call::kSync);
+      if (error != 0) c.result = -error;
+    }
+    return st;
+  }
+  size_t outstanding() const override { return base_->outstanding(); }
+
+ private:
+  FaultIo* io_;
+  std::unique_ptr<IoQueue> base_;
+  std::map<uint64_t, IoRequest::Op> ops_;  // by tag: one owner thread per queue
+};
+
+}  // namespace
+
+const char* FaultIo::CallName(Call call) {
+  switch (call) {
+    case Call::kWrite:
+      return "write";
+    case Call::kSync:
+      return "fsync";
+    case Call::kRename:
+      return "rename";
+    case Call::kSyncDir:
+      return "directory fsync";
+    case Call::kCreate:
+      return "create";
+    case Call::kWriteFileDurably:
+      return "durable file write";
+  }
+  return "?";
+}
+
+void FaultIo::Arm(Call call, uint64_t nth, int error) {
+  armed_nth_ = 0;  // no call matches while the rest changes
+  armed_call_ = static_cast<int>(Index(call));
+  armed_error_ = error;
+  fired_ = false;
+  armed_nth_ = nth;
+}
+
+void FaultIo::Reset() {
+  armed_nth_ = 0;
+  armed_call_ = -1;
+  fired_ = false;
+  for (auto& c : counts_) c = 0;
+}
+
+int FaultIo::Take(Call call) {
+  const uint64_t n = ++counts_[Index(call)];
+  if (armed_call_.load() != static_cast<int>(Index(call)) || armed_nth_.load() != n) return 0;
+  fired_ = true;
+  return armed_error_.load();
+}
+
+Status FaultIo::NewQueue(const QueueOptions& options, std::unique_ptr<IoQueue>* out) {
+  std::unique_ptr<IoQueue> base;
+  CKPTDB_RETURN_IF_ERROR(base_->NewQueue(options, &base));
+  *out = std::make_unique<FaultQueue>(this, std::move(base));
+  return Status::Ok();
+}
+
+Status FaultIo::Open(const std::string& path, const OpenOptions& options, int* fd,
+                     bool* direct_out) {
+  if (options.mode == OpenOptions::Mode::kCreateWrite) {
+    if (int error = Take(Call::kCreate)) {
+      return Status::FromErrno(error, "open " + path + " for writing (injected)");
+    }
+  }
+  return base_->Open(path, options, fd, direct_out);
+}
+
+Status FaultIo::Rename(const std::string& from, const std::string& to) {
+  if (int error = Take(Call::kRename)) {
+    return Status::FromErrno(error, "rename " + from + " to " + to + " (injected)");
+  }
+  return base_->Rename(from, to);
+}
+
+Status FaultIo::SyncDir(const std::string& path) {
+  if (int error = Take(Call::kSyncDir)) {
+    return Status::FromErrno(error, "fsync directory " + path + " (injected)");
+  }
+  return base_->SyncDir(path);
+}
+
+Status FaultIo::WriteFileDurably(const std::string& path, const std::string& contents) {
+  if (int error = Take(Call::kWriteFileDurably)) {
+    return Status::FromErrno(error, "write " + path + " durably (injected)");
+  }
+  return base_->WriteFileDurably(path, contents);
+}
+
+}  // namespace ckpt::io

@@ -1,0 +1,75 @@
+// FaultIo: an Io that fails a chosen call (DESIGN.md section 8; issue 6's fault injection, first
+// part), the way LevelDB's fault-injection Env does. It forwards everything to a base Io and,
+// once armed, makes the nth call of one kind fail with a chosen errno: a write or fsync that the
+// kernel completed is reported failed (what a real EIO or ENOSPC leaves: the bytes may or may
+// not be there), a rename or directory sync fails before it is made. It counts every kind of
+// call, so a test can first run a sequence clean to learn how many calls of each kind it makes,
+// then fail each one in turn. Dropped unsynced data, torn and reordered writes and latency are
+// not built yet (docs/testing.md).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "io/io.h"
+
+namespace ckpt::io {
+
+class FaultIo final : public Io {
+ public:
+  enum class Call : uint8_t { kWrite, kSync, kRename, kSyncDir, kCreate, kWriteFileDurably };
+  static constexpr size_t kCalls = 6;
+  static const char* CallName(Call call);
+
+  explicit FaultIo(Io* base) : base_(base) {}
+
+  // From now on, the nth (1-based, counted from the last Reset) call of `call` fails with
+  // `error` (EIO, ENOSPC, ...); 0 disarms.
+  void Arm(Call call, uint64_t nth, int error);
+  // Zeroes the counts and disarms.
+  void Reset();
+  uint64_t Count(Call call) const { return counts_[Index(call)].load(); }
+  bool Fired() const { return fired_.load(); }
+
+  Status NewQueue(const QueueOptions& options, std::unique_ptr<IoQueue>* out) override;
+  Status Open(const std::string& path, const OpenOptions& options, int* fd,
+              bool* direct_out) override;
+  Status Close(int fd) override { return base_->Close(fd); }
+  Status FileSize(int fd, uint64_t* bytes) override { return base_->FileSize(fd, bytes); }
+  Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
+  Status ListDir(const std::string& path, std::vector<std::string>* names) override {
+    return base_->ListDir(path, names);
+  }
+  Status PathSize(const std::string& path, uint64_t* bytes) override {
+    return base_->PathSize(path, bytes);
+  }
+  Status Rename(const std::string& from, const std::string& to) override;
+  Status Remove(const std::string& path) override { return base_->Remove(path); }
+  Status SyncDir(const std::string& path) override;
+  Status ReadFile(const std::string& path, std::string* contents) override {
+    return base_->ReadFile(path, contents);
+  }
+  Status WriteFileDurably(const std::string& path, const std::string& contents) override;
+  Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
+                          std::unique_ptr<SharedMemory>* out) override {
+    return base_->OpenSharedMemory(path, options, out);
+  }
+
+  // Counts one call of `call`; its errno when this is the armed one, else 0. Queues use it too.
+  int Take(Call call);
+
+ private:
+  static size_t Index(Call call) { return static_cast<size_t>(call); }
+
+  Io* base_;
+  std::array<std::atomic<uint64_t>, kCalls> counts_{};
+  std::atomic<int> armed_call_{-1};
+  std::atomic<uint64_t> armed_nth_{0};
+  std::atomic<int> armed_error_{0};
+  std::atomic<bool> fired_{false};
+};
+
+}  // namespace ckpt::io
