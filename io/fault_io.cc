@@ -1,13 +1,15 @@
 #include "io/fault_io.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <map>
 
 namespace ckpt::io {
 namespace {
 
-// A queue whose write and fsync completions FaultIo may turn into failures. Requests go to the
-// base queue unchanged (the kernel does the work); only what Reap reports is changed.
+// A queue whose read, write and fsync completions of files FaultIo may turn into failures. Requests
+// go to the base queue unchanged (the kernel does the work); only what Reap reports is changed.
 class FaultQueue final : public IoQueue {
  public:
   FaultQueue(FaultIo* io, std::unique_ptr<IoQueue> base) : io_(io), base_(std::move(base)) {}
@@ -16,7 +18,11 @@ class FaultQueue final : public IoQueue {
     return base_->RegisterBuffers(buffers);
   }
   Status Submit(std::span<const IoRequest> requests) override {
-    for (const IoRequest& r : requests) ops_[r.tag] = r.op;
+    // Files only: the tier manager also reads its wake-up eventfd through the queue.
+    for (const IoRequest& r : requests) {
+      struct stat st {};
+      if (::fstat(r.fd, &st) == 0 && S_ISREG(st.st_mode)) ops_[r.tag] = r.op;
+    }
     return base_->Submit(requests);
   }
   Status Reap(size_t min_completions, std::vector<IoCompletion>* out, int timeout_ms) override {
@@ -28,9 +34,10 @@ class FaultQueue final : public IoQueue {
       if (op == ops_.end()) continue;
       const IoRequest::Op kind = op->second;
       ops_.erase(op);
-      if (c.result < 0 || kind == IoRequest::Op::kRead) continue;
-      const int error =
-          io_->Take(kind == IoRequest::Op::kWrite ? FaultIo::Call::kWrite : FaultIo::Call::kSync);
+      if (c.result < 0) continue;
+      const int error = io_->Take(kind == IoRequest::Op::kRead    ? FaultIo::Call::kRead
+                                  : kind == IoRequest::Op::kWrite ? FaultIo::Call::kWrite
+                                                                  : FaultIo::Call::kSync);
       if (error != 0) c.result = -error;
     }
     return st;
@@ -59,6 +66,8 @@ const char* FaultIo::CallName(Call call) {
       return "create";
     case Call::kWriteFileDurably:
       return "durable file write";
+    case Call::kRead:
+      return "read";
   }
   return "?";
 }

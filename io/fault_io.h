@@ -1,8 +1,8 @@
 // FaultIo: an Io that fails a chosen call (DESIGN.md section 8; issue 6's fault injection, first
 // part), the way LevelDB's fault-injection Env does. It forwards everything to a base Io and,
-// once armed, makes the nth call of one kind fail with a chosen errno: a write or fsync that the
-// kernel completed is reported failed (what a real EIO or ENOSPC leaves: the bytes may or may
-// not be there), a rename or directory sync fails before it is made. It counts every kind of
+// once armed, makes the nth call of one kind fail with a chosen errno: a read, write or fsync that
+// the kernel completed is reported failed (what a real EIO or ENOSPC leaves: the bytes may or
+// may not be there), a rename or directory sync fails before it is made. It counts every kind of
 // call, so a test can first run a sequence clean to learn how many calls of each kind it makes,
 // then fail each one in turn. Dropped unsynced data, torn and reordered writes and latency are
 // not built yet (docs/testing.md).
@@ -20,8 +20,16 @@ namespace ckpt::io {
 
 class FaultIo final : public Io {
  public:
-  enum class Call : uint8_t { kWrite, kSync, kRename, kSyncDir, kCreate, kWriteFileDurably };
-  static constexpr size_t kCalls = 6;
+  enum class Call : uint8_t {
+    kWrite,
+    kSync,
+    kRename,
+    kSyncDir,
+    kCreate,
+    kWriteFileDurably,
+    kRead,
+  };
+  static constexpr size_t kCalls = 7;
   static const char* CallName(Call call);
 
   explicit FaultIo(Io* base) : base_(base) {}

@@ -163,5 +163,44 @@ TEST_F(FaultTest, EveryFailingCallOfACommitIsReportedAndLeavesTheLastVersionWhol
   std::printf("failing calls tried: %zu, reported: %zu\n", cases, reported);
 }
 
+// Every failing read of a restore: v1 is on both tiers; each read that restoring both shards
+// makes (the segments' framing and manifests, then the chunks) fails in turn with EIO. Each time
+// the restore still returns every byte, read from the other tier, and the handle stays usable.
+TEST_F(FaultTest, EveryFailingReadOfARestoreIsServedByTheOtherTier) {
+  std::unique_ptr<io::Io> posix = io::NewPosixIo();
+  FaultIo faults(posix.get());
+  std::unique_ptr<engine::Db> db;
+  ASSERT_TRUE(engine::Db::Open(Options(&faults), &db).ok());
+  ASSERT_TRUE(Save(db.get(), 1).ok());
+  ASSERT_TRUE(db->Close().ok());
+  auto restore_both = [&](const std::string& what) {
+    std::unique_ptr<engine::Db> reader;
+    Status st = engine::Db::Open(Options(&faults), &reader);
+    if (!st.ok()) return st;
+    for (int which = 0; which < 2; ++which) {
+      std::vector<uint8_t> out(kShardBytes);
+      const std::string name = "w" + std::to_string(which);
+      st = reader->Restore(1, name.c_str(), out.data(), out.size(), 0);
+      if (!st.ok()) return st;
+      EXPECT_EQ(out, RandomBytes(kShardBytes, 10 + which)) << what;
+    }
+    return reader->Close();
+  };
+  faults.Reset();
+  ASSERT_TRUE(restore_both("clean").ok());
+  const uint64_t reads = faults.Count(FaultIo::Call::kRead);
+  std::printf("a clean open and restore of both shards: %llu reads\n",
+              static_cast<unsigned long long>(reads));
+  ASSERT_GE(reads, 12u);
+  for (uint64_t nth = 1; nth <= reads; ++nth) {
+    const std::string what = "failing read " + std::to_string(nth);
+    faults.Reset();
+    faults.Arm(FaultIo::Call::kRead, nth, EIO);
+    Status st = restore_both(what);
+    EXPECT_TRUE(st.ok()) << what << ": " << st.ToString();
+    EXPECT_TRUE(faults.Fired()) << what;
+  }
+}
+
 }  // namespace
 }  // namespace ckpt
