@@ -663,6 +663,21 @@ int DeclareArc(ckptdb* db, uint32_t rank) {
   return 0;
 }
 
+// Opens the rank and declares the job's "arc" replica group of all 4 ranks.
+int OpenArc(const Job& job, uint32_t rank, ckptdb** db) {
+  int rc = OpenRank(job, rank, "job-secret", db);
+  RANK_CHECK(rc == 0, "open: %d", rc);
+  return DeclareArc(*db, rank);
+}
+
+// The end of a rank's phase: waits until every rank is done (members serve each other's
+// slices till then) and closes.
+int EndPhase(const Job& job, uint32_t rank, const char* phase, ckptdb* db) {
+  Done(job, rank, phase, /*all_wait=*/true);
+  ckptdb_close(db);
+  return 0;
+}
+
 int RestoreShared(ckptdb* db, uint32_t rank, uint64_t version, std::string* sources) {
   for (int which = 0; which < 2; ++which) {
     const size_t bytes = which == 0 ? kSharedBytes : 100000;
@@ -677,11 +692,9 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   job_.replicas = 1;
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (DeclareArc(db, rank) != 0) return 1;
+    if (OpenArc(job_, rank, &db) != 0) return 1;
     const uint32_t pair[2] = {0, 1};
-    rc = ckptdb_declare_replicas(db, 0, pair, 2, "arc");
+    int rc = ckptdb_declare_replicas(db, 0, pair, 2, "arc");
     RANK_CHECK(rc == (rank < 2 ? CKPTDB_ESTATE : CKPTDB_EINVAL), "another group: %d", rc);
     {
       auto data = TensorData(rank, 1, 0);
@@ -718,9 +731,7 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
     if (RestoreShared(db, rank, 2, &sources) != 0) return 1;
     RANK_CHECK(sources.find("arc:rank") != std::string::npos, "sources: %s", sources.c_str());
     if (CheckRecoverable(db, rank, 2, 1, 1, kRanks, 0) != 0) return 1;
-    Done(job_, rank, "save", /*all_wait=*/true);
-    ckptdb_close(db);
-    return 0;
+    return EndPhase(job_, rank, "save", db);
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
 
@@ -758,9 +769,7 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   LoseNode(job_, 2);
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (DeclareArc(db, rank) != 0) return 1;
+    if (OpenArc(job_, rank, &db) != 0) return 1;
     if (CheckLatest(db, rank, 2) != 0) return 1;
     // Slices 2 and 3 have one keeper left each (ranks 1 and 3): no further loss to spare.
     if (CheckRecoverable(db, rank, 2, 1, 0, kRanks - 1, 1) != 0) return 1;
@@ -776,23 +785,19 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
       RANK_CHECK(sources.find("ram") == std::string::npos, "rank 2 read its own ram: %s",
                  sources.c_str());
       std::vector<uint8_t> out(16);
-      rc = ckptdb_restore(db, 2, "private", out.data(), out.size(), 0);
+      int rc = ckptdb_restore(db, 2, "private", out.data(), out.size(), 0);
       RANK_CHECK(rc == CKPTDB_ENOTFOUND, "restore of a name no member has: %d", rc);
     }
-    Done(job_, rank, "restore", /*all_wait=*/true);  // members serve each other till then
-    ckptdb_close(db);
-    return 0;
+    return EndPhase(job_, rank, "restore", db);
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
 
   LoseNode(job_, 1);
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (DeclareArc(db, rank) != 0) return 1;
+    if (OpenArc(job_, rank, &db) != 0) return 1;
     uint64_t latest = 0;
-    rc = ckptdb_latest(db, &latest);
+    int rc = ckptdb_latest(db, &latest);
     RANK_CHECK(rc == CKPTDB_ENOTFOUND, "latest with slice 2 lost: %d, v%llu", rc,
                (unsigned long long)latest);
     if (CheckRecoverable(db, rank, 2, 0, -1, 0, 0) != 0) return 1;
@@ -811,9 +816,7 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
                      std::equal(out.begin() + lost_to, out.end(), want.begin() + lost_to),
                  "the restored buffer is not the kept slices with slice 2 zeroed");
     }
-    Done(job_, rank, "lost2", /*all_wait=*/true);
-    ckptdb_close(db);
-    return 0;
+    return EndPhase(job_, rank, "lost2", db);
   });
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
@@ -844,13 +847,11 @@ TEST_F(ClusterTest, ArcMembersServeSlicesFromTheirDiskTiers) {
   job_.node_disk = "keep=3";
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (DeclareArc(db, rank) != 0) return 1;
+    if (OpenArc(job_, rank, &db) != 0) return 1;
     for (uint64_t v = 1; v <= 2; ++v) {
       auto a = SharedData(v, 0, kSharedBytes);
-      rc = ckptdb_put_shard(db, v, "shared/0", a.data(), a.size(), nullptr,
-                            CKPTDB_PUT_REPLICATED | CKPTDB_PUT_COPY_NOW);
+      int rc = ckptdb_put_shard(db, v, "shared/0", a.data(), a.size(), nullptr,
+                                CKPTDB_PUT_REPLICATED | CKPTDB_PUT_COPY_NOW);
       RANK_CHECK(rc == 0, "put v%llu: %d", (unsigned long long)v, rc);
       RANK_CHECK(ckptdb_commit(db, v, 0) == 0, "commit v%llu", (unsigned long long)v);
     }
@@ -862,9 +863,7 @@ TEST_F(ClusterTest, ArcMembersServeSlicesFromTheirDiskTiers) {
     const std::string sources = LastSources(db);
     RANK_CHECK(sources.rfind("disk:", 0) == 0 && sources.find("arc:rank") != std::string::npos,
                "sources: %s", sources.c_str());
-    Done(job_, rank, "restore", /*all_wait=*/true);
-    ckptdb_close(db);
-    return 0;
+    return EndPhase(job_, rank, "restore", db);
   });
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
@@ -877,30 +876,24 @@ TEST_F(ClusterTest, ArcMembersServeSlicesFromTheirDiskTiers) {
 TEST_F(ClusterTest, ArcOnReplicasSurvivesLosingBothKeepersOfASlice) {
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "open: %d", rc);
-    if (DeclareArc(db, rank) != 0) return 1;
+    if (OpenArc(job_, rank, &db) != 0) return 1;
     for (uint64_t v = 1; v <= 2; ++v) {
       if (Put(db, rank, v) != 0) return 1;  // private shards: allowed with redundancy
       auto a = SharedData(v, 0, kSharedBytes);
-      rc = ckptdb_put_shard(db, v, "shared/0", a.data(), a.size(), nullptr,
-                            CKPTDB_PUT_REPLICATED | CKPTDB_PUT_COPY_NOW);
+      int rc = ckptdb_put_shard(db, v, "shared/0", a.data(), a.size(), nullptr,
+                                CKPTDB_PUT_REPLICATED | CKPTDB_PUT_COPY_NOW);
       RANK_CHECK(rc == 0, "put shared/0 v%llu: %d", (unsigned long long)v, rc);
       rc = ckptdb_commit(db, v, 0);
       RANK_CHECK(rc == 0, "commit v%llu: %d", (unsigned long long)v, rc);
     }
-    Done(job_, rank, "save", /*all_wait=*/true);
-    ckptdb_close(db);
-    return 0;
+    return EndPhase(job_, rank, "save", db);
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
   job_.WipeNode(1);
   LoseNode(job_, 2);
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
-    int rc = OpenRank(job_, rank, "job-secret", &db);
-    RANK_CHECK(rc == 0, "reopen: %d", rc);
-    if (DeclareArc(db, rank) != 0) return 1;
+    if (OpenArc(job_, rank, &db) != 0) return 1;
     if (CheckLatest(db, rank, 2) != 0) return 1;
     std::string source;
     if (CheckRestore(db, rank, 2, &source) != 0) return 1;
@@ -911,9 +904,7 @@ TEST_F(ClusterTest, ArcOnReplicasSurvivesLosingBothKeepersOfASlice) {
     RANK_CHECK(rank == 1 || rank == 2 || sources.find("arc:rank2@rank3") != std::string::npos ||
                    sources.find("arc:rank1@rank0") != std::string::npos,
                "slice 2 came from: %s", sources.c_str());
-    Done(job_, rank, "restore", /*all_wait=*/true);
-    ckptdb_close(db);
-    return 0;
+    return EndPhase(job_, rank, "restore", db);
   });
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
