@@ -475,6 +475,8 @@ class Db {
                          RestorePlan* plan);
   // Lets the next gather ask the members that failed again (at most every 5 s).
   void RetryArcMembers();
+  // Drops what arc_members_ and arc_holders_ know when they are of another version.
+  void ForgetArcStateUnless(uint64_t version);
   // Bytes of this rank's own segment of `version` from its ram tier (a member rebuilding a lost
   // one reads them).
   Status ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out);
@@ -647,6 +649,7 @@ class Db {
   uint64_t arc_version_ = 0;         // the version arc_members_ are of (0: none)
   uint64_t arc_retry_after_ns_ = 0;  // MonoNs before which failed members stay failed
   std::map<std::pair<uint32_t, std::string>, ArcMember> arc_members_;  // (owner, holder address)
+  std::map<uint32_t, std::vector<ReplicaHolder>> arc_holders_;  // by member: its replicas' holders
   uint64_t peer_replicas_version_ = 0;  // the version peer_replicas_ are of (0: none)
   std::vector<PeerReplica> peer_replicas_;
   // The rebuild of one version (a restore of a model is a call per tensor): its units decoded

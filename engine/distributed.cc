@@ -544,13 +544,9 @@ namespace {
 bool PiecesOf(const format::ManifestView& m, const fb::Tensor& t, uint64_t piece_bytes,
               std::vector<uint64_t>* xxh3, std::map<uint64_t, uint32_t>* chunk_of) {
   uint32_t c = t.first_chunk();
-  if (t.full_bytes() != 0) {  // ManifestView checked its slices against the chunks
+  if (t.full_bytes() != 0) {
     if (xxh3 != nullptr) xxh3->assign(t.piece_xxh3()->begin(), t.piece_xxh3()->end());
-    for (const fb::Slice* s : *t.slices()) {
-      for (uint64_t off = s->offset(); off < s->offset() + s->bytes(); off += piece_bytes) {
-        (*chunk_of)[off / piece_bytes] = c++;
-      }
-    }
+    for (uint64_t piece : format::KeptPieces(t, piece_bytes)) (*chunk_of)[piece] = c++;
     return true;
   }
   if (xxh3 != nullptr) xxh3->clear();
@@ -568,10 +564,7 @@ bool PiecesOf(const format::ManifestView& m, const fb::Tensor& t, uint64_t piece
 Status Db::OpenArcMember(uint64_t version, uint32_t owner, const ReplicaHolder& holder,
                          const std::vector<uint32_t>& members, uint64_t piece_bytes,
                          const std::string& what, ArcMember** out) {
-  if (arc_version_ != version) {
-    arc_members_.clear();
-    arc_version_ = version;
-  }
+  ForgetArcStateUnless(version);
   ArcMember& a = arc_members_[{owner, holder.address}];
   *out = &a;
   const bool own = holder.rank == owner;
@@ -685,12 +678,20 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
   return Status::Ok();
 }
 
+void Db::ForgetArcStateUnless(uint64_t version) {
+  if (arc_version_ == version) return;
+  arc_members_.clear();
+  arc_holders_.clear();
+  arc_version_ = version;
+}
+
 void Db::RetryArcMembers() {
   // At most every 5 s: a member that is gone for good would be dialled again by every tensor.
   const uint64_t now = MonoNs();
   if (now < arc_retry_after_ns_) return;
   arc_retry_after_ns_ = now + uint64_t{5'000'000'000};
   for (auto& [key, member] : arc_members_) member.failed = false;
+  arc_holders_.clear();  // replicas may have moved
 }
 
 // Every slice from the member that owns it (the load spread over the group), then what is still
@@ -706,6 +707,7 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
         "segments, which needs the job (world_size > 1)");
     return;
   }
+  ForgetArcStateUnless(version);
   const auto count = static_cast<uint32_t>(d.members.size());
   const uint64_t n = d.piece_xxh3.size();
   auto missing = [&](uint32_t s) {
@@ -792,10 +794,18 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
     for (uint32_t s = 0; s < count; ++s) {
       for (uint32_t q : {s, (s + count - 1) % count}) {
         if (q == d.position || !missing(s)) continue;
-        std::vector<ReplicaHolder> holders;
-        Status st = cluster_->Holders(d.members[q], version, &holders);
-        if (!st.ok()) plan->Note(st.message());
-        for (const ReplicaHolder& h : holders) {
+        // Asked of the coordinator once per member and version, not per tensor.
+        auto known = arc_holders_.find(d.members[q]);
+        if (known == arc_holders_.end()) {
+          std::vector<ReplicaHolder> holders;
+          Status st = cluster_->Holders(d.members[q], version, &holders);
+          if (!st.ok()) {
+            plan->Note(st.message());
+            continue;
+          }
+          known = arc_holders_.emplace(d.members[q], std::move(holders)).first;
+        }
+        for (const ReplicaHolder& h : known->second) {
           if (missing(s)) gather(s, q, h);
         }
       }

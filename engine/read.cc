@@ -322,11 +322,9 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
       d.members.assign(g.members()->begin(), g.members()->end());
       d.position = g.position();
       d.have.assign(d.piece_xxh3.size(), false);
-      for (const fb::Slice* s : *t->slices()) {
-        for (uint64_t off = s->offset(); off < s->offset() + s->bytes(); off += d.piece_bytes) {
-          starts.push_back(off);
-          d.have[off / d.piece_bytes] = true;  // once its chunk is read (Restore checks pending)
-        }
+      for (uint64_t piece : format::KeptPieces(*t, d.piece_bytes)) {
+        starts.push_back(piece * d.piece_bytes);
+        d.have[piece] = true;  // once its chunk is read (Restore checks pending)
       }
     }
     uint64_t offset = 0;

@@ -89,6 +89,17 @@ std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count
   return ranges;
 }
 
+std::vector<uint64_t> KeptPieces(const fb::Tensor& t, uint64_t piece_bytes) {
+  std::vector<uint64_t> pieces;
+  pieces.reserve(t.chunk_count());
+  for (const fb::Slice* s : *t.slices()) {
+    for (uint64_t off = s->offset(); off < s->offset() + s->bytes(); off += piece_bytes) {
+      pieces.push_back(off / piece_bytes);
+    }
+  }
+  return pieces;
+}
+
 size_t DTypeBytes(uint32_t dtype) {
   return dtype < std::size(kDTypeBytes) ? kDTypeBytes[dtype] : 0;
 }

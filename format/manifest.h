@@ -98,6 +98,10 @@ struct ManifestContents {
 // Serializes contents (tensors sorted by name). Asserts that names are unique.
 std::vector<uint8_t> BuildManifest(ManifestContents contents);
 
+// The piece of the whole shard each chunk of deduplicated tensor `t` holds, in chunk order (its
+// slices cut in piece_bytes pieces; ManifestView checked that they match its chunks).
+std::vector<uint64_t> KeptPieces(const fb::Tensor& t, uint64_t piece_bytes);
+
 // A tensor's whole length: full_bytes for a deduplicated shard, else bytes.
 inline uint64_t ShardBytes(const fb::Tensor& t) {
   return t.full_bytes() != 0 ? t.full_bytes() : t.bytes();
