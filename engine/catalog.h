@@ -23,6 +23,11 @@
 
 namespace rocksdb {
 class DB;
+class Env;
+}  // namespace rocksdb
+
+namespace ckpt::io {
+class FsTrace;
 }
 
 namespace ckpt::engine {
@@ -136,7 +141,13 @@ class Catalog {
  private:
   Catalog() = default;
   std::string dir_;
-  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<rocksdb::Env> env_;  // a recording one (tests), or nullptr: RocksDB's default
+  std::unique_ptr<rocksdb::DB> db_;    // after env_: closed before it goes
 };
+
+// Tests (io/crash_model.h): the catalogs this process opens from now on record every change
+// RocksDB makes to their files (creates, appends, syncs, renames, removes, directory fsyncs)
+// into trace, which must outlive them; nullptr stops it for later opens.
+void SetCatalogTraceForTesting(io::FsTrace* trace);
 
 }  // namespace ckpt::engine

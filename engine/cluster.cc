@@ -766,6 +766,7 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
   voters.insert(rank);
   if (voters.size() == options_.world_size) {
     // Every vote is in: the decision is durable before anyone hears of it.
+    CrashPoint("coordinator:before_committed_written");
     Status w = catalog_->PutMeta("coord/committed/" + format::Hex64(version).substr(2), "1", true);
     if (!w.ok()) {
       aborted_.insert(version);

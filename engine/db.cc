@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -27,7 +28,10 @@ using format::kBlockBytes;
 
 namespace {
 CrashHook g_crash_hook = nullptr;
+std::atomic<io::Io*> g_testing_io{nullptr};
 }  // namespace
+
+void SetIoForTesting(io::Io* io) { g_testing_io = io; }
 
 void SetCrashHookForTesting(CrashHook hook) { g_crash_hook = hook; }
 void CrashPoint(const char* point) {
@@ -137,6 +141,8 @@ Status Db::OpenImpl() {
 
   if (o.io != nullptr) {
     io_ = o.io;
+  } else if (io::Io* testing = g_testing_io.load(); testing != nullptr) {
+    io_ = testing;
   } else {
     owned_io_ = io::NewPosixIo();
     io_ = owned_io_.get();

@@ -91,6 +91,10 @@ Status ServeNodeMemory(const DbOptions& options, std::unique_ptr<Cluster>* out);
 using CrashHook = void (*)(const char* point);
 void SetCrashHookForTesting(CrashHook hook);
 
+// Tests: the Io every Db this process opens from now on uses when DbOptions.io is nullptr (the
+// multi-process crash tests record their ranks' file changes through it); nullptr: the real one.
+void SetIoForTesting(io::Io* io);
+
 class Db {
  public:
   static Status Open(const DbOptions& options, std::unique_ptr<Db>* out);

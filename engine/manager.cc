@@ -931,6 +931,7 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
   committed.put_versions.push_back(rec);
   committed.put_stats.emplace_back(version, v->stats);
   lock.unlock();
+  CrashPoint("commit:before_committed");
   Status st = catalog_->Apply(committed, /*sync=*/true);
   lock.lock();
   if (!st.ok()) {
