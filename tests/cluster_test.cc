@@ -61,33 +61,10 @@ struct Job {
   void WipeNode(uint32_t rank) const { std::filesystem::remove_all(Node(rank)); }
 };
 
-// A port for a coordinator to listen at later. Below the kernel's ephemeral range (32768 and up
-// here), where the job's own outgoing connections take their local ports: a port picked there
-// was seen taken by one of them by the time the restarted coordinator bound it ("Device is
-// busy"). Each candidate must bind now (no SO_REUSEADDR: a port with connections in TIME_WAIT
-// is skipped too); successive calls walk on, so two phases never share a port.
-int FreePort() {
-  static int next = 10000 + static_cast<int>((getpid() * 7919u) % 20000u);
-  for (int tries = 0; tries < 22000; ++tries) {
-    const int port = next++;
-    if (next >= 32000) next = 10000;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool free = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
-    if (fd >= 0) close(fd);
-    if (free) return port;
-  }
-  ADD_FAILURE() << "no free port in 10000..31999";
-  return 0;
-}
-
 // Node `lost` is gone (its directories wiped); the job's next run gets a fresh coordinator port.
 void LoseNode(Job& job, uint32_t lost) {
   job.WipeNode(lost);
-  job.port = FreePort();
+  job.port = test::FreePort();
 }
 
 // Opens rank `rank` of the job (its node is node<rank>); returns the status.
@@ -261,7 +238,7 @@ int Reopen(const Job& job, uint32_t rank, uint64_t latest, ckptdb** db) {
 
 class ClusterTest : public ::testing::Test {
  protected:
-  void SetUp() override { job_.port = FreePort(); }
+  void SetUp() override { job_.port = test::FreePort(); }
   Job job_;
 };
 
@@ -332,7 +309,7 @@ TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits
   });
   EXPECT_EQ(codes[0], 128 + SIGKILL);
   for (uint32_t r = 1; r < kRanks; ++r) EXPECT_EQ(codes[r], 0) << r;
-  job_.port = FreePort();
+  job_.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 2, &db) != 0) return 1;
@@ -360,7 +337,7 @@ TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
     return 0;
   });
   EXPECT_EQ(codes[2], 128 + SIGKILL);
-  job_.port = FreePort();
+  job_.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 1, &db) != 0) return 1;
@@ -448,7 +425,7 @@ TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhe
   });
   EXPECT_EQ(codes[2], 128 + SIGKILL);
   for (uint32_t r : {0u, 1u, 3u}) EXPECT_EQ(codes[r], 0) << r;
-  job_.port = FreePort();
+  job_.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
@@ -1061,7 +1038,7 @@ void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
     EXPECT_EQ(seen[0].sources[rank], was_lost ? "rebuild" : "ram") << "rank " << rank;
     EXPECT_EQ(seen[0].parity[rank], was_lost ? "not given" : "ok") << "rank " << rank;
   }
-  job.port = FreePort();
+  job.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job, rank, 3, &db) != 0) return 1;
@@ -1096,7 +1073,7 @@ TEST_F(ClusterTest, VerifyAgreesWithAnOracleForEveryLossOfEveryFourNodeCode) {
   for (const std::string code : {"ec:2+2", "ec:3+1", "xor:3", "ec:1+3"}) {
     SCOPED_TRACE(code);
     Job job;
-    job.port = FreePort();
+    job.port = test::FreePort();
     job.code = code;
     auto codes = RunRanks([&](uint32_t rank) {
       ckptdb* db = nullptr;
@@ -1141,7 +1118,7 @@ TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
   }
   for (const auto& lost : losses) {
     Job job;
-    job.port = FreePort();
+    job.port = test::FreePort();
     SCOPED_TRACE("lost nodes " + std::to_string(lost[0]) +
                  (lost.size() > 1 ? " and " + std::to_string(lost[1]) : ""));
     LoseNodesOfACodingGroupAndRebuild(job, lost);
@@ -1254,7 +1231,7 @@ TEST_F(ClusterTest, ACorruptUnitACorruptParityBlockAndALostNodeAreAllErasures) {
   EXPECT_TRUE(seen[0].recoverable);
   EXPECT_TRUE(seen[0].from_memory);
   EXPECT_NE(seen[0].problems.find("fails xxh3"), std::string::npos) << seen[0].problems;
-  job_.port = FreePort();
+  job_.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 3, &db) != 0) return 1;
@@ -1319,7 +1296,7 @@ TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
   });
   EXPECT_EQ(codes[2], 128 + SIGKILL);
   for (uint32_t r : {0u, 1u, 3u}) EXPECT_EQ(codes[r], 0) << r;
-  job_.port = FreePort();
+  job_.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
@@ -1349,7 +1326,7 @@ TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
     return 0;
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-  job_.port = FreePort();
+  job_.port = test::FreePort();
   const std::string coordinator = "127.0.0.1:" + std::to_string(job_.port);
   std::vector<pid_t> servers;
   for (const char* node : {"node2", "node3"}) {
@@ -1436,7 +1413,7 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
     bytes[4096 + 12345] ^= 0x20;  // inside the first chunk's payload
     test::WriteWholeFile(replica, bytes);
   }
-  job_.port = FreePort();
+  job_.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
@@ -1506,7 +1483,7 @@ void FallBackToASharedTier(Job& job, const std::vector<uint32_t>& lost) {
     EXPECT_EQ(seen[0].spare, -1);
     for (uint32_t r : lost) EXPECT_EQ(seen[0].sources[r], "lost") << "rank " << r;
   }
-  job.port = FreePort();
+  job.port = test::FreePort();
   codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job, rank, 4, &db) != 0) return 1;

@@ -1,5 +1,8 @@
 #include "tests/test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -86,6 +89,29 @@ void FlipByte(const std::string& path, uint64_t offset, uint8_t mask) {
   std::fseek(f, static_cast<long>(offset), SEEK_SET);
   std::fputc(c ^ mask, f);
   std::fclose(f);
+}
+
+// A port for a coordinator to listen at later. Below the kernel's ephemeral range (32768 and up
+// here), where the job's own outgoing connections take their local ports: a port picked there
+// was seen taken by one of them by the time the restarted coordinator bound it ("Device is
+// busy"). Each candidate must bind now (no SO_REUSEADDR: a port with connections in TIME_WAIT
+// is skipped too); successive calls walk on, so two phases never share a port.
+int FreePort() {
+  static int next = 10000 + static_cast<int>((getpid() * 7919u) % 20000u);
+  for (int tries = 0; tries < 22000; ++tries) {
+    const int port = next++;
+    if (next >= 32000) next = 10000;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    if (fd >= 0) close(fd);
+    if (free) return port;
+  }
+  std::fprintf(stderr, "no free port in 10000..31999\n");
+  return 0;
 }
 
 }  // namespace ckpt::test

@@ -32,6 +32,11 @@ void FillRandom(void* dst, size_t n, uint64_t seed);
 // Runs a shell command, returns its exit status and stdout+stderr.
 int RunCommand(const std::string& command, std::string* output);
 
+// A free TCP port on loopback for a coordinator to listen at later (below the ephemeral range;
+// successive calls walk on, so two phases of a test never share a port). 0 after a test failure
+// when none is free.
+int FreePort();
+
 std::string ReadWholeFile(const std::string& path);
 void WriteWholeFile(const std::string& path, const std::string& contents);
 // XORs one byte of a file in place with `mask`.
