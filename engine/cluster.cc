@@ -1784,7 +1784,9 @@ void Cluster::HandleReplica(const Request& request, Reply* reply) {
     st = Status::Invalid(what + ": a begin or seal call with a payload");
   }
   if (st.ok() && phase == kPhaseBegin) {
-    st = replicas_->Begin(owner, version, file_bytes, what);
+    // Without the hook (it is always set for a rank), a sealed replica stands.
+    const bool replace_sealed = hooks_.committed && !hooks_.committed(version);
+    st = replicas_->Begin(owner, version, file_bytes, what, replace_sealed);
   } else if (st.ok() && phase == kPhasePiece) {
     st = replicas_->Received(owner, version, file_bytes, offset, payload, what);
     if (!st.ok() && st.code() != CKPTDB_ESTATE) {  // ESTATE: after the replica was refused

@@ -75,6 +75,11 @@ Status Db::StartCluster() {
     }
     return out;
   };
+  hooks.committed = [this](uint64_t version) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = versions_.find(version);
+    return it != versions_.end() && it->second.record.state == CKPTDB_STATE_COMMITTED;
+  };
   hooks.memory_versions = [this] {
     Cluster::Hooks::InMemory out;
     std::lock_guard<std::mutex> lock(mu_);

@@ -210,7 +210,7 @@ std::string ReplicaStore::SparePath(uint32_t owner) const {
 }
 
 Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes,
-                           const std::string& what) {
+                           const std::string& what, bool replace_sealed) {
   if (file_bytes == 0 || file_bytes > kMaxReplicaBytes) {
     return Status::Invalid(what + ": a replica of " + std::to_string(file_bytes) +
                            " bytes (1 byte to 1 TiB)");
@@ -220,7 +220,15 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Key key{owner, version};
-    if (sealed_.count(key)) return Status::State(what + ": already sealed");
+    if (auto stale = sealed_.find(key); stale != sealed_.end()) {
+      if (!replace_sealed) {
+        return Status::State(what + ": already sealed, and v" + std::to_string(version) +
+                             " is committed");
+      }
+      std::shared_ptr<MappedFile> map = std::move(stale->second.map);
+      sealed_.erase(stale);
+      RetireLocked(owner, SealedPath(owner, version), std::move(map));
+    }
     auto it = incoming_.find(key);
     if (it != incoming_.end() && it->second.stage == Stage::kSealing) {
       return Status::State(what + ": being sealed");

@@ -92,8 +92,12 @@ class ReplicaStore {
   // a cache of pages) or the file system has no room: nothing is held for it then. On these VMs a
   // new page costs 5-10 times its copy (LIMITS.md); paid here, on a service thread, it never stalls
   // the transport's progress thread (whose receive would otherwise fault the pages in one by one,
-  // for seconds, with heartbeats waiting behind it). Idempotent for the same size.
-  Status Begin(uint32_t owner, uint64_t version, uint64_t file_bytes, const std::string& what);
+  // for seconds, with heartbeats waiting behind it). Idempotent for the same size. A sealed
+  // replica of the same (owner, version) is refused (ESTATE) unless replace_sealed: then it is
+  // dropped first (its memory becomes the spare the new one is received into; a fetch being
+  // served from it keeps its mapping).
+  Status Begin(uint32_t owner, uint64_t version, uint64_t file_bytes, const std::string& what,
+               bool replace_sealed = false);
   // Where bytes [offset, offset + bytes) of owner's replica of `version` (file_bytes long) go,
   // in the replica Begin made room for; the range is claimed for that piece (a range overlapping
   // a claimed one is refused: no byte is received twice). The transport's Placer calls it on its

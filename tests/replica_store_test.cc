@@ -28,8 +28,9 @@ namespace fs = std::filesystem;
 using test::TempDir;
 
 // Real segment images of versions 1..n of rank 0 (a one-rank store's), each with a 200 KiB tensor
-// in 64 KiB chunks (so several records), read back from a tmpfs tier.
-std::vector<std::string> SegmentImages(const TempDir& dir, int n) {
+// in 64 KiB chunks (so several records), read back from a tmpfs tier. Another `seed` gives other
+// bytes for the same versions.
+std::vector<std::string> SegmentImages(const TempDir& dir, int n, uint64_t seed = 1000) {
   const std::string root = dir.Sub("store");
   const std::string tiers = "tmpfs:" + dir.Sub("tier");
   ckptdb_options o;
@@ -42,7 +43,7 @@ std::vector<std::string> SegmentImages(const TempDir& dir, int n) {
   EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_OK) << ckptdb_last_error();
   std::vector<std::string> images;
   for (int v = 1; v <= n && db != nullptr; ++v) {
-    auto data = test::RandomBytes(200 << 10, 1000 * v);
+    auto data = test::RandomBytes(200 << 10, seed * v);
     EXPECT_EQ(ckptdb_put_shard(db, v, "w", data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW),
               CKPTDB_OK);
     EXPECT_EQ(ckptdb_commit(db, v, 0), CKPTDB_OK) << ckptdb_last_error();
@@ -64,11 +65,12 @@ std::vector<std::string> SegmentImages(const TempDir& dir, int n) {
 // bytes in a shuffled order, each placed the way the transport's Placer does (received straight
 // into the returned address), then the seal.
 Status Send(ReplicaStore* store, uint32_t owner, uint64_t version, const std::string& image,
-            size_t piece, uint64_t seed) {
+            size_t piece, uint64_t seed, bool replace_sealed = false) {
   std::vector<uint64_t> offsets;
   for (uint64_t off = 0; off < image.size(); off += piece) offsets.push_back(off);
   std::shuffle(offsets.begin(), offsets.end(), std::mt19937_64(seed));
-  CKPTDB_RETURN_IF_ERROR(store->Begin(owner, version, image.size(), "test replica"));
+  CKPTDB_RETURN_IF_ERROR(
+      store->Begin(owner, version, image.size(), "test replica", replace_sealed));
   for (uint64_t off : offsets) {
     size_t n = std::min<size_t>(piece, image.size() - off);
     uint8_t* at = nullptr;
@@ -173,6 +175,38 @@ TEST(ReplicaStoreTest, RetentionRecyclesTheDroppedReplicasMemoryForTheNext) {
             (std::vector<std::string>{"r00000-v00000000000000000004.seg",
                                       "r00000-v00000000000000000005.seg", "r00000.spare"}));
   EXPECT_EQ(test::ReadWholeFile(store->SealedPath(0, 5)), images[4]);
+}
+
+// A killed owner's restarted job puts the same version number again (it was aborted, or never
+// decided) with other bytes: the holder replaces its sealed replica when told the version did not
+// commit, and refuses otherwise. Found by the kill campaign (`ckptdb demo --kill-rounds`): a job
+// restarted after a kill during replication could never commit that version again.
+TEST(ReplicaStoreTest, ASealedReplicaIsReplacedOnlyWhenItsVersionDidNotCommit) {
+  TempDir dir, other;
+  const std::string first = SegmentImages(dir, 1)[0];
+  const std::string again = SegmentImages(other, 1, 7777)[0];
+  ASSERT_NE(first, again);
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(Send(store.get(), 0, 1, first, 64 << 10, 1).ok());
+  std::shared_ptr<MappedFile> serving = store->Find(0, 1);  // a fetch being served from it
+  ASSERT_NE(serving, nullptr);
+
+  Status st = store->Begin(0, 1, again.size(), "v1 again");
+  EXPECT_EQ(st.code(), CKPTDB_ESTATE) << st.message();
+  EXPECT_EQ(test::ReadWholeFile(store->SealedPath(0, 1)), first) << "a refusal changes nothing";
+
+  st = Send(store.get(), 0, 1, again, 64 << 10, 2, /*replace_sealed=*/true);
+  ASSERT_TRUE(st.ok()) << st.message();
+  EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 1}}));
+  EXPECT_EQ(test::ReadWholeFile(store->SealedPath(0, 1)), again);
+  auto now = store->Find(0, 1);
+  ASSERT_NE(now, nullptr);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(now->data()), now->bytes()), again);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(serving->data()), serving->bytes()), first)
+      << "the fetch under way still reads the old replica";
+  EXPECT_EQ(Names(dir.Sub("replicas")),
+            (std::vector<std::string>{"r00000-v00000000000000000001.seg"}));
 }
 
 TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
