@@ -372,6 +372,14 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
                                   "(and replication) runs (default: 100 with one rank, 300 with "
                                   "many: a version's replication must fit in it)")
                       ->check(CLI::Range(0, 600000));
+  cmd->add_option("--kill-rounds", cluster->kill_rounds,
+                  "Many ranks: instead of the demo, a kill campaign of N rounds: each restarts "
+                  "the job, restores and checks its latest version bit for bit, trains, and "
+                  "SIGKILLs a random rank, the coordinator, a node (wiping it) or the whole job "
+                  "at a random time")
+      ->check(CLI::Range(1, 1000000));
+  cmd->add_option("--seed", cluster->seed, "The kill campaign's random seed (default: 1)")
+      ->capture_default_str();
   cmd->add_flag("--drop-ram", args->drop_ram,
                 "Delete the ram tier's arena at the end, as a reboot would (one rank; verify then "
                 "reports those copies missing)");

@@ -93,6 +93,8 @@ struct ClusterArgs {
   std::string tls = "tcp";
   int port = 0;                            // 0: a free one
   std::string redundancy = "replicate:2";  // or ec:K+M, xor:K
+  int kill_rounds = 0;                     // > 0: the kill campaign instead of the demo
+  uint64_t seed = 1;                       // the campaign's faults and their times
 };
 
 // `ckptdb demo --ranks R --nodes N` (R > 1): tools/demo_cluster.cc. Returns the exit code.

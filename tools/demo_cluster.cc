@@ -26,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -218,6 +219,38 @@ void Restore(ckptdb* db, int rank, std::vector<Tensor>& shard, Report* r) {
   }
 }
 
+// The kill campaign's rank (phase 3): restores the job's latest version if there is one and
+// checks it bit for bit, reports, then trains from there, committing every iteration, and
+// writes each version whose commit returned Ok (8 bytes) down the report pipe, until the
+// scheduler SIGKILLs it. A failed commit (a peer died) ends its training; it waits to be killed.
+void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Report* r,
+              int report_fd) {
+  int rc = ckptdb_latest(db, &r->latest);
+  if (rc == CKPTDB_ENOTFOUND) {
+    r->latest = 0;  // a new job
+    r->bit_exact = 1;
+  } else if (rc != CKPTDB_OK) {
+    return SetError(r, rc, "latest: " + ErrorText(rc));
+  } else {
+    Restore(db, rank, shard, r);
+    if (r->status != 0) return;
+  }
+  if (write(report_fd, r, sizeof *r) != static_cast<ssize_t>(sizeof *r)) return;
+  r->status = -1;  // reported already
+  for (uint64_t it = r->latest + 1;; ++it) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(job.args.compute_ms));
+    for (Tensor& t : shard) Step(t, it);
+    for (const Tensor& t : shard) {
+      ckptdb_tensor_info info = InfoOf(t);
+      if (ckptdb_put_shard(db, it, t.name.c_str(), t.data, t.bytes, &info, 0) != CKPTDB_OK) {
+        return;
+      }
+    }
+    if (ckptdb_commit(db, it, 0) != CKPTDB_OK) return;
+    if (write(report_fd, &it, sizeof it) != static_cast<ssize_t>(sizeof it)) return;
+  }
+}
+
 // A rank process: runs its phase, reports, then waits for the word to close (or its SIGKILL).
 int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd) {
   alarm(600);  // never outlive a scheduler that went away
@@ -225,9 +258,9 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   Report r;
   for (Tensor& t : shard) {
     t.data = Allocate(t.bytes);
-    t.restored = phase == 2 ? Allocate(t.bytes) : nullptr;
+    t.restored = phase >= 2 ? Allocate(t.bytes) : nullptr;
     r.state_bytes += t.bytes;
-    if (t.data == nullptr || (phase == 2 && t.restored == nullptr)) {
+    if (t.data == nullptr || (phase >= 2 && t.restored == nullptr)) {
       SetError(&r, CKPTDB_ENOMEM, "cannot allocate " + t.name);
     }
   }
@@ -245,6 +278,14 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   if (db != nullptr) {
     if (phase == 1) Train(job, rank, db, shard, &r);
     if (phase == 2) Restore(db, rank, shard, &r);
+    if (phase == 3) {
+      Campaign(job, rank, db, shard, &r, report_fd);
+      if (r.status == -1) {  // reported, trained until its commit failed: wait for the kill
+        char word = 0;
+        (void)!read(control_fd, &word, 1);
+        return 1;
+      }
+    }
     ckptdb_stats_t st;
     if (ckptdb_stats(db, &st) == CKPTDB_OK) {
       r.replica_sent = st.replica_bytes_sent;
@@ -371,6 +412,60 @@ int FreePort() {
   return port;
 }
 
+// ---- The kill campaign (ckptdb demo --kill-rounds N) ----
+
+// Reads, for up to ms milliseconds, the versions campaign ranks write as their commits return;
+// confirmed[rank] is the newest. A pipe at end of file (its rank died) is closed.
+void PollProgress(std::vector<Proc>& procs, std::vector<uint64_t>* confirmed, int ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> ranks;
+    for (size_t r = 0; r < procs.size(); ++r) {
+      if (procs[r].report_fd < 0) continue;
+      fds.push_back({procs[r].report_fd, POLLIN, 0});
+      ranks.push_back(r);
+    }
+    const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          deadline - std::chrono::steady_clock::now())
+                                          .count());
+    if (fds.empty() || poll(fds.data(), fds.size(), std::max(left, 0)) <= 0) return;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Proc& p = procs[ranks[i]];
+      uint64_t version = 0;
+      // Writes of 8 bytes to a pipe are atomic: a read gets whole ones.
+      if (read(p.report_fd, &version, sizeof version) != static_cast<ssize_t>(sizeof version)) {
+        close(p.report_fd);
+        p.report_fd = -1;
+        continue;
+      }
+      (*confirmed)[ranks[i]] = std::max((*confirmed)[ranks[i]], version);
+    }
+  }
+}
+
+// SIGKILLs the ranks, then reads what they wrote before they died.
+void KillAndDrain(std::vector<Proc>& procs, const std::vector<int>& ranks,
+                  std::vector<uint64_t>* confirmed) {
+  for (int rank : ranks) {
+    if (procs[rank].pid > 0) kill(procs[rank].pid, SIGKILL);
+  }
+  for (int rank : ranks) {
+    Proc& p = procs[rank];
+    if (p.pid > 0) waitpid(p.pid, nullptr, 0);
+    p.pid = -1;
+    if (p.control_fd >= 0) close(p.control_fd);
+    p.control_fd = -1;
+  }
+  for (int i = 0; i < 1000; ++i) {
+    bool open = false;
+    for (int rank : ranks) open |= procs[rank].report_fd >= 0;
+    if (!open) break;
+    PollProgress(procs, confirmed, 10);
+  }
+}
+
 std::string RandomToken() {
   unsigned char bytes[16] = {};
   int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
@@ -388,6 +483,201 @@ std::string RandomToken() {
 }
 
 double MiB(uint64_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+// The blackbox crash test (RocksDB's, for a job): rounds of start, restore, train, fault. Each
+// round starts every rank on the nodes' directories as the last round left them; each restores
+// the job's latest version and checks it bit for bit against the state it recomputes, then
+// trains, committing every iteration. The scheduler then SIGKILLs one rank, the coordinator
+// (rank 0), a whole node (its ranks, and its memory and disk directories deleted), every rank,
+// or one rank while the job is still starting, at a random time, and tears the rest of the job
+// down (SIGKILL). Checked at every restart: every rank gets the same latest; it is at least the
+// newest version whose commit returned Ok on some rank, and at most one past the oldest
+// version every rank confirmed; every byte matches; and before a node loss and after the last
+// round the job commits again (every rank, within 60 s). A node is lost only once every rank has
+// committed a version in the round, so that version has all its replicas (replicate:2 keeps one
+// loss survivable); rank and job kills come at any time, restarts included.
+int RunKillCampaign(const Job& job_in, uint64_t seed) {
+  Job job = job_in;
+  const ClusterArgs& a = job.args;
+  std::mt19937_64 rng(seed);
+  std::printf(
+      "ckptdb demo --kill-rounds %d: %d ranks on %d simulated nodes, %.1f MiB per rank, %s, a "
+      "checkpoint every %d ms of compute, seed %llu\n",
+      a.kill_rounds, a.ranks, a.nodes, a.mib_per_rank, a.redundancy.c_str(), a.compute_ms,
+      static_cast<unsigned long long>(seed));
+  enum Fault { kRank, kCoordinator, kNode, kJob, kDuringStart, kFaults };
+  const char* names[kFaults] = {"one rank killed", "the coordinator killed", "a node lost",
+                                "every rank killed", "a rank killed while the job starts"};
+  int counts[kFaults] = {};
+  uint64_t guaranteed = 0;  // newest version whose commit returned Ok somewhere
+  uint64_t upper = 0;       // newest version that may have committed
+  uint64_t commits = 0;
+  std::vector<int> all;
+  for (int r = 0; r < a.ranks; ++r) all.push_back(r);
+  for (int round = 1; round <= a.kill_rounds + 1; ++round) {
+    const bool last = round == a.kill_rounds + 1;
+    const Fault fault = last ? kFaults : static_cast<Fault>(rng() % kFaults);
+    job.coordinator = "127.0.0.1:" + std::to_string(FreePort());
+    std::vector<Proc> procs = Spawn(job, 3);
+    std::vector<uint64_t> confirmed(a.ranks, 0);
+    if (static_cast<int>(procs.size()) != a.ranks) {
+      std::fprintf(stderr, "ckptdb demo: cannot start the ranks\n");
+      return kExitProblem;
+    }
+    if (fault == kDuringStart) {
+      // The kill lands anywhere: in the open, the recovery, the restore or the training after.
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1500));
+      const int victim = static_cast<int>(rng() % a.ranks);
+      kill(procs[victim].pid, SIGKILL);
+      for (Proc& p : procs) kill(p.pid, SIGKILL);
+      // Then what each wrote: its report, if it got that far, and the versions it committed.
+      bool all_reported = true;
+      uint64_t latest = 0, newest = 0, oldest = UINT64_MAX;
+      for (Proc& p : procs) {
+        waitpid(p.pid, nullptr, 0);
+        close(p.control_fd);
+        std::string bytes;
+        char buffer[4096];
+        for (ssize_t n; (n = read(p.report_fd, buffer, sizeof buffer)) > 0;)
+          bytes.append(buffer, n);
+        close(p.report_fd);
+        if (bytes.size() < sizeof(Report)) {
+          all_reported = false;
+          continue;
+        }
+        std::memcpy(&p.report, bytes.data(), sizeof(Report));
+        if (p.report.status != 0 || !p.report.bit_exact) {
+          std::fprintf(stderr, "ckptdb demo: round %d: a rank's restore failed: %s\n", round,
+                       p.report.error);
+          return kExitProblem;
+        }
+        latest = p.report.latest;
+        uint64_t mine = latest;
+        for (size_t at = sizeof(Report); at + 8 <= bytes.size(); at += 8) {
+          std::memcpy(&mine, bytes.data() + at, 8);
+        }
+        newest = std::max(newest, mine);
+        oldest = std::min(oldest, mine);
+      }
+      counts[fault]++;
+      if (all_reported) {  // else no version could commit: each needs every rank's vote
+        commits += newest - latest;
+        guaranteed = std::max(guaranteed, newest);
+        upper = std::max(upper, oldest + 1);
+      }
+      std::printf(
+          "round %3d: rank %d killed at a random time after the restart began (%s)\n", round,
+          victim,
+          all_reported
+              ? ("every rank had restored; committed up to v" + std::to_string(newest)).c_str()
+              : "before every rank had restored");
+      continue;
+    }
+    // Every rank restored: check what it found.
+    bool ok = Collect(procs, 300);
+    uint64_t latest = procs[0].report.latest;
+    for (int r = 0; r < a.ranks && ok; ++r) {
+      const Report& p = procs[r].report;
+      if (p.latest != latest) {
+        std::fprintf(stderr, "ckptdb demo: round %d: rank %d was told latest v%llu, rank 0 v%llu\n",
+                     round, r, static_cast<unsigned long long>(p.latest),
+                     static_cast<unsigned long long>(latest));
+        ok = false;
+      } else if (!p.bit_exact) {
+        std::fprintf(stderr, "ckptdb demo: round %d: rank %d restored other bytes than v%llu's\n",
+                     round, r, static_cast<unsigned long long>(latest));
+        ok = false;
+      }
+    }
+    if (ok && (latest < guaranteed || latest > upper)) {
+      std::fprintf(stderr,
+                   "ckptdb demo: round %d: latest is v%llu; a commit of v%llu returned Ok and "
+                   "nothing above v%llu can have committed\n",
+                   round, static_cast<unsigned long long>(latest),
+                   static_cast<unsigned long long>(guaranteed),
+                   static_cast<unsigned long long>(upper));
+      ok = false;
+    }
+    if (!ok) {
+      KillAndDrain(procs, all, &confirmed);
+      std::fprintf(stderr, "ckptdb demo: FAILED in round %d\n", round);
+      return kExitProblem;
+    }
+    std::fill(confirmed.begin(), confirmed.end(), latest);
+    // The job must make progress again: before a node is lost (so that the version every rank
+    // committed has all its replicas) and after the last round, every rank commits a version.
+    auto every_rank_committed = [&] {
+      for (int i = 0; i < 600; ++i) {
+        if (*std::min_element(confirmed.begin(), confirmed.end()) > latest) return true;
+        PollProgress(procs, &confirmed, 100);
+      }
+      KillAndDrain(procs, all, &confirmed);
+      std::fprintf(stderr,
+                   "ckptdb demo: round %d: restored v%llu, but not every rank committed a "
+                   "version in the 60 s after\n",
+                   round, static_cast<unsigned long long>(latest));
+      return false;
+    };
+    if (last) {
+      if (!every_rank_committed()) return kExitProblem;
+      KillAndDrain(procs, all, &confirmed);
+      std::printf(
+          "round %3d: latest v%llu on every rank, bit for bit; then every rank committed "
+          "v%llu\n",
+          round, static_cast<unsigned long long>(latest),
+          static_cast<unsigned long long>(latest + 1));
+      break;
+    }
+    // Train, then the fault.
+    const auto t0 = std::chrono::steady_clock::now();
+    if (fault == kNode && !every_rank_committed()) return kExitProblem;
+    PollProgress(procs, &confirmed, static_cast<int>(100 + rng() % 1400));
+    std::string what;
+    if (fault == kRank) {
+      const int victim = 1 + static_cast<int>(rng() % (a.ranks - 1));
+      KillAndDrain(procs, {victim}, &confirmed);
+      what = "rank " + std::to_string(victim) + " killed";
+    } else if (fault == kCoordinator) {
+      KillAndDrain(procs, {0}, &confirmed);
+      what = "rank 0 (the coordinator) killed";
+    } else if (fault == kNode) {
+      const int node = static_cast<int>(rng() % a.nodes);
+      std::vector<int> victims;
+      for (int r = 0; r < a.ranks; ++r) {
+        if (job.NodeOf(r) == node) victims.push_back(r);
+      }
+      KillAndDrain(procs, victims, &confirmed);
+      std::error_code ec;
+      fs::remove_all(job.DiskDir(node), ec);
+      fs::remove_all(job.RamDir(node), ec);
+      what = "node" + std::to_string(node) + " lost (its ranks killed, its memory and disks wiped)";
+    } else {
+      what = "every rank killed";
+    }
+    const double at_s = Seconds(std::chrono::steady_clock::now() - t0);
+    // The survivors run on a moment (their commits stall on the dead), then the job is torn
+    // down as a scheduler does it.
+    PollProgress(procs, &confirmed, static_cast<int>(rng() % 300));
+    KillAndDrain(procs, all, &confirmed);
+    counts[fault]++;
+    const uint64_t newest = *std::max_element(confirmed.begin(), confirmed.end());
+    const uint64_t oldest = *std::min_element(confirmed.begin(), confirmed.end());
+    commits += newest - latest;
+    guaranteed = std::max(guaranteed, newest);
+    upper = std::max(upper, oldest + 1);
+    std::printf("round %3d: restored v%llu bit for bit; committed up to v%llu; %s after %.2f s\n",
+                round, static_cast<unsigned long long>(latest),
+                static_cast<unsigned long long>(newest), what.c_str(), at_s);
+    std::fflush(stdout);
+  }
+  std::printf("\nok: %d rounds (", a.kill_rounds);
+  for (int f = 0; f < kFaults; ++f) std::printf("%s%d %s", f ? ", " : "", counts[f], names[f]);
+  std::printf(
+      "), %llu versions committed in all; every restart restored the same latest on every rank, "
+      "bit for bit, never older than a commit that returned Ok\n",
+      static_cast<unsigned long long>(commits));
+  return kExitOk;
+}
 
 }  // namespace
 
@@ -416,6 +706,7 @@ int RunClusterDemo(const ClusterArgs& a) {
   std::error_code ec;
   fs::remove_all(a.root, ec);
   fs::remove_all(a.ram_dir, ec);
+  if (a.kill_rounds > 0) return RunKillCampaign(job, a.seed);
   const int victim = job.args.kill_node;
 
   std::vector<Tensor> probe = BuildShard(0, a.mib_per_rank);

@@ -1,0 +1,16 @@
+#!/bin/sh
+# The short kill campaign of `make test` (docs/testing.md, "Kill campaign"): a job of 4 ranks on
+# 4 simulated nodes (replicate:2) through 12 rounds of restart, restore, train and a random
+# SIGKILL of a rank, the coordinator, a node (wiped) or the whole job; every restart's latest
+# version is checked bit for bit on every rank. The long one: the same command with
+# --kill-rounds 1000 and any --seed.
+# Usage: kill_campaign_test.sh CKPTDB_CLI [ROUNDS] [SEED]
+set -eu
+cli="$1"
+rounds="${2:-12}"
+seed="${3:-1}"
+disk=$(mktemp -d /var/tmp/ckptdb-test-kill.XXXXXX)
+mem=$(mktemp -d /dev/shm/ckptdb-test-kill.XXXXXX)
+trap 'rm -rf "$disk" "$mem"' EXIT INT TERM
+"$cli" demo --ranks 4 --nodes 4 --kill-rounds "$rounds" --seed "$seed" --mib-per-rank 2 \
+  --compute-ms 20 --root "$disk/job" --ram-dir "$mem/job"
