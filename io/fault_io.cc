@@ -3,7 +3,11 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <map>
+#include <thread>
+
+#include "util/assert.h"
 
 namespace ckpt::io {
 namespace {
@@ -38,7 +42,11 @@ class FaultQueue final : public IoQueue {
       const int error = io_->Take(kind == IoRequest::Op::kRead    ? FaultIo::Call::kRead
                                   : kind == IoRequest::Op::kWrite ? FaultIo::Call::kWrite
                                                                   : FaultIo::Call::kSync);
-      if (error != 0) c.result = -error;
+      if (error == FaultIo::kShort) {
+        c.result /= 2;  // a completion of 1 byte reports none
+      } else if (error != 0) {
+        c.result = -error;
+      }
     }
     return st;
   }
@@ -73,6 +81,7 @@ const char* FaultIo::CallName(Call call) {
 }
 
 void FaultIo::Arm(Call call, uint64_t nth, int error) {
+  CKPTDB_ASSERT(error > 0 || (error == kShort && (call == Call::kRead || call == Call::kWrite)));
   armed_nth_ = 0;  // no call matches while the rest changes
   armed_call_ = static_cast<int>(Index(call));
   armed_error_ = error;
@@ -88,6 +97,9 @@ void FaultIo::Reset() {
 }
 
 int FaultIo::Take(Call call) {
+  if (const uint32_t us = latency_us_[Index(call)].load(); us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+  }
   const uint64_t n = ++counts_[Index(call)];
   if (armed_call_.load() != static_cast<int>(Index(call)) || armed_nth_.load() != n) return 0;
   fired_ = true;

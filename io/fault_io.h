@@ -4,8 +4,9 @@
 // the kernel completed is reported failed (what a real EIO or ENOSPC leaves: the bytes may or
 // may not be there), a rename or directory sync fails before it is made. It counts every kind of
 // call, so a test can first run a sequence clean to learn how many calls of each kind it makes,
-// then fail each one in turn. Dropped unsynced data, torn and reordered writes and latency are
-// not built yet (docs/testing.md).
+// then fail each one in turn. A read or write may instead come back short (kShort), and any kind
+// of call may be made slow (SetLatency). What a crash leaves on disk (dropped unsynced data,
+// torn and reordered writes, per-tier durability) is io/crash_model.h's.
 #pragma once
 
 #include <array>
@@ -34,9 +35,16 @@ class FaultIo final : public Io {
 
   explicit FaultIo(Io* base) : base_(base) {}
 
+  // Arm's error for a read or write completion that reports half the bytes asked for (the
+  // kernel did the work; the caller is told it did not, as a full device or a signal leaves it).
+  static constexpr int kShort = -1;
+
   // From now on, the nth (1-based, counted from the last Reset) call of `call` fails with
-  // `error` (EIO, ENOSPC, ...); 0 disarms.
+  // `error` (EIO, ENOSPC, ..., or kShort for kRead and kWrite); nth 0 disarms.
   void Arm(Call call, uint64_t nth, int error);
+  // Every call of `call` takes `microseconds` longer (0: none); data calls are delayed as their
+  // completion is reaped, so the thread that waits for them waits longer. Reset keeps it.
+  void SetLatency(Call call, uint32_t microseconds) { latency_us_[Index(call)] = microseconds; }
   // Zeroes the counts and disarms.
   void Reset();
   uint64_t Count(Call call) const { return counts_[Index(call)].load(); }
@@ -66,7 +74,8 @@ class FaultIo final : public Io {
     return base_->OpenSharedMemory(path, options, out);
   }
 
-  // Counts one call of `call`; its errno when this is the armed one, else 0. Queues use it too.
+  // Counts one call of `call` (after its latency); its errno (or kShort) when this is the armed
+  // one, else 0. Queues use it too.
   int Take(Call call);
 
  private:
@@ -74,6 +83,7 @@ class FaultIo final : public Io {
 
   Io* base_;
   std::array<std::atomic<uint64_t>, kCalls> counts_{};
+  std::array<std::atomic<uint32_t>, kCalls> latency_us_{};
   std::atomic<int> armed_call_{-1};
   std::atomic<uint64_t> armed_nth_{0};
   std::atomic<int> armed_error_{0};

@@ -133,10 +133,15 @@ TEST_F(FaultTest, EveryFailingCallOfACommitIsReportedAndLeavesTheLastVersionWhol
   size_t cases = 0, reported = 0;
   for (size_t k = 0; k < FaultIo::kCalls; ++k) {
     const auto call = static_cast<FaultIo::Call>(k);
+    std::vector<int> errors = {EIO, ENOSPC};
+    if (call == FaultIo::Call::kWrite || call == FaultIo::Call::kRead) {
+      errors.push_back(FaultIo::kShort);
+    }
     for (uint64_t nth = 1; nth <= calls[k]; ++nth) {
-      for (int error : {EIO, ENOSPC}) {
-        const std::string what = std::string("failing ") + FaultIo::CallName(call) + " " +
-                                 std::to_string(nth) + " with " + std::strerror(error);
+      for (int error : errors) {
+        const std::string what =
+            std::string("failing ") + FaultIo::CallName(call) + " " + std::to_string(nth) +
+            (error == FaultIo::kShort ? " short" : std::string(" with ") + std::strerror(error));
         RestoreBaseline();  // the store as it was before v2
         FaultIo faults(posix.get());
         std::unique_ptr<engine::Db> db;
@@ -193,13 +198,58 @@ TEST_F(FaultTest, EveryFailingReadOfARestoreIsServedByTheOtherTier) {
               static_cast<unsigned long long>(reads));
   ASSERT_GE(reads, 12u);
   for (uint64_t nth = 1; nth <= reads; ++nth) {
-    const std::string what = "failing read " + std::to_string(nth);
-    faults.Reset();
-    faults.Arm(FaultIo::Call::kRead, nth, EIO);
-    Status st = restore_both(what);
-    EXPECT_TRUE(st.ok()) << what << ": " << st.ToString();
-    EXPECT_TRUE(faults.Fired()) << what;
+    for (int error : {EIO, FaultIo::kShort}) {
+      const std::string what =
+          "failing read " + std::to_string(nth) + (error == EIO ? " with EIO" : " short");
+      faults.Reset();
+      faults.Arm(FaultIo::Call::kRead, nth, error);
+      Status st = restore_both(what);
+      EXPECT_TRUE(st.ok()) << what << ": " << st.ToString();
+      EXPECT_TRUE(faults.Fired()) << what;
+    }
   }
+}
+
+// Slow storage changes timing, never outcomes: with every fsync 30 ms slow, every write and read
+// 2 ms and every rename and directory fsync 5 ms, a trainer that puts the next version while the
+// last one commits asynchronously still commits every version, and each restores bit for bit.
+TEST_F(FaultTest, SlowCallsDelayCommitsButChangeNoOutcome) {
+  std::unique_ptr<io::Io> posix = io::NewPosixIo();
+  FaultIo slow(posix.get());
+  slow.SetLatency(FaultIo::Call::kSync, 30000);
+  slow.SetLatency(FaultIo::Call::kWrite, 2000);
+  slow.SetLatency(FaultIo::Call::kRead, 2000);
+  slow.SetLatency(FaultIo::Call::kRename, 5000);
+  slow.SetLatency(FaultIo::Call::kSyncDir, 5000);
+  std::unique_ptr<engine::Db> db;
+  ASSERT_TRUE(engine::Db::Open(Options(&slow), &db).ok());
+  constexpr uint64_t kVersions = 4;
+  for (uint64_t v = 1; v <= kVersions; ++v) {
+    std::vector<uint8_t> data[2];  // the caller's until wait_capture returns
+    for (int which = 0; which < 2; ++which) {
+      data[which] = RandomBytes(kShardBytes, v * 10 + which);
+      const std::string name = which == 0 ? "w0" : "w1";
+      ASSERT_TRUE(
+          db->PutShard(v, name.c_str(), data[which].data(), data[which].size(), nullptr, 0).ok());
+    }
+    ASSERT_TRUE(db->WaitCapture(v, -1).ok());
+    ASSERT_TRUE(db->Commit(v, CKPTDB_COMMIT_ASYNC).ok());
+  }
+  ASSERT_TRUE(db->WaitCommit(kVersions, nullptr, -1).ok());
+  ASSERT_TRUE(db->Close().ok());
+  EXPECT_GE(slow.Count(FaultIo::Call::kSync), 2 * kVersions);
+  std::unique_ptr<engine::Db> reader;
+  ASSERT_TRUE(engine::Db::Open(Options(&slow), &reader).ok());
+  for (uint64_t v = 1; v <= kVersions; ++v) {
+    for (int which = 0; which < 2; ++which) {
+      std::vector<uint8_t> out(kShardBytes);
+      const std::string name = which == 0 ? "w0" : "w1";
+      Status st = reader->Restore(v, name.c_str(), out.data(), out.size(), 0);
+      ASSERT_TRUE(st.ok()) << "v" << v << ": " << st.ToString();
+      EXPECT_EQ(out, RandomBytes(kShardBytes, v * 10 + which)) << "v" << v;
+    }
+  }
+  ASSERT_TRUE(reader->Close().ok());
 }
 
 }  // namespace
