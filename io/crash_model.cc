@@ -248,15 +248,15 @@ std::string RecordingIo::PathOf(int fd) const {
 }
 
 Status RecordingIo::NewQueue(const QueueOptions& options, std::unique_ptr<IoQueue>* out) {
-  std::unique_ptr<IoQueue> base;
-  CKPTDB_RETURN_IF_ERROR(base_->NewQueue(options, &base));
-  *out = std::make_unique<RecordingQueue>(this, std::move(base));
+  std::unique_ptr<IoQueue> inner;
+  CKPTDB_RETURN_IF_ERROR(base()->NewQueue(options, &inner));
+  *out = std::make_unique<RecordingQueue>(this, std::move(inner));
   return Status::Ok();
 }
 
 Status RecordingIo::Open(const std::string& path, const OpenOptions& options, int* fd,
                          bool* direct_out) {
-  CKPTDB_RETURN_IF_ERROR(base_->Open(path, options, fd, direct_out));
+  CKPTDB_RETURN_IF_ERROR(base()->Open(path, options, fd, direct_out));
   if (!trace_->Watched(path)) return Status::Ok();
   if (options.mode == OpenOptions::Mode::kCreateWrite)
     trace_->Record(PathOp(FsOp::Kind::kCreate, path));
@@ -275,39 +275,39 @@ Status RecordingIo::Close(int fd) {
       paths_.erase(it);
     }
   }
-  Status st = base_->Close(fd);
+  Status st = base()->Close(fd);
   if (!path.empty()) trace_->Record(PathOp(FsOp::Kind::kClose, path));
   return st;
 }
 
 Status RecordingIo::CreateDirs(const std::string& path) {
-  CKPTDB_RETURN_IF_ERROR(base_->CreateDirs(path));
+  CKPTDB_RETURN_IF_ERROR(base()->CreateDirs(path));
   trace_->Record(PathOp(FsOp::Kind::kMkdir, path));
   return Status::Ok();
 }
 
 Status RecordingIo::Rename(const std::string& from, const std::string& to) {
-  CKPTDB_RETURN_IF_ERROR(base_->Rename(from, to));
+  CKPTDB_RETURN_IF_ERROR(base()->Rename(from, to));
   trace_->Record(PathOp(FsOp::Kind::kRename, from, to));
   return Status::Ok();
 }
 
 Status RecordingIo::Remove(const std::string& path) {
   uint64_t ignored = 0;
-  const bool existed = base_->PathSize(path, &ignored).ok();
-  CKPTDB_RETURN_IF_ERROR(base_->Remove(path));
+  const bool existed = base()->PathSize(path, &ignored).ok();
+  CKPTDB_RETURN_IF_ERROR(base()->Remove(path));
   if (existed) trace_->Record(PathOp(FsOp::Kind::kRemove, path));
   return Status::Ok();
 }
 
 Status RecordingIo::SyncDir(const std::string& path) {
-  CKPTDB_RETURN_IF_ERROR(base_->SyncDir(path));
+  CKPTDB_RETURN_IF_ERROR(base()->SyncDir(path));
   trace_->Record(PathOp(FsOp::Kind::kSyncDir, path));
   return Status::Ok();
 }
 
 Status RecordingIo::WriteFileDurably(const std::string& path, const std::string& contents) {
-  CKPTDB_RETURN_IF_ERROR(base_->WriteFileDurably(path, contents));
+  CKPTDB_RETURN_IF_ERROR(base()->WriteFileDurably(path, contents));
   // What PosixIo did, in its order: path.tmp written and fsynced, renamed, directory fsynced.
   const std::string tmp = path + ".tmp";
   trace_->Record(PathOp(FsOp::Kind::kCreate, tmp));

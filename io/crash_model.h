@@ -97,40 +97,25 @@ class FsTrace {
 // Records every change base makes under the trace's watched directories. Data writes are
 // recorded as their completions are reaped (the bytes the kernel took, read from the caller's
 // buffer before the caller sees the completion).
-class RecordingIo final : public Io {
+class RecordingIo final : public IoWrapper {
  public:
-  RecordingIo(Io* base, FsTrace* trace) : base_(base), trace_(trace) {}
+  RecordingIo(Io* base, FsTrace* trace) : IoWrapper(base), trace_(trace) {}
 
   Status NewQueue(const QueueOptions& options, std::unique_ptr<IoQueue>* out) override;
   Status Open(const std::string& path, const OpenOptions& options, int* fd,
               bool* direct_out) override;
   Status Close(int fd) override;
-  Status FileSize(int fd, uint64_t* bytes) override { return base_->FileSize(fd, bytes); }
   Status CreateDirs(const std::string& path) override;
-  Status ListDir(const std::string& path, std::vector<std::string>* names) override {
-    return base_->ListDir(path, names);
-  }
-  Status PathSize(const std::string& path, uint64_t* bytes) override {
-    return base_->PathSize(path, bytes);
-  }
   Status Rename(const std::string& from, const std::string& to) override;
   Status Remove(const std::string& path) override;
   Status SyncDir(const std::string& path) override;
-  Status ReadFile(const std::string& path, std::string* contents) override {
-    return base_->ReadFile(path, contents);
-  }
   Status WriteFileDurably(const std::string& path, const std::string& contents) override;
-  Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
-                          std::unique_ptr<SharedMemory>* out) override {
-    return base_->OpenSharedMemory(path, options, out);
-  }
 
   // The path a descriptor opened through this Io names; empty if unknown.
   std::string PathOf(int fd) const;
   FsTrace* trace() const { return trace_; }
 
  private:
-  Io* base_;
   FsTrace* trace_;
   mutable std::mutex mu_;
   std::map<int, std::string> paths_;  // open descriptors

@@ -107,9 +107,9 @@ int FaultIo::Take(Call call) {
 }
 
 Status FaultIo::NewQueue(const QueueOptions& options, std::unique_ptr<IoQueue>* out) {
-  std::unique_ptr<IoQueue> base;
-  CKPTDB_RETURN_IF_ERROR(base_->NewQueue(options, &base));
-  *out = std::make_unique<FaultQueue>(this, std::move(base));
+  std::unique_ptr<IoQueue> inner;
+  CKPTDB_RETURN_IF_ERROR(base()->NewQueue(options, &inner));
+  *out = std::make_unique<FaultQueue>(this, std::move(inner));
   return Status::Ok();
 }
 
@@ -120,28 +120,28 @@ Status FaultIo::Open(const std::string& path, const OpenOptions& options, int* f
       return Status::FromErrno(error, "open " + path + " for writing (injected)");
     }
   }
-  return base_->Open(path, options, fd, direct_out);
+  return base()->Open(path, options, fd, direct_out);
 }
 
 Status FaultIo::Rename(const std::string& from, const std::string& to) {
   if (int error = Take(Call::kRename)) {
     return Status::FromErrno(error, "rename " + from + " to " + to + " (injected)");
   }
-  return base_->Rename(from, to);
+  return base()->Rename(from, to);
 }
 
 Status FaultIo::SyncDir(const std::string& path) {
   if (int error = Take(Call::kSyncDir)) {
     return Status::FromErrno(error, "fsync directory " + path + " (injected)");
   }
-  return base_->SyncDir(path);
+  return base()->SyncDir(path);
 }
 
 Status FaultIo::WriteFileDurably(const std::string& path, const std::string& contents) {
   if (int error = Take(Call::kWriteFileDurably)) {
     return Status::FromErrno(error, "write " + path + " durably (injected)");
   }
-  return base_->WriteFileDurably(path, contents);
+  return base()->WriteFileDurably(path, contents);
 }
 
 }  // namespace ckpt::io

@@ -19,7 +19,7 @@
 
 namespace ckpt::io {
 
-class FaultIo final : public Io {
+class FaultIo final : public IoWrapper {
  public:
   enum class Call : uint8_t {
     kWrite,
@@ -33,7 +33,7 @@ class FaultIo final : public Io {
   static constexpr size_t kCalls = 7;
   static const char* CallName(Call call);
 
-  explicit FaultIo(Io* base) : base_(base) {}
+  explicit FaultIo(Io* base) : IoWrapper(base) {}
 
   // Arm's error for a read or write completion that reports half the bytes asked for (the
   // kernel did the work; the caller is told it did not, as a full device or a signal leaves it).
@@ -53,26 +53,9 @@ class FaultIo final : public Io {
   Status NewQueue(const QueueOptions& options, std::unique_ptr<IoQueue>* out) override;
   Status Open(const std::string& path, const OpenOptions& options, int* fd,
               bool* direct_out) override;
-  Status Close(int fd) override { return base_->Close(fd); }
-  Status FileSize(int fd, uint64_t* bytes) override { return base_->FileSize(fd, bytes); }
-  Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
-  Status ListDir(const std::string& path, std::vector<std::string>* names) override {
-    return base_->ListDir(path, names);
-  }
-  Status PathSize(const std::string& path, uint64_t* bytes) override {
-    return base_->PathSize(path, bytes);
-  }
   Status Rename(const std::string& from, const std::string& to) override;
-  Status Remove(const std::string& path) override { return base_->Remove(path); }
   Status SyncDir(const std::string& path) override;
-  Status ReadFile(const std::string& path, std::string* contents) override {
-    return base_->ReadFile(path, contents);
-  }
   Status WriteFileDurably(const std::string& path, const std::string& contents) override;
-  Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
-                          std::unique_ptr<SharedMemory>* out) override {
-    return base_->OpenSharedMemory(path, options, out);
-  }
 
   // Counts one call of `call` (after its latency); its errno (or kShort) when this is the armed
   // one, else 0. Queues use it too.
@@ -81,7 +64,6 @@ class FaultIo final : public Io {
  private:
   static size_t Index(Call call) { return static_cast<size_t>(call); }
 
-  Io* base_;
   std::array<std::atomic<uint64_t>, kCalls> counts_{};
   std::array<std::atomic<uint32_t>, kCalls> latency_us_{};
   std::atomic<int> armed_call_{-1};

@@ -114,6 +114,49 @@ class Io {
                                   std::unique_ptr<SharedMemory>* out) = 0;
 };
 
+// An Io that forwards every call to another (LevelDB's EnvWrapper): an Io that changes a few
+// calls (io/fault_io.h, io/crash_model.h) overrides only those.
+class IoWrapper : public Io {
+ public:
+  explicit IoWrapper(Io* base) : base_(base) {}
+  Io* base() const { return base_; }
+
+  Status NewQueue(const QueueOptions& options, std::unique_ptr<IoQueue>* out) override {
+    return base_->NewQueue(options, out);
+  }
+  Status Open(const std::string& path, const OpenOptions& options, int* fd,
+              bool* direct_out) override {
+    return base_->Open(path, options, fd, direct_out);
+  }
+  Status Close(int fd) override { return base_->Close(fd); }
+  Status FileSize(int fd, uint64_t* bytes) override { return base_->FileSize(fd, bytes); }
+  Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
+  Status ListDir(const std::string& path, std::vector<std::string>* names) override {
+    return base_->ListDir(path, names);
+  }
+  Status PathSize(const std::string& path, uint64_t* bytes) override {
+    return base_->PathSize(path, bytes);
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    return base_->Rename(from, to);
+  }
+  Status Remove(const std::string& path) override { return base_->Remove(path); }
+  Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
+  Status ReadFile(const std::string& path, std::string* contents) override {
+    return base_->ReadFile(path, contents);
+  }
+  Status WriteFileDurably(const std::string& path, const std::string& contents) override {
+    return base_->WriteFileDurably(path, contents);
+  }
+  Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
+                          std::unique_ptr<SharedMemory>* out) override {
+    return base_->OpenSharedMemory(path, options, out);
+  }
+
+ private:
+  Io* base_;
+};
+
 // The real thing: POSIX calls for metadata, io_uring for the data queues.
 std::unique_ptr<Io> NewPosixIo();
 

@@ -59,16 +59,6 @@ std::string TensorName(uint32_t rank, int which) {
   return name;
 }
 
-#define RANK_CHECK(cond, ...)                                           \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      std::fprintf(stderr, "rank %u: check failed: %s: ", rank, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                \
-      std::fprintf(stderr, " (%s)\n", ckptdb_last_error());             \
-      return 1;                                                         \
-    }                                                                   \
-  } while (0)
-
 io::FsTrace* g_trace = nullptr;
 void MarkPoint(const char* point) { g_trace->Mark(point); }
 
@@ -132,31 +122,6 @@ void Done(const Job& job, const std::string& phase, uint32_t rank) {
   }
 }
 
-// Runs fn in kRanks child processes; their exit codes (a signal: 128 + it).
-std::vector<int> RunRanks(const std::function<int(uint32_t)>& fn) {
-  std::vector<pid_t> pids;
-  for (uint32_t r = 0; r < kRanks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      alarm(90);  // never outlive the test
-      _exit(fn(r));
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
-
-uint64_t StatesToCheck() {
-  const char* env = std::getenv("CKPTDB_CLUSTER_CRASH_STATES");
-  return env != nullptr ? std::strtoull(env, nullptr, 10) : 60;
-}
-
 class ClusterCrashStatesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -175,7 +140,7 @@ class ClusterCrashStatesTest : public ::testing::Test {
   // recording its file changes; the traces merge by their shared clock.
   void Record() {
     job_.port = test::FreePort();
-    auto codes = RunRanks([&](uint32_t rank) {
+    auto codes = test::RunForked(kRanks, [&](uint32_t rank) {
       io::FsTrace trace(clock_);
       for (const io::CrashDirectory& d : job_.Dirs(rank)) trace.Watch(d.path);
       auto posix = io::NewPosixIo();
@@ -257,7 +222,7 @@ class ClusterCrashStatesTest : public ::testing::Test {
     const uint64_t may = Markers(spec.end, "coordinator:before_committed_written");
     for (uint32_t r = 0; r < kRanks; ++r) std::filesystem::remove(job_.Barrier("check", r));
     job_.port = test::FreePort();
-    auto codes = RunRanks([&](uint32_t rank) {
+    auto codes = test::RunForked(kRanks, [&](uint32_t rank) {
       ckptdb* db = nullptr;
       int rc = OpenRank(job_, rank, &db);
       RANK_CHECK(rc == 0, "reopen: %d", rc);
@@ -359,7 +324,8 @@ class ClusterCrashStatesTest : public ::testing::Test {
 TEST_F(ClusterCrashStatesTest, EveryRankRestartsOnTheNewestDecisionMadeDurable) {
   ASSERT_NO_FATAL_FAILURE(Record());
   std::mt19937_64 rng(20261125);
-  const std::vector<uint64_t> ends = PickEnds(StatesToCheck(), rng);
+  const std::vector<uint64_t> ends =
+      PickEnds(test::EnvCount("CKPTDB_CLUSTER_CRASH_STATES", 60), rng);
   size_t checked = 0;
   for (size_t i = 0; i < ends.size(); ++i) {
     CrashSpec spec;

@@ -108,34 +108,7 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
 using RankFn = std::function<int(uint32_t rank)>;
 
 // Runs fn in kRanks child processes; returns their exit codes (SIGKILL = 128 + 9).
-std::vector<int> RunRanks(const RankFn& fn) {
-  std::vector<pid_t> pids;
-  for (uint32_t r = 0; r < kRanks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      alarm(90);  // never outlive the test
-      _exit(fn(r));
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
-
-#define RANK_CHECK(cond, ...)                                           \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      std::fprintf(stderr, "rank %u: check failed: %s: ", rank, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                \
-      std::fprintf(stderr, " (%s)\n", ckptdb_last_error());             \
-      return 1;                                                         \
-    }                                                                   \
-  } while (0)
+std::vector<int> RunRanks(const RankFn& fn) { return test::RunForked(kRanks, fn); }
 
 // Rank 0 hosts the coordinator: it closes last, after every rank said it is done (a job's ranks
 // close together; docs/api.md).

@@ -52,11 +52,6 @@ std::string ShardName(int which) { return which == 0 ? "w0" : "w1"; }
 io::FsTrace* g_trace = nullptr;
 void MarkPoint(const char* point) { g_trace->Mark(point); }
 
-uint64_t SeedsPerPoint() {
-  const char* env = std::getenv("CKPTDB_CRASH_STATE_SEEDS");
-  return env != nullptr ? std::strtoull(env, nullptr, 10) : 4;
-}
-
 class CrashStatesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -295,7 +290,7 @@ TEST_F(CrashStatesTest, PowerLossDroppingEveryUnsyncedWriteLeavesTheNewestDurabl
 
 TEST_F(CrashStatesTest, PowerLossWithTornAndReorderedWritesLeavesTheNewestDurableCommit) {
   Enumerate("power loss, unsynced writes kept, torn or dropped at random", CrashSpec{},
-            SeedsPerPoint());
+            test::EnvCount("CKPTDB_CRASH_STATE_SEEDS", 4));
 }
 
 }  // namespace

@@ -91,6 +91,30 @@ void FlipByte(const std::string& path, uint64_t offset, uint8_t mask) {
   std::fclose(f);
 }
 
+std::vector<int> RunForked(uint32_t count, const std::function<int(uint32_t)>& fn) {
+  std::vector<pid_t> pids;
+  for (uint32_t r = 0; r < count; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(90);  // never outlive the test
+      _exit(fn(r));
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+uint64_t EnvCount(const char* name, uint64_t fallback) {
+  const char* env = std::getenv(name);
+  return env != nullptr ? std::strtoull(env, nullptr, 10) : fallback;
+}
+
 // A port for a coordinator to listen at later. Below the kernel's ephemeral range (32768 and up
 // here), where the job's own outgoing connections take their local ports: a port picked there
 // was seen taken by one of them by the time the restarted coordinator bound it ("Device is

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,26 @@ void FillRandom(void* dst, size_t n, uint64_t seed);
 
 // Runs a shell command, returns its exit status and stdout+stderr.
 int RunCommand(const std::string& command, std::string* output);
+
+// Runs fn(0) .. fn(count - 1), each in a forked child that exits with fn's result (and is killed
+// by an alarm after 90 s); returns their exit codes in order (killed by a signal: 128 + it).
+std::vector<int> RunForked(uint32_t count, const std::function<int(uint32_t)>& fn);
+
+// The unsigned number in environment variable `name` (a test's size, raised by hand), or `fallback`
+// when unset.
+uint64_t EnvCount(const char* name, uint64_t fallback);
+
+// In a forked rank's body (a `uint32_t rank` in scope, returning its exit code; ckptdb/ckptdb.h
+// included): when cond is false, say why on stderr, with ckptdb_last_error(), and return 1.
+#define RANK_CHECK(cond, ...)                                           \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      std::fprintf(stderr, "rank %u: check failed: %s: ", rank, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                \
+      std::fprintf(stderr, " (%s)\n", ckptdb_last_error());             \
+      return 1;                                                         \
+    }                                                                   \
+  } while (0)
 
 // A free TCP port on loopback for a coordinator to listen at later (below the ephemeral range;
 // successive calls walk on, so two phases of a test never share a port). 0 after a test failure
