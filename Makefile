@@ -44,7 +44,8 @@ test-asan: deps
 # transport's progress thread), built with ThreadSanitizer in their own build directory; a race
 # stops the run. Tests that fork a process which then starts threads (the cluster and crash
 # tests, the ram tier's SIGKILL test) are left out: ThreadSanitizer does not support that. UCX's
-# memory hooks are turned off: with them ThreadSanitizer crashes as threads exit.
+# memory hooks are turned off: with them ThreadSanitizer crashes as threads exit. Reports from
+# inside RocksDB (Debian's, not built with ThreadSanitizer) are suppressed: tests/tsan.supp.
 TSAN_BUILD_DIR ?= build-tsan
 TSAN_TESTS = staging_ring_test capture_test tier_manager_test api_test ram_tier_test \
   replica_store_test transport_test fault_test
@@ -54,7 +55,7 @@ test-tsan: deps
 	  "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread"
 	cmake --build $(TSAN_BUILD_DIR) -j$(JOBS) --target $(TSAN_TESTS)
 	for t in $(TSAN_TESTS); do \
-	  TSAN_OPTIONS=halt_on_error=1 UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no \
+	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no \
 	  UCX_MEM_MMAP_HOOK_MODE=none $(TSAN_BUILD_DIR)/tests/$$t --gtest_filter='-*KillNine*' \
 	  || exit 1; done
 
