@@ -252,10 +252,11 @@ class RecordingFileSystem final : public rocksdb::FileSystemWrapper {
                                        std::unique_ptr<rocksdb::FSWritableFile>* r,
                                        rocksdb::IODebugContext* dbg) override {
     uint64_t size = 0;
-    (void)target()->GetFileSize(f, rocksdb::IOOptions(), &size, dbg);
+    const bool existed = target()->GetFileSize(f, rocksdb::IOOptions(), &size, dbg).ok();
     std::unique_ptr<rocksdb::FSWritableFile> base;
     rocksdb::IOStatus s = target()->ReopenWritableFile(f, o, &base, dbg);
     if (!s.ok()) return s;
+    if (!existed) Record(io::FsOp::Kind::kCreate, f);
     *r = std::make_unique<RecordingFile>(std::move(base), f, trace_, size);
     return s;
   }

@@ -116,11 +116,12 @@ class Cluster {
     std::function<Status(uint64_t version, bool committed, const std::string& why)> decided;
     // Committed versions this rank can restore from its own tiers, newest first.
     std::function<std::vector<uint64_t>()> local_versions;
-    // Whether this rank's catalog records `version` COMMITTED. A peer that begins a replica of a
-    // version this rank holds sealed replaces it unless the version committed: every rank takes
-    // part in every version, so one not committed here never committed, and the sealed replica
-    // is what a killed incarnation of its owner left of a version that was aborted or never
-    // decided (the restarted job puts that version number again, with the new run's bytes).
+    // Whether `version` is at or below the newest version this rank's catalog records committed
+    // (COMMITTED or RETIRED): no rank may put it again. A peer that begins a replica of a
+    // version this rank holds sealed replaces it unless so: every rank takes part in every
+    // version, so a version above this rank's newest commit never committed, and the sealed
+    // replica is what a killed incarnation of its owner left of a version that was aborted or
+    // never decided (the restarted job puts that version number again, with the new run's bytes).
     std::function<bool(uint64_t version)> committed;
     // What it can serve a rebuild (read_own): the versions in its ram tier, newest first
     // (committed ones, and those it has voted for, whose ram copy is their commit tier's), and

@@ -77,8 +77,8 @@ Status Db::StartCluster() {
   };
   hooks.committed = [this](uint64_t version) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = versions_.find(version);
-    return it != versions_.end() && it->second.record.state == CKPTDB_STATE_COMMITTED;
+    std::optional<uint64_t> last = LastCommitted();  // COMMITTED or RETIRED
+    return last && version <= *last;
   };
   hooks.memory_versions = [this] {
     Cluster::Hooks::InMemory out;

@@ -220,18 +220,19 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Key key{owner, version};
-    if (auto stale = sealed_.find(key); stale != sealed_.end()) {
-      if (!replace_sealed) {
-        return Status::State(what + ": already sealed, and v" + std::to_string(version) +
-                             " is committed");
-      }
-      std::shared_ptr<MappedFile> map = std::move(stale->second.map);
-      sealed_.erase(stale);
-      RetireLocked(owner, SealedPath(owner, version), std::move(map));
+    auto stale = sealed_.find(key);
+    if (stale != sealed_.end() && !replace_sealed) {
+      return Status::State(what + ": already sealed, and v" + std::to_string(version) +
+                           " committed");
     }
     auto it = incoming_.find(key);
     if (it != incoming_.end() && it->second.stage == Stage::kSealing) {
       return Status::State(what + ": being sealed");
+    }
+    if (stale != sealed_.end()) {
+      std::shared_ptr<MappedFile> old = std::move(stale->second.map);
+      sealed_.erase(stale);
+      RetireLocked(owner, SealedPath(owner, version), std::move(old));
     }
     if (it != incoming_.end()) {
       if (it->second.file_bytes != file_bytes) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include "util/assert.h"
 
@@ -161,6 +162,9 @@ Status FsTrace::Load(const std::string& path, std::vector<FsOp>* ops) {
     at += 1 + 6 * 8;
     op.seq = fields[0];
     op.offset = fields[1];
+    if (op.offset > kMaxOpBytes * 16) {
+      return Status::Corrupt("trace " + path + ": an op at offset " + std::to_string(op.offset));
+    }
     const uint64_t lengths[3] = {fields[2], fields[3], fields[4]};
     std::string* parts[3] = {&op.path, &op.to, &op.data};
     for (int i = 0; i < 3; ++i) {
@@ -257,7 +261,8 @@ Status RecordingIo::NewQueue(const QueueOptions& options, std::unique_ptr<IoQueu
 Status RecordingIo::Open(const std::string& path, const OpenOptions& options, int* fd,
                          bool* direct_out) {
   CKPTDB_RETURN_IF_ERROR(base()->Open(path, options, fd, direct_out));
-  if (!trace_->Watched(path)) return Status::Ok();
+  // Only what is opened for writing changes a file (and only its close flushes to NFS).
+  if (options.mode == OpenOptions::Mode::kRead || !trace_->Watched(path)) return Status::Ok();
   if (options.mode == OpenOptions::Mode::kCreateWrite)
     trace_->Record(PathOp(FsOp::Kind::kCreate, path));
   std::lock_guard<std::mutex> lock(mu_);
@@ -281,8 +286,13 @@ Status RecordingIo::Close(int fd) {
 }
 
 Status RecordingIo::CreateDirs(const std::string& path) {
+  uint64_t ignored = 0;
+  const bool existed = base()->PathSize(path, &ignored).ok();
   CKPTDB_RETURN_IF_ERROR(base()->CreateDirs(path));
+  if (existed) return Status::Ok();
+  // What PosixIo did: mkdir, then an fsync of the parent.
   trace_->Record(PathOp(FsOp::Kind::kMkdir, path));
+  trace_->Record(PathOp(FsOp::Kind::kSyncDir, Parent(path)));
   return Status::Ok();
 }
 
@@ -338,24 +348,27 @@ struct Inode {
   std::vector<const FsOp*> pending;  // writes and truncates since then, in order
 };
 
-// A create, rename or remove, and the inode a create made.
+// A create, rename, remove or mkdir, in its journal (the watched directory it is under).
 struct MetaOp {
   const FsOp* op = nullptr;
-  size_t inode = 0;
+  size_t inode = 0;    // a create's new file
+  size_t journal = 0;  // index of its directory in dirs_
+  size_t rank = 0;     // its place among its journal's ops
 };
 
 class Model {
  public:
   Model(const std::vector<CrashDirectory>& dirs, const CrashSpec& spec)
-      : dirs_(dirs), spec_(spec) {}
+      : dirs_(dirs), spec_(spec), journal_ops_(dirs.size()), durable_(dirs.size()) {}
 
-  // Which watched directory holds path; nullptr: none.
-  const CrashDirectory* DirOf(const std::string& path) const {
-    for (const CrashDirectory& d : dirs_) {
-      if (path == d.path || IsUnder(path, d.path)) return &d;
+  // Which watched directory holds path; dirs_.size(): none.
+  size_t DirOf(const std::string& path) const {
+    for (size_t i = 0; i < dirs_.size(); ++i) {
+      if (path == dirs_[i].path || IsUnder(path, dirs_[i].path)) return i;
     }
-    return nullptr;
+    return dirs_.size();
   }
+  bool Watched(const std::string& path) const { return DirOf(path) < dirs_.size(); }
   CrashSpec::Mode ModeOf(const CrashDirectory& d) const {
     auto it = spec_.modes.find(d.path);
     return it == spec_.modes.end() ? spec_.default_mode : it->second;
@@ -367,29 +380,34 @@ class Model {
         const size_t inode = inodes_.size();
         inodes_.emplace_back();
         names_[op.path] = inode;
-        meta_.push_back({&op, inode});
+        gone_.erase(op.path);
+        AddMeta(op, inode, op.path);
         break;
       }
       case FsOp::Kind::kWrite: {
-        Inode& f = InodeOf(op.path);
-        if (f.data.size() < op.offset + op.data.size()) f.data.resize(op.offset + op.data.size());
-        std::memcpy(f.data.data() + op.offset, op.data.data(), op.data.size());
-        f.pending.push_back(&op);
+        Inode* f = InodeOf(op.path);
+        if (f == nullptr) break;
+        if (f->data.size() < op.offset + op.data.size()) {
+          f->data.resize(op.offset + op.data.size());
+        }
+        std::memcpy(f->data.data() + op.offset, op.data.data(), op.data.size());
+        f->pending.push_back(&op);
         break;
       }
       case FsOp::Kind::kTruncate: {
-        Inode& f = InodeOf(op.path);
-        f.data.resize(op.offset);
-        f.pending.push_back(&op);
+        Inode* f = InodeOf(op.path);
+        if (f == nullptr) break;
+        f->data.resize(op.offset);
+        f->pending.push_back(&op);
         break;
       }
       case FsOp::Kind::kSync:
-        Persist(InodeOf(op.path));
+        if (Inode* f = InodeOf(op.path)) Persist(*f);
         break;
       case FsOp::Kind::kClose: {
-        const CrashDirectory* d = DirOf(op.path);
-        if (d != nullptr && d->durability == Durability::kNfs && names_.count(op.path) != 0) {
-          Persist(InodeOf(op.path));
+        const size_t d = DirOf(op.path);
+        if (d < dirs_.size() && dirs_[d].durability == Durability::kNfs) {
+          if (Inode* f = InodeOf(op.path)) Persist(*f);
         }
         break;
       }
@@ -399,24 +417,35 @@ class Model {
         const size_t inode = it->second;
         names_.erase(it);
         names_[op.to] = inode;
-        meta_.push_back({&op, inode});
+        gone_.insert(op.path);
+        gone_.erase(op.to);
+        AddMeta(op, inode, op.to);
         break;
       }
       case FsOp::Kind::kRemove:
-        if (names_.erase(op.path) != 0) meta_.push_back({&op, 0});
+        if (names_.erase(op.path) != 0) {
+          gone_.insert(op.path);
+          AddMeta(op, 0, op.path);
+        }
         break;
-      case FsOp::Kind::kSyncDir:
-        // Every create, rename and remove in this directory so far is durable, and (the journal
-        // keeps metadata in order) every one before them.
-        for (size_t i = durable_meta_; i < meta_.size(); ++i) {
-          const FsOp& m = *meta_[i].op;
-          if (Parent(m.path) == op.path || (!m.to.empty() && Parent(m.to) == op.path)) {
-            durable_meta_ = i + 1;
+      case FsOp::Kind::kSyncDir: {
+        // Every create, rename, remove and mkdir in this directory so far is durable, and (a
+        // journal keeps metadata in order) every one before them in its journal.
+        const size_t j = DirOf(op.path);
+        if (j == dirs_.size()) break;
+        for (const MetaOp& m : meta_) {
+          if (m.journal != j || m.rank < durable_[j]) continue;
+          if (Parent(m.op->path) == op.path ||
+              (m.op->kind == FsOp::Kind::kRename && Parent(m.op->to) == op.path)) {
+            durable_[j] = m.rank + 1;
           }
         }
         break;
+      }
       case FsOp::Kind::kMkdir:
-        dirs_made_.push_back(op.path);
+        if (DirOf(op.path) < dirs_.size() && op.path != dirs_[DirOf(op.path)].path) {
+          AddMeta(op, 0, op.path);
+        }
         break;
       case FsOp::Kind::kMarker:
         break;
@@ -425,101 +454,137 @@ class Model {
 
   // Writes the crash state into the directories.
   Status Materialize(std::mt19937_64& rng, CrashChoices* choices) {
-    // Names after the crash: a process crash keeps every change, a power loss on a disk keeps a
-    // prefix of the metadata changes past the last durable one, NFS keeps all of them, memory
-    // none.
-    size_t keep_meta = durable_meta_;
-    if (spec_.keep_all) {
-      keep_meta = meta_.size();
-    } else if (!spec_.keep_none && meta_.size() > durable_meta_) {
-      keep_meta = durable_meta_ + rng() % (meta_.size() - durable_meta_ + 1);
+    // Per journal, how many of its metadata changes survive: a process crash keeps all, a power
+    // loss on a disk the durable ones and a random prefix of the rest, NFS all, memory none.
+    std::vector<size_t> keep(dirs_.size());
+    for (size_t j = 0; j < dirs_.size(); ++j) {
+      const bool process = ModeOf(dirs_[j]) == CrashSpec::Mode::kProcess;
+      const size_t total = journal_ops_[j];
+      if (process || dirs_[j].durability == Durability::kNfs || spec_.keep_all) {
+        keep[j] = total;
+      } else if (dirs_[j].durability == Durability::kMemory) {
+        keep[j] = 0;
+      } else if (spec_.keep_none || total == durable_[j]) {
+        keep[j] = durable_[j];
+      } else {
+        keep[j] = durable_[j] + rng() % (total - durable_[j] + 1);
+      }
+      if (!process && dirs_[j].durability == Durability::kDisk) {
+        choices->metadata_kept += keep[j] - durable_[j];
+        choices->metadata_dropped += total - keep[j];
+      }
     }
     std::map<std::string, size_t> names;
-    for (size_t i = 0; i < meta_.size(); ++i) {
-      const FsOp& m = *meta_[i].op;
-      const CrashDirectory* d = DirOf(m.kind == FsOp::Kind::kRename ? m.to : m.path);
-      if (d == nullptr) continue;
-      const bool process = ModeOf(*d) == CrashSpec::Mode::kProcess;
-      bool kept = process || d->durability == Durability::kNfs;
-      if (!process && d->durability == Durability::kDisk) {
-        kept = i < keep_meta;
-        if (i >= durable_meta_) (kept ? choices->metadata_kept : choices->metadata_dropped)++;
-      }
-      if (!kept) continue;
-      switch (m.kind) {
+    std::set<std::string> made;  // directories made in the trace that survive
+    for (const MetaOp& m : meta_) {
+      if (m.rank >= keep[m.journal]) continue;
+      const FsOp& op = *m.op;
+      switch (op.kind) {
         case FsOp::Kind::kCreate:
-          names[m.path] = meta_[i].inode;
+          names[op.path] = m.inode;
           break;
-        case FsOp::Kind::kRename: {
-          auto it = names.find(m.path);
-          if (it != names.end()) names.erase(it);
-          names[m.to] = meta_[i].inode;
+        case FsOp::Kind::kRename:
+          names.erase(op.path);
+          names[op.to] = m.inode;
           break;
-        }
         case FsOp::Kind::kRemove:
-          names.erase(m.path);
+          names.erase(op.path);
+          break;
+        case FsOp::Kind::kMkdir:
+          made.insert(op.path);
           break;
         default:
           break;
       }
     }
+    // A name in a directory the trace made survives only with that directory.
+    auto reachable = [&](const std::string& path) {
+      for (std::string dir = Parent(path); Watched(dir) && dir != dirs_[DirOf(dir)].path;
+           dir = Parent(dir)) {
+        if (made_dirs_.count(dir) != 0 && made.count(dir) == 0) return false;
+      }
+      return true;
+    };
     std::vector<std::optional<std::string>> contents(inodes_.size());
-    for (const CrashDirectory& d : dirs_) {
+    for (size_t d = 0; d < dirs_.size(); ++d) {
+      const CrashDirectory& dir = dirs_[d];
       std::error_code ec;
-      std::filesystem::remove_all(d.path, ec);
-      std::filesystem::create_directories(d.path, ec);
-      if (ec) return Status::FromErrno(ec.value(), "making crash directory " + d.path);
-      const bool process = ModeOf(d) == CrashSpec::Mode::kProcess;
-      if (!process && d.durability == Durability::kMemory) continue;  // lost with the power
-      for (const std::string& made : dirs_made_) {
-        if (IsUnder(made, d.path)) std::filesystem::create_directories(made, ec);
+      std::filesystem::remove_all(dir.path, ec);
+      std::filesystem::create_directories(dir.path, ec);
+      if (ec) return Status::FromErrno(ec.value(), "making crash directory " + dir.path);
+      const bool process = ModeOf(dir) == CrashSpec::Mode::kProcess;
+      if (!process && dir.durability == Durability::kMemory) continue;  // lost with the power
+      for (const std::string& m : made) {
+        if (DirOf(m) == d && reachable(m)) std::filesystem::create_directories(m, ec);
       }
       for (const auto& [path, inode] : names) {
-        if (DirOf(path) != &d) continue;
+        if (DirOf(path) != d || !reachable(path)) continue;
         if (!contents[inode]) {
           contents[inode] =
               process ? inodes_[inode].data : AfterPowerLoss(inodes_[inode], rng, choices);
         }
-        std::filesystem::create_directories(Parent(path), ec);
-        const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) return Status::FromErrno(errno, "writing crash state " + path);
-        const std::string& bytes = *contents[inode];
-        size_t done = 0;
-        while (done < bytes.size()) {
-          const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-          if (n <= 0) {
-            const int error = errno;
-            ::close(fd);
-            return Status::FromErrno(error, "writing crash state " + path);
-          }
-          done += static_cast<size_t>(n);
-        }
-        ::close(fd);
+        CKPTDB_RETURN_IF_ERROR(WriteWhole(path, *contents[inode]));
       }
     }
     return Status::Ok();
   }
 
  private:
-  Inode& InodeOf(const std::string& path) {
+  void AddMeta(const FsOp& op, size_t inode, const std::string& where) {
+    const size_t j = DirOf(where);
+    if (j == dirs_.size()) return;
+    meta_.push_back({&op, inode, j, journal_ops_[j]++});
+    if (op.kind == FsOp::Kind::kMkdir) made_dirs_.insert(op.path);
+  }
+
+  // The file a write, truncate, fsync or close names; nullptr for a name the trace saw go
+  // (renamed away or removed: the op reached a descriptor of a file no longer there).
+  Inode* InodeOf(const std::string& path) {
     auto it = names_.find(path);
-    if (it == names_.end()) {
-      // A file the trace did not see created (opened to append): it is there, empty, durably.
-      const size_t inode = inodes_.size();
-      inodes_.emplace_back();
-      it = names_.emplace(path, inode).first;
-      FsOp* made = &implicit_.emplace_back();
-      made->kind = FsOp::Kind::kCreate;
-      made->path = path;
-      meta_.insert(meta_.begin() + static_cast<std::ptrdiff_t>(durable_meta_), {made, inode});
-      durable_meta_++;
+    if (it != names_.end()) return &inodes_[it->second];
+    if (gone_.count(path) != 0) return nullptr;
+    // A file the trace did not see created (opened to append): it is there, empty, durably.
+    const size_t inode = inodes_.size();
+    inodes_.emplace_back();
+    names_.emplace(path, inode);
+    FsOp* made = &implicit_.emplace_back();
+    made->kind = FsOp::Kind::kCreate;
+    made->path = path;
+    const size_t j = DirOf(path);
+    if (j < dirs_.size()) {
+      // Durable already: ahead of everything in its journal.
+      for (MetaOp& m : meta_) {
+        if (m.journal == j) m.rank++;
+      }
+      meta_.insert(meta_.begin(), {made, inode, j, 0});
+      journal_ops_[j]++;
+      durable_[j]++;
     }
-    return inodes_[it->second];
+    return &inodes_[inode];
   }
 
   static void Persist(Inode& f) {
     f.durable = f.data;
     f.pending.clear();
+  }
+
+  static Status WriteWhole(const std::string& path, const std::string& bytes) {
+    std::error_code ec;
+    std::filesystem::create_directories(Parent(path), ec);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::FromErrno(errno, "writing crash state " + path);
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n <= 0) {
+        const int error = errno;
+        ::close(fd);
+        return Status::FromErrno(error, "writing crash state " + path);
+      }
+      done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    return Status::Ok();
   }
 
   // The durable data, then each unsynced write kept whole, dropped, or torn into a random set
@@ -554,9 +619,11 @@ class Model {
   const CrashSpec& spec_;
   std::vector<Inode> inodes_;
   std::map<std::string, size_t> names_;  // what the process saw
+  std::set<std::string> gone_;           // names the trace saw renamed away or removed
   std::vector<MetaOp> meta_;
-  size_t durable_meta_ = 0;  // meta_[0, durable_meta_) is durable on disk
-  std::vector<std::string> dirs_made_;
+  std::vector<size_t> journal_ops_;  // by journal: its metadata changes so far
+  std::vector<size_t> durable_;      // by journal: how many of them are durable (a prefix)
+  std::set<std::string> made_dirs_;  // every directory made in the trace
   std::deque<FsOp> implicit_;
 };
 
@@ -574,8 +641,8 @@ Status BuildCrashState(const std::vector<FsOp>& ops, const std::vector<CrashDire
                    [](const FsOp* a, const FsOp* b) { return a->seq < b->seq; });
   Model model(dirs, spec);
   for (const FsOp* op : order) {
-    if (op->kind != FsOp::Kind::kMarker && model.DirOf(op->path) == nullptr &&
-        !(op->kind == FsOp::Kind::kRename && model.DirOf(op->to) != nullptr)) {
+    if (op->kind != FsOp::Kind::kMarker && !model.Watched(op->path) &&
+        !(op->kind == FsOp::Kind::kRename && model.Watched(op->to))) {
       continue;
     }
     model.Apply(*op);

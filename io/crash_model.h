@@ -11,15 +11,19 @@
 //   - RecordingIo: an Io that forwards to a base Io and records what it changes in an FsTrace
 //     (the catalog's RocksDB files are recorded by engine/catalog.cc's recording file system).
 //   - CrashState: replays a prefix of a trace and writes into the watched directories what a
-//     crash at that point may leave, by each directory's durability:
+//     crash at that point may leave, by each directory's durability (ops name files by path: a
+//     write through a descriptor whose name was renamed or removed since is dropped, so a
+//     writer must close before it renames, as ckptdb and RocksDB do):
 //       kMemory (ram, tmpfs): a process crash keeps everything; a power loss keeps nothing.
 //       kDisk: a process crash keeps everything (the page cache outlives the process). A power
 //         loss keeps each file's data as of its last fsync, plus any subset of the writes since
 //         (each one kept whole, dropped, or torn: a random subset of its 512-byte sectors),
 //         applied in any order (overlapping writes are applied in trace order, so the newest
-//         wins where both are kept); directory entries as of the directory's last fsync, plus
-//         a prefix of the later creates, renames and removes (journaled file systems keep
-//         metadata in order). mkdir is durable at once (PosixIo fsyncs the parent).
+//         wins where both are kept); directory entries (files and directories made in the
+//         trace) as of the directory's last fsync, plus a prefix of the later creates, renames,
+//         removes and mkdirs (a journaled file system keeps metadata in order). Each watched
+//         directory is its own journal: an fsync of one directory makes nothing in another
+//         durable. A name under a directory that did not survive does not either.
 //       kNfs (close-to-open): data is on the server once the file is closed or fsynced, and
 //         every create, rename and remove is durable when it returns; a client crash loses the
 //         rest of an open file's unsynced writes (any subset kept, as for kDisk).

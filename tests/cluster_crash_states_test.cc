@@ -6,9 +6,10 @@
 // follows the change that caused it, so a prefix of the merged trace is a state the job could
 // really be in when it stopped. For sampled crash points the nodes' directories are rebuilt as
 // the crash leaves them: the whole job losing power, one node losing power while the others'
-// processes die, or every process killed; the ram tier's arena (written through memory, which
-// no trace sees) is lost in every case, as when a node restarts, while a killed rank's tmpfs
-// and disk keep all it wrote. Then the job restarts on them and each rank checks:
+// processes die and their nodes restart, or every process killed and every node restarted: a
+// restarted node's memory (the ram tier's arena, written through memory, which no trace sees,
+// and its tmpfs) is gone while its disks keep all that was written. Then the job restarts on
+// them and each rank checks:
 //   - every rank is told the same latest: the newest version whose decision the coordinator
 //     made durable (`coordinator:after_committed_written`), or the next one when the crash fell
 //     inside that write;
@@ -315,6 +316,15 @@ class ClusterCrashStatesTest : public ::testing::Test {
     return answers.size() == 1;
   }
 
+  // A killed rank's node restarts: its memory (ram and tmpfs) is gone, its disks keep all that
+  // was written (a clean restart writes the page cache back).
+  void RestartNodes(CrashSpec* spec) const {
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      spec->modes[job_.Ram(r)] = CrashSpec::Mode::kPowerLoss;
+      spec->modes[job_.Tmpfs(r)] = CrashSpec::Mode::kPowerLoss;
+    }
+  }
+
   Job job_;
   std::atomic<uint64_t>* clock_ = nullptr;
   std::vector<io::CrashDirectory> dirs_;
@@ -340,6 +350,7 @@ TEST_F(ClusterCrashStatesTest, EveryRankRestartsOnTheNewestDecisionMadeDurable) 
       case 1: {
         const uint32_t lost = static_cast<uint32_t>(rng() % kRanks);
         spec.default_mode = CrashSpec::Mode::kProcess;
+        RestartNodes(&spec);
         for (const io::CrashDirectory& d : job_.Dirs(lost)) {
           spec.modes[d.path] = CrashSpec::Mode::kPowerLoss;
         }
@@ -349,6 +360,7 @@ TEST_F(ClusterCrashStatesTest, EveryRankRestartsOnTheNewestDecisionMadeDurable) 
       }
       default:
         spec.default_mode = CrashSpec::Mode::kProcess;
+        RestartNodes(&spec);
         label = "every rank was killed and its node restarted";
         break;
     }

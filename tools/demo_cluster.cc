@@ -315,10 +315,30 @@ std::vector<Proc> Spawn(const Job& job, int phase) {
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<Proc> procs(job.args.ranks);
+  // Any failure: the ranks started so far are killed and nothing is returned.
+  auto fail = [&](int started) {
+    std::perror("ckptdb demo: starting a rank");
+    for (int k = 0; k < started; ++k) {
+      kill(procs[k].pid, SIGKILL);
+      waitpid(procs[k].pid, nullptr, 0);
+      close(procs[k].report_fd);
+      close(procs[k].control_fd);
+    }
+    return std::vector<Proc>();
+  };
   for (int rank = 0; rank < job.args.ranks; ++rank) {
     int report[2], control[2];
-    if (pipe2(report, O_CLOEXEC) != 0 || pipe2(control, O_CLOEXEC) != 0) break;
+    if (pipe2(report, O_CLOEXEC) != 0) return fail(rank);
+    if (pipe2(control, O_CLOEXEC) != 0) {
+      close(report[0]);
+      close(report[1]);
+      return fail(rank);
+    }
     pid_t pid = fork();
+    if (pid < 0) {
+      for (int fd : {report[0], report[1], control[0], control[1]}) close(fd);
+      return fail(rank);
+    }
     if (pid == 0) {
       close(report[0]);
       close(control[1]);
@@ -429,7 +449,9 @@ void PollProgress(std::vector<Proc>& procs, std::vector<uint64_t>* confirmed, in
     const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           deadline - std::chrono::steady_clock::now())
                                           .count());
+    // Past the deadline only what is already there is read (a drain asks for 10 ms at a time).
     if (fds.empty() || poll(fds.data(), fds.size(), std::max(left, 0)) <= 0) return;
+    if (left < 0 && ms > 0) return;
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       Proc& p = procs[ranks[i]];
@@ -525,14 +547,17 @@ int RunKillCampaign(const Job& job_in, uint64_t seed) {
       return kExitProblem;
     }
     if (fault == kDuringStart) {
-      // The kill lands anywhere: in the open, the recovery, the restore or the training after.
+      // The kill lands anywhere: in the open, the recovery, the restore or the training after;
+      // the others run on a moment (their commits stall on the dead rank), then are killed too.
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1500));
       const int victim = static_cast<int>(rng() % a.ranks);
       kill(procs[victim].pid, SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
       for (Proc& p : procs) kill(p.pid, SIGKILL);
       // Then what each wrote: its report, if it got that far, and the versions it committed.
       bool all_reported = true;
-      uint64_t latest = 0, newest = 0, oldest = UINT64_MAX;
+      std::vector<uint64_t> told;  // the latest each reporting rank was told
+      uint64_t newest = 0, oldest = UINT64_MAX;
       for (Proc& p : procs) {
         waitpid(p.pid, nullptr, 0);
         close(p.control_fd);
@@ -551,26 +576,40 @@ int RunKillCampaign(const Job& job_in, uint64_t seed) {
                        p.report.error);
           return kExitProblem;
         }
-        latest = p.report.latest;
-        uint64_t mine = latest;
+        told.push_back(p.report.latest);
+        uint64_t mine = p.report.latest;
         for (size_t at = sizeof(Report); at + 8 <= bytes.size(); at += 8) {
           std::memcpy(&mine, bytes.data() + at, 8);
         }
         newest = std::max(newest, mine);
         oldest = std::min(oldest, mine);
       }
+      // The ranks that got as far as their restore were told one latest, within the bounds.
+      for (uint64_t latest : told) {
+        if (latest != told.front() || latest < guaranteed || latest > upper) {
+          std::fprintf(stderr,
+                       "ckptdb demo: round %d: a rank was told latest v%llu (another v%llu); a "
+                       "commit of v%llu returned Ok and nothing above v%llu can have committed\n",
+                       round, static_cast<unsigned long long>(latest),
+                       static_cast<unsigned long long>(told.front()),
+                       static_cast<unsigned long long>(guaranteed),
+                       static_cast<unsigned long long>(upper));
+          return kExitProblem;
+        }
+      }
       counts[fault]++;
       if (all_reported) {  // else no version could commit: each needs every rank's vote
-        commits += newest - latest;
+        commits += newest - told.front();
         guaranteed = std::max(guaranteed, newest);
         upper = std::max(upper, oldest + 1);
       }
-      std::printf(
-          "round %3d: rank %d killed at a random time after the restart began (%s)\n", round,
-          victim,
-          all_reported
-              ? ("every rank had restored; committed up to v" + std::to_string(newest)).c_str()
-              : "before every rank had restored");
+      std::printf("round %3d: rank %d killed at a random time after the restart began (%s)\n",
+                  round, victim,
+                  all_reported
+                      ? ("every rank had restored v" + std::to_string(told.front()) +
+                         " bit for bit; committed up to v" + std::to_string(newest))
+                            .c_str()
+                      : (std::to_string(told.size()) + " of the ranks had restored").c_str());
       continue;
     }
     // Every rank restored: check what it found.
