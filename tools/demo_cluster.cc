@@ -389,6 +389,7 @@ bool Collect(std::vector<Proc>& procs, int timeout_s) {
 }
 
 void KillAll(std::vector<Proc>& procs, const std::vector<int>& ranks) {
+  if (procs.empty()) return;  // Spawn failed, and cleaned up after itself
   for (int rank : ranks) {
     if (procs[rank].pid > 0) kill(procs[rank].pid, SIGKILL);
   }
@@ -571,10 +572,15 @@ int RunKillCampaign(const Job& job_in, uint64_t seed) {
           continue;
         }
         std::memcpy(&p.report, bytes.data(), sizeof(Report));
-        if (p.report.status != 0 || !p.report.bit_exact) {
-          std::fprintf(stderr, "ckptdb demo: round %d: a rank's restore failed: %s\n", round,
-                       p.report.error);
+        if (p.report.status == 1) {  // restored, and the bytes are not the version's
+          std::fprintf(stderr, "ckptdb demo: round %d: %s\n", round, p.report.error);
           return kExitProblem;
+        }
+        if (p.report.status != 0) {
+          // Its open, latest or restore failed as the victim died (the coordinator, or the
+          // peer it was reading from): it never trained, so no version committed after.
+          all_reported = false;
+          continue;
         }
         told.push_back(p.report.latest);
         uint64_t mine = p.report.latest;
