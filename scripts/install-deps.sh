@@ -17,6 +17,7 @@ packages=(
   libcli11-dev            # the ckptdb command line (tools/)
   nlohmann-json3-dev      # ckptdb inspect --json (tools/)
   clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz/)
+  python3 python3-torch   # the Python package and its PyTorch training test (python/)
 )
 
 missing=()

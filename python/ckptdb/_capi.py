@@ -1,0 +1,513 @@
+"""The ctypes layer over libckptdb.so: the C structures, the functions' signatures, errors, and
+the Store class. Kept in one place so that a change to include/ckptdb/ckptdb.h has one Python
+counterpart to follow (python/tests checks every mirrored structure's offsets against what the C
+compiler makes of the header)."""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ALL_VERSIONS = (1 << 64) - 1
+_MAX_DIMS = 8
+_UNSET = 0xFFFFFFFF
+
+# ckptdb_dtype, by the names ckptdb_dtype_name gives them ("raw": bytes, no element type).
+DTYPES = {
+    "raw": 0,
+    "bool": 1,
+    "u8": 2,
+    "i8": 3,
+    "u16": 4,
+    "i16": 5,
+    "u32": 6,
+    "i32": 7,
+    "u64": 8,
+    "i64": 9,
+    "f16": 10,
+    "bf16": 11,
+    "f32": 12,
+    "f64": 13,
+    "f8_e4m3": 14,
+    "f8_e5m2": 15,
+}
+
+_PUT_COPY_NOW = 0x1
+_COMMIT_ASYNC = 0x1
+
+
+# ---- Errors ----------------------------------------------------------------------------------
+
+
+class Error(Exception):
+    """A ckptdb call failed. `status` is the C status (negative), `message` ckptdb_last_error()."""
+
+    status = 0
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class InvalidError(Error, ValueError):
+    pass
+
+
+class NotFound(Error, LookupError):
+    pass
+
+
+class ExistsError(Error):
+    pass
+
+
+class StateError(Error):
+    pass
+
+
+class CorruptError(Error):
+    pass
+
+
+class IoError(Error, OSError):
+    pass
+
+
+class NoSpaceError(Error, OSError):
+    pass
+
+
+class TimedOutError(Error, TimeoutError):
+    pass
+
+
+class NoMemoryError(Error, MemoryError):
+    pass
+
+
+class SizeError(Error, ValueError):
+    pass
+
+
+class NotSupportedError(Error):
+    pass
+
+
+class BusyError(Error):
+    pass
+
+
+class InternalError(Error):
+    pass
+
+
+class SkippedError(Error):
+    pass
+
+
+class PeerError(Error):
+    pass
+
+
+class AuthError(Error):
+    pass
+
+
+_ERRORS = {
+    -1: InvalidError,
+    -2: NotFound,
+    -3: ExistsError,
+    -4: StateError,
+    -5: CorruptError,
+    -6: IoError,
+    -7: NoSpaceError,
+    -8: TimedOutError,
+    -9: NoMemoryError,
+    -10: SizeError,
+    -11: NotSupportedError,
+    -12: BusyError,
+    -13: InternalError,
+    -14: SkippedError,
+    -15: PeerError,
+    -16: AuthError,
+}
+
+# ---- The C structures ------------------------------------------------------------------------
+
+
+class _Options(ctypes.Structure):
+    _fields_ = [
+        ("root", ctypes.c_char_p),
+        ("tiers", ctypes.c_char_p),
+        ("commit_tier", ctypes.c_char_p),
+        ("backpressure", ctypes.c_char_p),
+        ("rank", ctypes.c_uint32),
+        ("world_size", ctypes.c_uint32),
+        ("node_id", ctypes.c_char_p),
+        ("coordinator", ctypes.c_char_p),
+        ("redundancy", ctypes.c_char_p),
+        ("job_token", ctypes.c_char_p),
+        ("staging_bytes", ctypes.c_uint64),
+        ("chunk_bytes", ctypes.c_uint64),
+        ("queue_depth", ctypes.c_uint32),
+        ("capture_threads", ctypes.c_uint32),
+        ("read_only", ctypes.c_int),
+        ("create_if_missing", ctypes.c_int),
+        ("drain_on_close", ctypes.c_int),
+    ]
+
+
+class _TensorInfo(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.c_uint64 * _MAX_DIMS),
+        ("global_shape", ctypes.c_uint64 * _MAX_DIMS),
+        ("global_offset", ctypes.c_uint64 * _MAX_DIMS),
+    ]
+
+
+class _TensorDesc(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.POINTER(ctypes.c_uint64)),
+        ("global_shape", ctypes.POINTER(ctypes.c_uint64)),
+        ("global_offset", ctypes.POINTER(ctypes.c_uint64)),
+        ("nbytes", ctypes.c_uint64),
+        ("chunk_count", ctypes.c_uint32),
+        ("kept_bytes", ctypes.c_uint64),
+    ]
+
+
+_ListFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_TensorDesc))
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """One tensor of a committed version (ckptdb_list): its shard's shape and size, and where the
+    shard lies in the global tensor when it was put with one (else None)."""
+
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    nbytes: int
+    global_shape: Optional[Tuple[int, ...]]
+    global_offset: Optional[Tuple[int, ...]]
+
+
+# ---- The library -----------------------------------------------------------------------------
+
+
+def library_path() -> str:
+    """Where libckptdb.so is loaded from: $CKPTDB_LIBRARY, else the build tree next to this
+    package (build/libckptdb.so), else the system's (ctypes.util.find_library)."""
+    env = os.environ.get("CKPTDB_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = os.path.join(here, "..", "..", "build", "libckptdb.so")
+    if os.path.exists(built):
+        return os.path.normpath(built)
+    found = ctypes.util.find_library("ckptdb")
+    if found:
+        return found
+    raise ImportError(
+        "libckptdb.so not found: build ckptdb (make), install it, or set CKPTDB_LIBRARY")
+
+
+_lib = ctypes.CDLL(library_path())
+
+
+def _sig(name, restype, *argtypes):
+    f = getattr(_lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+_c_db = ctypes.c_void_p
+_options_init = _sig("ckptdb_options_init", None, ctypes.POINTER(_Options))
+_open = _sig("ckptdb_open", ctypes.c_int, ctypes.POINTER(_Options), ctypes.POINTER(_c_db))
+_close = _sig("ckptdb_close", ctypes.c_int, _c_db)
+_put_shard = _sig("ckptdb_put_shard", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
+                  ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_TensorInfo), ctypes.c_uint)
+_wait_capture = _sig("ckptdb_wait_capture", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_int)
+_commit = _sig("ckptdb_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_uint)
+_wait_commit = _sig("ckptdb_wait_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
+                    ctypes.c_int)
+_abort = _sig("ckptdb_abort", ctypes.c_int, _c_db, ctypes.c_uint64)
+_latest = _sig("ckptdb_latest", ctypes.c_int, _c_db, ctypes.POINTER(ctypes.c_uint64))
+_restore = _sig("ckptdb_restore", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
+                ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
+_list = _sig("ckptdb_list", ctypes.c_int, _c_db, ctypes.c_uint64, _ListFn, ctypes.c_void_p)
+_last_error = _sig("ckptdb_last_error", ctypes.c_char_p)
+_dtype_name = _sig("ckptdb_dtype_name", ctypes.c_char_p, ctypes.c_int)
+_dtype_bytes = _sig("ckptdb_dtype_bytes", ctypes.c_size_t, ctypes.c_int)
+
+
+def _check(status: int) -> None:
+    if status == 0:
+        return
+    message = (_last_error() or b"").decode("utf-8", "replace")
+    raise _ERRORS.get(status, Error)(status, message)
+
+
+def _text(value: Optional[str], what: str) -> Optional[bytes]:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{what} {value!r} contains a NUL byte")
+    return value.encode("utf-8")
+
+
+# ---- Buffers ---------------------------------------------------------------------------------
+
+
+def _address(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
+    """(address, nbytes, what keeps the memory alive) of a buffer, with no copy."""
+    if hasattr(buffer, "data_ptr") and hasattr(buffer, "element_size"):  # a torch.Tensor
+        if getattr(buffer, "device", None) is not None and str(buffer.device) != "cpu":
+            raise ValueError(f"{what}: a tensor on {buffer.device}; this build reads CPU memory")
+        if not buffer.is_contiguous():
+            raise ValueError(f"{what}: a tensor that is not contiguous (call .contiguous())")
+        return buffer.data_ptr(), buffer.numel() * buffer.element_size(), buffer
+    if isinstance(buffer, bytes):
+        if writable:
+            raise TypeError(f"{what}: bytes are read-only; restore into a bytearray or array")
+        keep = ctypes.c_char_p(buffer)  # points at the bytes object's own storage
+        return ctypes.cast(keep, ctypes.c_void_p).value or 0, len(buffer), (buffer, keep)
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise TypeError(
+            f"{what}: a {type(buffer).__name__} is neither a buffer nor a tensor") from None
+    if not view.c_contiguous:
+        raise ValueError(f"{what}: the buffer is not C-contiguous")
+    if view.readonly:
+        if writable:
+            raise TypeError(f"{what}: the buffer is read-only")
+        if isinstance(view.obj, bytes) and view.nbytes == len(view.obj):
+            return _address(view.obj, writable, what)
+        raise TypeError(f"{what}: a read-only buffer that is not a whole bytes object")
+    nbytes = view.nbytes
+    if nbytes == 0:
+        return 0, 0, view
+    flat = view.cast("B")
+    anchor = (ctypes.c_char * nbytes).from_buffer(flat)
+    return ctypes.addressof(anchor), nbytes, (view, flat, anchor)
+
+
+def _info(dtype, shape) -> Optional[_TensorInfo]:
+    if dtype is None and shape is None:
+        return None
+    info = _TensorInfo()
+    if dtype is not None:
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype {dtype!r}: one of {', '.join(DTYPES)}")
+            dtype = DTYPES[dtype]
+        info.dtype = int(dtype)
+    if shape is not None:
+        shape = tuple(int(d) for d in shape)
+        if len(shape) > _MAX_DIMS:
+            raise ValueError(f"shape {shape}: at most {_MAX_DIMS} dimensions")
+        if any(d < 0 for d in shape):
+            raise ValueError(f"shape {shape}: a negative dimension")
+        info.ndim = len(shape)
+        for i, d in enumerate(shape):
+            info.shape[i] = d
+    return info
+
+
+# ---- The store -------------------------------------------------------------------------------
+
+
+class Store:
+    """One rank's handle (ckptdb_open). Options as in docs/api.md; None leaves one to the
+    environment (CKPTDB_*) or its default. Close it (or use `with`) before the process ends."""
+
+    def __init__(self, root: str, *, tiers: Optional[str] = None,
+                 commit_tier: Optional[str] = None, backpressure: Optional[str] = None,
+                 rank: Optional[int] = None, world_size: Optional[int] = None,
+                 node_id: Optional[str] = None, coordinator: Optional[str] = None,
+                 redundancy: Optional[str] = None, job_token: Optional[str] = None,
+                 staging_bytes: int = 0, chunk_bytes: int = 0, queue_depth: int = 0,
+                 capture_threads: int = 0, read_only: bool = False,
+                 create_if_missing: bool = True, drain_on_close: bool = True):
+        o = _Options()
+        _options_init(ctypes.byref(o))
+        # The encoded strings must live as long as the call: keep them on the object.
+        self._strings = {}
+        for field, value in (("root", root), ("tiers", tiers), ("commit_tier", commit_tier),
+                             ("backpressure", backpressure), ("node_id", node_id),
+                             ("coordinator", coordinator), ("redundancy", redundancy),
+                             ("job_token", job_token)):
+            encoded = _text(value, field)
+            if encoded is not None:
+                self._strings[field] = encoded
+                setattr(o, field, encoded)
+        if rank is not None:
+            o.rank = int(rank)
+        if world_size is not None:
+            o.world_size = int(world_size)
+        o.staging_bytes = int(staging_bytes)
+        o.chunk_bytes = int(chunk_bytes)
+        o.queue_depth = int(queue_depth)
+        o.capture_threads = int(capture_threads)
+        o.read_only = 1 if read_only else 0
+        o.create_if_missing = 1 if create_if_missing else 0
+        o.drain_on_close = 1 if drain_on_close else 0
+        handle = _c_db()
+        _check(_open(ctypes.byref(o), ctypes.byref(handle)))
+        self._db = handle
+        self._lock = threading.Lock()
+        # Buffers capture may still read, by version: released when it is done with them.
+        self._pinned: Dict[int, List[object]] = {}
+
+    # -- lifetime --
+
+    def close(self) -> None:
+        """ckptdb_close: waits for pending demotions (drain_on_close), then frees the handle."""
+        db, self._db = getattr(self, "_db", None), None
+        if db:
+            _check(_close(db))
+        self._pinned = {}
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at interpreter shutdown
+            pass
+
+    def _handle(self):
+        if not self._db:
+            raise StateError(-4, "the store is closed")
+        return self._db
+
+    def _release(self, version: int) -> None:
+        with self._lock:
+            self._pinned.pop(version, None)
+
+    # -- saving --
+
+    def put_shard(self, version: int, name: str, data, *, dtype=None, shape=None,
+                  copy_now: bool = False) -> None:
+        """ckptdb_put_shard: `data` (a buffer or a CPU tensor) as tensor `name` of `version`.
+        Without copy_now, capture reads it until wait_capture or a synchronous commit returns;
+        the Store holds a reference to it until then."""
+        address, nbytes, keep = _address(data, writable=False, what=f"put_shard {name!r}")
+        if dtype is None and hasattr(data, "dtype") and hasattr(data, "data_ptr"):
+            dtype = _torch_dtype(data.dtype)
+            if shape is None:
+                shape = tuple(data.shape)
+        info = _info(dtype, shape)
+        flags = _PUT_COPY_NOW if copy_now else 0
+        _check(_put_shard(self._handle(), version, _text(name, "name"), address or None, nbytes,
+                          ctypes.byref(info) if info is not None else None, flags))
+        if not copy_now:
+            with self._lock:
+                self._pinned.setdefault(version, []).append(keep)
+
+    def wait_capture(self, version: int, timeout_ms: int = -1) -> None:
+        """ckptdb_wait_capture: returns once no chunk of `version` reads the caller's buffers."""
+        try:
+            _check(_wait_capture(self._handle(), version, timeout_ms))
+        except TimedOutError:
+            raise  # capture may still read them: keep the references
+        except Error:
+            self._release(version)
+            raise
+        self._release(version)
+
+    def commit(self, version: int, *, wait: bool = True) -> None:
+        """ckptdb_commit; wait=False returns at once (CKPTDB_COMMIT_ASYNC)."""
+        status = _commit(self._handle(), version, 0 if wait else _COMMIT_ASYNC)
+        if wait or status != 0:
+            self._release(version)  # synchronous: capture is over, whatever the outcome
+        _check(status)
+
+    def wait_commit(self, version: int, tier: Optional[str] = None, timeout_ms: int = -1) -> None:
+        """ckptdb_wait_commit: until `version` is committed (and durable on `tier`, if given)."""
+        _check(_wait_commit(self._handle(), version, _text(tier, "tier"), timeout_ms))
+        self._release(version)
+
+    def abort(self, version: int) -> None:
+        """ckptdb_abort: the version will never be committed; its buffers are free."""
+        try:
+            _check(_abort(self._handle(), version))
+        finally:
+            self._release(version)
+
+    # -- reading --
+
+    def latest(self) -> Optional[int]:
+        """ckptdb_latest: the newest version restorable, or None when there is none."""
+        out = ctypes.c_uint64()
+        status = _latest(self._handle(), ctypes.byref(out))
+        if status == -2:
+            return None
+        _check(status)
+        return out.value
+
+    def restore(self, version: int, name: str, out) -> None:
+        """ckptdb_restore of tensor `name` of `version` into `out`, a writable buffer or a CPU
+        tensor of exactly the tensor's size (SizeError otherwise)."""
+        address, nbytes, _keep = _address(out, writable=True, what=f"restore {name!r}")
+        _check(_restore(self._handle(), version, _text(name, "name"), address or None, nbytes, 0))
+
+    def list(self, version: int) -> List[TensorDesc]:
+        """ckptdb_list: the tensors of a committed version, in name order."""
+        found: List[TensorDesc] = []
+        failure: List[BaseException] = []
+
+        def visit(_arg, desc_ptr):
+            try:
+                d = desc_ptr.contents
+                shape = tuple(d.shape[i] for i in range(d.ndim))
+                gshape = (tuple(d.global_shape[i] for i in range(d.ndim))
+                          if d.global_shape else None)
+                goffset = (tuple(d.global_offset[i] for i in range(d.ndim))
+                           if d.global_offset else None)
+                found.append(TensorDesc(d.name.decode("utf-8", "replace"),
+                                        (_dtype_name(d.dtype) or b"?").decode(), shape,
+                                        d.nbytes, gshape, goffset))
+                return 0
+            except BaseException as e:  # noqa: BLE001 - raised again after the C call returns
+                failure.append(e)
+                return 1
+
+        callback = _ListFn(visit)
+        _check(_list(self._handle(), version, callback, None))
+        if failure:
+            raise failure[0]
+        return found
+
+
+def _torch_dtype(dtype) -> int:
+    names = {
+        "torch.bool": "bool", "torch.uint8": "u8", "torch.int8": "i8", "torch.int16": "i16",
+        "torch.int32": "i32", "torch.int64": "i64", "torch.float16": "f16",
+        "torch.bfloat16": "bf16", "torch.float32": "f32", "torch.float64": "f64",
+    }
+    return DTYPES.get(names.get(str(dtype), "raw"), 0)
+
+
+# The mirrored structures, for the layout test.
+STRUCTURES = {
+    "ckptdb_options": _Options,
+    "ckptdb_tensor_info": _TensorInfo,
+    "ckptdb_tensor_desc": _TensorDesc,
+}

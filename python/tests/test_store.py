@@ -1,0 +1,176 @@
+"""The Python package over the C API (python/ckptdb; docs/python.md): bit-exact round trips from
+every kind of buffer, lazy capture that keeps the caller's buffer alive, errors that carry the C
+API's message and change nothing, and the ctypes mirror of the C structures.
+
+Run by ctest (`python_package`) with CKPTDB_LIBRARY and CKPTDB_STRUCT_LAYOUT set; by hand:
+    CKPTDB_LIBRARY=build/libckptdb.so PYTHONPATH=python python3 -m unittest discover python/tests
+"""
+
+import array
+import ctypes
+import gc
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import ckptdb
+from ckptdb import _capi
+
+
+def pattern(n: int, seed: int) -> bytearray:
+    return bytearray(random.Random(seed).getrandbits(8) for _ in range(n))
+
+
+class StoreTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="ckptdb-test-", dir="/dev/shm")
+        self.root = os.path.join(self.dir, "root")
+        self.tiers = "tmpfs:" + os.path.join(self.dir, "t1")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def open(self, **kw) -> ckptdb.Store:
+        return ckptdb.Store(self.root, tiers=self.tiers, chunk_bytes=64 << 10,
+                            staging_bytes=1 << 20, **kw)
+
+    def test_every_kind_of_buffer_round_trips_bit_for_bit(self):
+        data = {
+            "bytearray": pattern(300_000 + 17, 1),
+            "bytes": bytes(pattern(70_000, 2)),
+            "memoryview": memoryview(pattern(4096 * 3, 3)),
+            "array": array.array("d", (float(i) * 0.5 for i in range(10_000))),
+            "empty": bytearray(),
+        }
+        with self.open() as store:
+            for name, buf in data.items():
+                store.put_shard(1, name, buf)
+            store.commit(1)
+            self.assertEqual(store.latest(), 1)
+            for name, buf in data.items():
+                want = bytes(memoryview(buf).cast("B")) if len(memoryview(buf)) else b""
+                out = bytearray(len(want))
+                store.restore(1, name, out)
+                self.assertEqual(bytes(out), want, name)
+            # Into a slice of a larger buffer, and into an array.
+            big = bytearray(400_000)
+            store.restore(1, "bytearray", memoryview(big)[100:100 + len(data["bytearray"])])
+            self.assertEqual(big[100:100 + len(data["bytearray"])], data["bytearray"])
+            out = array.array("d", bytes(len(data["array"]) * 8))
+            store.restore(1, "array", out)
+            self.assertEqual(out, data["array"])
+
+    def test_dtype_and_shape_are_recorded_and_listed(self):
+        with self.open() as store:
+            store.put_shard(3, "w", pattern(2 * 3 * 4, 9), dtype="f32", shape=(2, 3))
+            store.put_shard(3, "raw", pattern(10, 10))
+            store.commit(3)
+            listed = {t.name: t for t in store.list(3)}
+        self.assertEqual(sorted(listed), ["raw", "w"])
+        self.assertEqual(listed["w"].dtype, "f32")
+        self.assertEqual(listed["w"].shape, (2, 3))
+        self.assertEqual(listed["w"].nbytes, 24)
+        self.assertIsNone(listed["w"].global_shape)
+        self.assertEqual(listed["raw"].dtype, "raw")
+
+    def test_lazy_capture_holds_the_buffer_until_it_is_done(self):
+        with self.open() as store:
+            want = bytes(pattern(256 << 10, 4))
+            buf = bytearray(want)
+            store.put_shard(1, "w", buf)  # capture reads it later
+            ref = memoryview(buf)
+            del buf
+            gc.collect()
+            self.assertTrue(store._pinned.get(1), "the Store keeps the buffer for capture")
+            store.wait_capture(1)
+            self.assertFalse(store._pinned.get(1), "released once capture is done")
+            ref[:] = bytes(len(ref))  # the caller's again: changing it changes nothing
+            store.commit(1)
+            out = bytearray(len(want))
+            store.restore(1, "w", out)
+            self.assertEqual(bytes(out), want)
+
+    def test_reopen_sees_what_was_committed(self):
+        with self.open() as store:
+            store.put_shard(5, "w", pattern(1000, 5), copy_now=True)
+            store.commit(5)
+            store.put_shard(6, "w", pattern(1000, 6), copy_now=True)  # never committed
+        with self.open() as store:
+            self.assertEqual(store.latest(), 5)
+            out = bytearray(1000)
+            store.restore(5, "w", out)
+            self.assertEqual(out, pattern(1000, 5))
+            with self.assertRaises(ckptdb.StateError) as e:
+                store.restore(6, "w", out)
+            self.assertIn("6", str(e.exception))
+
+    def test_errors_carry_the_c_message_and_change_nothing(self):
+        with self.open() as store:
+            self.assertIsNone(store.latest())
+            store.put_shard(1, "w", pattern(100, 1), copy_now=True)
+            with self.assertRaises(ckptdb.ExistsError) as e:
+                store.put_shard(1, "w", pattern(100, 2), copy_now=True)
+            self.assertEqual(e.exception.status, -3)
+            self.assertIn("'w'", e.exception.message)
+            store.commit(1)
+            with self.assertRaises(ckptdb.NotFound) as e:
+                store.restore(9, "w", bytearray(100))
+            self.assertIn("9", str(e.exception))
+            with self.assertRaises(ckptdb.SizeError):
+                store.restore(1, "w", bytearray(99))
+            with self.assertRaises(ckptdb.StateError):
+                store.put_shard(1, "x", pattern(10, 3))  # versions increase
+            # Refused before the C API is called.
+            with self.assertRaises(TypeError):
+                store.restore(1, "w", bytes(100))  # read-only
+            with self.assertRaises(ValueError):
+                store.put_shard(2, "strided", memoryview(pattern(100, 4))[::2])
+            with self.assertRaises(TypeError):
+                store.put_shard(2, "w", 12345)
+            with self.assertRaises(ValueError):
+                store.put_shard(2, "bad\0name", pattern(10, 5))
+            with self.assertRaises(ValueError):
+                store.put_shard(2, "w", pattern(10, 5), dtype="complex128")
+            out = bytearray(100)
+            store.restore(1, "w", out)
+            self.assertEqual(out, pattern(100, 1), "the failures changed nothing")
+        with self.assertRaises(ckptdb.InvalidError) as e:
+            ckptdb.Store(self.root, tiers="nonsense:/x")
+        self.assertIn("nonsense", str(e.exception))
+
+    def test_a_closed_store_refuses_calls(self):
+        store = self.open()
+        store.close()
+        store.close()  # twice is fine
+        with self.assertRaises(ckptdb.StateError):
+            store.latest()
+
+
+class LayoutTest(unittest.TestCase):
+    def test_the_dtype_names_are_the_libraries(self):
+        for name, code in ckptdb.DTYPES.items():
+            self.assertEqual(_capi._dtype_name(code).decode(), name)
+        self.assertEqual(_capi._dtype_name(len(ckptdb.DTYPES)).decode(), "?")
+
+    def test_the_ctypes_structures_match_the_header(self):
+        tool = os.environ.get("CKPTDB_STRUCT_LAYOUT")
+        if not tool:
+            self.skipTest("CKPTDB_STRUCT_LAYOUT (the struct_layout tool) is not set")
+        lines = subprocess.run([tool], check=True, capture_output=True, text=True).stdout.split()
+        facts = dict(zip(lines[0::2], (int(v) for v in lines[1::2])))
+        checked = 0
+        for c_name, mirror in _capi.STRUCTURES.items():
+            self.assertEqual(ctypes.sizeof(mirror), facts[c_name], c_name)
+            for field, _type in mirror._fields_:
+                self.assertEqual(getattr(mirror, field).offset, facts[f"{c_name}.{field}"],
+                                 f"{c_name}.{field}")
+                checked += 1
+        self.assertEqual(checked, len(facts) - len(_capi.STRUCTURES),
+                         "every field the header has is mirrored")
+
+
+if __name__ == "__main__":
+    unittest.main()
