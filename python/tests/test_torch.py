@@ -1,6 +1,7 @@
 """The real client (issue 7): a PyTorch training loop checkpointing every step through
 ckptdb.torch, SIGKILLed at a random step, restarted from its latest checkpoint, ends with the
-same parameters and optimizer state, bit for bit, as a run never interrupted; and the
+same parameters and optimizer state, bit for bit, as a run never interrupted; the same for a
+job of 4 processes under torch.distributed (gloo) with one of them killed; and the
 Checkpointer's tree keeps every kind of value exactly. Skipped, saying so, where the interpreter
 has no torch (Debian's python3-torch; `make test` installs it).
 """
@@ -8,6 +9,8 @@ has no torch (Debian's python3-torch; `make test` installs it).
 import os
 import random
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +63,71 @@ class TorchTest(unittest.TestCase):
             for key, value in state.items():
                 self.assertTrue(torch.equal(value, got["optim"]["state"][index][key]),
                                 f"optimizer state {index}.{key}")
+
+    def run_job(self, out, job_dir=None, kill_rank=None, kill_at=0):
+        """Runs the 4 ranks of train_dist.py; with kill_rank, waits for that rank's SIGKILL
+        and then kills the others (they hang in an all-reduce), as a scheduler does."""
+        ports = []
+        for _ in range(2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        procs = []
+        for rank in range(4):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(ports[0]), CKPTDB_COORDINATOR=f"127.0.0.1:{ports[1]}",
+                       CKPTDB_JOB_TOKEN="torch-test", CKPTDB_UCX_TLS="tcp",
+                       CKPTDB_HEARTBEAT_MS="100", CKPTDB_DEAD_AFTER_MS="5000")
+            cmd = [sys.executable, os.path.join(HERE, "train_dist.py"), "--steps", "20",
+                   "--out", f"{out}.{rank}"]
+            if job_dir:
+                cmd += ["--dir", job_dir]
+            if rank == kill_rank:
+                cmd += ["--kill-at", str(kill_at)]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        try:
+            if kill_rank is not None:
+                procs[kill_rank].wait(timeout=300)
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGKILL)
+            outputs = [p.communicate(timeout=300)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        return [p.returncode for p in procs], outputs
+
+    def test_a_job_of_four_ranks_with_one_killed_resumes_bit_for_bit(self):
+        a = os.path.join(self.dir, "a.pt")
+        codes, outputs = self.run_job(a)
+        self.assertEqual(codes, [0] * 4, "\n".join(outputs))
+        b = os.path.join(self.dir, "b.pt")
+        job = os.path.join(self.dir, "job")
+        kill_at = random.Random().randint(4, 15)
+        codes, outputs = self.run_job(b, job, kill_rank=2, kill_at=kill_at)
+        self.assertEqual(codes[2], -9, f"rank 2 was not killed at step {kill_at}: {outputs[2]}")
+        codes, outputs = self.run_job(b, job)
+        self.assertEqual(codes, [0] * 4, "\n".join(outputs))
+        starts = set()
+        for rank in range(4):
+            with open(f"{b}.{rank}.resumed") as f:
+                starts.add(int(f.read()))
+        self.assertEqual(len(starts), 1, f"the ranks resumed from different steps: {starts}")
+        start = starts.pop()
+        print(f"4 ranks: rank 2 killed at step {kill_at}, the job resumed from step {start}",
+              file=sys.stderr)
+        self.assertGreaterEqual(start, kill_at - 2)
+        self.assertLessEqual(start, kill_at)
+        for rank in range(4):
+            want, got = torch.load(f"{a}.{rank}"), torch.load(f"{b}.{rank}")
+            for name, tensor in want["model"].items():
+                self.assertTrue(torch.equal(tensor, got["model"][name]), f"rank {rank}: {name}")
+            for index, state in want["optim"]["state"].items():
+                for key, value in state.items():
+                    self.assertTrue(torch.equal(value, got["optim"]["state"][index][key]),
+                                    f"rank {rank}: optimizer state {index}.{key}")
 
     def test_the_tree_keeps_every_kind_of_value_exactly(self):
         import ckptdb.torch
