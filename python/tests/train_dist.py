@@ -1,8 +1,8 @@
 """One rank of a 4-process data-parallel training run for the real-client test
 (python/tests/test_torch.py): train.py's model, each rank on its own batches, gradients
-averaged over gloo with one all-reduce per parameter in a fixed order (DistributedDataParallel
-re-buckets its gradients after its first iteration, so a run resumed mid-way would sum them in
-another order than one never interrupted, and differ in the last bits), checkpointing every
+averaged over gloo with one all-reduce per parameter in a fixed order (with
+DistributedDataParallel a resumed run ended different from an uninterrupted one: most likely
+its bucket rebuild after the first iteration changes the summation order), checkpointing every
 step through ckptdb.torch into its own store (a job of 4 ranks on 4 simulated nodes,
 replicate:2; the coordinator and token from the environment).
 
