@@ -38,6 +38,31 @@ def batch(step: int):
     return torch.randn(8, 4, 16, generator=g), torch.randn(8, generator=g)
 
 
+def resume(ckpt, model, optimizer) -> int:
+    """Loads the latest checkpoint, if any, into the model, the optimizer and torch's generator;
+    returns the first step still to train."""
+    latest = ckpt.latest()
+    if latest is None:
+        return 1
+    state = ckpt.load(latest, into={"model": model.state_dict()})
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optim"])
+    torch.set_rng_state(state["rng"])
+    return state["step"] + 1
+
+
+def checkpoint(ckpt, step: int, model, optimizer, kill_at: int) -> None:
+    """Hands step's state to ckptdb (asynchronously); at kill_at, dies right after."""
+    ckpt.save(step, {"model": model.state_dict(), "optim": optimizer.state_dict(),
+                     "rng": torch.get_rng_state(), "step": step})
+    if step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def finish(out: str, model, optimizer) -> None:
+    torch.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, out)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, required=True)
@@ -58,13 +83,7 @@ def main():
         import ckptdb.torch  # noqa: PLC0415 - run A never imports ckptdb
 
         ckpt = ckptdb.torch.Checkpointer(args.root, tiers=args.tiers, rank=0, world_size=1)
-        latest = ckpt.latest()
-        if latest is not None:
-            state = ckpt.load(latest, into={"model": model.state_dict()})
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optim"])
-            torch.set_rng_state(state["rng"])
-            start = state["step"] + 1
+        start = resume(ckpt, model, optimizer)
         ckpt.hook(optimizer)
     with open(args.out + ".resumed", "w") as f:
         f.write(str(start - 1))
@@ -76,14 +95,11 @@ def main():
         loss.backward()
         optimizer.step()
         if ckpt is not None:
-            ckpt.save(step, {"model": model.state_dict(), "optim": optimizer.state_dict(),
-                             "rng": torch.get_rng_state(), "step": step})
-            if step == args.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+            checkpoint(ckpt, step, model, optimizer, args.kill_at)
     if ckpt is not None:
         ckpt.wait(args.steps)
         ckpt.close()
-    torch.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, args.out)
+    finish(args.out, model, optimizer)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,10 @@ FILE (torch.save) and the step it resumed from to FILE.resumed.
 
 import argparse
 import os
-import signal
 
 import torch
 import torch.distributed as dist
-from train import Net
+from train import Net, checkpoint, finish, resume
 
 
 def batch(step: int, rank: int):
@@ -56,13 +55,7 @@ def main():
             os.path.join(node, "root"),
             tiers=f"ram:32M,keep=2,dir={node}/shm;disk:{node}/disk,every=5,keep=2",
             redundancy="replicate:2")
-        latest = ckpt.latest()
-        if latest is not None:
-            state = ckpt.load(latest, into={"model": model.state_dict()})
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optim"])
-            torch.set_rng_state(state["rng"])
-            start = state["step"] + 1
+        start = resume(ckpt, model, optimizer)
         ckpt.hook(optimizer)
     world = dist.get_world_size()
     with open(args.out + ".resumed", "w") as f:
@@ -78,10 +71,7 @@ def main():
             parameter.grad /= world
         optimizer.step()
         if ckpt is not None:
-            ckpt.save(step, {"model": model.state_dict(), "optim": optimizer.state_dict(),
-                             "rng": torch.get_rng_state(), "step": step})
-            if step == args.kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+            checkpoint(ckpt, step, model, optimizer, args.kill_at)
     if ckpt is not None:
         ckpt.wait(args.steps)
         # Rank 0 hosts the coordinator: it closes after the others.
@@ -91,7 +81,7 @@ def main():
         dist.barrier()
         if rank == 0:
             ckpt.close()
-    torch.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, args.out)
+    finish(args.out, model, optimizer)
     dist.destroy_process_group()
 
 
