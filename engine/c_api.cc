@@ -260,6 +260,14 @@ int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, si
                [&] { return Done(db->db->Restore(version, name, dst, nbytes, flags)); });
 }
 
+int ckptdb_restore_slice(ckptdb* db, uint64_t version, const char* name, const ckptdb_box* box,
+                         void* dst, size_t nbytes, unsigned flags, uint64_t* covered) {
+  if (db == nullptr) return NullHandle("ckptdb_restore_slice");
+  return Guard("ckptdb_restore_slice", [&] {
+    return Done(db->db->RestoreSlice(version, name, box, dst, nbytes, flags, covered));
+  });
+}
+
 int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg) {
   if (db == nullptr) return NullHandle("ckptdb_list");
   return Guard("ckptdb_list", [&] { return Done(db->db->List(version, fn, arg)); });

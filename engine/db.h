@@ -113,7 +113,13 @@ class Db {
 
   Status Latest(uint64_t* version);
   Status Recoverable(uint64_t version, ckptdb_recoverable_t* out);
-  Status Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags);
+  // `wanted` (restore_slice): sorted, disjoint byte ranges of the shard the caller needs; chunks
+  // that meet none of them are not read and their bytes in dst are left as they were.
+  using ByteRanges = std::vector<std::pair<uint64_t, uint64_t>>;  // [begin, end)
+  Status Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags,
+                 const ByteRanges* wanted = nullptr);
+  Status RestoreSlice(uint64_t version, const char* name, const ckptdb_box* box, void* dst,
+                      size_t nbytes, unsigned flags, uint64_t* covered);
   Status List(uint64_t version, ckptdb_list_fn fn, void* arg);
   Status ListChunks(uint64_t version, const char* name, ckptdb_chunk_fn fn, void* arg,
                     const char** source);
@@ -304,6 +310,7 @@ class Db {
       std::vector<bool> have;  // by piece: in the caller's buffer and verified
     };
     std::optional<Dedup> dedup;
+    const ByteRanges* wanted = nullptr;  // restore_slice's ranges; a deduplicated shard ignores it
     void Note(const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
     void Served(const std::string& source, uint64_t bytes) {
       if (bytes > 0) served.emplace_back(source, bytes);

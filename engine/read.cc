@@ -2,9 +2,13 @@
 // from the fastest place that still holds a verified copy"). Readers are serialized by read_mu_
 // (they share one io_uring read queue and a cache of open segments) and take mu_ only to look at
 // the catalog's view and to pin ram copies, so a restore never stalls capture or the manager.
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
+#include "engine/box.h"
 #include "engine/db.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
@@ -328,8 +332,16 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
       }
     }
     uint64_t offset = 0;
+    const bool filter = plan->wanted != nullptr && !plan->dedup;
+    size_t w = 0;  // the first wanted range that does not end before this chunk
     for (uint32_t c = plan->first; c < plan->first + plan->count; ++c) {
-      plan->pending.push_back(c);
+      const uint64_t end = offset + m.chunk(c).payload_bytes();
+      if (filter) {
+        while (w < plan->wanted->size() && (*plan->wanted)[w].second <= offset) ++w;
+      }
+      if (!filter || (w < plan->wanted->size() && (*plan->wanted)[w].first < end)) {
+        plan->pending.push_back(c);
+      }
       plan->dst_offset.push_back(starts.empty() ? offset : starts[c - plan->first]);
       plan->chunk_bytes.push_back(m.chunk(c).payload_bytes());
       offset += m.chunk(c).payload_bytes();
@@ -352,10 +364,12 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
 // that still holds a verified copy. Local ram first, then peers' memory (a job's replicas), then
 // the slower local tiers; a chunk that fails its xxh3 or cannot be read stays pending for the
 // next source. What no source can supply is zeroed, never returned as if whole.
-Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags) {
+Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes, unsigned flags,
+                   const ByteRanges* wanted) {
   const uint64_t start = MonoNs();
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore"));
   RestorePlan plan;
+  plan.wanted = wanted;
   plan.what = "restore '" + std::string(name) + "' of " + V(version);
   const std::string& what = plan.what;
   if (flags != 0) return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
@@ -496,6 +510,108 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   stats_.restore_bytes += nbytes;
   stats_.restore_ns += MonoNs() - start;
   return Status::Ok();
+}
+
+// A box of a global tensor (resharding, docs/api.md): the part of it that this store's shard
+// holds. Only the chunks that part lies in are read, into an anonymous mapping the size of the
+// shard whose untouched pages cost nothing; then its runs are copied into the caller's box. On
+// any error dst is left as it was.
+Status Db::RestoreSlice(uint64_t version, const char* name, const ckptdb_box* box, void* dst,
+                        size_t nbytes, unsigned flags, uint64_t* covered) {
+  CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore_slice"));
+  const std::string what = "restore_slice '" + std::string(name) + "' of " + V(version);
+  if (box == nullptr) return Status::Invalid(what + ": box is NULL");
+  if (covered == nullptr) return Status::Invalid(what + ": covered is NULL");
+  if (flags != 0) return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
+  if (box->ndim > CKPTDB_MAX_DIMS) {
+    return Status::Invalid(what + ": the box has " + std::to_string(box->ndim) +
+                           " dimensions; at most " + std::to_string(CKPTDB_MAX_DIMS));
+  }
+  if (dst == nullptr && nbytes > 0) return Status::Invalid(what + ": dst is NULL");
+  int dtype = CKPTDB_DTYPE_UNKNOWN;
+  Box shard, global;
+  uint64_t shard_bytes = 0;
+  CKPTDB_RETURN_IF_ERROR(WithManifest(version, what, [&](const format::ManifestView& m, size_t) {
+    const fb::Tensor* t = m.Find(name);
+    if (t == nullptr) return Status::NotFound(what + ": the version has no tensor by that name");
+    dtype = static_cast<int>(t->dtype());
+    const size_t ndim = t->shape() ? t->shape()->size() : 0;
+    if (t->shape() != nullptr) shard.shape.assign(t->shape()->begin(), t->shape()->end());
+    if (t->global_shape() != nullptr && t->global_shape()->size() == ndim && ndim > 0) {
+      global.shape.assign(t->global_shape()->begin(), t->global_shape()->end());
+      shard.offset.assign(t->global_offset()->begin(), t->global_offset()->end());
+    } else {
+      global.shape = shard.shape;
+      shard.offset.assign(ndim, 0);
+    }
+    global.offset.assign(ndim, 0);
+    shard_bytes = format::ShardBytes(*t);
+    return Status::Ok();
+  }));
+  if (dtype == CKPTDB_DTYPE_UNKNOWN && shard.ndim() == 0) {
+    return Status::Invalid(what +
+                           ": the shard is raw bytes, not a tensor (ckptdb_restore reads it)");
+  }
+  if (box->ndim != shard.ndim()) {
+    return Status::Invalid(what + ": the box has " + std::to_string(box->ndim) +
+                           " dimensions, the tensor " + std::to_string(shard.ndim()));
+  }
+  Box want;
+  want.offset.assign(box->offset, box->offset + box->ndim);
+  want.shape.assign(box->shape, box->shape + box->ndim);
+  for (size_t d = 0; d < want.ndim(); ++d) {
+    if (want.offset[d] > global.shape[d] || want.shape[d] > global.shape[d] - want.offset[d]) {
+      std::string gs;
+      for (uint64_t s : global.shape) gs += (gs.empty() ? "" : ", ") + std::to_string(s);
+      return Status::Invalid(what + ": the box " + want.ToString() +
+                             " lies outside the global shape [" + gs + "]");
+    }
+  }
+  const uint64_t element = ckptdb_dtype_bytes(dtype);
+  uint64_t volume = 0;
+  if (!want.Volume(&volume) || volume > UINT64_MAX / element || volume * element != nbytes) {
+    return Status::Size(what + ": the box " + want.ToString() + " is " + std::to_string(volume) +
+                        " elements of " + std::to_string(element) + " bytes, the buffer is " +
+                        std::to_string(nbytes) + " bytes");
+  }
+  Box part;
+  if (!Intersect(want, shard, &part) || shard_bytes == 0) {
+    *covered = 0;  // this shard holds none of the box
+    return Status::Ok();
+  }
+  uint64_t part_volume = 0;
+  CKPTDB_ASSERT(part.Volume(&part_volume));
+  if (part.shape == shard.shape && want.shape == shard.shape) {
+    // The box is the shard: no staging.
+    CKPTDB_RETURN_IF_ERROR(Restore(version, name, dst, nbytes, 0));
+    *covered = part_volume;
+    return Status::Ok();
+  }
+  ByteRanges ranges;
+  ForEachRun(part, shard, want, element, [&](uint64_t from, uint64_t, uint64_t bytes) {
+    if (!ranges.empty() && ranges.back().second == from) {
+      ranges.back().second += bytes;
+    } else {
+      ranges.emplace_back(from, from + bytes);
+    }
+  });
+  void* staging = mmap(nullptr, shard_bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (staging == MAP_FAILED) {
+    return Status::FromErrno(
+        errno, what + ": mapping " + std::to_string(shard_bytes) + " bytes to stage the shard");
+  }
+  Status st = Restore(version, name, staging, shard_bytes, 0, &ranges);
+  if (st.ok()) {
+    const auto* from = static_cast<const uint8_t*>(staging);
+    auto* to = static_cast<uint8_t*>(dst);
+    ForEachRun(part, shard, want, element, [&](uint64_t f, uint64_t t, uint64_t bytes) {
+      std::memcpy(to + t, from + f, bytes);
+    });
+    *covered = part_volume;
+  }
+  munmap(staging, shard_bytes);
+  return st.ok() ? st : st.WithContext(what);
 }
 
 Status Db::Recoverable(uint64_t version, ckptdb_recoverable_t* out) {

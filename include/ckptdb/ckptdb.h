@@ -260,6 +260,27 @@ int ckptdb_recoverable(ckptdb* db, uint64_t version, ckptdb_recoverable_t* out);
 int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags);
 
+/* A box of a global tensor: elements offset[d] .. offset[d] + shape[d] - 1 of each dimension. */
+typedef struct ckptdb_box {
+  uint32_t ndim;
+  uint64_t offset[CKPTDB_MAX_DIMS];
+  uint64_t shape[CKPTDB_MAX_DIMS];
+} ckptdb_box;
+
+/* Resharding: copies into dst the part of `box` of the global tensor that this store's shard
+ * `name` of committed `version` holds. The shard's place in the global tensor is the global
+ * shape and offset it was put with (none: the shard is the whole tensor). dst is the box in
+ * row-major order, exactly its elements times the dtype's size; the elements the shard does not
+ * hold are left as they were, and *covered receives the number copied (0 when the shard misses
+ * the box). A box split over several ranks' shards is filled by calling this on each rank's store
+ * (opened read-only where that rank is gone) and summing *covered. Only the chunks the part lies
+ * in are read, each checked against its xxh3 with the same fallback across tiers as
+ * ckptdb_restore; on any error dst is left unchanged. Errors: EINVAL (box NULL, its ndim not the
+ * tensor's, outside the global shape; raw bytes), ESIZE (nbytes is not the box's size),
+ * ENOTFOUND, ESTATE, ECORRUPT, EIO as ckptdb_restore. */
+int ckptdb_restore_slice(ckptdb* db, uint64_t version, const char* name, const ckptdb_box* box,
+                         void* dst, size_t nbytes, unsigned flags, uint64_t* covered);
+
 /* ---- Listing and checking ----------------------------------------------------------------- */
 typedef struct ckptdb_tensor_desc {
   const char* name;
