@@ -1,4 +1,5 @@
-// ckptdb: the command a user reaches for first (inspect, verify, restore, demo, plan, serve).
+// ckptdb: the command a user reaches for first (inspect, verify, restore, export, import, demo,
+// plan, serve).
 #include <CLI/CLI.hpp>
 
 #include "ckptdb/ckptdb.h"
@@ -17,6 +18,8 @@ int main(int argc, char** argv) {
   ckpt::tools::AddDemoCommand(app, &exit_code);
   ckpt::tools::AddPlanCommand(app, &exit_code);
   ckpt::tools::AddServeCommand(app, &exit_code);
+  ckpt::tools::AddExportCommand(app, &exit_code);
+  ckpt::tools::AddImportCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

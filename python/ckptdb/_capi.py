@@ -184,6 +184,14 @@ class _TensorDesc(ctypes.Structure):
     ]
 
 
+class _Box(ctypes.Structure):
+    _fields_ = [
+        ("ndim", ctypes.c_uint32),
+        ("offset", ctypes.c_uint64 * _MAX_DIMS),
+        ("shape", ctypes.c_uint64 * _MAX_DIMS),
+    ]
+
+
 _ListFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(_TensorDesc))
 
 
@@ -244,6 +252,9 @@ _abort = _sig("ckptdb_abort", ctypes.c_int, _c_db, ctypes.c_uint64)
 _latest = _sig("ckptdb_latest", ctypes.c_int, _c_db, ctypes.POINTER(ctypes.c_uint64))
 _restore = _sig("ckptdb_restore", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
+_restore_slice = _sig("ckptdb_restore_slice", ctypes.c_int, _c_db, ctypes.c_uint64,
+                      ctypes.c_char_p, ctypes.POINTER(_Box), ctypes.c_void_p, ctypes.c_size_t,
+                      ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64))
 _list = _sig("ckptdb_list", ctypes.c_int, _c_db, ctypes.c_uint64, _ListFn, ctypes.c_void_p)
 _last_error = _sig("ckptdb_last_error", ctypes.c_char_p)
 _dtype_name = _sig("ckptdb_dtype_name", ctypes.c_char_p, ctypes.c_int)
@@ -304,8 +315,19 @@ def _address(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
     return ctypes.addressof(anchor), nbytes, (view, flat, anchor)
 
 
-def _info(dtype, shape) -> Optional[_TensorInfo]:
+def _dims(values, what: str) -> Tuple[int, ...]:
+    values = tuple(int(d) for d in values)
+    if len(values) > _MAX_DIMS:
+        raise ValueError(f"{what} {values}: at most {_MAX_DIMS} dimensions")
+    if any(d < 0 for d in values):
+        raise ValueError(f"{what} {values}: a negative entry")
+    return values
+
+
+def _info(dtype, shape, global_shape=None, global_offset=None) -> Optional[_TensorInfo]:
     if dtype is None and shape is None:
+        if global_shape is not None or global_offset is not None:
+            raise ValueError("global_shape and global_offset need the shard's dtype and shape")
         return None
     info = _TensorInfo()
     if dtype is not None:
@@ -315,14 +337,21 @@ def _info(dtype, shape) -> Optional[_TensorInfo]:
             dtype = DTYPES[dtype]
         info.dtype = int(dtype)
     if shape is not None:
-        shape = tuple(int(d) for d in shape)
-        if len(shape) > _MAX_DIMS:
-            raise ValueError(f"shape {shape}: at most {_MAX_DIMS} dimensions")
-        if any(d < 0 for d in shape):
-            raise ValueError(f"shape {shape}: a negative dimension")
+        shape = _dims(shape, "shape")
         info.ndim = len(shape)
         for i, d in enumerate(shape):
             info.shape[i] = d
+    if (global_shape is None) != (global_offset is None):
+        raise ValueError("global_shape and global_offset go together")
+    if global_shape is not None:
+        global_shape = _dims(global_shape, "global_shape")
+        global_offset = _dims(global_offset, "global_offset")
+        if shape is None or len(global_shape) != len(shape) or len(global_offset) != len(shape):
+            raise ValueError(f"global_shape {global_shape} and global_offset {global_offset} "
+                             f"need one entry per dimension of the shape {shape}")
+        for i in range(len(shape)):
+            info.global_shape[i] = global_shape[i]
+            info.global_offset[i] = global_offset[i]
     return info
 
 
@@ -404,8 +433,9 @@ class Store:
     # -- saving --
 
     def put_shard(self, version: int, name: str, data, *, dtype=None, shape=None,
-                  copy_now: bool = False) -> None:
-        """ckptdb_put_shard: `data` (a buffer or a CPU tensor) as tensor `name` of `version`.
+                  global_shape=None, global_offset=None, copy_now: bool = False) -> None:
+        """ckptdb_put_shard: `data` (a buffer or a CPU tensor) as tensor `name` of `version`;
+        global_shape and global_offset place it in its global tensor (for restore_slice).
         Without copy_now, capture reads it until wait_capture or a synchronous commit returns;
         the Store holds a reference to it until then."""
         address, nbytes, keep = _address(data, writable=False, what=f"put_shard {name!r}")
@@ -413,7 +443,7 @@ class Store:
             dtype = _torch_dtype(data.dtype)
             if shape is None:
                 shape = tuple(data.shape)
-        info = _info(dtype, shape)
+        info = _info(dtype, shape, global_shape, global_offset)
         flags = _PUT_COPY_NOW if copy_now else 0
         _check(_put_shard(self._handle(), version, _text(name, "name"), address or None, nbytes,
                           ctypes.byref(info) if info is not None else None, flags))
@@ -468,6 +498,27 @@ class Store:
         address, nbytes, _keep = _address(out, writable=True, what=f"restore {name!r}")
         _check(_restore(self._handle(), version, _text(name, "name"), address or None, nbytes, 0))
 
+    def restore_slice(self, version: int, name: str, offset, shape, out) -> int:
+        """ckptdb_restore_slice: the part of box [offset, offset + shape) of global tensor
+        `name` that this store's shard holds, into `out` (the box, row-major: a writable buffer
+        or a CPU tensor of exactly its size). Returns the elements copied (0: the shard misses
+        the box); the rest of `out` is left as it was."""
+        offset = _dims(offset, "offset")
+        shape = _dims(shape, "shape")
+        if len(offset) != len(shape):
+            raise ValueError(f"restore_slice {name!r}: offset {offset} and shape {shape} differ "
+                             "in length")
+        box = _Box()
+        box.ndim = len(shape)
+        for i in range(len(shape)):
+            box.offset[i] = offset[i]
+            box.shape[i] = shape[i]
+        address, nbytes, _keep = _address(out, writable=True, what=f"restore_slice {name!r}")
+        covered = ctypes.c_uint64()
+        _check(_restore_slice(self._handle(), version, _text(name, "name"), ctypes.byref(box),
+                              address or None, nbytes, 0, ctypes.byref(covered)))
+        return covered.value
+
     def list(self, version: int) -> List[TensorDesc]:
         """ckptdb_list: the tensors of a committed version, in name order."""
         found: List[TensorDesc] = []
@@ -510,4 +561,5 @@ STRUCTURES = {
     "ckptdb_options": _Options,
     "ckptdb_tensor_info": _TensorInfo,
     "ckptdb_tensor_desc": _TensorDesc,
+    "ckptdb_box": _Box,
 }

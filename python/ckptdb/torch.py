@@ -17,13 +17,18 @@ does it by hand.
 What is not a tensor is kept exactly, in the version's tree (a JSON record stored with it):
 dicts (str or int keys), lists, tuples, int, float (bit for bit, as float.hex), bool, str, None.
 Anything else raises TypeError, unless the Checkpointer was made with allow_pickle=True.
+
+Resharding: a rank's piece of a tensor split across ranks is saved as a `Shard(tensor,
+global_shape, offset)`. `load_sharded(into=..., saved=[the saved job's roots])` then loads
+the state on another number of ranks, or another split: each tensor or Shard in `into` is
+filled from the saved shards it meets (ckptdb_restore_slice, reading only the chunks it needs).
 """
 
 import base64
 import json
 import os
 import pickle
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -53,6 +58,31 @@ def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int
 
 def _escape(key: str) -> str:
     return key.replace("%", "%25").replace("/", "%2F")
+
+
+class Shard:
+    """A rank's piece of a global tensor: `tensor` holds the elements [offset, offset +
+    tensor.shape) of a tensor of `global_shape` (one offset per dimension). Saved, it records its
+    place; given to load_sharded, it says which piece to load."""
+
+    def __init__(self, tensor: torch.Tensor, global_shape: Sequence[int], offset: Sequence[int]):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"Shard of a {type(tensor).__name__}: it holds a torch.Tensor")
+        self.tensor = tensor
+        self.global_shape = tuple(int(d) for d in global_shape)
+        self.offset = tuple(int(d) for d in offset)
+        shape = tuple(tensor.shape)
+        if len(self.global_shape) != len(shape) or len(self.offset) != len(shape):
+            raise ValueError(f"Shard of shape {shape}: global_shape {self.global_shape} and "
+                             f"offset {self.offset} need one entry per dimension")
+        for d, (o, n, g) in enumerate(zip(self.offset, shape, self.global_shape)):
+            if o < 0 or o + n > g:
+                raise ValueError(f"Shard of shape {shape} at offset {self.offset}: dimension {d} "
+                                 f"runs past the global shape {self.global_shape}")
+
+    def __repr__(self) -> str:
+        return (f"Shard(shape={tuple(self.tensor.shape)}, global_shape={self.global_shape}, "
+                f"offset={self.offset}, dtype={self.tensor.dtype})")
 
 
 class Checkpointer:
@@ -92,14 +122,17 @@ class Checkpointer:
         and starts its commit; returns without waiting for either."""
         if step < 1:
             raise ValueError(f"step {step}: versions start at 1")
-        tensors: List[Tuple[str, torch.Tensor]] = []
+        tensors: List[Tuple[str, torch.Tensor, Optional[Shard]]] = []
         tree = self._flatten(state, "", tensors)
-        record = json.dumps({"format": _TREE_FORMAT, "tree": tree}, separators=(",", ":"),
-                            allow_nan=False).encode("utf-8")
+        record = json.dumps({"format": _TREE_FORMAT, "rank": self.rank,
+                             "world_size": self.world_size, "tree": tree},
+                            separators=(",", ":"), allow_nan=False).encode("utf-8")
         self.store.put_shard(step, _TREE, bytearray(record), copy_now=True)
-        for name, tensor in tensors:
+        for name, tensor, shard in tensors:
             self.store.put_shard(step, name, tensor, dtype=_TORCH_DTYPES[tensor.dtype],
-                                 shape=tuple(tensor.shape))
+                                 shape=tuple(tensor.shape),
+                                 global_shape=shard.global_shape if shard else None,
+                                 global_offset=shard.offset if shard else None)
         self._capturing.append(step)
         self.store.commit(step, wait=False)
 
@@ -142,20 +175,27 @@ class Checkpointer:
             step = self.latest()
             if step is None:
                 raise LookupError(f"no checkpoint to load in {self.store!r}")
-        listed = {t.name: t for t in self.store.list(step)}
-        if _TREE not in listed:
-            raise ValueError(f"version {step} was not saved by ckptdb.torch (no {_TREE})")
-        record = bytearray(listed[_TREE].nbytes)
-        self.store.restore(step, _TREE, record)
-        doc = json.loads(record.decode("utf-8"))
-        if doc.get("format") != _TREE_FORMAT:
-            raise ValueError(f"version {step}: tree format {doc.get('format')!r}, this reads "
-                             f"{_TREE_FORMAT}")
-        return self._build(doc["tree"], into, step)
+        return self._build(_read_tree(self.store, step)["tree"], into, step)
+
+    def load_sharded(self, into: Any, step: Optional[int] = None,
+                     saved: Optional[Sequence[str]] = None) -> Any:
+        """Loads `into` from the checkpoint of a job that may have had another number of ranks
+        or split its tensors otherwise: `saved` lists that job's roots, one per rank (default:
+        this store alone, which holds only this rank's shards). See load_sharded()."""
+        if saved is None:
+            return _load_sharded([self.store], into, step, self.allow_pickle, [repr(self.store)])
+        return load_sharded(saved, into, step, allow_pickle=self.allow_pickle)
 
     # -- the tree --
 
-    def _flatten(self, obj: Any, path: str, tensors: List[Tuple[str, torch.Tensor]]) -> Any:
+    def _flatten(self, obj: Any, path: str,
+                 tensors: List[Tuple[str, torch.Tensor, Optional[Shard]]]) -> Any:
+        if isinstance(obj, Shard):
+            node = self._flatten(obj.tensor, path, tensors)
+            tensors[-1] = (tensors[-1][0], tensors[-1][1], obj)
+            node["g"] = list(obj.global_shape)
+            node["o"] = list(obj.offset)
+            return node
         if isinstance(obj, torch.Tensor):
             if obj.dtype not in _TORCH_DTYPES:
                 raise TypeError(f"{path or '/'}: tensors of {obj.dtype} are not supported")
@@ -165,7 +205,7 @@ class Checkpointer:
             if not tensor.is_contiguous():
                 tensor = tensor.contiguous()  # a copy, held by the store until captured
             name = path or "/"
-            tensors.append((name, tensor))
+            tensors.append((name, tensor, None))
             return {"t": name, "dtype": _TORCH_DTYPES[obj.dtype], "shape": list(obj.shape)}
         if isinstance(obj, dict):
             items = []
@@ -191,6 +231,10 @@ class Checkpointer:
                         "tuple, int, float, bool, str or None (allow_pickle=True pickles it)")
 
     def _build(self, node: Any, into: Any, step: int) -> Any:
+        if "t" in node and "g" in node:
+            inner = self._build({k: v for k, v in node.items() if k not in ("g", "o")},
+                                into.tensor if isinstance(into, Shard) else None, step)
+            return Shard(inner, node["g"], node["o"])
         if "t" in node:
             dtype = _FROM_NAME[node["dtype"]]
             shape = tuple(node["shape"])
@@ -214,18 +258,167 @@ class Checkpointer:
             subs = into if isinstance(into, (list, tuple)) and len(into) == len(items) else None
             built = [self._build(c, subs[i] if subs else None, step) for i, c in enumerate(items)]
             return built if "l" in node else tuple(built)
-        if "v" in node:
-            return node["v"]
-        if "i" in node:
-            return int(node["i"])
-        if "f" in node:
-            return float.fromhex(node["f"])
-        if "p" in node:
-            if not self.allow_pickle:
-                raise ValueError(f"version {step} holds a pickled value; load it with a "
-                                 "Checkpointer made with allow_pickle=True")
-            return pickle.loads(base64.b64decode(node["p"]))
-        raise ValueError(f"version {step}: an unknown node in its tree: {sorted(node)}")
+        return _plain(node, self.allow_pickle, step)
 
 
-__all__ = ["Checkpointer", "DTYPES"]
+def _plain(node: Any, allow_pickle: bool, step: int) -> Any:
+    """A leaf of a saved tree that is not a tensor."""
+    if "v" in node:
+        return node["v"]
+    if "i" in node:
+        return int(node["i"])
+    if "f" in node:
+        return float.fromhex(node["f"])
+    if "p" in node:
+        if not allow_pickle:
+            raise ValueError(f"version {step} holds a pickled value; load it with a "
+                             "Checkpointer made with allow_pickle=True")
+        return pickle.loads(base64.b64decode(node["p"]))
+    raise ValueError(f"version {step}: an unknown node in its tree: {sorted(node)}")
+
+
+def _read_tree(store: Store, step: int) -> Dict[str, Any]:
+    listed = {t.name: t for t in store.list(step)}
+    if _TREE not in listed:
+        raise ValueError(f"version {step} of {store!r} was not saved by ckptdb.torch (no {_TREE})")
+    record = bytearray(listed[_TREE].nbytes)
+    store.restore(step, _TREE, record)
+    doc = json.loads(record.decode("utf-8"))
+    if doc.get("format") != _TREE_FORMAT:
+        raise ValueError(f"version {step} of {store!r}: tree format {doc.get('format')!r}, this "
+                         f"reads {_TREE_FORMAT}")
+    return doc
+
+
+def _leaves(node: Any, path: str, out: Dict[str, Any]) -> Dict[str, Any]:
+    """Every leaf of a saved tree by the path save() gave it."""
+    if "d" in node:
+        for _kind, key, child in node["d"]:
+            _leaves(child, f"{path}/{_escape(str(key))}", out)
+    elif "l" in node or "u" in node:
+        for i, child in enumerate(node.get("l", node.get("u"))):
+            _leaves(child, f"{path}/{i}", out)
+    else:
+        out[path or "/"] = node
+    return out
+
+
+def _box_of(node: Dict[str, Any]) -> Tuple[Tuple[int, ...], Tuple[int, ...], Tuple[int, ...]]:
+    """(global shape, offset, shape) of a saved tensor node; a whole tensor is its own shard."""
+    shape = tuple(node["shape"])
+    if "g" in node:
+        return tuple(node["g"]), tuple(node["o"]), shape
+    return shape, (0,) * len(shape), shape
+
+
+def _meets(a_off, a_shape, b_off, b_shape) -> bool:
+    return all(ao < bo + bn and bo < ao + an
+               for ao, an, bo, bn in zip(a_off, a_shape, b_off, b_shape))
+
+
+def load_sharded(saved: Sequence[str], into: Any, step: Optional[int] = None, *,
+                 allow_pickle: bool = False, tiers: Optional[str] = None) -> Any:
+    """Loads `into` from a checkpoint saved by a job of any number of ranks, whatever its split.
+
+    `saved` lists the saved job's roots (every rank's, in any order; each is opened read-only,
+    with the tiers its catalog recorded, or `tiers`, or CKPTDB_TIERS when set). `step` defaults
+    to the newest version committed in all of them. `into` is the state as this rank wants it:
+    each `Shard(t, global_shape, offset)` in it is filled with that box of the global tensor,
+    each plain tensor with the whole tensor, from the saved shards at the same place (reading
+    only the chunks the box lies in); other leaves take the saved rank 0's value. Returns `into`'s
+    structure with those values (tensors filled in place). Raises ValueError when the saved
+    roots are not one whole job, or a box's dtype, global shape or coverage does not match.
+    """
+    stores = []
+    try:
+        for root in saved:
+            stores.append(Store(root, tiers=tiers, rank=0, world_size=1, read_only=True))
+        return _load_sharded(stores, into, step, allow_pickle, list(saved))
+    finally:
+        for store in stores:
+            store.close()
+
+
+def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pickle: bool,
+                  names: List[str]) -> Any:
+    if not stores:
+        raise ValueError("load_sharded: no saved root given")
+    if step is None:
+        latest = [s.latest() for s in stores]
+        if any(v is None for v in latest):
+            raise LookupError("load_sharded: nothing committed in " +
+                              ", ".join(n for n, v in zip(names, latest) if v is None))
+        step = min(latest)
+    docs = [_read_tree(s, step) for s in stores]
+    world = docs[0].get("world_size", 1)
+    ranks: Dict[int, str] = {}
+    for name, doc in zip(names, docs):
+        rank = doc.get("rank", 0)
+        if doc.get("world_size", 1) != world:
+            raise ValueError(f"load_sharded: {names[0]} holds a rank of a job of {world}, {name} "
+                             f"one of {doc.get('world_size', 1)}")
+        if rank in ranks:
+            raise ValueError(f"load_sharded: {name} and {ranks[rank]} both hold rank {rank}")
+        ranks[rank] = name
+    if len(ranks) != world:
+        missing = sorted(set(range(world)) - set(ranks))
+        raise ValueError(f"load_sharded: version {step} was saved by a job of {world} ranks; the "
+                         f"roots given hold ranks {sorted(ranks)}, not {missing}")
+    order = sorted(range(len(stores)), key=lambda i: docs[i].get("rank", 0))
+    stores = [stores[i] for i in order]
+    leaves = [_leaves(docs[i]["tree"], "", {}) for i in order]
+
+    def fill(path: str, target: torch.Tensor, global_shape, offset) -> None:
+        box_shape = tuple(target.shape)
+        sources = []
+        for store, saved in zip(stores, leaves):
+            node = saved.get(path)
+            if node is None or "t" not in node:
+                continue
+            g, o, n = _box_of(node)
+            if g != tuple(global_shape):
+                raise ValueError(f"load_sharded {path}: saved with global shape {g}, wanted "
+                                 f"{tuple(global_shape)}")
+            if _FROM_NAME[node["dtype"]] != target.dtype:
+                raise ValueError(f"load_sharded {path}: saved as {node['dtype']}, the target "
+                                 f"is {target.dtype}")
+            if not _meets(o, n, offset, box_shape) or (o, n) in [s[1:] for s in sources]:
+                continue  # misses the box, or a replica of a shard already used
+            for _other, oo, on in sources:
+                if _meets(o, n, oo, on):
+                    raise ValueError(f"load_sharded {path}: saved shards at {o} and {oo} overlap")
+            sources.append((store, o, n))
+        if not target.is_contiguous() or target.device.type != "cpu":
+            raise ValueError(f"load_sharded {path}: the target must be a contiguous CPU tensor")
+        covered = 0
+        with torch.no_grad():
+            for store, _o, _n in sources:
+                covered += store.restore_slice(step, path, offset, box_shape, target)
+        if covered != target.numel():
+            raise ValueError(f"load_sharded {path}: the saved shards hold {covered} of the "
+                             f"{target.numel()} elements of box {offset} + {box_shape}")
+
+    def walk(obj: Any, path: str) -> Any:
+        if isinstance(obj, Shard):
+            fill(path or "/", obj.tensor, obj.global_shape, obj.offset)
+            return obj
+        if isinstance(obj, torch.Tensor):
+            fill(path or "/", obj, tuple(obj.shape), (0,) * obj.dim())
+            return obj
+        if isinstance(obj, dict):
+            return {k: walk(v, f"{path}/{_escape(str(k))}") for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            built = [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
+            return built if isinstance(obj, list) else tuple(built)
+        node = leaves[0].get(path or "/")
+        if node is None:
+            raise KeyError(f"load_sharded: version {step} has no value at {path or '/'}")
+        if "t" in node:
+            raise ValueError(f"load_sharded {path or '/'}: saved as a tensor; give a tensor or a "
+                             "Shard to load it into")
+        return _plain(node, allow_pickle, step)
+
+    return walk(into, "")
+
+
+__all__ = ["Checkpointer", "DTYPES", "Shard", "load_sharded"]

@@ -42,5 +42,9 @@ int main(void) {
   FIELD(ckptdb_tensor_desc, nbytes);
   FIELD(ckptdb_tensor_desc, chunk_count);
   FIELD(ckptdb_tensor_desc, kept_bytes);
+  printf("ckptdb_box %zu\n", sizeof(ckptdb_box));
+  FIELD(ckptdb_box, ndim);
+  FIELD(ckptdb_box, offset);
+  FIELD(ckptdb_box, shape);
   return 0;
 }

@@ -1,0 +1,172 @@
+#include "tools/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "ckptdb/ckptdb.h"
+
+namespace ckpt::tools {
+namespace {
+
+// Its own table of sizes (not ckptdb_dtype_bytes), so that the fuzz target needs no engine.
+struct DtypeName {
+  int dtype;
+  const char* name;
+  uint64_t bytes;
+};
+constexpr DtypeName kDtypes[] = {
+    {CKPTDB_DTYPE_BOOL, "BOOL", 1},       {CKPTDB_DTYPE_U8, "U8", 1},
+    {CKPTDB_DTYPE_I8, "I8", 1},           {CKPTDB_DTYPE_U16, "U16", 2},
+    {CKPTDB_DTYPE_I16, "I16", 2},         {CKPTDB_DTYPE_U32, "U32", 4},
+    {CKPTDB_DTYPE_I32, "I32", 4},         {CKPTDB_DTYPE_U64, "U64", 8},
+    {CKPTDB_DTYPE_I64, "I64", 8},         {CKPTDB_DTYPE_F16, "F16", 2},
+    {CKPTDB_DTYPE_BF16, "BF16", 2},       {CKPTDB_DTYPE_F32, "F32", 4},
+    {CKPTDB_DTYPE_F64, "F64", 8},         {CKPTDB_DTYPE_F8_E4M3, "F8_E4M3", 1},
+    {CKPTDB_DTYPE_F8_E5M2, "F8_E5M2", 1},
+};
+
+bool Unsigned(const nlohmann::json& j, uint64_t* out) {
+  if (!j.is_number_unsigned()) return false;
+  *out = j.get<uint64_t>();
+  return true;
+}
+
+}  // namespace
+
+const char* SafetensorsDtype(int dtype) {
+  for (const DtypeName& d : kDtypes) {
+    if (d.dtype == dtype) return d.name;
+  }
+  return "";
+}
+
+Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_bytes,
+                        const std::string& what, SafetensorsFile* out) {
+  if (available < 8 || file_bytes < 8) {
+    return Status::Invalid(what + ": " + std::to_string(file_bytes) +
+                           " bytes, shorter than a safetensors header's 8-byte length");
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
+  if (n > kSafetensorsMaxHeader) {
+    return Status::Invalid(what + ": the header claims " + std::to_string(n) +
+                           " bytes, more than safetensors' limit of 100 MB");
+  }
+  if (n > file_bytes - 8 || n > available - 8) {
+    return Status::Invalid(what + ": the header claims " + std::to_string(n) +
+                           " bytes, the file has " + std::to_string(file_bytes - 8) +
+                           " after the length");
+  }
+  const char* text = reinterpret_cast<const char*>(data + 8);
+  if (n == 0 || text[0] != '{') {
+    return Status::Invalid(what + ": the header does not start with '{'");
+  }
+  nlohmann::json header = nlohmann::json::parse(text, text + n, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) {
+    return Status::Invalid(what + ": the header is not a JSON object");
+  }
+  SafetensorsFile f;
+  f.buffer_offset = 8 + n;
+  const uint64_t buffer_bytes = file_bytes - f.buffer_offset;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) return Status::Invalid(what + ": __metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) {
+          return Status::Invalid(what + ": __metadata__ '" + key + "' is not a string");
+        }
+        f.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    const std::string at = what + ": tensor '" + name + "'";
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets") || entry.size() != 3) {
+      return Status::Invalid(at + " is not {\"dtype\", \"shape\", \"data_offsets\"}");
+    }
+    SafetensorsTensor t;
+    t.name = name;
+    const nlohmann::json& dtype = entry["dtype"];
+    uint64_t element = 0;
+    for (const DtypeName& d : kDtypes) {
+      if (dtype.is_string() && dtype.get<std::string>() == d.name) {
+        t.dtype = d.dtype;
+        element = d.bytes;
+      }
+    }
+    if (t.dtype == 0) return Status::Invalid(at + " has an unknown dtype " + dtype.dump());
+    const nlohmann::json& shape = entry["shape"];
+    if (!shape.is_array() || shape.size() > CKPTDB_MAX_DIMS) {
+      return Status::Invalid(at + ": shape is not an array of at most " +
+                             std::to_string(CKPTDB_MAX_DIMS) + " dimensions");
+    }
+    uint64_t elements = 1;
+    bool overflow = false;
+    for (const nlohmann::json& d : shape) {
+      uint64_t v = 0;
+      if (!Unsigned(d, &v))
+        return Status::Invalid(at + ": shape " + shape.dump() + " is not unsigned");
+      t.shape.push_back(v);
+      if (v != 0 && elements > UINT64_MAX / v) overflow = true;
+      elements = overflow ? elements : elements * v;
+    }
+    const nlohmann::json& offsets = entry["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !Unsigned(offsets[0], &t.begin) ||
+        !Unsigned(offsets[1], &t.end) || t.end < t.begin) {
+      return Status::Invalid(at + ": data_offsets " + offsets.dump() + " is not [begin, end]");
+    }
+    if (overflow || elements > UINT64_MAX / element || elements * element != t.end - t.begin) {
+      return Status::Invalid(at + ": shape " + shape.dump() + " of " + dtype.get<std::string>() +
+                             " does not fill its " + std::to_string(t.end - t.begin) + " bytes");
+    }
+    f.tensors.push_back(std::move(t));
+  }
+  // The byte ranges tile the buffer: no overlap, no hole, nothing after.
+  std::vector<const SafetensorsTensor*> by_offset;
+  for (const SafetensorsTensor& t : f.tensors) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t next = 0;
+  for (const SafetensorsTensor* t : by_offset) {
+    if (t->begin != next) {
+      return Status::Invalid(what + ": tensor '" + t->name + "' starts at byte " +
+                             std::to_string(t->begin) + " of the buffer, not " +
+                             std::to_string(next) +
+                             (t->begin < next ? " (an overlap)" : " (a hole)"));
+    }
+    next = t->end;
+  }
+  if (next != buffer_bytes) {
+    return Status::Invalid(what + ": the tensors fill " + std::to_string(next) + " bytes of a " +
+                           std::to_string(buffer_bytes) + "-byte buffer");
+  }
+  *out = std::move(f);
+  return Status::Ok();
+}
+
+Status BuildSafetensorsHeader(const std::vector<SafetensorsTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata,
+                              std::string* out) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const SafetensorsTensor& t : tensors) {
+    header[t.name] = {{"dtype", SafetensorsDtype(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {t.begin, t.end}}};
+  }
+  std::string json;
+  try {
+    json = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Invalid(std::string("a tensor name or metadata is not UTF-8: ") + e.what());
+  }
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  *out = length + json;
+  return Status::Ok();
+}
+
+}  // namespace ckpt::tools
