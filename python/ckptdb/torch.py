@@ -181,9 +181,11 @@ class Checkpointer:
                      saved: Optional[Sequence[str]] = None) -> Any:
         """Loads `into` from the checkpoint of a job that may have had another number of ranks
         or split its tensors otherwise: `saved` lists that job's roots, one per rank (default:
-        this store alone, which holds only this rank's shards). See load_sharded()."""
+        this store alone, which holds only this rank's shards: each box must lie in them). See
+        load_sharded()."""
         if saved is None:
-            return _load_sharded([self.store], into, step, self.allow_pickle, [repr(self.store)])
+            return _load_sharded([self.store], into, step, self.allow_pickle, [repr(self.store)],
+                                 whole_job=False)
         return load_sharded(saved, into, step, allow_pickle=self.allow_pickle)
 
     # -- the tree --
@@ -340,7 +342,7 @@ def load_sharded(saved: Sequence[str], into: Any, step: Optional[int] = None, *,
 
 
 def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pickle: bool,
-                  names: List[str]) -> Any:
+                  names: List[str], whole_job: bool = True) -> Any:
     if not stores:
         raise ValueError("load_sharded: no saved root given")
     if step is None:
@@ -360,7 +362,7 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
         if rank in ranks:
             raise ValueError(f"load_sharded: {name} and {ranks[rank]} both hold rank {rank}")
         ranks[rank] = name
-    if len(ranks) != world:
+    if whole_job and len(ranks) != world:
         missing = sorted(set(range(world)) - set(ranks))
         raise ValueError(f"load_sharded: version {step} was saved by a job of {world} ranks; the "
                          f"roots given hold ranks {sorted(ranks)}, not {missing}")

@@ -113,8 +113,20 @@ class ReshardTest(unittest.TestCase):
         self.assertTrue(torch.equal(got["model"]["w1"].tensor, want))
 
 
-if __name__ == "__main__":
-    unittest.main()
+    def test_a_checkpointer_loads_a_box_of_its_own_shards(self):
+        import ckptdb.torch
+        from ckptdb.torch import Shard
+
+        root = os.path.join(self.dir, "alone")
+        piece = torch.arange(40, dtype=torch.float32).reshape(4, 10)
+        with ckptdb.torch.Checkpointer(root, rank=0, world_size=1) as ckpt:
+            ckpt.save(1, {"w": Shard(piece, (8, 10), (4, 0))})
+            ckpt.wait(1)
+            self.assertIsInstance(ckpt.load(1)["w"], Shard)
+            got = ckpt.load_sharded({"w": Shard(torch.zeros(2, 3), (8, 10), (5, 2))})
+            self.assertTrue(torch.equal(got["w"].tensor, piece[1:3, 2:5]))
+            with self.assertRaisesRegex(ValueError, "hold 6 of the 12 elements"):
+                ckpt.load_sharded({"w": Shard(torch.zeros(2, 6), (8, 10), (3, 2))})
 
 
 def read_safetensors(path):
@@ -286,3 +298,7 @@ class SafetensorsTest(unittest.TestCase):
             self.assertEqual(store.latest(), 5)  # version 6 never appeared
             with self.assertRaises(ckptdb.NotFound):
                 store.list(6)
+
+
+if __name__ == "__main__":
+    unittest.main()
