@@ -90,7 +90,7 @@ def median_ms(samples):
     return statistics.median(samples) * 1e3
 
 
-def small_loop(directory: str, steps: int):
+def small_loop(directory: str, ram_dir: str, steps: int):
     """The real client test's loop (python/tests/train.py: an MLP and a 2-layer transformer
     block, Adam, one thread): median step time without checkpoints and with a ckptdb checkpoint
     after every step (ram tier, commit asynchronous)."""
@@ -106,7 +106,7 @@ def small_loop(directory: str, steps: int):
         ckpt = None
         if checkpointing:
             root = os.path.join(directory, f"small{len(results)}")
-            ckpt = ckptdb.torch.Checkpointer(root, tiers=f"ram:64M,keep=2,dir={root}/shm",
+            ckpt = ckptdb.torch.Checkpointer(root, tiers=f"ram:64M,keep=2,dir={ram_dir}",
                                              rank=0, world_size=1)
             ckpt.hook(optimizer)
         times = []
@@ -137,6 +137,8 @@ def main():
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", default="/var/tmp/ckptdb-bench-torch")
+    parser.add_argument("--ram-dir", default="/dev/shm/ckptdb-bench-torch",
+                        help="where ckptdb's ram tier keeps its arenas (removed at the end)")
     parser.add_argument("--small-steps", type=int, default=300,
                         help="steps of the real client test's small model (0: skip it)")
     parser.add_argument("--threads", type=int, default=0,
@@ -145,8 +147,18 @@ def main():
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
-    shutil.rmtree(args.dir, ignore_errors=True)
-    os.makedirs(args.dir)
+    try:
+        return run(args)
+    finally:
+        # The ram tier's arena outlives the process by design: this run's are removed here.
+        shutil.rmtree(args.dir, ignore_errors=True)
+        shutil.rmtree(args.ram_dir, ignore_errors=True)
+
+
+def run(args):
+    for d in (args.dir, args.ram_dir):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
     dcp = import_dcp()
     width = 4096
     per_layer = (width * width + width) * 4 * 3
@@ -179,7 +191,8 @@ def main():
     arena = int(2.5 * total) // 2**20
     root = os.path.join(args.dir, "ckptdb")
     ckpt = ckptdb.torch.Checkpointer(
-        root, tiers=f"ram:{arena}M,keep=1;disk:{root}/disk,every=4,keep=1", rank=0, world_size=1)
+        root, tiers=f"ram:{arena}M,keep=1,dir={args.ram_dir};disk:{root}/disk,every=4,keep=1",
+        rank=0, world_size=1)
     waits = []
     original_wait = ckpt.wait_capture
 
@@ -253,8 +266,9 @@ def main():
         ckpt_load_new.append(time.perf_counter() - t)
         del fresh
     ckpt.close()
-    small = small_loop(args.dir, args.small_steps) if args.small_steps > 0 else None
-    shutil.rmtree(args.dir, ignore_errors=True)
+    shutil.rmtree(args.ram_dir, ignore_errors=True)  # its arena: memory the small loop needs
+    os.makedirs(args.ram_dir)
+    small = small_loop(args.dir, args.ram_dir, args.small_steps) if args.small_steps > 0 else None
 
     rate = lambda s: gib / statistics.median(s)  # noqa: E731
     print(f"step without checkpoints      {median_ms(plain):9.1f} ms (median of {len(plain)})")

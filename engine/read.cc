@@ -537,7 +537,8 @@ Status Db::RestoreSlice(uint64_t version, const char* name, const ckptdb_box* bo
     dtype = static_cast<int>(t->dtype());
     const size_t ndim = t->shape() ? t->shape()->size() : 0;
     if (t->shape() != nullptr) shard.shape.assign(t->shape()->begin(), t->shape()->end());
-    if (t->global_shape() != nullptr && t->global_shape()->size() == ndim && ndim > 0) {
+    if (t->global_shape() != nullptr && t->global_shape()->size() == ndim && ndim > 0 &&
+        t->global_offset() != nullptr && t->global_offset()->size() == ndim) {
       global.shape.assign(t->global_shape()->begin(), t->global_shape()->end());
       shard.offset.assign(t->global_offset()->begin(), t->global_offset()->end());
     } else {

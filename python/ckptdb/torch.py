@@ -370,13 +370,19 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
     stores = [stores[i] for i in order]
     leaves = [_leaves(docs[i]["tree"], "", {}) for i in order]
 
-    def fill(path: str, target: torch.Tensor, global_shape, offset) -> None:
+    # First every box is planned and checked, then read: a target that does not match the save
+    # raises before any tensor of `into` is written.
+    reads: List[Tuple[str, torch.Tensor, Tuple[int, ...], List[Store]]] = []
+
+    def plan(path: str, target: torch.Tensor, global_shape, offset) -> None:
         box_shape = tuple(target.shape)
-        sources = []
+        sources: List[Tuple[Store, Tuple[int, ...], Tuple[int, ...]]] = []
+        found = False
         for store, saved in zip(stores, leaves):
             node = saved.get(path)
             if node is None or "t" not in node:
                 continue
+            found = True
             g, o, n = _box_of(node)
             if g != tuple(global_shape):
                 raise ValueError(f"load_sharded {path}: saved with global shape {g}, wanted "
@@ -384,28 +390,33 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
             if _FROM_NAME[node["dtype"]] != target.dtype:
                 raise ValueError(f"load_sharded {path}: saved as {node['dtype']}, the target "
                                  f"is {target.dtype}")
-            if not _meets(o, n, offset, box_shape) or (o, n) in [s[1:] for s in sources]:
+            if not _meets(o, n, offset, box_shape) or (o, n) in [x[1:] for x in sources]:
                 continue  # misses the box, or a replica of a shard already used
             for _other, oo, on in sources:
                 if _meets(o, n, oo, on):
                     raise ValueError(f"load_sharded {path}: saved shards at {o} and {oo} overlap")
             sources.append((store, o, n))
+        if not found:
+            raise KeyError(f"load_sharded: version {step} has no tensor at {path}")
         if not target.is_contiguous() or target.device.type != "cpu":
             raise ValueError(f"load_sharded {path}: the target must be a contiguous CPU tensor")
-        covered = 0
-        with torch.no_grad():
-            for store, _o, _n in sources:
-                covered += store.restore_slice(step, path, offset, box_shape, target)
+        covered = 0  # the sources are disjoint: their parts of the box add up
+        for _store, o, n in sources:
+            part = 1
+            for oo, nn, bo, bn in zip(o, n, offset, box_shape):
+                part *= min(oo + nn, bo + bn) - max(oo, bo)
+            covered += part
         if covered != target.numel():
             raise ValueError(f"load_sharded {path}: the saved shards hold {covered} of the "
-                             f"{target.numel()} elements of box {offset} + {box_shape}")
+                             f"{target.numel()} elements of box {tuple(offset)} + {box_shape}")
+        reads.append((path, target, tuple(offset), [x[0] for x in sources]))
 
     def walk(obj: Any, path: str) -> Any:
         if isinstance(obj, Shard):
-            fill(path or "/", obj.tensor, obj.global_shape, obj.offset)
+            plan(path or "/", obj.tensor, obj.global_shape, obj.offset)
             return obj
         if isinstance(obj, torch.Tensor):
-            fill(path or "/", obj, tuple(obj.shape), (0,) * obj.dim())
+            plan(path or "/", obj, tuple(obj.shape), (0,) * obj.dim())
             return obj
         if isinstance(obj, dict):
             return {k: walk(v, f"{path}/{_escape(str(k))}") for k, v in obj.items()}
@@ -420,7 +431,15 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
                              "Shard to load it into")
         return _plain(node, allow_pickle, step)
 
-    return walk(into, "")
+    result = walk(into, "")
+    with torch.no_grad():
+        for path, target, offset, sources in reads:
+            covered = sum(store.restore_slice(step, path, offset, tuple(target.shape), target)
+                          for store in sources)
+            if covered != target.numel():  # the manifests disagree with the trees
+                raise ValueError(f"load_sharded {path}: the saved shards held {covered} of the "
+                                 f"{target.numel()} elements the trees promised")
+    return result
 
 
 __all__ = ["Checkpointer", "DTYPES", "Shard", "load_sharded"]

@@ -91,12 +91,24 @@ class ReshardTest(unittest.TestCase):
             ({"model": {"w1": torch.zeros(6, 10)}},
              r"saved with global shape \(12, 10\), wanted \(6, 10\)"),
             ({"model": {"nothing": 0}}, "no value at /model/nothing"),
+            ({"model": {"nothing": torch.zeros(3)}}, "no tensor at /model/nothing"),
             ({"model": {"w1": 0}}, "saved as a tensor"),
         ]
         for into, message in cases:
             with self.subTest(message=message):
                 with self.assertRaisesRegex((ValueError, KeyError), message):
                     ckptdb.torch.load_sharded(self.roots, into)
+
+    def test_a_refused_load_writes_no_tensor(self):
+        import ckptdb.torch
+        from ckptdb.torch import Shard
+
+        first = torch.zeros(6, 10)
+        into = {"model": {"w1": Shard(first, (12, 10), (0, 0)),
+                          "w2": Shard(torch.zeros(3, 20), (6, 21), (0, 0))}}
+        with self.assertRaisesRegex(ValueError, "saved with global shape"):
+            ckptdb.torch.load_sharded(self.roots, into)
+        self.assertTrue(torch.equal(first, torch.zeros(6, 10)), "w1 was written")
 
     def test_a_box_across_every_saved_shard_reads_them_all_and_nothing_else(self):
         import ckptdb.torch
