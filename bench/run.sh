@@ -40,3 +40,11 @@ echo "== issue 5: replicate:2 against ec:2+2, xor:3, ec:4+2, ec:6+2 on 4, 6 and 
 echo
 echo "== issue 5: REFT's ARC against plain replica groups of 2, 4 and 8 ranks (128 MiB each) =="
 "$build/bench_cluster" --mode arc --mib 128 --ranks 2,4,8 --tls tcp
+echo
+echo "== issue 7: ckptdb.torch against torch.save, torch.load and DCP on one 2 GiB state =="
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
+    /usr/bin/python3 "$(dirname "$0")/bench_torch.py" --threads 2
+else
+  echo "skipped: /usr/bin/python3 has no torch (apt-get install python3-torch)"
+fi

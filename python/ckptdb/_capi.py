@@ -547,13 +547,15 @@ class Store:
         return found
 
 
+_TORCH_DTYPE_NAMES = {
+    "torch.bool": "bool", "torch.uint8": "u8", "torch.int8": "i8", "torch.int16": "i16",
+    "torch.int32": "i32", "torch.int64": "i64", "torch.float16": "f16",
+    "torch.bfloat16": "bf16", "torch.float32": "f32", "torch.float64": "f64",
+}
+
+
 def _torch_dtype(dtype) -> int:
-    names = {
-        "torch.bool": "bool", "torch.uint8": "u8", "torch.int8": "i8", "torch.int16": "i16",
-        "torch.int32": "i32", "torch.int64": "i64", "torch.float16": "f16",
-        "torch.bfloat16": "bf16", "torch.float32": "f32", "torch.float64": "f64",
-    }
-    return DTYPES.get(names.get(str(dtype), "raw"), 0)
+    return DTYPES.get(_TORCH_DTYPE_NAMES.get(str(dtype), "raw"), 0)
 
 
 # The mirrored structures, for the layout test.
