@@ -507,7 +507,12 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   std::snprintf(stats_.last_restore_sources, sizeof stats_.last_restore_sources, "%s",
                 sources.c_str());
   stats_.restore_calls++;
-  stats_.restore_bytes += nbytes;
+  uint64_t wanted_bytes = nbytes;  // a slice counts the ranges it asked for
+  if (wanted != nullptr) {
+    wanted_bytes = 0;
+    for (const auto& [begin, end] : *wanted) wanted_bytes += end - begin;
+  }
+  stats_.restore_bytes += wanted_bytes;
   stats_.restore_ns += MonoNs() - start;
   return Status::Ok();
 }
@@ -515,7 +520,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
 // A box of a global tensor (resharding, docs/api.md): the part of it that this store's shard
 // holds. Only the chunks that part lies in are read, into an anonymous mapping the size of the
 // shard whose untouched pages cost nothing; then its runs are copied into the caller's box. On
-// any error dst is left as it was.
+// any error dst is left as it was, except when the box is the shard itself (read in place).
 Status Db::RestoreSlice(uint64_t version, const char* name, const ckptdb_box* box, void* dst,
                         size_t nbytes, unsigned flags, uint64_t* covered) {
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore_slice"));
@@ -583,8 +588,9 @@ Status Db::RestoreSlice(uint64_t version, const char* name, const ckptdb_box* bo
   uint64_t part_volume = 0;
   CKPTDB_ASSERT(part.Volume(&part_volume));
   if (part.shape == shard.shape && want.shape == shard.shape) {
-    // The box is the shard: no staging.
-    CKPTDB_RETURN_IF_ERROR(Restore(version, name, dst, nbytes, 0));
+    // The box is the shard: no staging. On a read failure dst holds no unverified bytes (the
+    // failed chunks zeroed, as ckptdb_restore does), but it is no longer as it was.
+    CKPTDB_RETURN_IF_ERROR(Restore(version, name, dst, nbytes, 0).WithContext(what));
     *covered = part_volume;
     return Status::Ok();
   }

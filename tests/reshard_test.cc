@@ -297,6 +297,17 @@ TEST_F(ReshardTest, ReadsOnlyTheChunksTheBoxLiesIn) {
       << ckptdb_last_error();
   EXPECT_EQ(out, std::vector<float>(out.size(), 7.0f));
   EXPECT_EQ(covered, 99u);
+  // The box that is the shard itself is read in place: the failed chunk's bytes are zeroed.
+  const ckptdb_box whole_shard = ToC(ShardOf(2, 1));
+  std::vector<float> shard(all.size(), 7.0f);
+  EXPECT_EQ(ckptdb_restore_slice(dbs_[2], 1, Name(1).c_str(), &whole_shard, shard.data(),
+                                 shard.size() * sizeof(float), 0, &covered),
+            CKPTDB_ECORRUPT);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("restore_slice 'w.split1'"), std::string::npos)
+      << ckptdb_last_error();
+  EXPECT_EQ(covered, 99u);
+  EXPECT_EQ(shard[shard.size() - 1], 0.0f);  // in the last chunk, the damaged one
+  EXPECT_EQ(shard[0], Cut(ShardOf(2, 1))[0]);
 }
 
 TEST_F(ReshardTest, BadBoxesAreRefusedAndChangeNothing) {

@@ -32,7 +32,42 @@ bool Unsigned(const nlohmann::json& j, uint64_t* out) {
   return true;
 }
 
+// Text from the file, for an error message: at most 200 bytes of it.
+std::string Shown(const std::string& text) {
+  return text.size() <= 200 ? text : text.substr(0, 200) + "...";
+}
+
 }  // namespace
+
+std::string DescribeJson(const nlohmann::json& j) {
+  if (j.is_string()) return "\"" + Shown(j.get<std::string>()) + "\"";
+  if (j.is_number_unsigned()) return std::to_string(j.get<uint64_t>());
+  if (j.is_array()) {
+    std::string out = "[";
+    for (const nlohmann::json& e : j) {
+      if (out.size() > 200) return out + "...]";
+      out += (out.size() > 1 ? ", " : "") +
+             (e.is_number_unsigned()  ? std::to_string(e.get<uint64_t>())
+              : e.is_number_integer() ? std::to_string(e.get<int64_t>())
+                                      : std::string("a ") + e.type_name());
+    }
+    return out + "]";
+  }
+  return std::string("a ") + j.type_name();
+}
+
+bool ParseShallowJson(const char* begin, const char* end, int max_depth, nlohmann::json* out) {
+  bool too_deep = false;
+  nlohmann::json::parser_callback_t check = [&](int depth, nlohmann::json::parse_event_t,
+                                                nlohmann::json&) {
+    if (depth > max_depth) too_deep = true;
+    return depth <= max_depth;
+  };
+  nlohmann::json j = nlohmann::json::parse(begin, end, check, false);
+  if (too_deep || j.is_discarded()) return false;
+  *out = std::move(j);
+  return true;
+}
 
 const char* SafetensorsDtype(int dtype) {
   for (const DtypeName& d : kDtypes) {
@@ -62,9 +97,10 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
   if (n == 0 || text[0] != '{') {
     return Status::Invalid(what + ": the header does not start with '{'");
   }
-  nlohmann::json header = nlohmann::json::parse(text, text + n, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) {
-    return Status::Invalid(what + ": the header is not a JSON object");
+  // A header nests 3 levels (tensor, entry, shape): deeper is refused while parsing.
+  nlohmann::json header;
+  if (!ParseShallowJson(text, text + n, 4, &header) || !header.is_object()) {
+    return Status::Invalid(what + ": the header is not a JSON object of safetensors' shape");
   }
   SafetensorsFile f;
   f.buffer_offset = 8 + n;
@@ -74,13 +110,13 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
       if (!entry.is_object()) return Status::Invalid(what + ": __metadata__ is not an object");
       for (const auto& [key, value] : entry.items()) {
         if (!value.is_string()) {
-          return Status::Invalid(what + ": __metadata__ '" + key + "' is not a string");
+          return Status::Invalid(what + ": __metadata__ '" + Shown(key) + "' is not a string");
         }
         f.metadata[key] = value.get<std::string>();
       }
       continue;
     }
-    const std::string at = what + ": tensor '" + name + "'";
+    const std::string at = what + ": tensor '" + Shown(name) + "'";
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
         !entry.contains("data_offsets") || entry.size() != 3) {
       return Status::Invalid(at + " is not {\"dtype\", \"shape\", \"data_offsets\"}");
@@ -95,7 +131,7 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
         element = d.bytes;
       }
     }
-    if (t.dtype == 0) return Status::Invalid(at + " has an unknown dtype " + dtype.dump());
+    if (t.dtype == 0) return Status::Invalid(at + " has an unknown dtype " + DescribeJson(dtype));
     const nlohmann::json& shape = entry["shape"];
     if (!shape.is_array() || shape.size() > CKPTDB_MAX_DIMS) {
       return Status::Invalid(at + ": shape is not an array of at most " +
@@ -106,7 +142,7 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
     for (const nlohmann::json& d : shape) {
       uint64_t v = 0;
       if (!Unsigned(d, &v))
-        return Status::Invalid(at + ": shape " + shape.dump() + " is not unsigned");
+        return Status::Invalid(at + ": shape " + DescribeJson(shape) + " is not unsigned");
       t.shape.push_back(v);
       if (v != 0 && elements > UINT64_MAX / v) overflow = true;
       elements = overflow ? elements : elements * v;
@@ -114,11 +150,13 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
     const nlohmann::json& offsets = entry["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !Unsigned(offsets[0], &t.begin) ||
         !Unsigned(offsets[1], &t.end) || t.end < t.begin) {
-      return Status::Invalid(at + ": data_offsets " + offsets.dump() + " is not [begin, end]");
+      return Status::Invalid(at + ": data_offsets " + DescribeJson(offsets) +
+                             " is not [begin, end]");
     }
     if (overflow || elements > UINT64_MAX / element || elements * element != t.end - t.begin) {
-      return Status::Invalid(at + ": shape " + shape.dump() + " of " + dtype.get<std::string>() +
-                             " does not fill its " + std::to_string(t.end - t.begin) + " bytes");
+      return Status::Invalid(at + ": shape " + DescribeJson(shape) + " of " +
+                             dtype.get<std::string>() + " does not fill its " +
+                             std::to_string(t.end - t.begin) + " bytes");
     }
     f.tensors.push_back(std::move(t));
   }
@@ -131,7 +169,7 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
   uint64_t next = 0;
   for (const SafetensorsTensor* t : by_offset) {
     if (t->begin != next) {
-      return Status::Invalid(what + ": tensor '" + t->name + "' starts at byte " +
+      return Status::Invalid(what + ": tensor '" + Shown(t->name) + "' starts at byte " +
                              std::to_string(t->begin) + " of the buffer, not " +
                              std::to_string(next) +
                              (t->begin < next ? " (an overlap)" : " (a hole)"));

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,14 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
 // metadata that is not UTF-8 (JSON cannot carry it unchanged).
 Status BuildSafetensorsHeader(const std::vector<SafetensorsTensor>& tensors,
                               const std::map<std::string, std::string>& metadata, std::string* out);
+
+// Parses untrusted JSON text (a header, or a metadata value holding JSON), refusing nesting
+// deeper than max_depth while parsing (which does not recurse). False for anything refused.
+bool ParseShallowJson(const char* begin, const char* end, int max_depth, nlohmann::json* out);
+
+// A value from an untrusted file, for an error message: strings and numbers shown (the first
+// 200 bytes), anything else named by its type (dump() recurses once per level of nesting).
+std::string DescribeJson(const nlohmann::json& j);
 
 // "F32" for CKPTDB_DTYPE_F32, ...; "" for UNKNOWN or a value out of range.
 const char* SafetensorsDtype(int dtype);

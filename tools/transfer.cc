@@ -35,7 +35,7 @@ namespace ckpt::tools {
 namespace {
 
 constexpr const char* kShardsKey = "ckptdb.shards";  // {name: {global_shape, global_offset}}
-constexpr const char* kRawKey = "ckptdb.raw";        // [names put as raw bytes]
+constexpr const char* kRawKey = "ckptdb.raw";        // {name: shape} of shards put as raw bytes
 
 struct ExportArgs {
   std::vector<std::string> roots;
@@ -260,24 +260,39 @@ int RunExport(const ExportArgs& args) {
       s = &*it;
     }
     metadata["ckptdb.rank"] = std::to_string(s->rank);
-    nlohmann::json shards = nlohmann::json::object(), raw = nlohmann::json::array();
+    nlohmann::json shards = nlohmann::json::object(), raw = nlohmann::json::object();
     for (const TensorRecord& t : s->tensors) {
       Planned p;
       p.out.name = t.name;
       p.record = &t;
       p.from.push_back(s);
+      // Raw bytes are U8 of their length here; their own shape (which counts bytes, or none)
+      // goes into the metadata.
       const bool is_raw = t.dtype == CKPTDB_DTYPE_UNKNOWN;
       p.out.dtype = is_raw ? CKPTDB_DTYPE_U8 : t.dtype;
       p.out.shape = is_raw ? std::vector<uint64_t>{t.bytes} : t.shape;
-      if (is_raw) raw.push_back(t.name);
+      if (is_raw) raw[t.name] = t.shape;
       if (!Whole(t)) {
         shards[t.name] = {{"global_shape", t.global_shape}, {"global_offset", t.global_offset}};
       }
       plan.push_back(std::move(p));
     }
-    // Whole records keep their place too: a "raw" list and the shards' places.
-    if (!raw.empty()) metadata[kRawKey] = raw.dump();
-    if (!shards.empty()) metadata[kShardsKey] = shards.dump();
+    try {
+      if (!raw.empty()) metadata[kRawKey] = raw.dump();
+      if (!shards.empty()) metadata[kShardsKey] = shards.dump();
+    } catch (const nlohmann::json::exception&) {
+      return Fail(cmd,
+                  "a tensor name of rank " + std::to_string(s->rank) +
+                      " is not UTF-8, which a safetensors header cannot carry",
+                  kExitProblem);
+    }
+  }
+  for (const Planned& p : plan) {
+    if (p.out.name == "__metadata__") {
+      return Fail(cmd,
+                  "a tensor is named __metadata__, the name safetensors keeps for its metadata",
+                  kExitProblem);
+    }
   }
   // Byte ranges, in name order.
   std::vector<SafetensorsTensor> entries;
@@ -304,6 +319,12 @@ int RunExport(const ExportArgs& args) {
     return Fail(cmd, args.out + " already exists; nothing was written", kExitUsage);
   }
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST) {
+    return Fail(cmd,
+                tmp + " exists: an export to " + args.out +
+                    " is running, or one was cut short (then remove it)",
+                kExitUsage);
+  }
   if (fd < 0) return Fail(cmd, "create " + tmp + ": " + std::strerror(errno), kExitUsage);
   Mapping buffer;
   buffer.bytes = std::max<uint64_t>(largest, 1);
@@ -361,28 +382,48 @@ Status ReadPlaces(const SafetensorsFile& f, std::map<std::string, ckptdb_tensor_
     (*infos)[t.name] = info;
     by_name[t.name] = &t;
   }
+  auto parse = [](const std::string& text, nlohmann::json* out) {
+    return ParseShallowJson(text.data(), text.data() + text.size(), 3, out) && out->is_object();
+  };
   if (auto it = f.metadata.find(kRawKey); it != f.metadata.end()) {
-    nlohmann::json raw = nlohmann::json::parse(it->second, nullptr, false);
-    if (raw.is_discarded() || !raw.is_array())
-      return Status::Invalid(std::string(kRawKey) + " is not a list");
-    for (const nlohmann::json& name : raw) {
-      if (!name.is_string() || !by_name.count(name.get<std::string>()) ||
-          by_name[name.get<std::string>()]->dtype != CKPTDB_DTYPE_U8) {
-        return Status::Invalid(std::string(kRawKey) + " names " + name.dump() +
-                               ", not a U8 tensor of the file");
+    nlohmann::json raw;
+    if (!parse(it->second, &raw))
+      return Status::Invalid(std::string(kRawKey) + " is not an object");
+    for (const auto& [name, shape] : raw.items()) {
+      const std::string at = std::string(kRawKey) + " '" + name.substr(0, 200) + "'";
+      auto t = by_name.find(name);
+      if (t == by_name.end() || t->second->dtype != CKPTDB_DTYPE_U8 ||
+          t->second->shape.size() != 1) {
+        return Status::Invalid(at + " is not a one-dimensional U8 tensor of the file");
       }
-      ckptdb_tensor_info& info = (*infos)[name.get<std::string>()];
-      info = ckptdb_tensor_info{};  // raw bytes
+      ckptdb_tensor_info info{};  // raw bytes: dtype UNKNOWN, a shape that counts bytes, or none
+      uint64_t product = 1;
+      if (!shape.is_array() || shape.size() > CKPTDB_MAX_DIMS) {
+        return Status::Invalid(at + ": its shape is not an array of at most " +
+                               std::to_string(CKPTDB_MAX_DIMS) + " dimensions");
+      }
+      for (const nlohmann::json& d : shape) {
+        if (!d.is_number_unsigned() ||
+            __builtin_mul_overflow(product, d.get<uint64_t>(), &product)) {
+          return Status::Invalid(at + ": its shape " + DescribeJson(shape) + " is not unsigned");
+        }
+        info.shape[info.ndim++] = d.get<uint64_t>();
+      }
+      if (info.ndim > 0 && product != t->second->shape[0]) {
+        return Status::Invalid(at + ": its shape " + DescribeJson(shape) + " does not count its " +
+                               std::to_string(t->second->shape[0]) + " bytes");
+      }
+      (*infos)[name] = info;
     }
   }
   if (auto it = f.metadata.find(kShardsKey); it != f.metadata.end()) {
-    nlohmann::json shards = nlohmann::json::parse(it->second, nullptr, false);
-    if (shards.is_discarded() || !shards.is_object()) {
+    nlohmann::json shards;
+    if (!parse(it->second, &shards)) {
       return Status::Invalid(std::string(kShardsKey) + " is not an object");
     }
     for (const auto& [name, place] : shards.items()) {
       auto t = by_name.find(name);
-      const std::string at = std::string(kShardsKey) + " '" + name + "'";
+      const std::string at = std::string(kShardsKey) + " '" + name.substr(0, 200) + "'";
       if (t == by_name.end()) return Status::Invalid(at + " is not a tensor of the file");
       ckptdb_tensor_info& info = (*infos)[name];
       const size_t ndim = info.ndim;
@@ -433,6 +474,9 @@ int RunImport(const ImportArgs& args) {
   Status s = ParseSafetensors(bytes, file.bytes, file.bytes, args.file, &parsed);
   std::map<std::string, ckptdb_tensor_info> infos;
   if (s.ok()) s = ReadPlaces(parsed, &infos).WithContext(args.file);
+  if (s.ok() && parsed.tensors.empty()) {
+    s = Status::Invalid(args.file + " holds no tensor: a version needs at least one");
+  }
   if (!s.ok()) return Fail(cmd, s.message() + "; nothing was imported", kExitProblem);
 
   ckptdb_options o;

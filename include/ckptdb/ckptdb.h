@@ -275,7 +275,8 @@ typedef struct ckptdb_box {
  * the box). A box split over several ranks' shards is filled by calling this on each rank's store
  * (opened read-only where that rank is gone) and summing *covered. Only the chunks the part lies
  * in are read, each checked against its xxh3 with the same fallback across tiers as
- * ckptdb_restore; on any error dst is left unchanged. Errors: EINVAL (box NULL, its ndim not the
+ * ckptdb_restore. On any error dst is left unchanged, except when the box is exactly the shard:
+ * that is read in place, and a failed read leaves the failed chunks zeroed, as ckptdb_restore. Errors: EINVAL (box NULL, its ndim not the
  * tensor's, outside the global shape; raw bytes), ESIZE (nbytes is not the box's size),
  * ENOTFOUND, ESTATE, ECORRUPT, EIO as ckptdb_restore. */
 int ckptdb_restore_slice(ckptdb* db, uint64_t version, const char* name, const ckptdb_box* box,

@@ -354,7 +354,10 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
     docs = [_read_tree(s, step) for s in stores]
     world = docs[0].get("world_size", 1)
     ranks: Dict[int, str] = {}
-    for name, doc in zip(names, docs):
+    # Trees saved before ranks were recorded in them cannot be checked for a whole job; each
+    # box's coverage still is.
+    whole_job = whole_job and all("rank" in d and "world_size" in d for d in docs)
+    for name, doc in zip(names, docs if whole_job else []):
         rank = doc.get("rank", 0)
         if doc.get("world_size", 1) != world:
             raise ValueError(f"load_sharded: {names[0]} holds a rank of a job of {world}, {name} "
@@ -366,7 +369,7 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
         missing = sorted(set(range(world)) - set(ranks))
         raise ValueError(f"load_sharded: version {step} was saved by a job of {world} ranks; the "
                          f"roots given hold ranks {sorted(ranks)}, not {missing}")
-    order = sorted(range(len(stores)), key=lambda i: docs[i].get("rank", 0))
+    order = sorted(range(len(stores)), key=lambda i: docs[i].get("rank", i))
     stores = [stores[i] for i in order]
     leaves = [_leaves(docs[i]["tree"], "", {}) for i in order]
 

@@ -3,6 +3,7 @@ dimensions (unevenly), loads on 2 ranks, 1 rank and 3 ranks with other splits th
 ckptdb.torch.load_sharded, every element checked (python/tests/reshard_job.py); roots that are
 not one whole job, and targets that do not match what was saved, are refused clearly."""
 
+import json
 import os
 import shutil
 import socket
@@ -219,7 +220,8 @@ class SafetensorsTest(unittest.TestCase):
             self.assertTrue(torch.equal(tensors["/" + name], reshard_job.global_tensor(name, 3)),
                             name)
         self.assertTrue(torch.equal(tensors["/model/bias"], torch.arange(10.0) * 3))
-        self.assertNotIn("/__ckptdb__/tree", tensors)
+        self.assertNotIn("__ckptdb__/tree", tensors)
+        self.assertFalse([n for n in tensors if "__ckptdb__" in n])
         # Nothing is overwritten; a missing rank is named, and no file is left.
         r = self.cli("export", *self.roots, "--merge", "--out", out)
         self.assertEqual(r.returncode, 2)
@@ -239,13 +241,13 @@ class SafetensorsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         tensors, metadata = read_safetensors(out)
         self.assertEqual(metadata["ckptdb.rank"], "2")
-        self.assertIn("__ckptdb__/tree", metadata["ckptdb.raw"])
+        self.assertEqual(json.loads(metadata["ckptdb.raw"]), {"__ckptdb__/tree": []})
         root = os.path.join(self.dir, "imported")
         r = self.cli("import", out, "--root", root, "--version", "2")
         self.assertEqual(r.returncode, 0, r.stderr)
         with ckptdb.Store(root, rank=0, world_size=1) as store:
-            saved = {t.name: t for t in ckptdb.Store(self.roots[2], rank=0, world_size=1,
-                                                     read_only=True).list(2)}
+            with ckptdb.Store(self.roots[2], rank=0, world_size=1, read_only=True) as original:
+                saved = {t.name: t for t in original.list(2)}
             for t in store.list(2):
                 self.assertEqual((t.dtype, t.shape, t.global_shape, t.global_offset),
                                  (saved[t.name].dtype, saved[t.name].shape,
@@ -281,7 +283,9 @@ class SafetensorsTest(unittest.TestCase):
 
         cases = [
             ("overlap", spoil("b", ("data_offsets", [40, 56])), "(an overlap)"),
-            ("hole", spoil("a", ("data_offsets", [0, 44])), "does not fill its 44 bytes"),
+            ("size", spoil("a", ("data_offsets", [0, 44])), "does not fill its 44 bytes"),
+            ("hole", lambda h: (h["b"].__setitem__("data_offsets", [52, 68]),
+                                h["c"].__setitem__("data_offsets", [68, 76])), "(a hole)"),
             ("dtype", spoil("a", ("dtype", "F31")), 'unknown dtype "F31"'),
             ("shape", spoil("a", ("shape", [3, -4])), "is not unsigned"),
             ("meta", spoil("__metadata__", {"ckptdb.shards": "{\"a\": 3}"}),
@@ -297,8 +301,12 @@ class SafetensorsTest(unittest.TestCase):
                 self.assertIn("nothing was imported", r.stderr)
         with open(path, "rb") as f:
             data = f.read()
+        # A header nested 100,000 deep: refused, not a stack overflow in printing it.
+        nested = (b'{"a": {"dtype": ' + b"[" * 100000 + b"]" * 100000 +
+                  b', "shape": [1], "data_offsets": [0, 1]}}')
+        deep = len(nested).to_bytes(8, "little") + nested + b"x"
         for label, spoilt in [("cut4", data[:4]), ("cut20", data[:20]), ("cut", data[:-1]),
-                              ("extra", data + bytes(8))]:
+                              ("extra", data + bytes(8)), ("deep", deep)]:
             bad = os.path.join(self.dir, f"{label}.safetensors")
             with open(bad, "wb") as f:
                 f.write(spoilt)
