@@ -131,7 +131,7 @@ Status Db::ValidatePut(uint64_t version, const char* name, const void* data, siz
   if (flags & ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE | CKPTDB_PUT_REPLICATED)) {
     return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
   }
-  if (flags & CKPTDB_PUT_DEVICE) {
+  if ((flags & CKPTDB_PUT_DEVICE) && !io::DeviceBuild()) {
     return Status::NotSupported(what + ": device memory needs a CUDA or HIP build");
   }
   if (data == nullptr && nbytes > 0) return Status::Invalid(what + ": data is NULL");
@@ -215,6 +215,24 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   if (existing != live_.end() && existing->second.names.count(t.name)) {
     return Status::Exists(what + ": the name was already put in this version");
   }
+  // GPU memory: named by CKPTDB_PUT_DEVICE, or recognized in a device build. Its chunks are
+  // copied by the device's copy engine into staging (pinned), then hashed there.
+  bool device = false;
+  if (io::DeviceBuild() && nbytes > 0) {
+    Status ds = DeviceLocked();
+    if (flags & CKPTDB_PUT_DEVICE) {
+      if (!ds.ok()) return ds.WithContext(what);
+      CKPTDB_RETURN_IF_ERROR(device_->IsDeviceMemory(data, &device).WithContext(what));
+      if (!device) return Status::Invalid(what + ": CKPTDB_PUT_DEVICE, but data is host memory");
+    } else if (ds.ok()) {
+      CKPTDB_RETURN_IF_ERROR(device_->IsDeviceMemory(data, &device).WithContext(what));
+    }
+    if (device && (flags & CKPTDB_PUT_REPLICATED)) {
+      return Status::NotSupported(what +
+                                  ": a replicated shard in device memory (the replica "
+                                  "group hashes pieces it does not keep in place)");
+    }
+  }
   // Limits the reader enforces are checked before anything is queued, so a put that would make
   // the version unreadable is refused and changes nothing.
   const uint64_t chunk_bytes = options_.chunk_bytes;
@@ -271,6 +289,7 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
     c.record_offset = v->next_offset;
     c.payload_bytes = bytes;
     c.src = src + off;
+    c.device = device;
     v->next_offset += format::RecordBytes(c.payload_bytes);
     v->chunks.push_back(c);
     stored += bytes;
@@ -568,7 +587,22 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
       ChunkRecordHeader(v->version, identity_.rank, index, c.payload_bytes, c.record_offset);
   const uint8_t* src = c.src;
   lock.unlock();
-  rh.payload_xxh3 = CopyAndHash(record + kBlockBytes, src, c.payload_bytes);
+  if (c.device) {
+    // The device's copy engine on this worker's own stream, waited for on its event; then the
+    // hash of what landed.
+    Status st = device_->CopyToHost(record + kBlockBytes, src, c.payload_bytes);
+    if (!st.ok()) {
+      lock.lock();
+      FailLocked(
+          v, st.WithContext("capture of chunk " + std::to_string(index) + " of " + V(v->version)));
+      c.home = Home::kDropped;
+      FinishChunkLocked(v, &c);
+      return;
+    }
+    rh.payload_xxh3 = format::Xxh3(record + kBlockBytes, c.payload_bytes);
+  } else {
+    rh.payload_xxh3 = CopyAndHash(record + kBlockBytes, src, c.payload_bytes);
+  }
   uint64_t padded = format::AlignUp(c.payload_bytes);
   std::memset(record + kBlockBytes + c.payload_bytes, 0, padded - c.payload_bytes);
   EncodeHeaderBlock(rh, record);
@@ -660,7 +694,8 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     FinishChunkLocked(v, &c);
     return false;
   }
-  if (options_.backpressure == Backpressure::kDirect && !v->ram) {
+  if (options_.backpressure == Backpressure::kDirect && !v->ram && !c.device) {
+    // (A device chunk cannot be written from where it is: it waits for staging, as with block.)
     // Written to tier 0 straight from the caller's buffer; its header block comes from a small
     // pool. wait_capture waits for the write, which reads the caller's buffer.
     state_cv_.wait(lock, [&] {
@@ -772,6 +807,28 @@ std::optional<Status> Db::FindOutcome(uint64_t version, const std::string& what)
 
 Status Db::Outcome(uint64_t version, const std::string& what) const {
   return FindOutcome(version, what).value_or(Status::State(what + ": the version was aborted"));
+}
+
+// Opens the device once, pinning the staging ring and the ram arena (copies into them are then
+// DMA). Called under mu_; the first call may take a while (pinning), the rest return at once.
+Status Db::DeviceLocked() {
+  if (device_tried_) return device_status_;
+  device_tried_ = true;
+  device_status_ = io::OpenDevice(&device_);
+  if (!device_status_.ok()) return device_status_;
+  auto pin = [&](void* p, uint64_t bytes) {
+    if (p == nullptr || bytes == 0 || !device_status_.ok()) return;
+    device_status_ = device_->Pin(p, bytes);
+    if (device_status_.ok()) device_pinned_.push_back(p);
+  };
+  pin(staging_, staging_bytes_);
+  if (!tiers_.empty() && tiers_[0].is_ram()) pin(tiers_[0].ram->base(), tiers_[0].ram->capacity());
+  if (!device_status_.ok()) {
+    for (void* p : device_pinned_) device_->Unpin(p);
+    device_pinned_.clear();
+    device_.reset();
+  }
+  return device_status_;
 }
 
 }  // namespace ckpt::engine

@@ -513,6 +513,9 @@ Status Db::Close() {
   metadata_queue_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   wake_fd_ = -1;
+  for (void* p : device_pinned_) device_->Unpin(p);  // before the memory is unmapped
+  device_pinned_.clear();
+  device_.reset();
   if (staging_ != nullptr) ::munmap(staging_, staging_bytes_);
   staging_ = nullptr;
   if (direct_headers_ != nullptr) ::munmap(direct_headers_, kDirectHeaders * kBlockBytes);

@@ -45,6 +45,7 @@
 #include "engine/tier.h"
 #include "format/manifest.h"
 #include "format/segment_reader.h"
+#include "io/device.h"
 #include "io/io.h"
 #include "util/status.h"
 
@@ -202,6 +203,7 @@ class Db {
     StagingRing::Region region{};        // arena or ring region, when it has one
     uint32_t header_block = UINT32_MAX;  // kDirect: its header block in direct_headers_
     uint8_t direct_writes = 0;           // kDirect: its writes still in flight
+    bool device = false;                 // src is GPU memory: the device's copy engine reads it
     Home home = Home::kQueued;
   };
   enum class CommitPhase : uint8_t {
@@ -574,6 +576,14 @@ class Db {
   // allowed, registered with io_uring as a fixed buffer.
   uint8_t* staging_ = nullptr;
   uint64_t staging_bytes_ = 0;
+  // GPU memory (io/device.h), in a CUDA or HIP build: opened at the first put or restore that
+  // needs it, when the staging ring and the ram arena are pinned; device_status_ says why not
+  // when it cannot be. Set once under mu_ and then only read (workers use device_ unlocked).
+  std::unique_ptr<io::Device> device_;
+  Status device_status_;
+  bool device_tried_ = false;
+  std::vector<void*> device_pinned_;
+  Status DeviceLocked();
   std::unique_ptr<StagingRing> ring_;
   bool fixed_buffers_ = false;  // the ring is io_uring fixed buffer 0
   int fixed_arena_base_ = -1;   // the arena's first fixed buffer (1 GiB each), -1: not fixed

@@ -259,6 +259,10 @@ int ckptdb_recoverable(ckptdb* db, uint64_t version, ckptdb_recoverable_t* out);
  * committed), ESIZE (nbytes differs; the message gives the stored size), ECORRUPT, EIO. */
 int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags);
+/* ckptdb_restore flag: dst is device memory (a CUDA or HIP build recognizes it without the
+ * flag too). The tensor is restored and verified in pinned host memory, then copied to dst on
+ * the calling thread's own stream. ENOTSUP in a host-only build. */
+#define CKPTDB_RESTORE_DEVICE 0x1u
 
 /* A box of a global tensor: elements offset[d] .. offset[d] + shape[d] - 1 of each dimension. */
 typedef struct ckptdb_box {
@@ -276,9 +280,9 @@ typedef struct ckptdb_box {
  * (opened read-only where that rank is gone) and summing *covered. Only the chunks the part lies
  * in are read, each checked against its xxh3 with the same fallback across tiers as
  * ckptdb_restore. On any error dst is left unchanged, except when the box is exactly the shard:
- * that is read in place, and a failed read leaves the failed chunks zeroed, as ckptdb_restore. Errors: EINVAL (box NULL, its ndim not the
- * tensor's, outside the global shape; raw bytes), ESIZE (nbytes is not the box's size),
- * ENOTFOUND, ESTATE, ECORRUPT, EIO as ckptdb_restore. */
+ * that is read in place, and a failed read leaves the failed chunks zeroed, as ckptdb_restore.
+ * Errors: EINVAL (box NULL, its ndim not the tensor's, outside the global shape; raw bytes), ESIZE
+ * (nbytes is not the box's size), ENOTFOUND, ESTATE, ECORRUPT, EIO as ckptdb_restore. */
 int ckptdb_restore_slice(ckptdb* db, uint64_t version, const char* name, const ckptdb_box* box,
                          void* dst, size_t nbytes, unsigned flags, uint64_t* covered);
 

@@ -35,6 +35,8 @@ DTYPES = {
 }
 
 _PUT_COPY_NOW = 0x1
+_PUT_DEVICE = 0x2
+_RESTORE_DEVICE = 0x1
 _COMMIT_ASYNC = 0x1
 
 
@@ -284,8 +286,10 @@ def _text(value: Optional[str], what: str) -> Optional[bytes]:
 def _address(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
     """(address, nbytes, what keeps the memory alive) of a buffer, with no copy."""
     if hasattr(buffer, "data_ptr") and hasattr(buffer, "element_size"):  # a torch.Tensor
-        if getattr(buffer, "device", None) is not None and str(buffer.device) != "cpu":
-            raise ValueError(f"{what}: a tensor on {buffer.device}; this build reads CPU memory")
+        kind = getattr(getattr(buffer, "device", None), "type", "cpu")
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"{what}: a tensor on {buffer.device}; ckptdb reads CPU memory, "
+                             "and CUDA memory in a CUDA build of libckptdb")
         if not buffer.is_contiguous():
             raise ValueError(f"{what}: a tensor that is not contiguous (call .contiguous())")
         return buffer.data_ptr(), buffer.numel() * buffer.element_size(), buffer
@@ -313,6 +317,11 @@ def _address(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
     flat = view.cast("B")
     anchor = (ctypes.c_char * nbytes).from_buffer(flat)
     return ctypes.addressof(anchor), nbytes, (view, flat, anchor)
+
+
+def _on_gpu(buffer) -> bool:
+    """A CUDA tensor: put and restored with the device flags (ENOTSUP from a host build)."""
+    return getattr(getattr(buffer, "device", None), "type", "cpu") == "cuda"
 
 
 def _dims(values, what: str) -> Tuple[int, ...]:
@@ -444,7 +453,7 @@ class Store:
             if shape is None:
                 shape = tuple(data.shape)
         info = _info(dtype, shape, global_shape, global_offset)
-        flags = _PUT_COPY_NOW if copy_now else 0
+        flags = (_PUT_COPY_NOW if copy_now else 0) | (_PUT_DEVICE if _on_gpu(data) else 0)
         _check(_put_shard(self._handle(), version, _text(name, "name"), address or None, nbytes,
                           ctypes.byref(info) if info is not None else None, flags))
         if not copy_now:
@@ -496,7 +505,9 @@ class Store:
         """ckptdb_restore of tensor `name` of `version` into `out`, a writable buffer or a CPU
         tensor of exactly the tensor's size (SizeError otherwise)."""
         address, nbytes, _keep = _address(out, writable=True, what=f"restore {name!r}")
-        _check(_restore(self._handle(), version, _text(name, "name"), address or None, nbytes, 0))
+        flags = _RESTORE_DEVICE if _on_gpu(out) else 0
+        _check(_restore(self._handle(), version, _text(name, "name"), address or None, nbytes,
+                        flags))
 
     def restore_slice(self, version: int, name: str, offset, shape, out) -> int:
         """ckptdb_restore_slice: the part of box [offset, offset + shape) of global tensor
@@ -513,6 +524,9 @@ class Store:
         for i in range(len(shape)):
             box.offset[i] = offset[i]
             box.shape[i] = shape[i]
+        if _on_gpu(out):
+            raise ValueError(f"restore_slice {name!r}: a CUDA tensor; restore the box into CPU "
+                             "memory and copy it")
         address, nbytes, _keep = _address(out, writable=True, what=f"restore_slice {name!r}")
         covered = ctypes.c_uint64()
         _check(_restore_slice(self._handle(), version, _text(name, "name"), ctypes.byref(box),

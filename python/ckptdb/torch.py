@@ -201,7 +201,7 @@ class Checkpointer:
         if isinstance(obj, torch.Tensor):
             if obj.dtype not in _TORCH_DTYPES:
                 raise TypeError(f"{path or '/'}: tensors of {obj.dtype} are not supported")
-            if obj.device.type != "cpu":
+            if obj.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"{path or '/'}: a tensor on {obj.device}; move it to the CPU")
             tensor = obj.detach()
             if not tensor.is_contiguous():
@@ -241,7 +241,7 @@ class Checkpointer:
             dtype = _FROM_NAME[node["dtype"]]
             shape = tuple(node["shape"])
             if (isinstance(into, torch.Tensor) and into.dtype == dtype and
-                    tuple(into.shape) == shape and into.device.type == "cpu" and
+                    tuple(into.shape) == shape and into.device.type in ("cpu", "cuda") and
                     into.is_contiguous()):
                 out = into
             else:
