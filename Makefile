@@ -76,7 +76,8 @@ test-cuda: deps
 	cmake -S . -B $(CUDA_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPTDB_BUILD_FUZZERS=OFF \
 	  -DCKPTDB_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) && \
 	cmake --build $(CUDA_BUILD_DIR) -j$(JOBS) --target $(CUDA_TESTS) && \
-	for t in $(CUDA_TESTS); do $(CUDA_BUILD_DIR)/tests/$$t || exit 1; done
+	ctest --test-dir $(CUDA_BUILD_DIR) --output-on-failure -j$(JOBS) \
+	  -R '^(ApiTest|ApiNames|CaptureTest|GpuTest)\.'
 
 # The HIP variant, by hand (not in `make test`: Debian's hipcc pulls in clang-15 and ROCm's
 # device libraries): apt-get install hipcc libamdhip64-dev, then make test-hip. The library with

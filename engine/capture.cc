@@ -4,6 +4,7 @@
 // it is hot; wait_capture returns when no chunk of the version is read from callers' buffers any
 // more, which is what makes it safe to let the optimizer change them.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "engine/db.h"
@@ -193,6 +194,17 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   format::TensorEntry t;
   CKPTDB_RETURN_IF_ERROR(ValidatePut(version, name, data, nbytes, info, flags, &t));
   std::string what = "put_shard '" + t.name + "' into " + V(version);
+  // GPU memory: named by CKPTDB_PUT_DEVICE, or recognized once the device is open. Its chunks are
+  // copied by the device's copy engine into staging (pinned), then hashed there.
+  int device = -1;
+  if (nbytes > 0) {
+    CKPTDB_RETURN_IF_ERROR(LocateDevice(data, (flags & CKPTDB_PUT_DEVICE) != 0, what, &device));
+  }
+  if (device >= 0 && (flags & CKPTDB_PUT_REPLICATED)) {
+    return Status::NotSupported(what +
+                                ": a replicated shard in device memory (the replica "
+                                "group hashes pieces it does not keep in place)");
+  }
   std::unique_lock<std::mutex> lock(mu_);
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   // Under the same lock as the put itself: a declaration cannot slip in between.
@@ -214,24 +226,6 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   auto existing = live_.find(version);
   if (existing != live_.end() && existing->second.names.count(t.name)) {
     return Status::Exists(what + ": the name was already put in this version");
-  }
-  // GPU memory: named by CKPTDB_PUT_DEVICE, or recognized in a device build. Its chunks are
-  // copied by the device's copy engine into staging (pinned), then hashed there.
-  bool device = false;
-  if (io::DeviceBuild() && nbytes > 0) {
-    Status ds = DeviceLocked();
-    if (flags & CKPTDB_PUT_DEVICE) {
-      if (!ds.ok()) return ds.WithContext(what);
-      CKPTDB_RETURN_IF_ERROR(device_->IsDeviceMemory(data, &device).WithContext(what));
-      if (!device) return Status::Invalid(what + ": CKPTDB_PUT_DEVICE, but data is host memory");
-    } else if (ds.ok()) {
-      CKPTDB_RETURN_IF_ERROR(device_->IsDeviceMemory(data, &device).WithContext(what));
-    }
-    if (device && (flags & CKPTDB_PUT_REPLICATED)) {
-      return Status::NotSupported(what +
-                                  ": a replicated shard in device memory (the replica "
-                                  "group hashes pieces it does not keep in place)");
-    }
   }
   // Limits the reader enforces are checked before anything is queued, so a put that would make
   // the version unreadable is refused and changes nothing.
@@ -587,10 +581,10 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
       ChunkRecordHeader(v->version, identity_.rank, index, c.payload_bytes, c.record_offset);
   const uint8_t* src = c.src;
   lock.unlock();
-  if (c.device) {
+  if (c.device >= 0) {
     // The device's copy engine on this worker's own stream, waited for on its event; then the
     // hash of what landed.
-    Status st = device_->CopyToHost(record + kBlockBytes, src, c.payload_bytes);
+    Status st = device_->CopyToHost(c.device, record + kBlockBytes, src, c.payload_bytes);
     if (!st.ok()) {
       lock.lock();
       FailLocked(
@@ -694,7 +688,7 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     FinishChunkLocked(v, &c);
     return false;
   }
-  if (options_.backpressure == Backpressure::kDirect && !v->ram && !c.device) {
+  if (options_.backpressure == Backpressure::kDirect && !v->ram && c.device < 0) {
     // (A device chunk cannot be written from where it is: it waits for staging, as with block.)
     // Written to tier 0 straight from the caller's buffer; its header block comes from a small
     // pool. wait_capture waits for the write, which reads the caller's buffer.
@@ -809,26 +803,53 @@ Status Db::Outcome(uint64_t version, const std::string& what) const {
   return FindOutcome(version, what).value_or(Status::State(what + ": the version was aborted"));
 }
 
-// Opens the device once, pinning the staging ring and the ram arena (copies into them are then
-// DMA). Called under mu_; the first call may take a while (pinning), the rest return at once.
-Status Db::DeviceLocked() {
+// Opens the GPU runtime once, then pins the staging ring and (read-write, when mapped) the ram
+// arena so that copies into them are DMA. A failure to pin is noted and the device is used all
+// the same (copies then go through the driver's bounce buffers). Not under mu_: the first call
+// may take long (pinning an arena of many GiB), and the others wait here only.
+Status Db::OpenDeviceOnce() {
+  std::lock_guard<std::mutex> g(device_mu_);
   if (device_tried_) return device_status_;
   device_tried_ = true;
   device_status_ = io::OpenDevice(&device_);
   if (!device_status_.ok()) return device_status_;
-  auto pin = [&](void* p, uint64_t bytes) {
-    if (p == nullptr || bytes == 0 || !device_status_.ok()) return;
-    device_status_ = device_->Pin(p, bytes);
-    if (device_status_.ok()) device_pinned_.push_back(p);
+  auto pin = [&](void* p, uint64_t bytes, const char* what) {
+    if (p == nullptr || bytes == 0) return;
+    Status st = device_->Pin(p, bytes);
+    if (st.ok()) {
+      device_pinned_.push_back(p);
+    } else {
+      std::fprintf(stderr, "ckptdb: %s is not pinned, device copies go through the driver: %s\n",
+                   what, st.message().c_str());
+    }
   };
-  pin(staging_, staging_bytes_);
-  if (!tiers_.empty() && tiers_[0].is_ram()) pin(tiers_[0].ram->base(), tiers_[0].ram->capacity());
-  if (!device_status_.ok()) {
-    for (void* p : device_pinned_) device_->Unpin(p);
-    device_pinned_.clear();
-    device_.reset();
+  pin(staging_, staging_bytes_, "the staging ring");
+  if (!options_.read_only && !tiers_.empty() && tiers_[0].is_ram() && tiers_[0].ram->available()) {
+    pin(tiers_[0].ram->base(), tiers_[0].ram->capacity(), "the ram tier's arena");
   }
+  device_open_.store(true, std::memory_order_release);
   return device_status_;
+}
+
+Status Db::LocateDevice(const void* p, bool flagged, const std::string& what, int* device) {
+  *device = -1;
+  if (!io::DeviceBuild()) {
+    return flagged ? Status::NotSupported(what + ": device memory needs a CUDA or HIP build")
+                   : Status::Ok();
+  }
+  if (flagged) {
+    CKPTDB_RETURN_IF_ERROR(OpenDeviceOnce().WithContext(what));
+  } else if (!device_open_.load(std::memory_order_acquire)) {
+    return Status::Ok();  // never opened: host memory, and a CPU-only user pays nothing
+  }
+  int d = -1;
+  Status st = device_->Locate(p, &d);
+  if (!st.ok()) return flagged ? st.WithContext(what) : Status::Ok();
+  if (flagged && d < 0) {
+    return Status::Invalid(what + ": the device flag names host memory");
+  }
+  *device = d;
+  return Status::Ok();
 }
 
 }  // namespace ckpt::engine

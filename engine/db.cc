@@ -513,9 +513,11 @@ Status Db::Close() {
   metadata_queue_.reset();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   wake_fd_ = -1;
-  for (void* p : device_pinned_) device_->Unpin(p);  // before the memory is unmapped
-  device_pinned_.clear();
-  device_.reset();
+  {
+    std::lock_guard<std::mutex> g(device_mu_);
+    for (void* p : device_pinned_) device_->Unpin(p);  // before the memory is unmapped
+    device_pinned_.clear();
+  }
   if (staging_ != nullptr) ::munmap(staging_, staging_bytes_);
   staging_ = nullptr;
   if (direct_headers_ != nullptr) ::munmap(direct_headers_, kDirectHeaders * kBlockBytes);

@@ -203,7 +203,7 @@ class Db {
     StagingRing::Region region{};        // arena or ring region, when it has one
     uint32_t header_block = UINT32_MAX;  // kDirect: its header block in direct_headers_
     uint8_t direct_writes = 0;           // kDirect: its writes still in flight
-    bool device = false;                 // src is GPU memory: the device's copy engine reads it
+    int device = -1;                     // >= 0: src is that GPU's memory, read by its copy engine
     Home home = Home::kQueued;
   };
   enum class CommitPhase : uint8_t {
@@ -576,14 +576,22 @@ class Db {
   // allowed, registered with io_uring as a fixed buffer.
   uint8_t* staging_ = nullptr;
   uint64_t staging_bytes_ = 0;
-  // GPU memory (io/device.h), in a CUDA or HIP build: opened at the first put or restore that
-  // needs it, when the staging ring and the ram arena are pinned; device_status_ says why not
-  // when it cannot be. Set once under mu_ and then only read (workers use device_ unlocked).
+  // GPU memory (io/device.h), in a CUDA or HIP build: the runtime is opened by the first put or
+  // restore that names device memory (a CPU-only user never creates a GPU context), outside
+  // mu_, under device_mu_; the staging ring and the ram arena are then pinned where they can be
+  // (a failure to pin is noted, not fatal). device_open_ is set once device_ is ready and never
+  // cleared before close: from then on device_ is only read, by any thread.
+  std::mutex device_mu_;
   std::unique_ptr<io::Device> device_;
-  Status device_status_;
-  bool device_tried_ = false;
-  std::vector<void*> device_pinned_;
-  Status DeviceLocked();
+  Status device_status_;              // guarded by device_mu_
+  bool device_tried_ = false;         // guarded by device_mu_
+  std::vector<void*> device_pinned_;  // guarded by device_mu_
+  std::atomic<bool> device_open_{false};
+  Status OpenDeviceOnce();
+  // Where p points (-1: host memory). `flagged`: the caller named it device memory, so the device
+  // is opened and host memory is an error; otherwise p is host memory unless the device is
+  // already open and says otherwise (an error asking it counts as host memory).
+  Status LocateDevice(const void* p, bool flagged, const std::string& what, int* device);
   std::unique_ptr<StagingRing> ring_;
   bool fixed_buffers_ = false;  // the ring is io_uring fixed buffer 0
   int fixed_arena_base_ = -1;   // the arena's first fixed buffer (1 GiB each), -1: not fixed

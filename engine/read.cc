@@ -376,38 +376,37 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
   }
   if (dst == nullptr && nbytes > 0) return Status::Invalid(what + ": dst is NULL");
-  bool to_device = (flags & CKPTDB_RESTORE_DEVICE) != 0;
-  if (to_device && !io::DeviceBuild()) {
+  int device = -1;
+  if (nbytes > 0) {
+    CKPTDB_RETURN_IF_ERROR(
+        LocateDevice(dst, (flags & CKPTDB_RESTORE_DEVICE) != 0, what + " (dst)", &device));
+  } else if ((flags & CKPTDB_RESTORE_DEVICE) && !io::DeviceBuild()) {
     return Status::NotSupported(what + ": device memory needs a CUDA or HIP build");
   }
-  if (io::DeviceBuild() && nbytes > 0) {
-    Status ds;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ds = DeviceLocked();
-    }
-    if (to_device && !ds.ok()) return ds.WithContext(what);
-    if (ds.ok()) {
-      bool is_device = false;
-      CKPTDB_RETURN_IF_ERROR(device_->IsDeviceMemory(dst, &is_device).WithContext(what));
-      if (to_device && !is_device) {
-        return Status::Invalid(what + ": CKPTDB_RESTORE_DEVICE, but dst is host memory");
-      }
-      to_device = is_device;
-    }
-  }
-  if (to_device) {
+  if (device >= 0) {
     // Restored and verified in pinned host memory, then copied to the device on this thread's
-    // stream. What failed verification is zeroed there first, as in host memory.
+    // stream. What failed verification is zeroed there first, as in host memory. The size is
+    // checked before any memory is mapped.
+    uint64_t stored = 0;
+    CKPTDB_RETURN_IF_ERROR(WithManifest(version, what, [&](const format::ManifestView& m, size_t) {
+      const fb::Tensor* t = m.Find(name);
+      if (t == nullptr) return Status::NotFound(what + ": the version has no tensor by that name");
+      stored = format::ShardBytes(*t);
+      return Status::Ok();
+    }));
+    if (stored != nbytes) {
+      return Status::Size(what + ": the tensor is " + std::to_string(stored) +
+                          " bytes, the buffer is " + std::to_string(nbytes));
+    }
     void* host = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (host == MAP_FAILED) {
       return Status::FromErrno(errno, what + ": mapping " + std::to_string(nbytes) +
                                           " bytes of host memory to stage it");
     }
-    Status pinned = device_->Pin(host, nbytes);
+    Status pinned = device_->Pin(host, nbytes);  // without it, the copy is slower, not wrong
     Status st = Restore(version, name, host, nbytes, 0, wanted);
     if (st.ok() || st.code() == CKPTDB_ECORRUPT) {
-      Status copied = device_->CopyToDevice(dst, host, nbytes);
+      Status copied = device_->CopyToDevice(device, dst, host, nbytes);
       if (!copied.ok()) st = copied.WithContext(what);
     }
     if (pinned.ok()) device_->Unpin(host);
@@ -573,15 +572,10 @@ Status Db::RestoreSlice(uint64_t version, const char* name, const ckptdb_box* bo
                            " dimensions; at most " + std::to_string(CKPTDB_MAX_DIMS));
   }
   if (dst == nullptr && nbytes > 0) return Status::Invalid(what + ": dst is NULL");
-  if (io::DeviceBuild() && nbytes > 0) {
-    bool is_device = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (DeviceLocked().ok()) {
-        CKPTDB_RETURN_IF_ERROR(device_->IsDeviceMemory(dst, &is_device).WithContext(what));
-      }
-    }
-    if (is_device) {
+  if (nbytes > 0) {
+    int device = -1;
+    CKPTDB_RETURN_IF_ERROR(LocateDevice(dst, false, what, &device));
+    if (device >= 0) {
       return Status::NotSupported(what +
                                   ": dst is device memory; restore the box into host "
                                   "memory and copy it");

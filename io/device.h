@@ -4,10 +4,13 @@
 // io/device_gpu.cc through either runtime API, or none (io/device_none.cc), the default host
 // build, where every device call is refused as not supported.
 //
-// Copies run on a stream of the calling thread's own (created on its first copy, non-blocking
-// with respect to the default stream) and are waited for on an event recorded after them:
-// never a device-wide synchronize, so a trainer's kernels on other streams keep running. Each
-// failure is a Status naming the runtime's error; nothing here aborts.
+// Copies run on a stream of the calling thread's own for the pointer's device (created on its
+// first copy there, non-blocking with respect to the default stream) and are waited for on an
+// event recorded after them (blocking, not spinning): never a device-wide synchronize, so a
+// trainer's kernels on other streams keep running. They are not ordered after the caller's own
+// work: the caller makes sure the kernels writing a tensor are done before it is put (and that
+// none still reads a restore's destination). Each failure is a Status naming the runtime's
+// error; nothing here aborts.
 #pragma once
 
 #include <cstddef>
@@ -22,29 +25,30 @@ class Device {
  public:
   virtual ~Device() = default;
 
-  // "CUDA device 0 (NVIDIA H100 80GB HBM3), runtime 13000".
+  // "CUDA runtime 13000, 2 devices".
   virtual std::string Describe() const = 0;
 
-  // Whether p points into device memory (device or managed allocations count; host memory,
-  // pinned or not, does not). An error when the runtime cannot tell.
-  virtual Status IsDeviceMemory(const void* p, bool* out) = 0;
+  // Where p points: *device is the ordinal of the GPU whose memory it is (device or managed
+  // memory), -1 for host memory (pinned or not). An error when the runtime cannot tell (after a
+  // sticky error of the caller's kernels, for one).
+  virtual Status Locate(const void* p, int* device) = 0;
 
   // Pins [p, p + bytes) of host memory so that copies to and from it are DMA, not staged
   // through the driver's bounce buffers (cudaHostRegister). Unpin undoes it.
   virtual Status Pin(void* p, size_t bytes) = 0;
   virtual void Unpin(void* p) = 0;
 
-  // Copies device memory to host memory (and back) on the calling thread's stream and waits
-  // for that copy's event.
-  virtual Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
-  virtual Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  // Copies GPU `device`'s memory to host memory (and back) on the calling thread's stream for
+  // that device, and waits for that copy's event. The calling thread's current device is as it
+  // was after the call.
+  virtual Status CopyToHost(int device, void* dst, const void* src, size_t bytes) = 0;
+  virtual Status CopyToDevice(int device, void* dst, const void* src, size_t bytes) = 0;
 };
 
 // True in a CUDA or HIP build.
 bool DeviceBuild();
 
-// The build's device (the calling thread's current one), or NotSupported saying why: a host
-// build, no driver, no device.
+// The build's GPU runtime, or NotSupported saying why: a host build, no driver, no device.
 Status OpenDevice(std::unique_ptr<Device>* out);
 
 }  // namespace ckpt::io

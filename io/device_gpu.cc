@@ -9,7 +9,6 @@ using GpuError = cudaError_t;
 using GpuStream = cudaStream_t;
 using GpuEvent = cudaEvent_t;
 using GpuPointerAttributes = cudaPointerAttributes;
-using GpuDeviceProp = cudaDeviceProp;
 inline bool OnDevice(const cudaPointerAttributes& a) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
@@ -21,17 +20,19 @@ using GpuError = hipError_t;
 using GpuStream = hipStream_t;
 using GpuEvent = hipEvent_t;
 using GpuPointerAttributes = hipPointerAttribute_t;
-using GpuDeviceProp = hipDeviceProp_t;
-inline bool OnDevice(const hipPointerAttribute_t& a) {  // HIP 5's fields (Debian 12's ROCm)
+inline bool OnDevice(const hipPointerAttribute_t& a) {
+#if HIP_VERSION_MAJOR >= 6
+  return a.type == hipMemoryTypeDevice || a.type == hipMemoryTypeManaged;
+#else  // HIP 5 (Debian 12's ROCm)
   return a.memoryType == hipMemoryTypeDevice || a.isManaged;
+#endif
 }
 #else
 #error "io/device_gpu.cc needs CKPTDB_DEVICE_CUDA or CKPTDB_DEVICE_HIP"
 #endif
 
-#include <mutex>
-#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/device.h"
@@ -47,12 +48,23 @@ Status Fail(GpuError e, const std::string& what) {
   return e == GPU(ErrorMemoryAllocation) ? Status::NoMemory(s.message()) : s;
 }
 
-// The calling thread's stream and event on the device: created once, kept for the thread's life
-// (a capture worker or a restoring caller), destroyed with it.
+// The calling thread's stream and event on one device: created on its first copy there, kept
+// for the thread's life (a capture worker or a restoring caller), destroyed with it.
 struct ThreadStream {
-  int device = -1;
   GpuStream stream = nullptr;
   GpuEvent done = nullptr;
+  ThreadStream() = default;
+  ThreadStream(const ThreadStream&) = delete;
+  ThreadStream& operator=(const ThreadStream&) = delete;
+  ThreadStream(ThreadStream&& o) noexcept : stream(o.stream), done(o.done) {
+    o.stream = nullptr;
+    o.done = nullptr;
+  }
+  ThreadStream& operator=(ThreadStream&& o) noexcept {
+    std::swap(stream, o.stream);
+    std::swap(done, o.done);
+    return *this;
+  }
   ~ThreadStream() {
     if (done != nullptr) (void)GPU(EventDestroy)(done);
     if (stream != nullptr) (void)GPU(StreamDestroy)(stream);
@@ -61,24 +73,23 @@ struct ThreadStream {
 
 class GpuDevice final : public Device {
  public:
-  GpuDevice(int device, std::string description)
-      : device_(device), description_(std::move(description)) {}
+  explicit GpuDevice(std::string description) : description_(std::move(description)) {}
 
   std::string Describe() const override { return description_; }
 
-  Status IsDeviceMemory(const void* p, bool* out) override {
+  Status Locate(const void* p, int* device) override {
     GpuPointerAttributes a{};
     GpuError e = GPU(PointerGetAttributes)(&a, p);
     if (e != GPU(Success)) {
-      (void)GPU(GetLastError)();  // clear it: an unknown pointer is not a sticky error
+      (void)GPU(GetLastError)();  // not sticky: an unknown pointer
       // Older runtimes refuse host memory they never saw: that is host memory.
       if (e == GPU(ErrorInvalidValue)) {
-        *out = false;
+        *device = -1;
         return Status::Ok();
       }
       return Fail(e, "asking where a pointer lives");
     }
-    *out = OnDevice(a);
+    *device = OnDevice(a) ? a.device : -1;
     return Status::Ok();
   }
 
@@ -87,7 +98,7 @@ class GpuDevice final : public Device {
     GpuError e = GPU(HostRegister)(p, bytes, GPU(HostRegisterPortable));
     if (e != GPU(Success)) {
       (void)GPU(GetLastError)();
-      return Fail(e, "pinning " + std::to_string(bytes) + " bytes of staging memory");
+      return Fail(e, "pinning " + std::to_string(bytes) + " bytes of host memory");
     }
     return Status::Ok();
   }
@@ -96,39 +107,54 @@ class GpuDevice final : public Device {
     if (GPU(HostUnregister)(p) != GPU(Success)) (void)GPU(GetLastError)();
   }
 
-  Status CopyToHost(void* dst, const void* src, size_t bytes) override {
-    return Copy(dst, src, bytes, GPU(MemcpyDeviceToHost), "copying device memory to the host");
+  Status CopyToHost(int device, void* dst, const void* src, size_t bytes) override {
+    return Copy(device, dst, src, bytes, GPU(MemcpyDeviceToHost),
+                "copying device memory to the host");
   }
 
-  Status CopyToDevice(void* dst, const void* src, size_t bytes) override {
-    return Copy(dst, src, bytes, GPU(MemcpyHostToDevice), "copying host memory to the device");
+  Status CopyToDevice(int device, void* dst, const void* src, size_t bytes) override {
+    return Copy(device, dst, src, bytes, GPU(MemcpyHostToDevice),
+                "copying host memory to the device");
   }
 
  private:
-  Status Copy(void* dst, const void* src, size_t bytes, GPU(MemcpyKind) kind, const char* what) {
+  Status Copy(int device, void* dst, const void* src, size_t bytes, GPU(MemcpyKind) kind,
+              const char* what) {
     if (bytes == 0) return Status::Ok();
-    thread_local ThreadStream ts;
-    GpuError e = GPU(SetDevice)(device_);
-    if (e == GPU(Success) && ts.stream != nullptr && ts.device != device_) {
-      ts.~ThreadStream();  // another device's: made anew for this one
-      new (&ts) ThreadStream();
+    if (device < 0 || device >= 1024) {
+      return Status::Invalid(std::string(what) + ": device " + std::to_string(device));
     }
-    if (e == GPU(Success) && ts.stream == nullptr) {
-      e = GPU(StreamCreateWithFlags)(&ts.stream, GPU(StreamNonBlocking));
-      if (e == GPU(Success)) e = GPU(EventCreateWithFlags)(&ts.done, GPU(EventDisableTiming));
-      ts.device = device_;
+    thread_local std::vector<ThreadStream> streams;  // by device ordinal
+    int previous = -1;
+    GpuError e = GPU(GetDevice)(&previous);
+    if (e == GPU(Success)) e = GPU(SetDevice)(device);
+    if (e == GPU(Success) && streams.size() <= static_cast<size_t>(device)) {
+      streams.resize(static_cast<size_t>(device) + 1);
     }
-    if (e == GPU(Success)) e = GPU(MemcpyAsync)(dst, src, bytes, kind, ts.stream);
-    if (e == GPU(Success)) e = GPU(EventRecord)(ts.done, ts.stream);
-    if (e == GPU(Success)) e = GPU(EventSynchronize)(ts.done);
+    if (e == GPU(Success) && streams[device].done == nullptr) {
+      ThreadStream fresh;  // both or neither: a failure leaves nothing half made
+      e = GPU(StreamCreateWithFlags)(&fresh.stream, GPU(StreamNonBlocking));
+      if (e == GPU(Success)) {
+        e = GPU(EventCreateWithFlags)(&fresh.done,
+                                      GPU(EventDisableTiming) | GPU(EventBlockingSync));
+      }
+      if (e == GPU(Success)) streams[device] = std::move(fresh);
+    }
+    if (e == GPU(Success)) {
+      ThreadStream& ts = streams[device];
+      e = GPU(MemcpyAsync)(dst, src, bytes, kind, ts.stream);
+      if (e == GPU(Success)) e = GPU(EventRecord)(ts.done, ts.stream);
+      if (e == GPU(Success)) e = GPU(EventSynchronize)(ts.done);
+    }
+    if (previous >= 0 && previous != device) (void)GPU(SetDevice)(previous);
     if (e != GPU(Success)) {
       (void)GPU(GetLastError)();
-      return Fail(e, std::string(what) + " (" + std::to_string(bytes) + " bytes)");
+      return Fail(e, std::string(what) + " (" + std::to_string(bytes) + " bytes, device " +
+                         std::to_string(device) + ")");
     }
     return Status::Ok();
   }
 
-  const int device_;
   const std::string description_;
 };
 
@@ -144,19 +170,14 @@ Status OpenDevice(std::unique_ptr<Device>* out) {
     return Status::NotSupported(Fail(e, "no usable " GPU_NAME " device").message());
   }
   if (count == 0) return Status::NotSupported("no " GPU_NAME " device");
-  int device = 0;
-  e = GPU(GetDevice)(&device);
-  GpuDeviceProp prop{};
-  if (e == GPU(Success)) e = GPU(GetDeviceProperties)(&prop, device);
   int runtime = 0;
-  if (e == GPU(Success)) e = GPU(RuntimeGetVersion)(&runtime);
+  e = GPU(RuntimeGetVersion)(&runtime);
   if (e != GPU(Success)) {
     (void)GPU(GetLastError)();
-    return Status::NotSupported(Fail(e, "opening " GPU_NAME " device").message());
+    return Status::NotSupported(Fail(e, "opening the " GPU_NAME " runtime").message());
   }
-  *out = std::make_unique<GpuDevice>(device, std::string(GPU_NAME) + " device " +
-                                                 std::to_string(device) + " (" + prop.name +
-                                                 "), runtime " + std::to_string(runtime));
+  *out = std::make_unique<GpuDevice>(std::string(GPU_NAME) + " runtime " + std::to_string(runtime) +
+                                     ", " + std::to_string(count) + " device(s)");
   return Status::Ok();
 }
 

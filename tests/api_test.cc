@@ -178,7 +178,7 @@ TEST_F(ApiTest, MisuseReturnsDocumentedStatusAndChangesNothing) {
   const int device_rc =
       ckptdb_put_shard(db_, 1, "x", d.data(), d.size(), nullptr, CKPTDB_PUT_DEVICE);
   EXPECT_TRUE(device_rc == CKPTDB_ENOTSUP || device_rc == CKPTDB_EINVAL) << device_rc;
-  EXPECT_TRUE(Mentions(device_rc == CKPTDB_ENOTSUP ? "device" : "data is host memory"))
+  EXPECT_TRUE(Mentions(device_rc == CKPTDB_ENOTSUP ? "device" : "host memory"))
       << ckptdb_last_error();
   std::vector<uint8_t> back(d.size());
   const int restore_rc =

@@ -1,6 +1,8 @@
 // GPU memory (issue 8; docs/api.md "Device memory"): shards put from device memory and restored
-// into it, with kernels running beside capture. Built in a CUDA build only (make test-cuda);
-// without a device every test prints why it is skipped.
+// into it, with kernels running beside capture. Built in a CUDA build only (make test-cuda, which
+// runs each test in its own process: a test that leaves the CUDA context broken spoils no other);
+// without a device every test prints why it is skipped. The producer of each put tensor is
+// synchronized first: ckptdb's copies are not ordered after the caller's kernels.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -98,20 +100,24 @@ TEST_F(GpuTest, DevicePutRestoresBitForBit) {
 TEST_F(GpuTest, CaptureDoesNotWaitForOtherKernels) {
   // A kernel keeps rewriting y on its own stream for about a second while x is captured: the
   // capture waits on its own copies' events, never on the device, so it is done first.
+  // A first version opens the device and pins staging, so that the one timed against the kernel
+  // only copies.
+  ASSERT_EQ(ckptdb_put_shard(db_, 1, "x", x_, kBytes, nullptr, CKPTDB_PUT_DEVICE), CKPTDB_OK);
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
   cudaStream_t busy;
   CUDA_OK(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
   int clock_khz = 0;
   CUDA_OK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   BusyKernel<<<64, 256, 0, busy>>>(y_, kFloats, static_cast<long long>(clock_khz) * 1000);
-  ASSERT_EQ(ckptdb_put_shard(db_, 1, "x", x_, kBytes, nullptr, CKPTDB_PUT_DEVICE), CKPTDB_OK)
+  ASSERT_EQ(ckptdb_put_shard(db_, 2, "x", x_, kBytes, nullptr, CKPTDB_PUT_DEVICE), CKPTDB_OK)
       << ckptdb_last_error();
-  ASSERT_EQ(ckptdb_wait_capture(db_, 1, -1), CKPTDB_OK) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_wait_capture(db_, 2, -1), CKPTDB_OK) << ckptdb_last_error();
   EXPECT_EQ(cudaStreamQuery(busy), cudaErrorNotReady)
       << "the busy kernel ended before capture did: the capture may have synchronized the device";
-  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_commit(db_, 2, 0), CKPTDB_OK) << ckptdb_last_error();
   CUDA_OK(cudaStreamSynchronize(busy));
   CUDA_OK(cudaStreamDestroy(busy));
-  EXPECT_EQ(RestoreToHost(1), want_);
+  EXPECT_EQ(RestoreToHost(2), want_);
 }
 
 TEST_F(GpuTest, AfterWaitCaptureTheTensorMayChange) {
@@ -165,14 +171,19 @@ TEST_F(GpuTest, AFailedCopyFailsTheVersionWithAStatus) {
 }
 
 TEST_F(GpuTest, AFullDeviceDoesNotMatter) {
-  // ckptdb allocates no device memory: with none left, capture and restore still work.
+  // Past opening the device (its context, and each thread's stream on first use), ckptdb needs no
+  // device memory: with none left, capture and restore still work.
+  ASSERT_EQ(ckptdb_put_shard(db_, 1, "x", x_, kBytes, nullptr, CKPTDB_PUT_DEVICE), CKPTDB_OK);
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_restore(db_, 1, "x", y_, kBytes, 0), CKPTDB_OK) << ckptdb_last_error();
   std::vector<void*> hog;
   for (void* p = nullptr; cudaMalloc(&p, 256 << 20) == cudaSuccess;) hog.push_back(p);
   for (void* p = nullptr; cudaMalloc(&p, 4 << 20) == cudaSuccess;) hog.push_back(p);
   (void)cudaGetLastError();
-  ASSERT_EQ(ckptdb_put_shard(db_, 1, "x", x_, kBytes, nullptr, CKPTDB_PUT_DEVICE), CKPTDB_OK);
-  EXPECT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
-  EXPECT_EQ(ckptdb_restore(db_, 1, "x", y_, kBytes, 0), CKPTDB_OK) << ckptdb_last_error();
+  CUDA_OK(cudaMemset(y_, 0, kBytes));
+  ASSERT_EQ(ckptdb_put_shard(db_, 2, "x", x_, kBytes, nullptr, CKPTDB_PUT_DEVICE), CKPTDB_OK);
+  EXPECT_EQ(ckptdb_commit(db_, 2, 0), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(ckptdb_restore(db_, 2, "x", y_, kBytes, 0), CKPTDB_OK) << ckptdb_last_error();
   for (void* p : hog) cudaFree(p);
   std::vector<float> got(kFloats);
   CUDA_OK(cudaMemcpy(got.data(), y_, kBytes, cudaMemcpyDeviceToHost));

@@ -320,8 +320,15 @@ def _address(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
 
 
 def _on_gpu(buffer) -> bool:
-    """A CUDA tensor: put and restored with the device flags (ENOTSUP from a host build)."""
-    return getattr(getattr(buffer, "device", None), "type", "cpu") == "cuda"
+    """A CUDA tensor: put and restored with the device flags (ENOTSUP from a host build). The
+    work queued on its device's current stream is waited for first: ckptdb's copies run on
+    streams of their own, not ordered after the caller's kernels."""
+    if getattr(getattr(buffer, "device", None), "type", "cpu") != "cuda":
+        return False
+    import torch  # noqa: PLC0415 - a CUDA tensor came from it
+
+    torch.cuda.current_stream(buffer.device).synchronize()
+    return True
 
 
 def _dims(values, what: str) -> Tuple[int, ...]:
