@@ -1,10 +1,31 @@
 #include "tools/common.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
 
 namespace ckpt::tools {
+
+Mapping::~Mapping() {
+  if (data != MAP_FAILED) munmap(data, bytes);
+}
+
+Status WriteAll(int fd, const void* data, uint64_t bytes, const std::string& what) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t done = 0;
+  while (done < bytes) {
+    size_t step = static_cast<size_t>(std::min<uint64_t>(bytes - done, uint64_t{1} << 30));
+    ssize_t n = write(fd, p + done, step);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "write " + what);
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
 
 std::string ErrorText(int status) {
   std::string text = ckptdb_status_name(status);

@@ -2,12 +2,15 @@
 // into owned records, and the small formatting helpers of their text output.
 #pragma once
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "util/status.h"
 
 namespace ckpt::tools {
 
@@ -20,6 +23,20 @@ struct CloseDb {
   void operator()(ckptdb* db) const { ckptdb_close(db); }
 };
 using DbHandle = std::unique_ptr<ckptdb, CloseDb>;
+
+// An anonymous or file mapping, unmapped when it goes out of scope.
+struct Mapping {
+  void* data = MAP_FAILED;
+  size_t bytes = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping();
+};
+
+// Writes all of [data, data + bytes) to fd (retrying short writes and EINTR); `what` names the
+// file in errors. No fsync.
+Status WriteAll(int fd, const void* data, uint64_t bytes, const std::string& what);
 
 // "CKPTDB_ENOTFOUND: <ckptdb_last_error()>".
 std::string ErrorText(int status);

@@ -34,27 +34,6 @@ struct RestoreArgs {
   std::vector<std::string> names;
 };
 
-struct Mapping {
-  void* data = MAP_FAILED;
-  size_t bytes = 0;
-  ~Mapping() {
-    if (data != MAP_FAILED) munmap(data, bytes);
-  }
-};
-
-Status WriteAll(int fd, const uint8_t* data, uint64_t bytes, const std::string& what) {
-  uint64_t done = 0;
-  while (done < bytes) {
-    size_t step = static_cast<size_t>(std::min<uint64_t>(bytes - done, uint64_t{1} << 30));
-    ssize_t n = write(fd, data + done, step);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, "write " + what);
-    done += static_cast<uint64_t>(n);
-  }
-  if (fsync(fd) != 0) return Status::FromErrno(errno, "fsync " + what);
-  return Status::Ok();
-}
-
 // Creates `file` in dirfd (never following or replacing anything) and writes bytes to it; on
 // failure removes what it created.
 Status WriteNewFile(int dirfd, const std::string& file, const std::string& what,
@@ -62,6 +41,7 @@ Status WriteNewFile(int dirfd, const std::string& file, const std::string& what,
   int fd = openat(dirfd, file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "create " + what);
   Status s = WriteAll(fd, data, bytes, what);
+  if (s.ok() && fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + what);
   if (close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "close " + what);
   if (!s.ok()) unlinkat(dirfd, file.c_str(), 0);
   return s;

@@ -53,17 +53,6 @@ struct Store {
   std::vector<TensorRecord> tensors;
 };
 
-struct Mapping {
-  void* data = MAP_FAILED;
-  size_t bytes = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (data != MAP_FAILED) munmap(data, bytes);
-  }
-};
-
 // One tensor of the file and where its bytes come from.
 struct Planned {
   SafetensorsTensor out;
@@ -165,19 +154,6 @@ Status ReadPlanned(const Planned& p, uint64_t version, uint64_t bytes, void* dst
     return Status::Invalid("tensor '" + p.out.name + "': the shards of the roots given hold " +
                            std::to_string(covered) + " of its " + std::to_string(elements) +
                            " elements (is a rank's root missing?)");
-  }
-  return Status::Ok();
-}
-
-Status WriteAll(int fd, const void* data, uint64_t bytes, const std::string& what) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t done = 0;
-  while (done < bytes) {
-    size_t step = static_cast<size_t>(std::min<uint64_t>(bytes - done, uint64_t{1} << 30));
-    ssize_t n = write(fd, p + done, step);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, "write " + what);
-    done += static_cast<uint64_t>(n);
   }
   return Status::Ok();
 }
