@@ -65,8 +65,8 @@ test-tsan: deps
 	  || exit 1; done
 
 # The CUDA variant (issue 8), built so that it cannot rot where there is no GPU: the library
-# with the CUDA backend (io/device_gpu.cc on the CUDA runtime), and the C API's, capture's and
-# the GPU tests (tests/gpu_test.cu, nvcc). Without a device each GPU test prints why it is
+# with the CUDA backend (io/device_gpu.cc on the CUDA runtime), the C API's, capture's and the
+# GPU tests (tests/gpu_test.cu, nvcc), and the GPU benchmark (built, not run). Without a device each GPU test prints why it is
 # skipped; with one they run. Without nvcc the target says so and builds nothing.
 CUDA_BUILD_DIR ?= build-cuda
 NVCC ?= /usr/local/cuda/bin/nvcc
@@ -75,7 +75,7 @@ test-cuda: deps
 	@if [ ! -x $(NVCC) ]; then echo "test-cuda: skipped, no nvcc at $(NVCC)"; exit 0; fi; \
 	cmake -S . -B $(CUDA_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPTDB_BUILD_FUZZERS=OFF \
 	  -DCKPTDB_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) && \
-	cmake --build $(CUDA_BUILD_DIR) -j$(JOBS) --target $(CUDA_TESTS) && \
+	cmake --build $(CUDA_BUILD_DIR) -j$(JOBS) --target $(CUDA_TESTS) bench_gpu_capture && \
 	ctest --test-dir $(CUDA_BUILD_DIR) --output-on-failure -j$(JOBS) \
 	  -R '^(ApiTest|ApiNames|CaptureTest|GpuTest)\.'
 

@@ -141,6 +141,9 @@ def main():
                         help="where ckptdb's ram tier keeps its arenas (removed at the end)")
     parser.add_argument("--small-steps", type=int, default=300,
                         help="steps of the real client test's small model (0: skip it)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, or cuda: the model and its state on the GPU (needs torch with "
+                             "CUDA and a CUDA build of libckptdb)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch's threads (default: torch's own choice)")
     args = parser.parse_args()
@@ -164,14 +167,16 @@ def run(args):
     per_layer = (width * width + width) * 4 * 3
     layers = max(1, -(-int(args.gib * 2**30) // per_layer))
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)]).to(args.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
-    batch = torch.randn(16, width)
+    batch = torch.randn(16, width, device=args.device)
 
     def train_step():
         optimizer.zero_grad()
         model(batch).square().mean().backward()
         optimizer.step()
+        if args.device != "cpu":
+            torch.cuda.synchronize()  # a step's time is the GPU's
 
     train_step()  # Adam's moments exist from here on
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
