@@ -13,8 +13,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,8 @@
 namespace rocksdb {
 class DB;
 class Env;
+class Logger;
+struct Options;
 }  // namespace rocksdb
 
 namespace ckpt::io {
@@ -108,11 +112,64 @@ struct CatalogBatch {
   std::vector<std::pair<uint64_t, VersionStatsRecord>> put_stats;
 };
 
+class CatalogLogger;
+
+// What ScanCatalogLog found in one RocksDB write-ahead log.
+struct LogScan {
+  bool damaged = false;      // a record fails its header, length or checksum
+  uint64_t bad_offset = 0;   // the first such record's offset
+  bool valid_after = false;  // a whole record that starts a later write follows it
+  uint64_t next_valid_offset = 0;
+};
+// Walks a catalog log record by record (RocksDB's log format). Every catalog write is synced
+// before the next begins, so a crash can tear only the last write: damage with a valid later
+// write after it, or in any log but the newest, is corruption, not a torn tail. Pure; any bytes.
+LogScan ScanCatalogLog(std::span<const uint8_t> log);
+
+// What Catalog::Salvage could read from a damaged catalog: every record that still decodes.
+struct SalvagedCatalog {
+  bool opened = false;
+  std::string open_error;  // when !opened
+  bool has_identity = false;
+  Identity identity;
+  std::string tiers;                           // empty when unreadable
+  std::map<uint64_t, VersionEntry> versions;   // version records that decoded, with residency
+  std::vector<std::string> problems;           // records skipped, reads that stopped
+};
+
 class Catalog {
  public:
   ~Catalog();
+  // Opens the catalog in `dir`. A directory that is absent or empty holds no catalog: NotFound,
+  // or a new catalog when `create` (read-write only). Anything else is opened read-only first and
+  // checked whole (VerifyIntegrity, then `check` on that handle when given); only then, for a
+  // read-write open, reopened read-write. So a damaged catalog (a bad record in the middle of
+  // the log, a missing CURRENT, a bad MANIFEST or table) fails with Corrupt and every byte as it
+  // was; a torn log tail (a crash inside an unsynced write) is recovered. Read-write opens and
+  // every write first check that the file system keeps kReserveBytes free (NoSpace if not).
   static Status Open(const std::string& dir, bool read_only, bool create,
-                     std::unique_ptr<Catalog>* out);
+                     const std::function<Status(Catalog&)>& check, std::unique_ptr<Catalog>* out);
+  static Status Open(const std::string& dir, bool read_only, bool create,
+                     std::unique_ptr<Catalog>* out) {
+    return Open(dir, read_only, create, nullptr, out);
+  }
+
+  // Free space a read-write catalog keeps in hand: a flush of the whole write buffer, the WAL it
+  // came from, a new MANIFEST and OPTIONS file at open, with room to spare. Below it every write
+  // fails with NoSpace before RocksDB is called (issue 20, finding 3).
+  static constexpr uint64_t kReserveBytes = 2 << 20;
+  // NoSpace naming `what` when dir's file system has less than kReserveBytes free.
+  static Status CheckSpace(const std::string& dir, const std::string& what);
+
+  // Repair (ckptdb repair): opens `dir` read-only skipping any log record that fails its
+  // checksum, and reads every record that still decodes. Writes nothing. Never fails: what could
+  // not be read is said in out->problems (or open_error).
+  static void Salvage(const std::string& dir, SalvagedCatalog* out);
+
+  // Checks every table block's checksum and decodes every record (Corrupt naming the first bad
+  // one). Open runs it before any read-write open.
+  Status VerifyIntegrity();
+  const std::string& dir() const { return dir_; }
 
   Status GetIdentity(Identity* out);  // NotFound on a new catalog
   Status PutIdentity(const Identity& id);
@@ -140,7 +197,20 @@ class Catalog {
 
  private:
   Catalog() = default;
+  static rocksdb::Options BaseOptions(const std::shared_ptr<rocksdb::Logger>& logger);
+  // kStrict: a torn log tail only (kTolerateCorruptedTailRecords). kTornTail: replay up to the
+  // first bad record (point in time), after ClassifyLogDamage found only a torn tail. kSalvage:
+  // skip every bad record (repair reads what it can).
+  enum class Recovery { kStrict, kTornTail, kSalvage };
+  static Status OpenRocks(const std::string& dir, bool read_only, bool create,
+                          std::unique_ptr<Catalog>* out, Recovery recovery = Recovery::kStrict);
+  // After a strict open failed: Ok when the only damage in the logs is the newest log's torn
+  // tail (*torn set, and said on stderr), Corrupt naming the log and offset when a log is
+  // damaged otherwise, and Ok with *torn false when the logs are whole (the damage is
+  // elsewhere).
+  static Status ClassifyLogDamage(const std::string& dir, bool* torn);
   std::string dir_;
+  std::shared_ptr<CatalogLogger> logger_;
   std::unique_ptr<rocksdb::Env> env_;  // a recording one (tests), or nullptr: RocksDB's default
   std::unique_ptr<rocksdb::DB> db_;    // after env_: closed before it goes
 };

@@ -19,6 +19,7 @@
 
 #include "engine/internal.h"
 #include "format/checksum.h"
+#include "format/commit_witness.h"
 #include "format/segment_format.h"
 #include "util/assert.h"
 
@@ -63,6 +64,7 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
     // A store this call created and could not finish opening is removed again, so a failed
     // first open leaves nothing behind.
     bool created = db->created_root_;
+    bool created_catalog = db->created_catalog_;
     std::vector<std::string> markers = db->markers_written_;
     std::string arena = db->ram_created_;
     io::Io* io = db->io_;
@@ -75,6 +77,13 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
       if (!arena.empty()) (void)io->Remove(arena);
       std::error_code ec;
       std::filesystem::remove_all(options.root, ec);
+    } else if (created_catalog) {
+      // A catalog this open made in an existing root goes again with what it named: the open
+      // leaves the directory as it found it.
+      for (const std::string& m : markers) (void)io->Remove(m);
+      if (!arena.empty()) (void)io->Remove(arena);
+      std::error_code ec;
+      std::filesystem::remove_all(options.root + "/catalog", ec);
     }
     return st;
   }
@@ -158,9 +167,19 @@ Status Db::OpenImpl() {
     CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(root));
     created_root_ = true;
   } else if (o.read_only || !o.create_if_missing) {
-    // Refuse a directory that is not a store before touching it (no LOCK, no catalog files).
-    Status is_store = io_->PathSize(root + "/catalog/CURRENT", &ignored);
-    if (!is_store.ok()) return Status::NotFound("no ckptdb store at " + root + " (no catalog)");
+    // Refuse a directory that is not a store before touching it (no LOCK, no catalog files). A
+    // catalog directory without CURRENT is a damaged store: Catalog::Open says so.
+    Status is_store = io_->PathSize(root + "/catalog", &ignored);
+    if (!is_store.ok()) {
+      std::map<uint64_t, WitnessFile> witnesses;
+      if (WitnessDir(io_, root).Load(o.rank, 0, &witnesses).ok() && !witnesses.empty()) {
+        return Status::Corrupt("store " + root + " has commit witnesses (" +
+                               witnesses.begin()->second.path +
+                               ", ...) but no catalog: the catalog was lost; nothing was changed "
+                               "(run ckptdb repair " + root + ")");
+      }
+      return Status::NotFound("no ckptdb store at " + root + " (no catalog)");
+    }
   }
   if (!o.read_only) {
     std::string lock_path = root + "/LOCK";
@@ -179,8 +198,29 @@ Status Db::OpenImpl() {
       return Status::FromErrno(err, "locking " + lock_path);
     }
   }
-  CKPTDB_RETURN_IF_ERROR(
-      Catalog::Open(root + "/catalog", o.read_only, o.create_if_missing, &catalog_));
+  // A new catalog only where the root holds none at all: commit witnesses without a catalog
+  // mean it was lost, and starting a new one over them would orphan (and the sweep then
+  // delete) every committed segment.
+  const std::string catalog_dir = root + "/catalog";
+  std::error_code dir_ec;
+  const bool had_catalog = std::filesystem::exists(catalog_dir + "/CURRENT", dir_ec);
+  if (!had_catalog && !o.read_only) {
+    std::map<uint64_t, WitnessFile> witnesses;
+    CKPTDB_RETURN_IF_ERROR(WitnessDir(io_, root).Load(o.rank, 0, &witnesses));
+    if (!witnesses.empty()) {
+      return Status::Corrupt("store " + root + " has commit witnesses (" +
+                             witnesses.begin()->second.path +
+                             ", ...) but no catalog: the catalog was lost; nothing was changed "
+                             "(run ckptdb repair " + root + ")");
+    }
+  }
+  // The catalog is checked whole, read-only, before anything is written (Catalog::Open), and
+  // with it this rank's commit witnesses: a witness the catalog does not account for means the
+  // catalog lost synced records, and the open fails with every byte as it was.
+  CKPTDB_RETURN_IF_ERROR(Catalog::Open(
+      catalog_dir, o.read_only, o.create_if_missing,
+      [this, &root](Catalog& c) { return CheckWitnesses(c, root); }, &catalog_));
+  created_catalog_ = !had_catalog && !o.read_only;
   Status st = catalog_->GetIdentity(&identity_);
   // Every store of a job gets the job's id, derived from its token: a replacement rank on empty
   // directories then recognizes its job's segments on tiers that outlived its node.
@@ -288,11 +328,7 @@ Status Db::OpenImpl() {
   }
   // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
   // copy is refused there).
-  std::string canonical;
-  for (const TierState& t : tiers_) {
-    canonical += (canonical.empty() ? "" : ";") + io::FormatTierSpec(t.spec);
-  }
-  CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(canonical));
+  CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(CanonicalTiers()));
 
   // Fixed buffers: the staging ring (when there is one), then the arena in pieces of at most
   // 1 GiB (the kernel's limit per registered buffer). Registered after recovery, which may have
@@ -340,6 +376,62 @@ Status Db::OpenTiers(const std::vector<io::TierSpec>& specs) {
     }
   }
   return Status::Ok();
+}
+
+Status Db::CheckWitnesses(Catalog& catalog, const std::string& root) {
+  Identity id;
+  Status st = catalog.GetIdentity(&id);
+  if (st.code() == CKPTDB_ENOTFOUND) {
+    // A first open that stopped before writing the identity: it committed nothing.
+    id.rank = options_.rank;
+    id.job_id = 0;
+  } else if (!st.ok()) {
+    return st;
+  }
+  std::map<uint64_t, WitnessFile> witnesses;
+  CKPTDB_RETURN_IF_ERROR(WitnessDir(io_, root).Load(id.rank, 0, &witnesses));
+  if (witnesses.empty()) return Status::Ok();
+  std::map<uint64_t, VersionEntry> versions;
+  CKPTDB_RETURN_IF_ERROR(catalog.LoadAll(&versions));
+  std::vector<std::string> problems;
+  CKPTDB_RETURN_IF_ERROR(
+      CheckWitnessesAgainst(witnesses, versions, id.job_id, catalog.dir(), root, &problems));
+  for (const std::string& p : problems) std::fprintf(stderr, "ckptdb: %s\n", p.c_str());
+  witness_problems_.insert(witness_problems_.end(), problems.begin(), problems.end());
+  return Status::Ok();
+}
+
+std::string Db::CanonicalTiers() const {
+  std::string canonical;
+  for (const TierState& t : tiers_) {
+    canonical += (canonical.empty() ? "" : ";") + io::FormatTierSpec(t.spec);
+  }
+  return canonical;
+}
+
+void Db::WriteWitness(const VersionRecord& rec) {
+  format::CommitWitness w;
+  w.rank = identity_.rank;
+  w.job_id = identity_.job_id;
+  w.version = rec.version;
+  w.world_size = identity_.world_size;
+  w.chunk_bytes = identity_.chunk_bytes;
+  w.data_bytes = rec.data_bytes;
+  w.manifest_xxh3 = rec.manifest_xxh3;
+  w.tensor_count = rec.tensor_count;
+  w.chunk_count = rec.chunk_count;
+  w.created_unix_ns = rec.created_unix_ns;
+  w.committed_unix_ns = rec.committed_unix_ns;
+  w.store_created_unix_ns = identity_.created_unix_ns;
+  w.tiers = CanonicalTiers();
+  if (w.tiers.size() > format::kMaxWitnessTiersBytes) w.tiers.clear();  // repair then asks
+  Status st = WitnessDir(io_, options_.root).Write(w);
+  if (!st.ok()) {
+    std::fprintf(stderr,
+                 "ckptdb: %s is committed, but its commit witness could not be written (%s); "
+                 "the catalog alone records it until ckptdb repair writes the witness\n",
+                 V(rec.version).c_str(), st.message().c_str());
+  }
 }
 
 // Sets each committed copy's in-memory residency to what is really there: a directory copy is

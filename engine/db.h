@@ -43,6 +43,7 @@
 #include "engine/ram_tier.h"
 #include "engine/staging_ring.h"
 #include "engine/tier.h"
+#include "engine/witness.h"
 #include "format/manifest.h"
 #include "format/segment_reader.h"
 #include "io/device.h"
@@ -405,6 +406,15 @@ class Db {
   explicit Db(DbOptions options);
   Status OpenImpl();
   Status OpenTiers(const std::vector<io::TierSpec>& specs);
+  // Open's check of a catalog opened read-only (Catalog::Open): every commit witness of this
+  // rank must be accounted for by a COMMITTED (or RETIRED) record with the same manifest;
+  // Corrupt otherwise. A damaged witness of a version the catalog has committed is only noted
+  // (witness_problems_).
+  Status CheckWitnesses(Catalog& catalog, const std::string& root);
+  // The witness of a version whose COMMITTED record is durable; a failure is printed, not
+  // returned: the version is committed, and the witness is the redundant record of that.
+  void WriteWitness(const VersionRecord& rec);
+  std::string CanonicalTiers() const;
   Status Recover();
   void RefreshResidencyLocked(CatalogBatch* batch);
   Status CheckNotClosed() const;
@@ -569,6 +579,8 @@ class Db {
   size_t commit_tier_ = 0;
   int lock_fd_ = -1;
   bool created_root_ = false;                 // this Open created the root directory
+  bool created_catalog_ = false;              // this Open created the catalog in an existing root
+  std::vector<std::string> witness_problems_;  // damaged witnesses of committed versions (Open)
   std::vector<std::string> markers_written_;  // tier markers this Open created
   std::string ram_created_;                   // the arena file this Open created
 

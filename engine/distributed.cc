@@ -195,7 +195,9 @@ Status Db::ResolveInDoubt() {
     }
   }
   if (batch.put_versions.empty()) return Status::Ok();
-  return catalog_->Apply(batch, /*sync=*/true);
+  CKPTDB_RETURN_IF_ERROR(catalog_->Apply(batch, /*sync=*/true));
+  for (const VersionRecord& r : batch.put_versions) WriteWitness(r);
+  return Status::Ok();
 }
 
 // Segments of this rank on directory tiers that the catalog does not know, of versions the
@@ -273,7 +275,9 @@ Status Db::AdoptSegments() {
     }
   }
   if (batch.put_versions.empty() && batch.put_residency.empty()) return Status::Ok();
-  return catalog_->Apply(batch, /*sync=*/true);
+  CKPTDB_RETURN_IF_ERROR(catalog_->Apply(batch, /*sync=*/true));
+  for (const VersionRecord& r : batch.put_versions) WriteWitness(r);
+  return Status::Ok();
 }
 
 Status Db::OnDecision(uint64_t version, bool committed, const std::string& why) {

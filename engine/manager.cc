@@ -933,6 +933,10 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
   lock.unlock();
   CrashPoint("commit:before_committed");
   Status st = catalog_->Apply(committed, /*sync=*/true);
+  if (st.ok()) {
+    CrashPoint("commit:before_witness");
+    WriteWitness(rec);
+  }
   lock.lock();
   if (!st.ok()) {
     // The decision may or may not be durable; the next open decides from the catalog. Until
@@ -1533,6 +1537,16 @@ void Db::RetireLocked(std::unique_lock<std::mutex>& lock) {
   for (uint64_t v : batch.delete_versions) versions_.erase(v);
   if (batch.put_versions.empty() && batch.delete_versions.empty()) return;
   lock.unlock();
+  // A retired version's witness goes first: a witness always means "committed in the catalog"
+  // (a crash in between leaves a committed record without its witness, which is allowed).
+  for (const VersionRecord& r : batch.put_versions) {
+    if (r.state != CKPTDB_STATE_RETIRED) continue;
+    Status ws = WitnessDir(io_, options_.root).Remove(r.version, identity_.rank);
+    if (!ws.ok()) {
+      std::fprintf(stderr, "ckptdb: retiring %s: removing its commit witness: %s\n",
+                   V(r.version).c_str(), ws.ToString().c_str());
+    }
+  }
   Status st = catalog_->Apply(batch, /*sync=*/false);
   lock.lock();
   if (!st.ok()) std::fprintf(stderr, "ckptdb: retiring versions: %s\n", st.ToString().c_str());

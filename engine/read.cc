@@ -887,6 +887,14 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
     ev.bytes_total = total;
     fn(arg, &ev);
   };
+  if (version == CKPTDB_ALL_VERSIONS && tier == nullptr) {
+    // The store's own metadata: a damaged commit witness of a committed version (Open noted it;
+    // ckptdb repair rewrites it).
+    const Target store{0, ResidencyRecord{}, 0, -1};
+    for (const std::string& problem : witness_problems_) {
+      emit(CKPTDB_VERIFY_PROBLEM, store, -1, 0, 0, 0, problem);
+    }
+  }
   std::vector<uint8_t> scratch;
   for (const Target& t : targets) {
     const bool ram = t.tier >= 0 && tiers_[t.tier].is_ram();

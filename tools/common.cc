@@ -27,6 +27,11 @@ Status WriteAll(int fd, const void* data, uint64_t bytes, const std::string& wha
   return Status::Ok();
 }
 
+int ExitCodeFor(int status) {
+  if (status == CKPTDB_OK) return kExitOk;
+  return status == CKPTDB_EINVAL || status == CKPTDB_ENOTFOUND ? kExitUsage : kExitProblem;
+}
+
 std::string ErrorText(int status) {
   std::string text = ckptdb_status_name(status);
   const char* message = ckptdb_last_error();
@@ -44,7 +49,11 @@ int OpenReadOnly(const std::string& root, DbHandle* out) {
   int rc = ckptdb_open(&o, &db);
   if (rc != CKPTDB_OK) {
     std::fprintf(stderr, "ckptdb: cannot open store %s: %s\n", root.c_str(), ErrorText(rc).c_str());
-    return kExitUsage;
+    if (rc == CKPTDB_ECORRUPT) {
+      std::fprintf(stderr, "ckptdb: the store's metadata is damaged; `ckptdb repair %s` rebuilds "
+                   "the catalog from what verifies\n", root.c_str());
+    }
+    return ExitCodeFor(rc);
   }
   out->reset(db);
   return kExitOk;

@@ -38,11 +38,16 @@ struct Mapping {
 // file in errors. No fsync.
 Status WriteAll(int fd, const void* data, uint64_t bytes, const std::string& what);
 
+// The exit code for a failed call's status: kExitUsage for bad arguments and for no such store,
+// version or name (CKPTDB_EINVAL, CKPTDB_ENOTFOUND); kExitProblem for everything else, damaged
+// data and metadata (CKPTDB_ECORRUPT) and full disks among them.
+int ExitCodeFor(int status);
+
 // "CKPTDB_ENOTFOUND: <ckptdb_last_error()>".
 std::string ErrorText(int status);
 
 // Opens the store at `root` read-only (no recovery, no lock, no writes: safe beside a running
-// trainer). On failure prints the reason to stderr and returns kExitUsage.
+// trainer). On failure prints the reason to stderr and returns ExitCodeFor(status).
 int OpenReadOnly(const std::string& root, DbHandle* out);
 
 struct Residency {

@@ -60,7 +60,7 @@ int RunRestore(const RestoreArgs& args) {
     if (int rc = ckptdb_latest(db.get(), &version); rc != CKPTDB_OK) {
       std::fprintf(stderr, "ckptdb restore: store %s has no restorable version: %s\n",
                    args.root.c_str(), ErrorText(rc).c_str());
-      return kExitUsage;
+      return ExitCodeFor(rc);
     }
   }
   std::vector<TensorRecord> tensors;

@@ -188,7 +188,7 @@ int RunExport(const ExportArgs& args) {
       uint64_t v = 0;
       if (int rc = ckptdb_latest(s.db.get(), &v); rc != CKPTDB_OK) {
         return Fail(cmd, "store " + s.root + " has no restorable version: " + ErrorText(rc),
-                    kExitUsage);
+                    ExitCodeFor(rc));
       }
       version = std::min(version, v);
     }
@@ -463,7 +463,7 @@ int RunImport(const ImportArgs& args) {
   o.world_size = 1;
   ckptdb* raw_db = nullptr;
   if (int rc = ckptdb_open(&o, &raw_db); rc != CKPTDB_OK) {
-    return Fail(cmd, "open " + args.root + ": " + ErrorText(rc), kExitUsage);
+    return Fail(cmd, "open " + args.root + ": " + ErrorText(rc), ExitCodeFor(rc));
   }
   DbHandle db(raw_db);
   int rc = CKPTDB_OK;
