@@ -364,7 +364,7 @@ Status Db::OpenTiers(const std::vector<io::TierSpec>& specs) {
     if (specs[i].kind == io::TierKind::kRam) {
       CKPTDB_ASSERT(i == 0);
       t.ram = std::make_unique<RamTier>(io_, specs[i]);
-      Status st = t.ram->Open(identity_.job_id, identity_.rank, options_.read_only);
+      Status st = t.ram->Open(identity_.job_id, identity_.rank, options_.root, options_.read_only);
       if (t.ram->created()) ram_created_ = t.ram->path();
       CKPTDB_RETURN_IF_ERROR(st);
     } else {

@@ -3,10 +3,12 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <unordered_map>
 
 #include "engine/internal.h"
 #include "format/ram_format.h"
@@ -26,12 +28,18 @@ std::string RamTier::ArenaPath(const std::string& dir, uint64_t job_id, uint32_t
   return dir + b;
 }
 
-Status RamTier::Open(uint64_t job_id, uint32_t rank, bool read_only) {
+Status RamTier::Open(uint64_t job_id, uint32_t rank, const std::string& root_path, bool read_only) {
   CKPTDB_ASSERT(spec_.kind == io::TierKind::kRam);
   read_only_ = read_only;
   path_ = ArenaPath(spec_.path, job_id, rank);
-  std::string what = "ram tier arena " + path_;
-  io::SharedMemoryOptions o;
+  if (root_path.size() > format::kArenaMaxRootPathBytes ||
+      root_path.find('\0') != std::string::npos) {
+    return Status::Invalid("ram tier: the store's root path (" + std::to_string(root_path.size()) +
+                           " bytes) is longer than " +
+                           std::to_string(format::kArenaMaxRootPathBytes) +
+                           " bytes or holds a NUL; the arena header cannot record it");
+  }
+  io::SharedMemoryOptions& o = open_options_;
   o.read_only = read_only;
   o.create_bytes = spec_.capacity_bytes;
   o.lock = !read_only;  // read-only tools touch only the copies they read
@@ -41,43 +49,164 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, bool read_only) {
     if (read_only && st.code() == CKPTDB_ENOTFOUND) return Status::Ok();  // nothing there
     return st.WithContext("ram tier");
   }
-  if (memory_->created()) return CreateArena(job_id, rank);
-  format::ArenaHeader h;
-  st = memory_->bytes() < kHeaderBytes
-           ? Status::Corrupt(what + " is shorter than its header")
-           : format::DecodeArenaHeader(std::span<const uint8_t, format::kArenaHeaderBytes>(
-                                           memory_->data(), format::kArenaHeaderBytes),
-                                       what, &h);
-  if (st.ok() && (h.job_id != job_id || h.rank != rank)) {
-    st = Status::Invalid(what + " belongs to another store (job id " + format::Hex64(h.job_id) +
-                         ", rank " + std::to_string(h.rank) + ")");
+  if (memory_->created()) return CreateArena(job_id, rank, root_path);
+  st = OpenExisting(job_id, rank, root_path);
+  if (!st.ok() || read_only || allocator_ != nullptr) return st;  // (a replaced arena has one)
+  allocator_ = std::make_unique<StagingRing>(memory_->bytes() - kHeaderBytes, kBlockBytes);
+  return Status::Ok();
+}
+
+Status RamTier::OpenExisting(uint64_t job_id, uint32_t rank, const std::string& root_path) {
+  const std::string what = "ram tier arena " + path_;
+  const char* kCopyName[2] = {"A", "B"};
+  // What each copy holds: a header of this format (ok), one whose checksum holds but of another
+  // format version (NotSupported), or damage (Corrupt). A file too short for both slots is
+  // damage in the copy that does not fit.
+  format::ArenaHeader h[2];
+  Status st[2];
+  for (int c = 0; c < 2; ++c) {
+    const uint64_t at = format::kArenaHeaderCopyOffsets[c];
+    const std::string copy =
+        std::string("header copy ") + kCopyName[c] + " at offset " + std::to_string(at);
+    st[c] = memory_->bytes() < at + format::kArenaHeaderCopyBytes
+                ? Status::Corrupt(copy + " lies past the end of the " +
+                                  std::to_string(memory_->bytes()) + "-byte file")
+                : format::DecodeArenaHeaderCopy(
+                      std::span<const uint8_t, format::kArenaHeaderCopyBytes>(
+                          memory_->data() + at, format::kArenaHeaderCopyBytes),
+                      copy, &h[c]);
   }
-  // capacity_bytes may differ from the file's size after a crash inside ResizeToSpec: the
-  // file's size is the arena's, and ResizeToSpec rewrites the header.
-  if (!st.ok()) {
-    if (read_only) {
+  // A read-only open changes nothing and fails on nothing: an arena it cannot trust is one it
+  // does not have, and every copy the catalog places there reads as missing.
+  auto unreadable = [&](const Status& why) {
+    if (!read_only_) return why;
+    std::fprintf(stderr, "ckptdb: %s; read-only, its copies read as missing\n",
+                 why.message().c_str());
+    memory_.reset();
+    return Status::Ok();
+  };
+  int use = -1;
+  if (st[0].ok() && st[1].ok()) {
+    // Copies are only ever written whole from one header_, whose identity never changes: two
+    // valid copies that name different arenas, or equal sequences with different contents, are
+    // something no ckptdb wrote, and nothing says which is right.
+    const format::ArenaHeader& a = h[0];
+    const format::ArenaHeader& b = h[1];
+    const bool same_arena = a.job_id == b.job_id && a.rank == b.rank &&
+                            a.generation == b.generation && a.created_unix_ns == b.created_unix_ns;
+    const bool same_write = a.sequence != b.sequence ||
+                            (a.capacity_bytes == b.capacity_bytes && a.root_path == b.root_path);
+    if (!same_arena || !same_write) {
+      return unreadable(Status::Corrupt(
+          what + ": header copies A and B both pass their checksums but disagree (generation " +
+          format::Hex64(a.generation) + " sequence " + std::to_string(a.sequence) + " vs " +
+          format::Hex64(b.generation) + " sequence " + std::to_string(b.sequence) +
+          "); the arena is left as it is: `ckptdb repair " + root_path +
+          "` can rebuild its header from its copies' indexes"));
+    }
+    use = a.sequence >= b.sequence ? 0 : 1;  // a torn rewrite left A newer (A is written first)
+  } else if (st[0].ok() || st[1].ok()) {
+    use = st[0].ok() ? 0 : 1;
+  }
+  if (use < 0) {
+    // Neither copy is a header of this format.
+    const format::ArenaHeader& older = st[0].code() == CKPTDB_ENOTSUP ? h[0] : h[1];
+    const bool other_format = st[0].code() == CKPTDB_ENOTSUP || st[1].code() == CKPTDB_ENOTSUP;
+    if (read_only_ && other_format) {
+      memory_.reset();  // not an arena this build reads: every copy there reads as missing
+      return Status::Ok();
+    }
+    if (other_format && older.format_version < format::kRamFormatVersion) {
+      // Written by an older ckptdb: this build does not read its layout (docs/format.md).
+      return ReplaceArena(job_id, rank, root_path,
+                          what + ": arena format version " + std::to_string(older.format_version) +
+                              ", written by an older ckptdb, is not read by this one");
+    }
+    if (other_format) {
+      return Status::NotSupported(what + ": arena format version " +
+                                  std::to_string(older.format_version) + ", this build reads " +
+                                  std::to_string(format::kRamFormatVersion) +
+                                  ": open the store with the newer ckptdb, or delete " + path_ +
+                                  " to drop the copies in it");
+    }
+    const uint8_t* p = memory_->data();
+    if (!read_only_ && std::all_of(p, p + memory_->bytes(), [](uint8_t b) { return b == 0; })) {
+      // Zeros from end to end: an arena whose creation was cut short before its header was
+      // written (the file is made and touched first). It holds nothing; finish it.
+      std::fprintf(stderr,
+                   "ckptdb: %s holds only zeros (its creation was cut short); "
+                   "writing its header\n",
+                   what.c_str());
+      return CreateArena(job_id, rank, root_path);
+    }
+    // Each record in the arena carries its own checksum and each copy's index names it: they
+    // may all be intact. Nothing here is removed or rewritten.
+    return unreadable(Status::Corrupt(
+        what + ": both header copies are damaged (" + st[0].message() + "; " + st[1].message() +
+        "); the arena is left as it is: `ckptdb repair " + root_path +
+        "` can rebuild its header from its copies' indexes (or delete " + path_ +
+        " to drop them)"));
+  }
+  const format::ArenaHeader& chosen = h[use];
+  if (chosen.job_id != job_id || chosen.rank != rank) {
+    // The name is this store's alone (job id and rank), so an arena there that names another
+    // store is a stale copy: its copies are not this store's.
+    if (read_only_) {
       memory_.reset();  // not this store's arena: every copy there reads as missing
       return Status::Ok();
     }
-    // The name is this store's alone (job id and rank), so whatever lies there is a damaged or
-    // stale arena of ours: its copies cannot be trusted. Start a new one; the catalog's records
-    // of the old generation then read as missing.
-    std::fprintf(stderr, "ckptdb: %s; replacing it with a new arena\n", st.message().c_str());
-    memory_.reset();
-    CKPTDB_RETURN_IF_ERROR(io_->Remove(path_));
-    CKPTDB_RETURN_IF_ERROR(io_->OpenSharedMemory(path_, o, &memory_).WithContext("ram tier"));
-    return CreateArena(job_id, rank);
+    return ReplaceArena(job_id, rank, root_path,
+                        what + " belongs to another store (job id " + format::Hex64(chosen.job_id) +
+                            ", rank " + std::to_string(chosen.rank) + ")");
   }
-  generation_ = h.generation;
-  header_ = h;
-  if (!read_only) {
-    allocator_ = std::make_unique<StagingRing>(memory_->bytes() - kHeaderBytes, kBlockBytes);
+  if (memory_->bytes() < kHeaderBytes + kBlockBytes) {
+    // No ckptdb makes one (Db's options check asks for more): the header is not to be believed.
+    return unreadable(Status::Corrupt(what + " is " + std::to_string(memory_->bytes()) +
+                                      " bytes, too short for its header area and a region"));
+  }
+  // capacity_bytes may differ from the file's size after a crash inside ResizeToSpec: the
+  // file's size is the arena's, and ResizeToSpec rewrites the header.
+  header_ = chosen;
+  generation_ = chosen.generation;
+  if (read_only_) return Status::Ok();
+  // First make the other copy agree with the chosen one (same sequence), so that from here on
+  // two good copies exist before either is overwritten: rewriting the good copy while the other
+  // is damaged would leave none if this process died halfway through.
+  const int other = 1 - use;
+  if (!st[other].ok()) {
+    std::fprintf(stderr, "ckptdb: %s: %s; rewritten from copy %s\n", what.c_str(),
+                 st[other].message().c_str(), kCopyName[use]);
+    WriteHeaderCopy(other);
+  } else if (h[other].sequence != chosen.sequence) {
+    WriteHeaderCopy(other);  // a rewrite cut short between the copies: finish it
+  }
+  if (header_.root_path != root_path) {
+    header_.root_path = root_path;
+    WriteHeader(header_.capacity_bytes);
   }
   return Status::Ok();
 }
 
-Status RamTier::CreateArena(uint64_t job_id, uint32_t rank) {
+Status RamTier::ReplaceArena(uint64_t job_id, uint32_t rank, const std::string& root_path,
+                             const std::string& why) {
+  CKPTDB_ASSERT(!read_only_);
+  std::fprintf(stderr, "ckptdb: %s; replacing it with a new arena\n", why.c_str());
+  memory_.reset();
+  CKPTDB_RETURN_IF_ERROR(io_->Remove(path_));
+  CKPTDB_RETURN_IF_ERROR(
+      io_->OpenSharedMemory(path_, open_options_, &memory_).WithContext("ram tier"));
+  return CreateArena(job_id, rank, root_path);
+}
+
+Status RamTier::CreateArena(uint64_t job_id, uint32_t rank, const std::string& root_path) {
+  CKPTDB_ASSERT(!read_only_);
   created_ = true;
+  if (memory_->bytes() < kHeaderBytes + kBlockBytes) {
+    return Status::Invalid("ram tier: the arena " + path_ + " is " +
+                           std::to_string(memory_->bytes()) +
+                           " bytes, too small for its header area of " +
+                           std::to_string(kHeaderBytes) + " bytes and a region");
+  }
   if (getrandom(&generation_, sizeof generation_, 0) != sizeof generation_) {
     return Status::FromErrno(errno, "getrandom for the ram arena's generation");
   }
@@ -86,6 +215,7 @@ Status RamTier::CreateArena(uint64_t job_id, uint32_t rank) {
   header_.job_id = job_id;
   header_.generation = generation_;
   header_.created_unix_ns = NowNs();
+  header_.root_path = root_path;
   std::memset(memory_->data(), 0, kHeaderBytes);
   WriteHeader(memory_->bytes());
   allocator_ = std::make_unique<StagingRing>(memory_->bytes() - kHeaderBytes, kBlockBytes);
@@ -107,7 +237,14 @@ void RamTier::Free(const StagingRing::Region& region) {
 
 void RamTier::FreeImage(const RamImage& image) {
   for (const RamExtent& e : image.extents) Free({e.arena_offset, e.bytes});
-  if (image.index_bytes != 0) Free({image.index_offset, image.index_bytes});
+  if (image.index_bytes != 0) {
+    // Erased, so that ScanImages does not offer an evicted copy whose regions may since hold
+    // other records. The catalog's EVICTED record is synced first (manager.cc): a crash
+    // between the two leaves an index nobody names, which a scan finds as it finds an
+    // uncommitted one.
+    std::memset(memory_->data() + image.index_offset, 0, format::kRamIndexHeaderBytes);
+    Free({image.index_offset, image.index_bytes});
+  }
 }
 
 Status RamTier::Claim(const RamImage& image) {
@@ -129,10 +266,24 @@ Status RamTier::Claim(const RamImage& image) {
                          " overlaps another copy or lies outside the arena");
 }
 
+void RamTier::WriteHeaderCopy(int copy) {
+  CKPTDB_ASSERT(!read_only_ && (copy == 0 || copy == 1));
+  format::EncodeArenaHeaderCopy(
+      header_,
+      std::span<uint8_t, format::kArenaHeaderCopyBytes>(
+          memory_->data() + format::kArenaHeaderCopyOffsets[copy], format::kArenaHeaderCopyBytes));
+}
+
 void RamTier::WriteHeader(uint64_t capacity_bytes) {
   header_.capacity_bytes = capacity_bytes;
-  format::EncodeArenaHeader(header_, std::span<uint8_t, format::kArenaHeaderBytes>(
-                                         memory_->data(), format::kArenaHeaderBytes));
+  ++header_.sequence;
+  WriteHeaderCopy(0);
+  // Copy B only once copy A is whole, even as the compiler sees it: a process killed between
+  // the two leaves A new and B old (Open takes the higher sequence), or A torn and B old (Open
+  // takes B), never both torn. The arena is memory: nothing reorders the stores but the
+  // compiler, and the arena does not outlive a power loss.
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  WriteHeaderCopy(1);
 }
 
 Status RamTier::ResizeToSpec() {
@@ -187,44 +338,33 @@ bool RamTier::WriteIndex(uint64_t job_id, uint32_t rank, RamImage* image) {
   return true;
 }
 
-Status RamTier::LoadImage(uint64_t job_id, uint32_t rank, uint64_t version, uint64_t file_bytes,
-                          uint64_t index_offset, uint64_t index_bytes, RamImage* out) const {
-  std::string what = "ram tier arena " + path_ + ", version " + std::to_string(version);
-  CKPTDB_ASSERT(memory_ != nullptr);
+bool RamTier::InArena(uint64_t offset, uint64_t bytes) const {
   const uint64_t capacity = memory_->bytes();
-  auto in_arena = [&](uint64_t offset, uint64_t bytes) {
-    return offset >= kHeaderBytes && offset <= capacity && bytes <= capacity - offset &&
-           format::IsAligned(offset) && format::IsAligned(bytes) && bytes > 0;
-  };
-  if (!in_arena(index_offset, index_bytes)) {
-    return Status::Corrupt(what + ": the catalog places its index at [" +
-                           std::to_string(index_offset) + ", +" + std::to_string(index_bytes) +
-                           "), outside the arena of " + std::to_string(capacity) + " bytes");
-  }
-  format::RamIndex index;
-  CKPTDB_RETURN_IF_ERROR(
-      format::DecodeRamIndex(std::span<const uint8_t>(memory_->data() + index_offset, index_bytes),
-                             kMaxIndexEntries, what, &index));
-  if (index.version != version || index.rank != rank || index.job_id != job_id ||
-      index.generation != generation_ || index.file_bytes != file_bytes) {
-    return Status::Corrupt(what + ": the index describes version " + std::to_string(index.version) +
-                           " of rank " + std::to_string(index.rank) + " (" +
-                           std::to_string(index.file_bytes) +
-                           " bytes), not the copy the catalog recorded");
+  return offset >= kHeaderBytes && offset <= capacity && bytes <= capacity - offset &&
+         format::IsAligned(offset) && format::IsAligned(bytes) && bytes > 0;
+}
+
+Status RamTier::ImageFromIndex(const format::RamIndex& index, uint64_t job_id, uint32_t rank,
+                               uint64_t index_offset, uint64_t index_bytes, const std::string& what,
+                               RamImage* out) const {
+  if (index.rank != rank || index.job_id != job_id || index.generation != generation_) {
+    return Status::Corrupt(what + ": the index belongs to job " + format::Hex64(index.job_id) +
+                           " rank " + std::to_string(index.rank) + " generation " +
+                           format::Hex64(index.generation) + ", not this arena");
   }
   if (index.entries.size() < 2) {
     return Status::Corrupt(what + ": the index lists " + std::to_string(index.entries.size()) +
                            " records; a segment has at least a header and a tail");
   }
   RamImage image;
-  image.version = version;
-  image.file_bytes = file_bytes;
+  image.version = index.version;
+  image.file_bytes = index.file_bytes;
   image.index_offset = index_offset;
   image.index_bytes = index_bytes;
   uint64_t expect = 0;
   for (const format::RamIndexEntry& e : index.entries) {
-    if (e.logical_offset != expect || !in_arena(e.arena_offset, e.bytes) ||
-        e.bytes > file_bytes - expect) {
+    if (e.logical_offset != expect || !InArena(e.arena_offset, e.bytes) ||
+        e.bytes > index.file_bytes - expect) {
       return Status::Corrupt(what + ": index entry for segment offset " +
                              std::to_string(e.logical_offset) + " (arena [" +
                              std::to_string(e.arena_offset) + ", +" + std::to_string(e.bytes) +
@@ -233,11 +373,104 @@ Status RamTier::LoadImage(uint64_t job_id, uint32_t rank, uint64_t version, uint
     expect += e.bytes;
     image.extents.push_back({e.logical_offset, e.arena_offset, e.bytes});
   }
-  if (expect != file_bytes) {
+  if (expect != index.file_bytes) {
     return Status::Corrupt(what + ": the index covers " + std::to_string(expect) + " of " +
-                           std::to_string(file_bytes) + " bytes");
+                           std::to_string(index.file_bytes) + " bytes");
   }
   *out = std::move(image);
+  return Status::Ok();
+}
+
+Status RamTier::LoadImage(uint64_t job_id, uint32_t rank, uint64_t version, uint64_t file_bytes,
+                          uint64_t index_offset, uint64_t index_bytes, RamImage* out) const {
+  std::string what = "ram tier arena " + path_ + ", version " + std::to_string(version);
+  CKPTDB_ASSERT(memory_ != nullptr);
+  if (!InArena(index_offset, index_bytes)) {
+    return Status::Corrupt(what + ": the catalog places its index at [" +
+                           std::to_string(index_offset) + ", +" + std::to_string(index_bytes) +
+                           "), outside the arena of " + std::to_string(memory_->bytes()) +
+                           " bytes");
+  }
+  format::RamIndex index;
+  CKPTDB_RETURN_IF_ERROR(
+      format::DecodeRamIndex(std::span<const uint8_t>(memory_->data() + index_offset, index_bytes),
+                             kMaxIndexEntries, what, &index));
+  if (index.version != version || index.file_bytes != file_bytes) {
+    return Status::Corrupt(what + ": the index describes version " + std::to_string(index.version) +
+                           " of rank " + std::to_string(index.rank) + " (" +
+                           std::to_string(index.file_bytes) +
+                           " bytes), not the copy the catalog recorded");
+  }
+  return ImageFromIndex(index, job_id, rank, index_offset, index_bytes, what, out);
+}
+
+namespace {
+
+// How far a scanned image's own records bear it out, to choose between two indexes that name
+// the same version (a version captured again after a crash that left an index uncommitted): the
+// segment header and the footer decode and name the version, and when the header was written.
+struct Framing {
+  bool whole = false;
+  uint64_t created_unix_ns = 0;
+};
+
+}  // namespace
+
+Status RamTier::ScanImages(uint64_t job_id, uint32_t rank, std::vector<RamImage>* out) const {
+  out->clear();
+  if (memory_ == nullptr) {
+    return Status::State("ram tier arena " + path_ + " is not open; nothing to scan");
+  }
+  const uint64_t capacity = memory_->bytes();
+  const uint8_t* base = memory_->data();
+  auto framing = [&](const RamImage& image) {
+    Framing f;
+    const std::string what = "ram tier arena " + path_ + " scan";
+    format::SegmentHeader header;
+    format::SegmentFooter footer;
+    const uint8_t* head = base + image.extents.front().arena_offset;
+    const RamExtent& last = image.extents.back();
+    const uint8_t* foot = base + last.arena_offset + last.bytes - format::kFooterBytes;
+    if (format::DecodeSegmentHeader(std::span<const uint8_t, 64>(head, 64), what, &header).ok() &&
+        header.version == image.version && header.job_id == job_id && header.rank == rank) {
+      f.created_unix_ns = header.created_unix_ns;
+      f.whole = format::DecodeFooter(std::span<const uint8_t, 64>(foot, 64), what, &footer).ok() &&
+                footer.version == image.version && footer.rank == rank &&
+                footer.file_bytes == image.file_bytes;
+    }
+    return f;
+  };
+  std::vector<Framing> framings;                    // of (*out)[i]
+  std::unordered_map<uint64_t, size_t> by_version;  // version -> its place in *out
+  // Bounded: one step of 4096 bytes per block; an index found is decoded once, at most
+  // kMaxIndexEntries entries.
+  for (uint64_t at = kHeaderBytes; at + kBlockBytes <= capacity; at += kBlockBytes) {
+    std::span<const uint8_t> rest(base + at, capacity - at);
+    if (!format::LooksLikeRamIndex(rest)) continue;
+    const std::string what = "ram tier arena " + path_ + ", index at offset " + std::to_string(at);
+    format::RamIndex index;
+    if (!format::DecodeRamIndex(rest, kMaxIndexEntries, what, &index).ok()) continue;
+    const uint64_t index_bytes = format::AlignUp(format::RamIndexBytes(index.entries.size()));
+    RamImage image;
+    if (!ImageFromIndex(index, job_id, rank, at, index_bytes, what, &image).ok()) continue;
+    // Two indexes of one version whose extents both pass: keep the one whose segment header and
+    // footer decode and name the version, then the one whose header is newer (the capture that
+    // ran after the crash, which the catalog committed), then the first found.
+    Framing f = framing(image);
+    auto [same, fresh] = by_version.emplace(image.version, out->size());
+    if (fresh) {
+      out->push_back(std::move(image));
+      framings.push_back(f);
+      continue;
+    }
+    Framing& g = framings[same->second];
+    if (f.whole != g.whole ? f.whole : f.created_unix_ns > g.created_unix_ns) {
+      (*out)[same->second] = std::move(image);
+      g = f;
+    }
+  }
+  std::sort(out->begin(), out->end(),
+            [](const RamImage& a, const RamImage& b) { return a.version < b.version; });
   return Status::Ok();
 }
 

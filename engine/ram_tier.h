@@ -6,8 +6,9 @@
 //
 // The arena is one file, <dir>/ckptdb-<job id in hex>-r<rank>.ram (docs/format.md, "The ram
 // tier's arena"):
-//   [0, 4096)          arena header block: ArenaHeader (64 bytes), then zeros
-//   [4096, capacity)   regions of 4096-byte multiples, handed out by a StagingRing allocator
+//   [0, 8192)          header copy A: ArenaHeader (64 bytes), the root path extension, zeros
+//   [8192, 16384)      header copy B, the same; the one with the higher sequence wins
+//   [16384, capacity)  regions of 4096-byte multiples, handed out by a StagingRing allocator
 // A version's copy is a segment image: exactly the records its segment file has (header block,
 // chunk records, the manifest record with the footer block), each in a region of its own, and an
 // index region listing where each record lies. The catalog's residency record names the index
@@ -50,11 +51,16 @@ class RamTier {
 
   static std::string ArenaPath(const std::string& dir, uint64_t job_id, uint32_t rank);
 
-  // Read-write: maps the arena, creating it when absent (or when its header names another store
-  // or is damaged: a file with this store's name that is not its arena is replaced). Read-only:
-  // maps it for reading; when it is absent or not this store's, available() is false and every
-  // copy the catalog places there reads as missing.
-  Status Open(uint64_t job_id, uint32_t rank, bool read_only);
+  // Read-write: maps the arena, creating it when absent, and replacing it when its header names
+  // another store or is of format version 1. One damaged header copy is rewritten from the other
+  // (a line on stderr says so); with both damaged the arena is left exactly as it is and Open
+  // fails Corrupt, naming both reasons and `ckptdb repair` (its copies may all be intact); an
+  // arena of a newer format is NotSupported. root_path (the store's root, as its options give
+  // it; at most 4095 bytes, else Invalid) is recorded in the header, which is rewritten when it
+  // names another. Read-only: maps it for reading; when it is absent, not this store's, or has
+  // no readable header, available() is false and every copy the catalog places there reads as
+  // missing.
+  Status Open(uint64_t job_id, uint32_t rank, const std::string& root_path, bool read_only);
 
   const io::TierSpec& spec() const { return spec_; }
   const std::string& name() const { return spec_.name; }
@@ -62,6 +68,9 @@ class RamTier {
   bool available() const { return memory_ != nullptr; }
   bool created() const { return created_; }  // Open made a new arena (first open, or reboot)
   uint64_t generation() const { return generation_; }
+  // The root path the arena's header records: the store's root as the last read-write open gave
+  // it (ckptdb repair finds the store an arena belongs to by it). Empty when !available().
+  const std::string& root_path() const { return header_.root_path; }
   uint64_t capacity() const { return memory_ ? memory_->bytes() : 0; }
   bool locked() const { return memory_ && memory_->locked(); }
   uint8_t* base() const { return memory_->data(); }
@@ -92,24 +101,46 @@ class RamTier {
   // not describe `version` of this store, or has an extent out of bounds or out of order.
   Status LoadImage(uint64_t job_id, uint32_t rank, uint64_t version, uint64_t file_bytes,
                    uint64_t index_offset, uint64_t index_bytes, RamImage* out) const;
+  // Every copy the arena holds, found without the catalog (for ckptdb repair): each 4096-byte
+  // block past the header area that starts with the index magic and decodes as an index of this
+  // store and generation whose extents pass LoadImage's checks gives one image, by version. An
+  // index is erased when its copy is evicted, but one whose commit never reached the catalog is
+  // found too, and a copy's records are only as good as their checksums: a caller reads them
+  // with SegmentReader and claims them before it believes them. Never fails on damage: a
+  // damaged index loses its version and nothing else.
+  Status ScanImages(uint64_t job_id, uint32_t rank, std::vector<RamImage>* out) const;
   // Copies [offset, offset + bytes) of the segment the image stands for; Corrupt past its end.
   Status ReadAt(const RamImage& image, uint64_t offset, void* dst, size_t bytes,
                 const std::string& what) const;
   // The record that starts at logical `offset`, or nullptr when no extent starts there.
   const RamExtent* ExtentAt(const RamImage& image, uint64_t offset) const;
 
-  static constexpr uint64_t kHeaderBytes = 4096;
+  static constexpr uint64_t kHeaderBytes = format::kArenaHeaderAreaBytes;  // both copies
   static constexpr uint32_t kMaxIndexEntries = (1u << 24) + 8;
 
  private:
-  Status CreateArena(uint64_t job_id, uint32_t rank);
-  void WriteHeader(uint64_t capacity_bytes);  // header_ with this capacity, into the arena
+  // Open's choice between the two header copies of an existing arena (read-write or read-only).
+  Status OpenExisting(uint64_t job_id, uint32_t rank, const std::string& root_path);
+  Status CreateArena(uint64_t job_id, uint32_t rank, const std::string& root_path);
+  Status ReplaceArena(uint64_t job_id, uint32_t rank, const std::string& root_path,
+                      const std::string& why);
+  // header_ with this capacity and the next sequence, into copy A and then copy B.
+  void WriteHeader(uint64_t capacity_bytes);
+  void WriteHeaderCopy(int copy);  // header_ as it is, into copy 0 (A) or 1 (B)
+  // The checks every index passes before its image is believed, whoever names it (the catalog
+  // through LoadImage, or ScanImages): this store, this generation, at least a header and a
+  // tail, extents inside the arena's regions and contiguous from 0 to file_bytes.
+  Status ImageFromIndex(const format::RamIndex& index, uint64_t job_id, uint32_t rank,
+                        uint64_t index_offset, uint64_t index_bytes, const std::string& what,
+                        RamImage* out) const;
+  bool InArena(uint64_t offset, uint64_t bytes) const;
 
   io::Io* io_;
   io::TierSpec spec_;
   std::string path_;
   std::unique_ptr<io::SharedMemory> memory_;
   std::unique_ptr<StagingRing> allocator_;  // over [kHeaderBytes, capacity)
+  io::SharedMemoryOptions open_options_;    // as Open mapped the arena (ReplaceArena remaps)
   format::ArenaHeader header_;              // as in the arena (read-write) or as read at Open
   uint64_t generation_ = 0;
   uint64_t frees_ = 0;

@@ -30,6 +30,7 @@ void EncodeArenaHeader(const ArenaHeader& h, std::span<uint8_t, kArenaHeaderByte
   Put<uint64_t>(p, 24, h.capacity_bytes);
   Put<uint64_t>(p, 32, h.generation);
   Put<uint64_t>(p, 40, h.created_unix_ns);
+  Put<uint64_t>(p, 48, h.sequence);
   Put<uint64_t>(p, 56, Xxh3(p, kChecked));
 }
 
@@ -37,9 +38,9 @@ Status DecodeArenaHeader(std::span<const uint8_t, kArenaHeaderBytes> in, const s
                          ArenaHeader* h) {
   const uint8_t* p = in.data();
   if (Get<uint64_t>(p, 0) != Magic(kArenaMagic)) {
-    return Status::Corrupt(what + ": not a ckptdb ram arena (bad magic at offset 0)");
+    return Status::Corrupt(what + ": no ckptdb ram arena header here (bad magic)");
   }
-  CKPTDB_RETURN_IF_ERROR(CheckXxh3(p, kChecked, Get<uint64_t>(p, 56), what + ": arena header"));
+  CKPTDB_RETURN_IF_ERROR(CheckXxh3(p, kChecked, Get<uint64_t>(p, 56), what));
   h->format_version = Get<uint32_t>(p, 8);
   if (h->format_version != kRamFormatVersion) {
     return Status::NotSupported(what + ": arena format version " +
@@ -51,8 +52,61 @@ Status DecodeArenaHeader(std::span<const uint8_t, kArenaHeaderBytes> in, const s
   h->capacity_bytes = Get<uint64_t>(p, 24);
   h->generation = Get<uint64_t>(p, 32);
   h->created_unix_ns = Get<uint64_t>(p, 40);
-  if (Get<uint64_t>(p, 48) != 0) return Status::Corrupt(what + ": arena header reserved field set");
+  h->sequence = Get<uint64_t>(p, 48);
   return Status::Ok();
+}
+
+void EncodeArenaExtension(const std::string& root_path, std::span<uint8_t> out) {
+  const size_t n = root_path.size();
+  CKPTDB_ASSERT(n <= kArenaMaxRootPathBytes && root_path.find('\0') == std::string::npos);
+  CKPTDB_ASSERT(out.size() >= ArenaExtensionBytes(n));
+  uint8_t* p = out.data();
+  Put<uint32_t>(p, 0, static_cast<uint32_t>(n));
+  Put<uint32_t>(p, 4, 0);
+  std::memcpy(p + 8, root_path.data(), n);
+  Put<uint64_t>(p, 8 + n, Xxh3(p, 8 + n));
+}
+
+Status DecodeArenaExtension(std::span<const uint8_t> in, const std::string& what,
+                            std::string* root_path) {
+  const uint8_t* p = in.data();
+  if (in.size() < ArenaExtensionBytes(0)) {
+    return Status::Corrupt(what + ": root path extension cut short at " +
+                           std::to_string(in.size()) + " bytes");
+  }
+  const uint32_t n = Get<uint32_t>(p, 0);
+  // Bounded before the checksum is computed over it: a flipped high bit must not send the hash
+  // past the slot.
+  if (n > kArenaMaxRootPathBytes || ArenaExtensionBytes(n) > in.size()) {
+    return Status::Corrupt(what + ": root path extension claims " + std::to_string(n) +
+                           " bytes of path, more than " + std::to_string(kArenaMaxRootPathBytes));
+  }
+  CKPTDB_RETURN_IF_ERROR(
+      CheckXxh3(p, 8 + n, Get<uint64_t>(p, 8 + n), what + ": root path extension"));
+  if (Get<uint32_t>(p, 4) != 0) {
+    return Status::Corrupt(what + ": root path extension reserved field set");
+  }
+  if (std::memchr(p + 8, 0, n) != nullptr) {
+    return Status::Corrupt(what + ": root path extension holds a NUL byte");
+  }
+  root_path->assign(reinterpret_cast<const char*>(p + 8), n);
+  return Status::Ok();
+}
+
+void EncodeArenaHeaderCopy(const ArenaHeader& h, std::span<uint8_t, kArenaHeaderCopyBytes> out) {
+  std::memset(out.data(), 0, kArenaHeaderCopyBytes);
+  EncodeArenaHeader(h, out.first<kArenaHeaderBytes>());
+  EncodeArenaExtension(h.root_path, out.subspan(kArenaExtensionOffset));
+}
+
+Status DecodeArenaHeaderCopy(std::span<const uint8_t, kArenaHeaderCopyBytes> in,
+                             const std::string& what, ArenaHeader* h) {
+  CKPTDB_RETURN_IF_ERROR(DecodeArenaHeader(in.first<kArenaHeaderBytes>(), what, h));
+  return DecodeArenaExtension(in.subspan(kArenaExtensionOffset), what, &h->root_path);
+}
+
+bool LooksLikeRamIndex(std::span<const uint8_t> in) {
+  return in.size() >= kRamIndexHeaderBytes && Get<uint64_t>(in.data(), 0) == Magic(kIndexMagic);
 }
 
 void EncodeRamIndex(const RamIndex& index, std::span<uint8_t> out) {

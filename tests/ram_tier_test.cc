@@ -2,7 +2,12 @@
 // A trainer killed with SIGKILL at random points leaves the newest committed version restorable
 // from ram by a new process, bit for bit, without a byte read from the slower tier; a lost arena
 // (reboot) falls back to the disk copy; a damaged arena chunk falls back chunk by chunk and is
-// named by verify; the arena grows and shrinks with its spec only when that is safe.
+// named by verify; the arena grows and shrinks with its spec only when that is safe. Its header
+// is kept twice (issue 20): a damaged copy is rewritten from the other and loses no copy, two
+// damaged copies fail the open and change nothing, a rewrite cut short between the copies takes
+// the newer, and every copy is found again by scanning for its index, without the catalog.
+#include "engine/ram_tier.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,6 +16,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -18,6 +25,7 @@
 
 #include "ckptdb/ckptdb.h"
 #include "format/ram_format.h"
+#include "io/io.h"
 #include "tests/test_util.h"
 
 namespace ckpt {
@@ -36,30 +44,64 @@ std::string ArenaFile(const std::string& dir) {
   return "";
 }
 
-// The arena header's capacity field, read from or written into the file itself.
-uint64_t HeaderCapacity(const std::string& arena) {
-  uint8_t b[format::kArenaHeaderBytes];
-  FILE* f = std::fopen(arena.c_str(), "rb");
+// The first `bytes` of a file (the header area, by default).
+std::string FileHead(const std::string& path, size_t bytes = format::kArenaHeaderAreaBytes) {
+  std::string head(bytes, '\0');
+  FILE* f = std::fopen(path.c_str(), "rb");
   EXPECT_NE(f, nullptr);
-  EXPECT_EQ(std::fread(b, 1, sizeof b, f), sizeof b);
+  if (f == nullptr) return "";
+  head.resize(std::fread(head.data(), 1, head.size(), f));
   std::fclose(f);
-  format::ArenaHeader h;
-  EXPECT_TRUE(format::DecodeArenaHeader(std::span<const uint8_t, sizeof b>(b), arena, &h).ok());
-  return h.capacity_bytes;
+  return head;
 }
 
-void SetHeaderCapacity(const std::string& arena, uint64_t capacity) {
-  uint8_t b[format::kArenaHeaderBytes];
+// Header copy `copy` (0: A at offset 0, 1: B at offset 8192) of an arena file, decoded.
+Status ReadHeaderCopy(const std::string& arena, int copy, format::ArenaHeader* h) {
+  const std::string bytes = FileHead(arena);
+  const uint64_t at = format::kArenaHeaderCopyOffsets[copy];
+  if (bytes.size() < at + format::kArenaHeaderCopyBytes) return Status::Corrupt("short file");
+  return format::DecodeArenaHeaderCopy(
+      std::span<const uint8_t, format::kArenaHeaderCopyBytes>(
+          reinterpret_cast<const uint8_t*>(bytes.data()) + at, format::kArenaHeaderCopyBytes),
+      "copy", h);
+}
+
+void WriteHeaderCopy(const std::string& arena, int copy, const format::ArenaHeader& h) {
+  std::vector<uint8_t> slot(format::kArenaHeaderCopyBytes);
+  format::EncodeArenaHeaderCopy(
+      h, std::span<uint8_t, format::kArenaHeaderCopyBytes>(slot.data(), slot.size()));
   FILE* f = std::fopen(arena.c_str(), "r+b");
   ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fread(b, 1, sizeof b, f), sizeof b);
-  format::ArenaHeader h;
-  ASSERT_TRUE(format::DecodeArenaHeader(std::span<const uint8_t, sizeof b>(b), arena, &h).ok());
-  h.capacity_bytes = capacity;
-  format::EncodeArenaHeader(h, std::span<uint8_t, sizeof b>(b));
-  ASSERT_EQ(std::fseek(f, 0, SEEK_SET), 0);
-  ASSERT_EQ(std::fwrite(b, 1, sizeof b, f), sizeof b);
+  ASSERT_EQ(std::fseek(f, static_cast<long>(format::kArenaHeaderCopyOffsets[copy]), SEEK_SET), 0);
+  ASSERT_EQ(std::fwrite(slot.data(), 1, slot.size(), f), slot.size());
   std::fclose(f);
+}
+
+// The arena header's capacity field, read from the file itself: both copies must be whole and
+// agree, as every read-write open and close leaves them.
+uint64_t HeaderCapacity(const std::string& arena) {
+  format::ArenaHeader a, b;
+  EXPECT_TRUE(ReadHeaderCopy(arena, 0, &a).ok());
+  EXPECT_TRUE(ReadHeaderCopy(arena, 1, &b).ok());
+  EXPECT_EQ(a.sequence, b.sequence);
+  EXPECT_EQ(a.capacity_bytes, b.capacity_bytes);
+  return a.capacity_bytes;
+}
+
+// A header rewrite cut short between its two copies: copy A carries the new capacity and the
+// next sequence, copy B is as it was.
+void SetHeaderCapacity(const std::string& arena, uint64_t capacity) {
+  format::ArenaHeader h;
+  ASSERT_TRUE(ReadHeaderCopy(arena, 0, &h).ok());
+  h.capacity_bytes = capacity;
+  ++h.sequence;
+  WriteHeaderCopy(arena, 0, h);
+}
+
+// The job id an arena's file name carries: ckptdb-<16 hex digits>-r<rank>.ram.
+uint64_t ArenaJobId(const std::string& arena) {
+  const std::string name = fs::path(arena).filename().string();
+  return std::stoull(name.substr(7, 16), nullptr, 16);
 }
 
 class RamTierTest : public ::testing::Test {
@@ -227,17 +269,156 @@ TEST_F(RamTierTest, DamagedArenaChunkFallsBackAndVerifyNamesIt) {
   EXPECT_EQ(st.tiers[1].bytes_read, 64u << 10) << "only the bad chunk is read from disk";
 }
 
-TEST_F(RamTierTest, DamagedArenaHeaderStartsANewArena) {
+TEST_F(RamTierTest, ADamagedHeaderCopyIsRewrittenFromTheOther) {
   Open();
   Commit(1, RandomBytes(100 << 10, 5));
   ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
   Close();
-  test::FlipByte(ArenaFile(ram_dir_), 20);  // inside the header's job id
+  const std::string arena = ArenaFile(ram_dir_);
+  const std::string before = FileHead(arena);
+  test::FlipByte(arena, 8192 + 20);  // inside copy B's job id
+  testing::internal::CaptureStderr();
   Open();
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("ram tier arena " + arena + ": header copy B at offset 8192 fails xxh3 ("),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("; rewritten from copy A"), std::string::npos) << said;
   std::vector<uint8_t> out(100 << 10);
   ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
   EXPECT_EQ(out, RandomBytes(100 << 10, 5));
+  EXPECT_STREQ(Stats().last_restore_tier, "ram");
+  Close();
+  EXPECT_EQ(FileHead(arena), before) << "copy B is copy A again, byte for byte";
+}
+
+// Issue 20, finding 4: one flipped bit in the header used to lose every copy in the arena.
+TEST_F(RamTierTest, EveryFlippedBitInOneHeaderCopyLosesNoCopy) {
+  SetTiers("ram:4M,dir=" + ram_dir_);  // ram only: the copies can come from nowhere else
+  Open();
+  auto a = RandomBytes(100 << 10, 31);
+  auto b = RandomBytes(70 << 10, 32);
+  Commit(1, a);
+  Commit(2, b);
+  Close();
+  const std::string arena = ArenaFile(ram_dir_);
+  const std::string before = FileHead(arena);
+  format::ArenaHeader h;
+  ASSERT_TRUE(ReadHeaderCopy(arena, 0, &h).ok());
+  EXPECT_EQ(h.root_path, root_);
+  const uint64_t extension_bytes = format::ArenaExtensionBytes(h.root_path.size());
+  // (offset, mask): every bit of each copy's fixed header, every 37th byte of its extension.
+  std::vector<std::pair<uint64_t, uint8_t>> flips;
+  for (uint64_t copy : format::kArenaHeaderCopyOffsets) {
+    for (uint64_t bit = 0; bit < format::kArenaHeaderBytes * 8; ++bit) {
+      flips.emplace_back(copy + bit / 8, static_cast<uint8_t>(1u << (bit % 8)));
+    }
+    for (uint64_t i = 0; i < extension_bytes; i += 37) {
+      flips.emplace_back(copy + format::kArenaExtensionOffset + i, uint8_t{0x04});
+    }
+  }
+  std::vector<uint8_t> out;
+  for (const auto& [offset, mask] : flips) {
+    test::FlipByte(arena, offset, mask);
+    testing::internal::CaptureStderr();  // one line per flip
+    Open();
+    testing::internal::GetCapturedStderr();
+    out.assign(a.size(), 0);
+    ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << "offset " << offset << ": " << ckptdb_last_error();
+    ASSERT_EQ(out, a) << "offset " << offset;
+    out.assign(b.size(), 0);
+    ASSERT_EQ(Restore(2, &out), CKPTDB_OK) << "offset " << offset << ": " << ckptdb_last_error();
+    ASSERT_EQ(out, b) << "offset " << offset;
+    Close();
+    ASSERT_EQ(FileHead(arena), before)
+        << "offset " << offset << ": the damaged copy was not rewritten";
+  }
+}
+
+TEST_F(RamTierTest, BothHeaderCopiesDamagedFailsTheOpenAndChangesNothing) {
+  Open();
+  auto a = RandomBytes(100 << 10, 33);
+  Commit(1, a);
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
+  Close();
+  const std::string arena = ArenaFile(ram_dir_);
+  test::FlipByte(arena, 20);         // copy A's job id
+  test::FlipByte(arena, 8192 + 80);  // copy B's root path
+  const std::string before = test::ReadWholeFile(arena);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_EQ(ckptdb_open(&o_, &db_), CKPTDB_ECORRUPT);
+    db_ = nullptr;
+    const std::string why = ckptdb_last_error();
+    EXPECT_NE(why.find("ram tier arena " + arena), std::string::npos) << why;
+    EXPECT_NE(why.find("header copy A at offset 0 fails xxh3"), std::string::npos) << why;
+    EXPECT_NE(why.find("header copy B at offset 8192: root path extension fails xxh3"),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("ckptdb repair " + root_), std::string::npos) << why;
+    ASSERT_TRUE(fs::exists(arena));
+    EXPECT_TRUE(test::ReadWholeFile(arena) == before) << "the arena was changed";
+  }
+  // A read-only open goes on without the arena: the ram copy reads as missing.
+  ckptdb_options ro;
+  ckptdb_options_init(&ro);
+  ro.root = root_.c_str();
+  ro.read_only = 1;
+  testing::internal::CaptureStderr();
+  ASSERT_EQ(ckptdb_open(&ro, &db_), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("read-only"), std::string::npos);
+  std::vector<uint8_t> out(a.size());
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
   EXPECT_EQ(std::string(Stats().last_restore_tier), "disk:" + disk_dir_);
+  Close();
+  EXPECT_TRUE(test::ReadWholeFile(arena) == before) << "the arena was changed";
+}
+
+TEST_F(RamTierTest, AnArenaOfTheFirstFormatOrOnlyZerosIsReplaced) {
+  Open();
+  auto a = RandomBytes(100 << 10, 34);
+  Commit(1, a);
+  ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
+  Close();
+  const std::string arena = ArenaFile(ram_dir_);
+  format::ArenaHeader h;
+  ASSERT_TRUE(ReadHeaderCopy(arena, 0, &h).ok());
+  const uint64_t generation = h.generation;
+  // Version 1's header (copy A's fixed header, format_version 1), copy B's slot all zeros.
+  h.format_version = 1;
+  h.sequence = 0;  // version 1's reserved field
+  h.root_path.clear();
+  {
+    std::vector<uint8_t> zeros(format::kArenaHeaderCopyBytes, 0);
+    format::EncodeArenaHeader(h, std::span<uint8_t, format::kArenaHeaderBytes>(zeros.data(), 64));
+    std::string bytes = test::ReadWholeFile(arena);
+    bytes.replace(0, zeros.size(), std::string(zeros.begin(), zeros.end()));
+    bytes.replace(8192, zeros.size(), std::string(zeros.size(), '\0'));
+    test::WriteWholeFile(arena, bytes);
+  }
+  testing::internal::CaptureStderr();
+  Open();
+  std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("arena format version 1, written by an older ckptdb"), std::string::npos)
+      << said;
+  std::vector<uint8_t> out(a.size());
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
+  EXPECT_EQ(std::string(Stats().last_restore_tier), "disk:" + disk_dir_);
+  Close();
+  ASSERT_TRUE(ReadHeaderCopy(arena, 0, &h).ok());
+  EXPECT_NE(h.generation, generation);
+  // An arena of zeros from end to end (its creation cut short) holds nothing: it is finished.
+  test::WriteWholeFile(arena, std::string(fs::file_size(arena), '\0'));
+  testing::internal::CaptureStderr();
+  Open();
+  said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("holds only zeros"), std::string::npos) << said;
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, a);
+  Close();
+  EXPECT_TRUE(ReadHeaderCopy(arena, 0, &h).ok());
+  EXPECT_TRUE(ReadHeaderCopy(arena, 1, &h).ok());
 }
 
 TEST_F(RamTierTest, ArenaResizesOnlyWhenItsCopiesStillFit) {
@@ -376,6 +557,213 @@ TEST_F(RamTierTest, BlockPolicyWaitsForDemotionToMakeRoom) {
     std::vector<uint8_t> out(data[v - 1].size());
     ASSERT_EQ(Restore(v, &out), CKPTDB_OK) << ckptdb_last_error();
     EXPECT_EQ(out, data[v - 1]) << v;
+  }
+}
+
+// ---- The arena's header and index, through RamTier itself -------------------------------------
+
+class RamArenaTest : public RamTierTest {
+ protected:
+  // The arena as RamTier sees it, opened on its own (no catalog), as ckptdb repair would.
+  std::unique_ptr<engine::RamTier> OpenArena(const std::string& root_path, bool read_only,
+                                             Status* st) {
+    const std::string arena = ArenaFile(ram_dir_);
+    io::TierSpec spec;
+    spec.kind = io::TierKind::kRam;
+    spec.path = ram_dir_;
+    spec.capacity_bytes = fs::file_size(arena);
+    spec.name = "ram";
+    auto ram = std::make_unique<engine::RamTier>(io_.get(), spec);
+    *st = ram->Open(ArenaJobId(arena), 0, root_path, read_only);
+    return ram;
+  }
+  // Every version the disk tier holds, as its segment file's bytes.
+  std::map<uint64_t, std::string> DiskSegments() {
+    std::map<uint64_t, std::string> out;
+    for (const auto& e : fs::directory_iterator(disk_dir_)) {
+      const std::string name = e.path().filename().string();
+      if (e.path().extension() != ".seg") continue;
+      out[std::stoull(name.substr(1, 20))] = test::ReadWholeFile(e.path().string());
+    }
+    return out;
+  }
+  static std::string ImageBytes(const engine::RamTier& ram, const engine::RamImage& image) {
+    std::string bytes(image.file_bytes, '\0');
+    EXPECT_TRUE(ram.ReadAt(image, 0, bytes.data(), bytes.size(), "image").ok());
+    return bytes;
+  }
+
+  std::unique_ptr<io::Io> io_ = io::NewPosixIo();
+};
+
+TEST_F(RamArenaTest, ATornHeaderRewriteTakesTheNewerCopy) {
+  Open();
+  Commit(1, RandomBytes(100 << 10, 40));
+  Close();
+  const std::string arena = ArenaFile(ram_dir_);
+  format::ArenaHeader a, b;
+  ASSERT_TRUE(ReadHeaderCopy(arena, 0, &a).ok());
+  ASSERT_TRUE(ReadHeaderCopy(arena, 1, &b).ok());
+  ASSERT_EQ(a.sequence, b.sequence);
+  // Copy A is written first: a process killed in between leaves A new and B old.
+  a.root_path = "/elsewhere/root";
+  ++a.sequence;
+  WriteHeaderCopy(arena, 0, a);
+  Status st;
+  auto ram = OpenArena("/x", /*read_only=*/true, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(ram->available());
+  EXPECT_EQ(ram->root_path(), "/elsewhere/root");
+  ram.reset();
+  // The reverse (B newer) is taken the same way: the higher sequence wins, whichever copy.
+  b.root_path = "/newer/in/b";
+  b.sequence = a.sequence + 1;
+  WriteHeaderCopy(arena, 1, b);
+  ram = OpenArena("/x", /*read_only=*/true, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(ram->root_path(), "/newer/in/b");
+  ram.reset();
+  // A read-write open finishes the rewrite, then records its own root with the next sequence.
+  ram = OpenArena(root_, /*read_only=*/false, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(ram->root_path(), root_);
+  ram.reset();
+  ASSERT_TRUE(ReadHeaderCopy(arena, 0, &a).ok());
+  ASSERT_TRUE(ReadHeaderCopy(arena, 1, &b).ok());
+  EXPECT_EQ(a.sequence, b.sequence);
+  EXPECT_EQ(a.root_path, root_);
+  EXPECT_EQ(b.root_path, root_);
+  // The store opens with its copy in ram.
+  Open();
+  std::vector<uint8_t> out(100 << 10);
+  ASSERT_EQ(Restore(1, &out), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(out, RandomBytes(100 << 10, 40));
+  EXPECT_STREQ(Stats().last_restore_tier, "ram");
+}
+
+TEST_F(RamArenaTest, TwoValidCopiesThatDisagreeAreCorrupt) {
+  Open();
+  Commit(1, RandomBytes(100 << 10, 41));
+  Close();
+  const std::string arena = ArenaFile(ram_dir_);
+  format::ArenaHeader b;
+  ASSERT_TRUE(ReadHeaderCopy(arena, 1, &b).ok());
+  for (int c = 0; c < 2; ++c) {
+    format::ArenaHeader bad = b;
+    if (c == 0) {
+      bad.generation ^= 1;  // another arena's copy, whatever its sequence
+      bad.sequence += 5;
+    } else {
+      bad.capacity_bytes += 4096;  // the same sequence, another content
+    }
+    WriteHeaderCopy(arena, 1, bad);
+    const std::string before = test::ReadWholeFile(arena);
+    Status st;
+    auto ram = OpenArena(root_, /*read_only=*/false, &st);
+    EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << st.ToString();
+    EXPECT_NE(st.message().find("both pass their checksums but disagree"), std::string::npos)
+        << st.message();
+    ram.reset();
+    EXPECT_TRUE(test::ReadWholeFile(arena) == before) << "the arena was changed";
+    testing::internal::CaptureStderr();
+    ram = OpenArena(root_, /*read_only=*/true, &st);
+    testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    EXPECT_FALSE(ram->available());
+  }
+}
+
+TEST_F(RamArenaTest, ScanImagesFindsEveryCopyWithoutTheCatalog) {
+  SetTiers("ram:8M,keep=3,dir=" + ram_dir_ + ";disk:" + disk_dir_);
+  Open();
+  for (uint64_t v = 1; v <= 4; ++v) {
+    Commit(v, RandomBytes((100 + 60 * v) << 10, 50 + 10 * v));
+    ASSERT_EQ(ckptdb_wait_commit(db_, v, "disk", -1), CKPTDB_OK) << ckptdb_last_error();
+  }
+  // Version 1 leaves ram (keep=3) once it is on disk: wait until it is gone.
+  auto ram_state = [&](uint64_t version) {
+    struct Arg {
+      uint64_t version;
+      int state = -1;
+    } arg{version};
+    EXPECT_EQ(ckptdb_list_versions(
+                  db_,
+                  [](void* p, const ckptdb_version_info* i) {
+                    auto* a = static_cast<Arg*>(p);
+                    for (uint32_t k = 0; i->version == a->version && k < i->residency_count; ++k) {
+                      if (std::string(i->residency[k].tier) == "ram") {
+                        a->state = i->residency[k].state;
+                      }
+                    }
+                    return 0;
+                  },
+                  &arg),
+              CKPTDB_OK);
+    return arg.state;
+  };
+  for (int i = 0; i < 1000 && ram_state(1) == CKPTDB_RESIDENT_DURABLE; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(ram_state(1), CKPTDB_RESIDENT_DURABLE) << "version 1 was never evicted from ram";
+  Close();
+  const std::map<uint64_t, std::string> disk = DiskSegments();
+  ASSERT_EQ(disk.size(), 4u);
+  const std::string arena = ArenaFile(ram_dir_);
+
+  // The catalog is not read: each copy in the arena is found by its index alone, and is the
+  // very segment the disk tier holds. The evicted version's index was erased.
+  Status st;
+  auto ram = OpenArena(root_, /*read_only=*/true, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<engine::RamImage> images;
+  ASSERT_TRUE(ram->ScanImages(ArenaJobId(arena), 0, &images).ok());
+  ASSERT_EQ(images.size(), 3u);
+  std::map<uint64_t, engine::RamImage> found;
+  for (const engine::RamImage& image : images) {
+    EXPECT_TRUE(ImageBytes(*ram, image) == disk.at(image.version)) << image.version;
+    found[image.version] = image;
+  }
+  EXPECT_EQ(found.count(1), 0u);
+  EXPECT_EQ(found.count(2) + found.count(3) + found.count(4), 3u);
+  // Another store's job id or rank finds nothing.
+  ASSERT_TRUE(ram->ScanImages(ArenaJobId(arena) ^ 1, 0, &images).ok());
+  EXPECT_TRUE(images.empty());
+  ASSERT_TRUE(ram->ScanImages(ArenaJobId(arena), 1, &images).ok());
+  EXPECT_TRUE(images.empty());
+  ram.reset();
+
+  // A second index of version 3 (as a capture that ran again after a crash leaves): still one
+  // image per version.
+  {
+    std::string bytes = test::ReadWholeFile(arena);
+    const engine::RamImage& v3 = found.at(3);
+    ASSERT_EQ(bytes.substr(bytes.size() - v3.index_bytes), std::string(v3.index_bytes, '\0'))
+        << "the arena's last region is expected free";
+    bytes.replace(bytes.size() - v3.index_bytes, v3.index_bytes,
+                  bytes.substr(v3.index_offset, v3.index_bytes));
+    test::WriteWholeFile(arena, bytes);
+  }
+  ram = OpenArena(root_, /*read_only=*/true, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(ram->ScanImages(ArenaJobId(arena), 0, &images).ok());
+  ASSERT_EQ(images.size(), 3u);
+  for (const engine::RamImage& image : images) {
+    EXPECT_TRUE(ImageBytes(*ram, image) == disk.at(image.version)) << image.version;
+  }
+  ram.reset();
+
+  // A flipped bit in one index loses that version and no other.
+  test::FlipByte(arena, found.at(3).index_offset + 30);
+  test::FlipByte(arena, fs::file_size(arena) - found.at(3).index_bytes + 100);
+  ram = OpenArena(root_, /*read_only=*/true, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(ram->ScanImages(ArenaJobId(arena), 0, &images).ok());
+  ASSERT_EQ(images.size(), 2u);
+  EXPECT_EQ(images[0].version, 2u);
+  EXPECT_EQ(images[1].version, 4u);
+  for (const engine::RamImage& image : images) {
+    EXPECT_EQ(image.index_offset, found.at(image.version).index_offset);
+    EXPECT_TRUE(ImageBytes(*ram, image) == disk.at(image.version)) << image.version;
   }
 }
 
