@@ -16,6 +16,7 @@
 #include "ckptdb/ckptdb.h"
 #include "engine/db.h"
 #include "engine/group_check.h"
+#include "engine/repair.h"
 #include "format/manifest.h"
 
 struct ckptdb {
@@ -379,6 +380,35 @@ int ckptdb_serve(const ckptdb_options* o, ckptdb_server** out) {
     ckpt::Status st = ckpt::engine::ServeNodeMemory(d, &h->cluster);
     if (!st.ok()) return Fail(st);
     *out = h.release();
+    return CKPTDB_OK;
+  });
+}
+
+int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
+                  ckptdb_repair_report* out) {
+  if (o == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_repair: options is NULL"));
+  ckpt::engine::DbOptions d;
+  const char* root = EnvOr(o->root, "CKPTDB_ROOT");
+  if (root == nullptr) {
+    return Fail(ckpt::Status::Invalid("ckptdb_repair: no root: set options.root or CKPTDB_ROOT"));
+  }
+  d.root = root;
+  if (o->tiers != nullptr) d.tiers = o->tiers;
+  return Guard("ckptdb_repair", [&] {
+    ckpt::engine::RepairOutcome outcome;
+    ckpt::Status st = ckpt::engine::RepairStore(
+        d, [fn, arg](const std::string& line) { if (fn != nullptr) fn(arg, line.c_str()); },
+        &outcome);
+    if (out != nullptr) {
+      *out = ckptdb_repair_report{};
+      out->catalog_rebuilt = outcome.catalog_rebuilt ? 1 : 0;
+      out->versions_recovered = outcome.versions_recovered;
+      out->versions_lost = outcome.versions_lost;
+      out->copies_recovered = outcome.copies_recovered;
+      out->files_moved_aside = outcome.files_moved_aside;
+      out->witnesses_written = outcome.witnesses_written;
+    }
+    if (!st.ok()) return Fail(st);
     return CKPTDB_OK;
   });
 }

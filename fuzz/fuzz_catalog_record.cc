@@ -1,6 +1,7 @@
 // libFuzzer target for the catalog's record values (engine/catalog.h: versions, residency,
 // figures), which a reader takes from RocksDB files it did not write in this process: any
-// bytes as each kind of value. Every refusal is Corrupt (or NotSupported: a newer format); a value
+// bytes as each kind of value, as a commit witness (format/commit_witness.h), and as a catalog
+// log for ScanCatalogLog (whose findings must lie inside the input). Every refusal is Corrupt (or NotSupported: a newer format); a value
 // that decodes encodes to a value that decodes to the same record (older residency formats are
 // written back as the current one) and encodes to the same bytes again, and nothing may trip a
 // sanitizer.
@@ -8,11 +9,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "ckptdb/ckptdb.h"
 #include "engine/catalog.h"
 #include "format/checksum.h"
+#include "format/commit_witness.h"
 
 namespace {
 
@@ -54,8 +58,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
 namespace {
 
+void CheckWitnessAndLog(const std::string& in) {
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(in.data()), in.size());
+  ckpt::format::CommitWitness w;
+  Status st = ckpt::format::DecodeCommitWitness(bytes, "fuzz", &w);
+  if (st.ok()) {
+    const std::vector<uint8_t> again = ckpt::format::EncodeCommitWitness(w);
+    if (again.size() != in.size() || std::memcmp(again.data(), in.data(), in.size()) != 0) {
+      std::abort();  // every byte is covered: what decodes is exactly what encodes
+    }
+  } else if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_ENOTSUP) {
+    std::abort();
+  }
+  const ckpt::engine::LogScan scan = ckpt::engine::ScanCatalogLog(bytes);
+  if (scan.damaged && scan.bad_offset >= in.size()) std::abort();
+  if (scan.valid_after && (!scan.damaged || scan.next_valid_offset <= scan.bad_offset ||
+                           scan.next_valid_offset + 7 > in.size())) {
+    std::abort();
+  }
+}
+
 void CheckAll(const std::string& in) {
   using namespace ckpt::engine;
+  CheckWitnessAndLog(in);
   RoundTrip<VersionRecord>(
       in, Catalog::DecodeVersion, Catalog::EncodeVersion,
       [](const VersionRecord& a, const VersionRecord& b) {

@@ -17,6 +17,7 @@ void AddPlanCommand(CLI::App& app, int* exit_code);  // arithmetic only: engine/
 void AddServeCommand(CLI::App& app, int* exit_code);
 void AddExportCommand(CLI::App& app, int* exit_code);  // and ckptdb_restore_slice for --merge
 void AddImportCommand(CLI::App& app, int* exit_code);
+void AddRepairCommand(CLI::App& app, int* exit_code);
 
 // The file name `ckptdb restore` writes tensor `name` to (one safe path component; see
 // tools/restore.cc and docs/cli.md).

@@ -413,6 +413,32 @@ typedef struct ckptdb_verify_report {
 int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                   ckptdb_verify_report* out);
 
+/* ---- Repair ------------------------------------------------------------------------------ */
+typedef void (*ckptdb_repair_fn)(void* arg, const char* line);
+
+typedef struct ckptdb_repair_report {
+  int catalog_rebuilt;         /* 0: the catalog was intact (only witnesses were rewritten) */
+  uint64_t versions_recovered; /* committed versions restorable after the repair */
+  uint64_t versions_lost;      /* committed versions with no copy that verifies */
+  uint64_t copies_recovered;   /* copies recorded in the rebuilt catalog */
+  uint64_t files_moved_aside;  /* segments (".orphan") and witnesses (".damaged") renamed */
+  uint64_t witnesses_written;
+} ckptdb_repair_report;
+
+/* Rebuilds the catalog of the store at o->root from what verifies (docs/cli.md, "repair"), an
+ * explicit act for a store whose open failed with ECORRUPT. Uses o->root and, when set, o->tiers
+ * (else the tiers the damaged catalog or the newest commit witness records). Takes the store's
+ * lock: EBUSY while a trainer has it open. When the catalog opens intact and agrees with every
+ * commit witness it only rewrites missing or damaged witnesses. Otherwise it keeps every
+ * version that a valid witness or a readable COMMITTED record proves committed and whose copy
+ * (on any tier) has a footer and manifest that verify, writes a new catalog and keeps the old
+ * as catalog.damaged-<ns>; it deletes nothing: segments no recovered version accounts for are
+ * renamed "<name>.orphan". fn (may be NULL) gets one line per finding. Returns CKPTDB_OK when
+ * every committed version is restorable, ECORRUPT when some could not be recovered (each named
+ * through fn), EINVAL, ENOTFOUND, EBUSY, EIO, ENOSPC otherwise. out may be NULL. */
+int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
+                  ckptdb_repair_report* out);
+
 /* One coding group's version, as ckptdb_verify_groups found it. Arrays have `members` entries, in
  * the group's position order; everything is valid during the callback only. */
 typedef struct ckptdb_group_check {

@@ -1,0 +1,512 @@
+#include "engine/repair.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "engine/catalog.h"
+#include "engine/internal.h"
+#include "engine/ram_tier.h"
+#include "engine/tier.h"
+#include "engine/witness.h"
+#include "format/segment_format.h"
+#include "format/segment_reader.h"
+#include "io/tier_spec.h"
+
+namespace ckpt::engine {
+namespace {
+
+// What one copy of a committed version looked like.
+struct CopyCheck {
+  bool usable = false;  // footer and manifest verify and match the committed manifest
+  ResidencyRecord residency;
+  uint64_t bad_chunks = 0;
+  uint32_t chunks = 0;
+  uint64_t data_bytes = 0;
+  uint32_t tensor_count = 0;
+  uint64_t manifest_xxh3 = 0;
+  std::string problem;  // why not usable, or which chunks failed
+};
+
+// Checks a segment through `read`: its footer, manifest, version and rank, then every chunk.
+void CheckImage(const std::string& what, uint64_t size, const format::ReadAtFn& read,
+                uint64_t version, uint32_t rank, uint64_t manifest_xxh3, CopyCheck* c) {
+  std::unique_ptr<format::SegmentReader> reader;
+  Status st = format::SegmentReader::Open(what, size, read, &reader);
+  if (st.ok() && (reader->footer().version != version || reader->footer().rank != rank)) {
+    st = Status::Corrupt(what + ": its footer says version " +
+                         std::to_string(reader->footer().version) + " of rank " +
+                         std::to_string(reader->footer().rank));
+  }
+  if (st.ok() && manifest_xxh3 != 0 && reader->footer().manifest_xxh3 != manifest_xxh3) {
+    st = Status::Corrupt(what + ": its manifest xxh3 " +
+                         format::Hex64(reader->footer().manifest_xxh3) +
+                         " is not the committed one " + format::Hex64(manifest_xxh3));
+  }
+  if (!st.ok()) {
+    c->problem = st.message();
+    return;
+  }
+  c->usable = true;
+  c->chunks = reader->footer().chunk_count;
+  c->manifest_xxh3 = reader->footer().manifest_xxh3;
+  const format::ManifestView& m = reader->manifest();
+  c->tensor_count = m.tensor_count();
+  for (uint32_t i = 0; i < m.tensor_count(); ++i) c->data_bytes += m.tensor(i).bytes();
+  std::vector<uint8_t> scratch;
+  for (uint32_t i = 0; i < c->chunks; ++i) {
+    format::ChunkProblem problem;
+    if (!reader->CheckChunk(i, &scratch, &problem).ok()) {
+      if (c->bad_chunks++ == 0) {
+        c->problem = "chunk " + std::to_string(i) + " at offset " +
+                     std::to_string(problem.file_offset) + " fails its check";
+      }
+    }
+  }
+  if (c->bad_chunks > 1) c->problem += " (" + std::to_string(c->bad_chunks) + " chunks in all)";
+}
+
+class Repair {
+ public:
+  Repair(const DbOptions& options, const std::function<void(const std::string&)>& say,
+         RepairOutcome* out)
+      : options_(options), say_(say), out_(out) {}
+
+  Status Run();
+
+ private:
+  void Say(const std::string& line) {
+    if (say_) say_(line);
+  }
+  Status CheckIntact(bool* intact);
+  Status Lock();
+  Status Gather();
+  Status FindCopies();
+  Status WriteCatalog();
+  Status Finish();
+
+  const DbOptions& options_;
+  const std::function<void(const std::string&)>& say_;
+  RepairOutcome* out_;
+  std::unique_ptr<io::Io> io_;
+  std::unique_ptr<io::IoQueue> queue_;
+  int lock_fd_ = -1;
+  std::string root_;
+  std::string catalog_dir_;
+
+  SalvagedCatalog salvaged_;
+  std::map<uint64_t, WitnessFile> witnesses_;
+  Identity identity_;
+  std::string tiers_;
+  std::vector<io::TierSpec> specs_;
+  // The versions to rebuild: committed ones (with their copies), and, in a job, PREPARED ones
+  // that the coordinator decides at the next open.
+  struct Version {
+    VersionRecord record;
+    bool witnessed = false;
+    std::vector<ResidencyRecord> copies;
+  };
+  std::map<uint64_t, Version> versions_;
+  std::set<std::string> kept_paths_;  // segment files the new catalog accounts for
+
+ public:
+  ~Repair() {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+  }
+};
+
+Status Repair::Run() {
+  root_ = options_.root;
+  if (root_.empty()) return Status::Invalid("repair: name the store's root directory");
+  catalog_dir_ = root_ + "/catalog";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(root_, ec)) {
+    return Status::NotFound("repair: no directory " + root_);
+  }
+  io_ = io::NewPosixIo();
+  CKPTDB_RETURN_IF_ERROR(io_->NewQueue(io::QueueOptions{}, &queue_));
+  CKPTDB_RETURN_IF_ERROR(Lock());
+  bool intact = false;
+  CKPTDB_RETURN_IF_ERROR(CheckIntact(&intact));
+  if (intact) return Finish();
+  CKPTDB_RETURN_IF_ERROR(Gather());
+  CKPTDB_RETURN_IF_ERROR(FindCopies());
+  CKPTDB_RETURN_IF_ERROR(WriteCatalog());
+  return Finish();
+}
+
+Status Repair::Lock() {
+  const std::string path = root_ + "/LOCK";
+  lock_fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) return Status::FromErrno(errno, "repair: opening " + path);
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return Status::Busy("repair: store " + root_ +
+                          " is open read-write (a trainer or another repair); close it first");
+    }
+    return Status::FromErrno(errno, "repair: locking " + path);
+  }
+  return Status::Ok();
+}
+
+// The catalog opens whole and agrees with every valid witness: nothing to rebuild. The
+// versions it records as committed are what Finish writes missing witnesses for.
+Status Repair::CheckIntact(bool* intact) {
+  *intact = false;
+  std::error_code ec;
+  if (!std::filesystem::exists(catalog_dir_ + "/CURRENT", ec)) {
+    Say("catalog " + catalog_dir_ + ": missing or without CURRENT; rebuilding it");
+    return Status::Ok();
+  }
+  std::unique_ptr<Catalog> catalog;
+  Status st = Catalog::Open(catalog_dir_, /*read_only=*/true, /*create=*/false, &catalog);
+  Identity id;
+  if (st.ok()) st = catalog->GetIdentity(&id);
+  std::map<uint64_t, VersionEntry> versions;
+  if (st.ok()) st = catalog->LoadAll(&versions);
+  if (st.ok()) st = WitnessDir(io_.get(), root_).Load(id.rank, 0, &witnesses_);
+  std::vector<std::string> problems;
+  if (st.ok()) {
+    st = CheckWitnessesAgainst(witnesses_, versions, id.job_id, catalog_dir_, root_, &problems);
+  }
+  if (!st.ok()) {
+    Say(st.message() + "; rebuilding it");
+    witnesses_.clear();
+    return Status::Ok();
+  }
+  *intact = true;
+  identity_ = id;
+  (void)catalog->GetTiers(&tiers_);
+  Say("catalog " + catalog_dir_ + ": intact, and every commit witness agrees with it");
+  for (const auto& [v, e] : versions) {
+    if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    Version& ver = versions_[v];
+    ver.record = e.record;
+    auto w = witnesses_.find(v);
+    ver.witnessed = w != witnesses_.end() && w->second.status.ok();
+  }
+  return Status::Ok();
+}
+
+// Step 2: what the old catalog still says, and the witnesses.
+Status Repair::Gather() {
+  out_->catalog_rebuilt = true;
+  std::error_code ec;
+  if (std::filesystem::exists(catalog_dir_ + "/CURRENT", ec)) {
+    Catalog::Salvage(catalog_dir_, &salvaged_);
+    if (!salvaged_.opened) {
+      Say("old catalog: unreadable (" + salvaged_.open_error + ")");
+    } else {
+      Say("old catalog: " + std::to_string(salvaged_.versions.size()) +
+          " version record(s) read" +
+          (salvaged_.problems.empty() ? std::string()
+                                      : ", " + std::to_string(salvaged_.problems.size()) +
+                                            " problem(s): " + salvaged_.problems.front()));
+    }
+  }
+  CKPTDB_RETURN_IF_ERROR(
+      WitnessDir(io_.get(), root_).Load(WitnessDir::kAnyRank, 0, &witnesses_));
+  // Whose store: the old catalog's identity, else the newest valid witness's.
+  const format::CommitWitness* newest = nullptr;
+  for (const auto& [v, f] : witnesses_) {
+    if (f.status.ok()) newest = &f.witness;
+  }
+  if (salvaged_.has_identity) {
+    identity_ = salvaged_.identity;
+  } else if (newest != nullptr) {
+    identity_.job_id = newest->job_id;
+    identity_.rank = newest->rank;
+    identity_.world_size = newest->world_size;
+    identity_.chunk_bytes = newest->chunk_bytes;
+    identity_.created_unix_ns = newest->store_created_unix_ns;
+    Say("identity: from commit witness of version " + std::to_string(newest->version) +
+        " (job id " + format::Hex64(identity_.job_id) + ", rank " +
+        std::to_string(identity_.rank) + ")");
+  } else {
+    return Status::Corrupt(
+        "repair: store " + root_ +
+        " has no readable identity record and no valid commit witness: nothing proves which "
+        "versions committed; nothing was changed");
+  }
+  for (auto& [v, f] : witnesses_) {
+    if (!f.status.ok()) {
+      Say("witness " + f.path + ": " + f.status.message());
+    } else if (f.witness.rank != identity_.rank || f.witness.job_id != identity_.job_id) {
+      f.status = Status::Corrupt("commit witness " + f.path + " names job id " +
+                                 format::Hex64(f.witness.job_id) + " rank " +
+                                 std::to_string(f.witness.rank) + ", not this store's");
+      Say("witness " + f.path + ": " + f.status.message() + "; ignored");
+    }
+  }
+  // The tier spec: the caller's, else the old catalog's, else the newest witness's.
+  tiers_ = !options_.tiers.empty() ? options_.tiers
+           : !salvaged_.tiers.empty() ? salvaged_.tiers
+           : newest != nullptr && !newest->tiers.empty() ? newest->tiers
+                                                         : "disk:" + root_ + "/segments";
+  // Committed: a valid witness, or a salvaged COMMITTED record. A job's PREPARED records stay
+  // for the coordinator to decide; a lone rank's never committed.
+  for (const auto& [v, f] : witnesses_) {
+    if (!f.status.ok()) continue;
+    Version& ver = versions_[v];
+    ver.witnessed = true;
+    ver.record.version = v;
+    ver.record.state = CKPTDB_STATE_COMMITTED;
+    ver.record.rank = identity_.rank;
+    ver.record.data_bytes = f.witness.data_bytes;
+    ver.record.tensor_count = f.witness.tensor_count;
+    ver.record.chunk_count = f.witness.chunk_count;
+    ver.record.created_unix_ns = f.witness.created_unix_ns;
+    ver.record.committed_unix_ns = f.witness.committed_unix_ns;
+    ver.record.manifest_xxh3 = f.witness.manifest_xxh3;
+  }
+  for (const auto& [v, e] : salvaged_.versions) {
+    const int state = e.record.state;
+    const bool committed = state == CKPTDB_STATE_COMMITTED;
+    const bool in_doubt = state == CKPTDB_STATE_PREPARED && identity_.world_size > 1;
+    if (!committed && !in_doubt) continue;
+    auto it = versions_.find(v);
+    if (it != versions_.end()) {
+      if (e.record.manifest_xxh3 != it->second.record.manifest_xxh3) {
+        Say("version " + std::to_string(v) + ": the old catalog's manifest xxh3 " +
+            format::Hex64(e.record.manifest_xxh3) + " differs from its witness's; the witness's "
+            "is used");
+      }
+      continue;
+    }
+    versions_[v].record = e.record;
+  }
+  return Status::Ok();
+}
+
+// Step 3: every copy of every version, checked.
+Status Repair::FindCopies() {
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  Status st = io::ParseTierSpecs(tiers_, cwd, &specs_);
+  if (!st.ok()) {
+    return Status::Invalid("repair: the tier spec \"" + tiers_ + "\" does not parse (" +
+                           st.message() + "); give the store's tiers with --tiers");
+  }
+  Say("tiers: " + tiers_);
+  for (const io::TierSpec& spec : specs_) {
+    if (spec.kind == io::TierKind::kRam) {
+      RamTier ram(io_.get(), spec);
+      st = ram.Open(identity_.job_id, identity_.rank, root_, /*read_only=*/true);
+      if (!st.ok() || !ram.available()) {
+        Say("tier " + spec.name + ": no arena of this store" +
+            (st.ok() ? std::string() : " (" + st.message() + ")"));
+        continue;
+      }
+      std::vector<RamImage> images;
+      st = ram.ScanImages(identity_.job_id, identity_.rank, &images);
+      if (!st.ok()) {
+        Say("tier " + spec.name + ": " + st.message());
+        continue;
+      }
+      for (const RamImage& image : images) {
+        auto it = versions_.find(image.version);
+        if (it == versions_.end()) continue;  // not committed: its regions are simply free
+        const std::string what = "tier " + spec.name + ", version " +
+                                 std::to_string(image.version) + ", arena " + ram.path();
+        CopyCheck c;
+        CheckImage(
+            what, image.file_bytes,
+            [&](uint64_t off, void* buf, size_t len) {
+              return ram.ReadAt(image, off, buf, len, what);
+            },
+            image.version, identity_.rank, it->second.record.manifest_xxh3, &c);
+        if (!c.usable) {
+          Say("version " + std::to_string(image.version) + " on " + spec.name +
+              ": not usable: " + c.problem);
+          continue;
+        }
+        c.residency.tier = spec.name;
+        c.residency.state = CKPTDB_RESIDENT_DURABLE;
+        c.residency.path = ram.path();
+        c.residency.file_bytes = image.file_bytes;
+        c.residency.ram_generation = ram.generation();
+        c.residency.ram_index_offset = image.index_offset;
+        c.residency.ram_index_bytes = image.index_bytes;
+        if (c.bad_chunks > 0) {
+          Say("version " + std::to_string(image.version) + " on " + spec.name + ": kept, but " +
+              c.problem + " (restore reads those chunks from another copy)");
+        }
+        it->second.copies.push_back(c.residency);
+      }
+      continue;
+    }
+    Tier tier(io_.get(), spec);
+    for (auto& [v, ver] : versions_) {
+      const std::string path = tier.SegmentPath(v, identity_.rank);
+      uint64_t size = 0;
+      if (!io_->PathSize(path, &size).ok()) continue;
+      const std::string what = "segment " + path + " (tier " + spec.name + ")";
+      int fd = -1;
+      bool direct = false;
+      CopyCheck c;
+      st = io_->Open(path, io::OpenOptions{}, &fd, &direct);
+      if (!st.ok()) {
+        Say("version " + std::to_string(v) + " on " + spec.name + ": " + st.message());
+        continue;
+      }
+      io::IoQueue* q = queue_.get();
+      CheckImage(
+          what, size,
+          [q, fd, what](uint64_t off, void* buf, size_t len) {
+            return io::ReadAt(*q, fd, off, buf, len, what);
+          },
+          v, identity_.rank, ver.record.manifest_xxh3, &c);
+      (void)io_->Close(fd);
+      if (!c.usable) {
+        Say("version " + std::to_string(v) + " on " + spec.name + ": not usable: " + c.problem);
+        continue;
+      }
+      if (ver.record.manifest_xxh3 == 0) ver.record.manifest_xxh3 = c.manifest_xxh3;
+      if (ver.record.data_bytes == 0) ver.record.data_bytes = c.data_bytes;
+      if (ver.record.tensor_count == 0) ver.record.tensor_count = c.tensor_count;
+      if (ver.record.chunk_count == 0) ver.record.chunk_count = c.chunks;
+      if (c.bad_chunks > 0) {
+        Say("version " + std::to_string(v) + " on " + spec.name + ": kept, but " + c.problem +
+            " (restore reads those chunks from another copy)");
+      }
+      c.residency.tier = spec.name;
+      c.residency.state = CKPTDB_RESIDENT_DURABLE;
+      c.residency.path = path;
+      c.residency.file_bytes = size;
+      ver.copies.push_back(c.residency);
+      kept_paths_.insert(path);
+    }
+  }
+  return Status::Ok();
+}
+
+// Step 4: the new catalog, built beside the old and swapped in by two renames.
+Status Repair::WriteCatalog() {
+  const std::string fresh =
+      root_ + "/catalog.repair-" + std::to_string(static_cast<uint64_t>(NowNs()));
+  std::unique_ptr<Catalog> catalog;
+  CKPTDB_RETURN_IF_ERROR(Catalog::Open(fresh, /*read_only=*/false, /*create=*/true, &catalog)
+                             .WithContext("repair: creating the new catalog"));
+  CKPTDB_RETURN_IF_ERROR(catalog->PutIdentity(identity_));
+  CKPTDB_RETURN_IF_ERROR(catalog->PutTiers(tiers_));
+  CatalogBatch batch;
+  for (auto& [v, ver] : versions_) {
+    batch.put_versions.push_back(ver.record);
+    for (const ResidencyRecord& r : ver.copies) batch.put_residency.emplace_back(v, r);
+  }
+  // The newest retired version stays the floor for "versions must increase".
+  for (auto it = salvaged_.versions.rbegin(); it != salvaged_.versions.rend(); ++it) {
+    if (it->second.record.state == CKPTDB_STATE_RETIRED && !versions_.count(it->first)) {
+      batch.put_versions.push_back(it->second.record);
+      break;
+    }
+  }
+  CKPTDB_RETURN_IF_ERROR(catalog->Apply(batch, /*sync=*/true));
+  catalog.reset();
+  std::error_code ec;
+  if (std::filesystem::exists(catalog_dir_, ec)) {
+    const std::string aside =
+        root_ + "/catalog.damaged-" + std::to_string(static_cast<uint64_t>(NowNs()));
+    CKPTDB_RETURN_IF_ERROR(io_->Rename(catalog_dir_, aside));
+    Say("old catalog kept as " + aside);
+  }
+  CKPTDB_RETURN_IF_ERROR(io_->Rename(fresh, catalog_dir_));
+  CKPTDB_RETURN_IF_ERROR(io_->SyncDir(root_));
+  Say("new catalog written: " + catalog_dir_);
+  return Status::Ok();
+}
+
+// Step 5 (and the intact case): witnesses, files moved aside, the verdict.
+Status Repair::Finish() {
+  WitnessDir witnesses(io_.get(), root_);
+  uint64_t lost = 0;
+  for (auto& [v, ver] : versions_) {
+    const bool recovered = !out_->catalog_rebuilt || !ver.copies.empty();
+    if (ver.record.state != CKPTDB_STATE_COMMITTED) {
+      Say("version " + std::to_string(v) + ": PREPARED, " + std::to_string(ver.copies.size()) +
+          " copy(ies); the job's coordinator decides it at the next open");
+      continue;
+    }
+    if (out_->catalog_rebuilt) {
+      if (ver.copies.empty()) {
+        ++lost;
+        Say("version " + std::to_string(v) + ": NOT recovered: committed, but no copy verifies");
+      } else {
+        out_->copies_recovered += ver.copies.size();
+        std::string where;
+        for (const ResidencyRecord& r : ver.copies) where += (where.empty() ? "" : ", ") + r.tier;
+        Say("version " + std::to_string(v) + ": recovered (" + where + ")");
+      }
+    }
+    if (recovered) ++out_->versions_recovered;
+    if (!recovered || ver.witnessed) continue;
+    format::CommitWitness w;
+    w.rank = identity_.rank;
+    w.job_id = identity_.job_id;
+    w.version = v;
+    w.world_size = identity_.world_size;
+    w.chunk_bytes = identity_.chunk_bytes;
+    w.data_bytes = ver.record.data_bytes;
+    w.manifest_xxh3 = ver.record.manifest_xxh3;
+    w.tensor_count = ver.record.tensor_count;
+    w.chunk_count = ver.record.chunk_count;
+    w.created_unix_ns = ver.record.created_unix_ns;
+    w.committed_unix_ns = ver.record.committed_unix_ns;
+    w.store_created_unix_ns = identity_.created_unix_ns;
+    w.tiers = tiers_.size() <= format::kMaxWitnessTiersBytes ? tiers_ : std::string();
+    CKPTDB_RETURN_IF_ERROR(witnesses.Write(w).WithContext("repair: writing the witness of " +
+                                                          V(v)));
+    ++out_->witnesses_written;
+    Say("version " + std::to_string(v) + ": commit witness written");
+  }
+  out_->versions_lost = lost;
+  if (out_->catalog_rebuilt) {
+    // What the next open's sweep would delete goes aside instead: repair deletes nothing.
+    for (const auto& [v, f] : witnesses_) {
+      auto it = versions_.find(v);
+      if (it != versions_.end() && (f.status.ok() || !it->second.copies.empty())) continue;
+      if (f.status.ok() && it != versions_.end()) continue;
+      CKPTDB_RETURN_IF_ERROR(io_->Rename(f.path, f.path + ".damaged"));
+      ++out_->files_moved_aside;
+      Say("witness " + f.path + " moved aside to " + f.path + ".damaged");
+    }
+    for (const io::TierSpec& spec : specs_) {
+      if (spec.kind == io::TierKind::kRam) continue;
+      Tier tier(io_.get(), spec);
+      std::vector<SegmentFileName> files;
+      if (!tier.ListSegments(&files).ok()) continue;
+      for (const SegmentFileName& f : files) {
+        const std::string path = spec.path + "/" + f.name;
+        if (f.rank != identity_.rank || kept_paths_.count(path)) continue;
+        CKPTDB_RETURN_IF_ERROR(io_->Rename(path, path + ".orphan"));
+        ++out_->files_moved_aside;
+        Say("segment " + path + ": no recovered version accounts for it; moved aside to " +
+            path + ".orphan");
+      }
+      (void)io_->SyncDir(spec.path);
+    }
+  }
+  if (lost > 0) {
+    return Status::Corrupt("repair: " + std::to_string(lost) +
+                           " committed version(s) could not be recovered (no copy verifies)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RepairStore(const DbOptions& options, const std::function<void(const std::string&)>& say,
+                   RepairOutcome* out) {
+  *out = RepairOutcome{};
+  Repair repair(options, say, out);
+  return repair.Run();
+}
+
+}  // namespace ckpt::engine
