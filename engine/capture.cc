@@ -439,7 +439,10 @@ Status Db::Commit(uint64_t version, unsigned flags) {
     known->second.stats.commit_blocked_ns += blocked;
     stats_dirty_.insert(version);  // the manager records it
     WakeManager();
-    if (known->second.record.state == CKPTDB_STATE_COMMITTED) return Status::Ok();
+    if (known->second.record.state == CKPTDB_STATE_COMMITTED) {
+      auto witness = witness_errors_.find(version);
+      return witness == witness_errors_.end() ? Status::Ok() : witness->second.WithContext(what);
+    }
   }
   if (!poisoned_.ok()) return poisoned_;
   return Outcome(version, what);
@@ -481,7 +484,10 @@ Status Db::WaitCommit(uint64_t version, const char* tier, int timeout_ms) {
       return Status::State(what + ": the version is " + std::string(ckptdb_state_name(s)) +
                            " and has not been committed");
     }
-    if (target < 0) return Status::Ok();
+    if (target < 0) {
+      auto witness = witness_errors_.find(version);
+      return witness == witness_errors_.end() ? Status::Ok() : witness->second.WithContext(what);
+    }
     for (const ResidencyRecord& r : e.residency) {
       if (r.tier == tiers_[target].name() &&
           (r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_EVICTED)) {

@@ -18,6 +18,7 @@
 
 #include "format/checksum.h"
 #include "format/segment_format.h"
+#include "engine/table_ledger.h"
 #include "io/crash_model.h"
 
 namespace ckpt::engine {
@@ -510,6 +511,9 @@ rocksdb::Options Catalog::BaseOptions(const std::shared_ptr<rocksdb::Logger>& lo
   // write buffer bounds how much a flush writes at once, and so the reserve below.
   options.max_open_files = 64;
   options.write_buffer_size = 512 << 10;
+  // A log file that goes missing is corruption, not an empty log (without this RocksDB cannot
+  // tell, and the records in it, synced COMMITTED ones among them, would silently vanish).
+  options.track_and_verify_wals_in_manifest = true;
   return options;
 }
 
@@ -638,8 +642,11 @@ Status Catalog::OpenRocks(const std::string& dir, bool read_only, bool create,
   if (recovery == Recovery::kTornTail) {
     options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   } else if (recovery == Recovery::kSalvage) {
-    options.paranoid_checks = false;
-    options.wal_recovery_mode = rocksdb::WALRecoveryMode::kSkipAnyCorruptedRecords;
+    // Point in time, not kSkipAnyCorruptedRecords: Debian's 7.8 log reader was seen to loop
+    // forever skipping a damaged record (the corruption campaign hung in it). What lies past
+    // the damage is lost to the salvage; the commit witnesses still name every committed
+    // version. paranoid_checks stays on: without it a damaged table corrupted RocksDB's heap.
+    options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
   }
   auto c = std::unique_ptr<Catalog>(new Catalog());
   c->dir_ = dir;
@@ -653,6 +660,14 @@ Status Catalog::OpenRocks(const std::string& dir, bool read_only, bool create,
     const std::string where =
         std::filesystem::is_directory(dir, ec) ? dir : std::filesystem::path(dir).parent_path().string();
     CKPTDB_RETURN_IF_ERROR(CheckSpace(where.empty() ? "." : where, "opening the catalog"));
+  }
+  if (!read_only) {
+    options.listeners.push_back(std::make_shared<TableLedger>(
+        dir, options.env != nullptr ? options.env : rocksdb::Env::Default()));
+  }
+  if (!create) {
+    // Before RocksDB reads a table: a damaged one could abort the process inside DB::Open.
+    CKPTDB_RETURN_IF_ERROR(TableLedger::Verify(dir));
   }
   rocksdb::DB* db = nullptr;
   rocksdb::Status s = read_only ? rocksdb::DB::OpenForReadOnly(options, dir, &db)
@@ -671,8 +686,18 @@ Status Catalog::OpenRocks(const std::string& dir, bool read_only, bool create,
   }
   c->db_.reset(db);
   c->logger_ = std::move(logger);
+  c->read_only_ = read_only;
+  c->recovery_ = recovery;
   *out = std::move(c);
   return Status::Ok();
+}
+
+Status Catalog::ReopenReadWrite(std::unique_ptr<Catalog>* catalog) {
+  const std::string dir = (*catalog)->dir_;
+  const Recovery recovery = (*catalog)->recovery_;
+  catalog->reset();
+  CKPTDB_RETURN_IF_ERROR(CheckSpace(dir, "opening the catalog read-write"));
+  return OpenRocks(dir, /*read_only=*/false, /*create=*/false, catalog, recovery);
 }
 
 void Catalog::Salvage(const std::string& dir, SalvagedCatalog* out) {
@@ -684,6 +709,13 @@ void Catalog::Salvage(const std::string& dir, SalvagedCatalog* out) {
     return;
   }
   out->opened = true;
+  // Tables are read only when every block verifies: RocksDB is not safe to iterate over a
+  // damaged table (the witnesses name every committed version without them).
+  if (rocksdb::Status v = c->db_->VerifyChecksum(); !v.ok()) {
+    out->problems.push_back("its tables fail their checksums (" + v.ToString() +
+                            "); their version records are not read");
+    return;
+  }
   Status id = c->GetIdentity(&out->identity);
   out->has_identity = id.ok();
   if (!id.ok() && id.code() != CKPTDB_ENOTFOUND) out->problems.push_back(id.message());

@@ -154,6 +154,11 @@ class Catalog {
     return Open(dir, read_only, create, nullptr, out);
   }
 
+  // Replaces a handle Open returned read-only (after its checks) by a read-write one with the
+  // same recovery (a torn tail found at Open is recovered the same way), after CheckSpace.
+  static Status ReopenReadWrite(std::unique_ptr<Catalog>* catalog);
+  bool read_only() const { return read_only_; }
+
   // Free space a read-write catalog keeps in hand: a flush of the whole write buffer, the WAL it
   // came from, a new MANIFEST and OPTIONS file at open, with room to spare. Below it every write
   // fails with NoSpace before RocksDB is called (issue 20, finding 3).
@@ -161,8 +166,8 @@ class Catalog {
   // NoSpace naming `what` when dir's file system has less than kReserveBytes free.
   static Status CheckSpace(const std::string& dir, const std::string& what);
 
-  // Repair (ckptdb repair): opens `dir` read-only skipping any log record that fails its
-  // checksum, and reads every record that still decodes. Writes nothing. Never fails: what could
+  // Repair (ckptdb repair): opens `dir` read-only replaying its log up to the first record that
+  // fails its checksum, and reads every record that still decodes. Writes nothing. Never fails: what could
   // not be read is said in out->problems (or open_error).
   static void Salvage(const std::string& dir, SalvagedCatalog* out);
 
@@ -200,7 +205,7 @@ class Catalog {
   static rocksdb::Options BaseOptions(const std::shared_ptr<rocksdb::Logger>& logger);
   // kStrict: a torn log tail only (kTolerateCorruptedTailRecords). kTornTail: replay up to the
   // first bad record (point in time), after ClassifyLogDamage found only a torn tail. kSalvage:
-  // skip every bad record (repair reads what it can).
+  // the same without paranoid checks (repair reads what it can).
   enum class Recovery { kStrict, kTornTail, kSalvage };
   static Status OpenRocks(const std::string& dir, bool read_only, bool create,
                           std::unique_ptr<Catalog>* out, Recovery recovery = Recovery::kStrict);
@@ -210,6 +215,8 @@ class Catalog {
   // elsewhere).
   static Status ClassifyLogDamage(const std::string& dir, bool* torn);
   std::string dir_;
+  bool read_only_ = false;
+  Recovery recovery_ = Recovery::kStrict;
   std::shared_ptr<CatalogLogger> logger_;
   std::unique_ptr<rocksdb::Env> env_;  // a recording one (tests), or nullptr: RocksDB's default
   std::unique_ptr<rocksdb::DB> db_;    // after env_: closed before it goes

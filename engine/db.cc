@@ -65,6 +65,8 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
     // first open leaves nothing behind.
     bool created = db->created_root_;
     bool created_catalog = db->created_catalog_;
+    // Markers and an arena this open created go again in every case: a failed open leaves the
+    // tiers as it found them.
     std::vector<std::string> markers = db->markers_written_;
     std::string arena = db->ram_created_;
     io::Io* io = db->io_;
@@ -77,13 +79,14 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
       if (!arena.empty()) (void)io->Remove(arena);
       std::error_code ec;
       std::filesystem::remove_all(options.root, ec);
-    } else if (created_catalog) {
-      // A catalog this open made in an existing root goes again with what it named: the open
-      // leaves the directory as it found it.
+    } else {
       for (const std::string& m : markers) (void)io->Remove(m);
       if (!arena.empty()) (void)io->Remove(arena);
-      std::error_code ec;
-      std::filesystem::remove_all(options.root + "/catalog", ec);
+      if (created_catalog) {
+        // A catalog this open made in an existing root goes again with what it named.
+        std::error_code ec;
+        std::filesystem::remove_all(options.root + "/catalog", ec);
+      }
     }
     return st;
   }
@@ -208,20 +211,32 @@ Status Db::OpenImpl() {
     std::map<uint64_t, WitnessFile> witnesses;
     CKPTDB_RETURN_IF_ERROR(WitnessDir(io_, root).Load(o.rank, 0, &witnesses));
     if (!witnesses.empty()) {
-      return Status::Corrupt("store " + root + " has commit witnesses (" +
-                             witnesses.begin()->second.path +
-                             ", ...) but no catalog: the catalog was lost; nothing was changed "
-                             "(run ckptdb repair " + root + ")");
+      const bool some = std::filesystem::is_directory(catalog_dir, dir_ec) &&
+                        !std::filesystem::is_empty(catalog_dir, dir_ec);
+      return Status::Corrupt(
+          "store " + root + " has commit witnesses (" + witnesses.begin()->second.path +
+          ", ...) but " +
+          (some ? "its catalog " + catalog_dir + " has no CURRENT: the catalog is damaged"
+                : std::string("no catalog: the catalog was lost")) +
+          "; nothing was changed (run ckptdb repair " + root + ")");
     }
   }
   // The catalog is checked whole, read-only, before anything is written (Catalog::Open), and
   // with it this rank's commit witnesses: a witness the catalog does not account for means the
   // catalog lost synced records, and the open fails with every byte as it was.
+  // An existing catalog stays read-only until the tiers (their markers, the arena's header) are
+  // checked too: only then may RocksDB write (its read-write open flushes and rolls files).
+  const bool reopen_read_write = had_catalog && !o.read_only;
   CKPTDB_RETURN_IF_ERROR(Catalog::Open(
-      catalog_dir, o.read_only, o.create_if_missing,
+      catalog_dir, o.read_only || reopen_read_write, o.create_if_missing,
       [this, &root](Catalog& c) { return CheckWitnesses(c, root); }, &catalog_));
   created_catalog_ = !had_catalog && !o.read_only;
   Status st = catalog_->GetIdentity(&identity_);
+  if (st.code() == CKPTDB_ENOTFOUND && reopen_read_write) {
+    // A catalog without identity: a first open stopped before writing it, so nothing else is in
+    // it either. Written now, which needs the catalog read-write.
+    CKPTDB_RETURN_IF_ERROR(Catalog::ReopenReadWrite(&catalog_));
+  }
   // Every store of a job gets the job's id, derived from its token: a replacement rank on empty
   // directories then recognizes its job's segments on tiers that outlived its node.
   uint64_t job_id = 0;
@@ -269,6 +284,9 @@ Status Db::OpenImpl() {
     for (const io::TierSpec& s : specs) tiers_.emplace_back(s);
   }
   CKPTDB_RETURN_IF_ERROR(OpenTiers(specs));
+  if (reopen_read_write && catalog_->read_only()) {
+    CKPTDB_RETURN_IF_ERROR(Catalog::ReopenReadWrite(&catalog_));
+  }
 
   io::QueueOptions qo;
   qo.queue_depth = o.queue_depth;
@@ -409,7 +427,7 @@ std::string Db::CanonicalTiers() const {
   return canonical;
 }
 
-void Db::WriteWitness(const VersionRecord& rec) {
+Status Db::WriteWitness(const VersionRecord& rec) {
   format::CommitWitness w;
   w.rank = identity_.rank;
   w.job_id = identity_.job_id;
@@ -426,12 +444,15 @@ void Db::WriteWitness(const VersionRecord& rec) {
   w.tiers = CanonicalTiers();
   if (w.tiers.size() > format::kMaxWitnessTiersBytes) w.tiers.clear();  // repair then asks
   Status st = WitnessDir(io_, options_.root).Write(w);
-  if (!st.ok()) {
-    std::fprintf(stderr,
-                 "ckptdb: %s is committed, but its commit witness could not be written (%s); "
-                 "the catalog alone records it until ckptdb repair writes the witness\n",
-                 V(rec.version).c_str(), st.message().c_str());
-  }
+  if (st.ok()) return st;
+  st = Status::FromCode(st.code(), V(rec.version) +
+                                       " is committed (its COMMITTED record is durable), but its "
+                                       "commit witness could not be written: " +
+                                       st.message() +
+                                       "; the catalog alone records it until ckptdb repair "
+                                       "writes the witness");
+  std::fprintf(stderr, "ckptdb: %s\n", st.message().c_str());
+  return st;
 }
 
 // Sets each committed copy's in-memory residency to what is really there: a directory copy is
@@ -476,12 +497,46 @@ void Db::RefreshResidencyLocked(CatalogBatch* batch) {
   }
 }
 
+Status Db::CheckPublishedSegment(const std::string& path, uint64_t version,
+                                 uint64_t manifest_xxh3, uint64_t* file_bytes) {
+  const std::string what = "segment " + path;
+  int fd = -1;
+  bool direct = false;
+  CKPTDB_RETURN_IF_ERROR(io_->Open(path, io::OpenOptions{}, &fd, &direct).WithContext(what));
+  Status st = io_->FileSize(fd, file_bytes);
+  std::unique_ptr<format::SegmentReader> reader;
+  if (st.ok()) {
+    io::IoQueue* q = read_queue_.get();
+    st = format::SegmentReader::Open(
+        what, *file_bytes,
+        [q, fd, what](uint64_t off, void* buf, size_t len) {
+          return io::ReadAt(*q, fd, off, buf, len, what);
+        },
+        &reader);
+  }
+  (void)io_->Close(fd);
+  CKPTDB_RETURN_IF_ERROR(st);
+  if (reader->footer().version != version || reader->footer().rank != identity_.rank ||
+      reader->footer().manifest_xxh3 != manifest_xxh3) {
+    return Status::Corrupt(what + ": its footer names version " +
+                           std::to_string(reader->footer().version) + " of rank " +
+                           std::to_string(reader->footer().rank) + " with manifest " +
+                           format::Hex64(reader->footer().manifest_xxh3) +
+                           ", not the committed " + V(version) + "'s " +
+                           format::Hex64(manifest_xxh3));
+  }
+  return Status::Ok();
+}
+
 // Presumed abort (DESIGN.md section 6): a version without a durable COMMITTED record was never
 // visible, so recovery aborts it and deletes its files; its ram regions were never recorded and
-// are simply free. A committed version's interrupted demotion (a WRITING copy) is dropped: the
-// tier manager starts it again. Then every segment file of this rank that no committed copy
-// accounts for is collected, and copies that vanished (a tmpfs or the arena after a reboot) are
-// marked missing so restore goes straight to a tier that has them.
+// are simply free. Open has already checked the catalog whole and against the commit witnesses
+// (CheckWitnesses), so "undecided" here is the catalog's word, not a guess. A committed version's
+// interrupted demotion (a WRITING copy) is dropped: the tier manager starts it again. Then every
+// segment file of this rank that no committed copy accounts for is collected, except a published
+// copy of a committed version that verifies (CheckPublishedSegment), which is recorded instead;
+// copies that vanished (a tmpfs or the arena after a reboot) are marked missing so restore goes
+// straight to a tier that has them.
 Status Db::Recover() {
   CatalogBatch batch;
   std::set<std::string> dirs_to_sync;
@@ -497,7 +552,9 @@ Status Db::Recover() {
         continue;
       }
       if (!IsRamName(res.tier)) {
-        CKPTDB_RETURN_IF_ERROR(io_->Remove(res.path));
+        // A committed version's interrupted demotion may have published its file already: the
+        // sweep below checks it and keeps it if it verifies. Undecided versions are aborted.
+        if (undecided) CKPTDB_RETURN_IF_ERROR(io_->Remove(res.path));
         CKPTDB_RETURN_IF_ERROR(io_->Remove(res.path + ".tmp"));
         dirs_to_sync.insert(std::filesystem::path(res.path).parent_path().string());
       }
@@ -523,6 +580,30 @@ Status Db::Recover() {
           it->second.record.state == CKPTDB_STATE_COMMITTED) {
         for (const ResidencyRecord& res : it->second.residency) {
           if (res.tier == tier.name() && res.state == CKPTDB_RESIDENT_DURABLE) keep = true;
+        }
+        if (!keep) {
+          // A published copy of a committed version whose residency record is not DURABLE (a
+          // demotion interrupted after its rename, an eviction before its unlink, a record
+          // lost): never deleted on the strength of that metadata when the file verifies.
+          const std::string path = tier.spec.path + "/" + f.name;
+          uint64_t bytes = 0;
+          Status check = CheckPublishedSegment(path, f.version, it->second.record.manifest_xxh3,
+                                               &bytes);
+          if (check.ok()) {
+            ResidencyRecord res;
+            res.tier = tier.name();
+            res.state = CKPTDB_RESIDENT_DURABLE;
+            res.path = path;
+            res.file_bytes = bytes;
+            std::erase_if(it->second.residency,
+                          [&](const ResidencyRecord& r) { return r.tier == res.tier; });
+            it->second.residency.push_back(res);
+            batch.put_residency.emplace_back(f.version, res);
+            keep = true;
+          } else {
+            std::fprintf(stderr, "ckptdb: removing %s, which the catalog does not hold: %s\n",
+                         path.c_str(), check.message().c_str());
+          }
         }
       }
       if (!keep) {

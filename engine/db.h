@@ -411,10 +411,15 @@ class Db {
   // Corrupt otherwise. A damaged witness of a version the catalog has committed is only noted
   // (witness_problems_).
   Status CheckWitnesses(Catalog& catalog, const std::string& root);
-  // The witness of a version whose COMMITTED record is durable; a failure is printed, not
-  // returned: the version is committed, and the witness is the redundant record of that.
-  void WriteWitness(const VersionRecord& rec);
+  // The witness of a version whose COMMITTED record is durable. A failure is printed and
+  // returned; the version stays committed (the witness is the redundant record of that), and
+  // its commit reports the failure (witness_errors_; invariant 14).
+  Status WriteWitness(const VersionRecord& rec);
   std::string CanonicalTiers() const;
+  // Ok when the file at `path` is a whole segment of this rank's `version` with that manifest
+  // (footer, manifest record and checksums; the chunks are checked when read).
+  Status CheckPublishedSegment(const std::string& path, uint64_t version, uint64_t manifest_xxh3,
+                               uint64_t* file_bytes);
   Status Recover();
   void RefreshResidencyLocked(CatalogBatch* batch);
   Status CheckNotClosed() const;
@@ -581,6 +586,9 @@ class Db {
   bool created_root_ = false;                 // this Open created the root directory
   bool created_catalog_ = false;              // this Open created the catalog in an existing root
   std::vector<std::string> witness_problems_;  // damaged witnesses of committed versions (Open)
+  // Committed versions whose witness could not be written, for their commit and wait_commit to
+  // report (bounded as outcomes_).
+  std::map<uint64_t, Status> witness_errors_;
   std::vector<std::string> markers_written_;  // tier markers this Open created
   std::string ram_created_;                   // the arena file this Open created
 

@@ -933,11 +933,16 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
   lock.unlock();
   CrashPoint("commit:before_committed");
   Status st = catalog_->Apply(committed, /*sync=*/true);
+  Status witnessed;
   if (st.ok()) {
     CrashPoint("commit:before_witness");
-    WriteWitness(rec);
+    witnessed = WriteWitness(rec);
   }
   lock.lock();
+  if (!witnessed.ok()) {
+    witness_errors_[version] = witnessed;
+    while (witness_errors_.size() > kMaxOutcomes) witness_errors_.erase(witness_errors_.begin());
+  }
   if (!st.ok()) {
     // The decision may or may not be durable; the next open decides from the catalog. Until
     // then this handle must not claim either outcome: the copies stay as they are.

@@ -86,6 +86,11 @@ class Repair {
     if (say_) say_(line);
   }
   Status CheckIntact(bool* intact);
+  // The ram tier's arena, opened read-write under the store's lock (a damaged header copy is
+  // rewritten from the other). *out is null when there is none, or when neither header copy
+  // verifies: that arena is renamed aside (".damaged-<ns>"), so the next open starts a new one
+  // and the catalog's records of the old one read as missing.
+  Status OpenArena(const io::TierSpec& spec, std::unique_ptr<RamTier>* out);
   Status Lock();
   Status Gather();
   Status FindCopies();
@@ -184,7 +189,17 @@ Status Repair::CheckIntact(bool* intact) {
   *intact = true;
   identity_ = id;
   (void)catalog->GetTiers(&tiers_);
+  catalog.reset();
   Say("catalog " + catalog_dir_ + ": intact, and every commit witness agrees with it");
+  // The arena is the one other piece of metadata an open refuses to go past.
+  std::error_code cwd_ec;
+  const std::string cwd = std::filesystem::current_path(cwd_ec).string();
+  if (!options_.tiers.empty()) tiers_ = options_.tiers;
+  if (!tiers_.empty() && io::ParseTierSpecs(tiers_, cwd, &specs_).ok() &&
+      specs_[0].kind == io::TierKind::kRam) {
+    std::unique_ptr<RamTier> arena;
+    CKPTDB_RETURN_IF_ERROR(OpenArena(specs_[0], &arena));
+  }
   for (const auto& [v, e] : versions) {
     if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
     Version& ver = versions_[v];
@@ -192,6 +207,30 @@ Status Repair::CheckIntact(bool* intact) {
     auto w = witnesses_.find(v);
     ver.witnessed = w != witnesses_.end() && w->second.status.ok();
   }
+  return Status::Ok();
+}
+
+Status Repair::OpenArena(const io::TierSpec& spec, std::unique_ptr<RamTier>* out) {
+  out->reset();
+  const std::string path = RamTier::ArenaPath(spec.path, identity_.job_id, identity_.rank);
+  uint64_t bytes = 0;
+  if (io_->PathSize(path, &bytes).code() == CKPTDB_ENOTFOUND) {
+    Say("tier " + spec.name + ": no arena of this store at " + path);
+    return Status::Ok();
+  }
+  auto ram = std::make_unique<RamTier>(io_.get(), spec);
+  Status st = ram->Open(identity_.job_id, identity_.rank, root_, /*read_only=*/false);
+  if (st.ok() && ram->available()) {
+    *out = std::move(ram);
+    return Status::Ok();
+  }
+  ram.reset();  // unmapped before the rename
+  if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_EINVAL) return st;
+  const std::string aside = path + ".damaged-" + std::to_string(static_cast<uint64_t>(NowNs()));
+  CKPTDB_RETURN_IF_ERROR(io_->Rename(path, aside));
+  ++out_->files_moved_aside;
+  Say("tier " + spec.name + ": the arena " + path + " cannot be used (" + st.message() +
+      "); moved aside to " + aside + ": its copies are not recovered");
   return Status::Ok();
 }
 
@@ -297,13 +336,10 @@ Status Repair::FindCopies() {
   Say("tiers: " + tiers_);
   for (const io::TierSpec& spec : specs_) {
     if (spec.kind == io::TierKind::kRam) {
-      RamTier ram(io_.get(), spec);
-      st = ram.Open(identity_.job_id, identity_.rank, root_, /*read_only=*/true);
-      if (!st.ok() || !ram.available()) {
-        Say("tier " + spec.name + ": no arena of this store" +
-            (st.ok() ? std::string() : " (" + st.message() + ")"));
-        continue;
-      }
+      std::unique_ptr<RamTier> arena;
+      CKPTDB_RETURN_IF_ERROR(OpenArena(spec, &arena));
+      if (arena == nullptr) continue;
+      RamTier& ram = *arena;
       std::vector<RamImage> images;
       st = ram.ScanImages(identity_.job_id, identity_.rank, &images);
       if (!st.ok()) {
@@ -467,6 +503,15 @@ Status Repair::Finish() {
     Say("version " + std::to_string(v) + ": commit witness written");
   }
   out_->versions_lost = lost;
+  // Tier markers: rewritten where missing or damaged in a directory that holds this store's
+  // segments (a directory without them is not provably this store's, and is left alone).
+  for (const io::TierSpec& spec : specs_) {
+    if (spec.kind == io::TierKind::kRam) continue;
+    Tier tier(io_.get(), spec);
+    bool rewrote = false;
+    CKPTDB_RETURN_IF_ERROR(tier.RepairMarker(identity_.job_id, &rewrote));
+    if (rewrote) Say("tier " + spec.name + ": its marker " + Tier::kMarkerName + " rewritten");
+  }
   if (out_->catalog_rebuilt) {
     // What the next open's sweep would delete goes aside instead: repair deletes nothing.
     for (const auto& [v, f] : witnesses_) {

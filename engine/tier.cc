@@ -4,6 +4,10 @@
 #include <cstdio>
 #include <cstring>
 
+#include <unistd.h>
+
+#include "format/segment_format.h"
+
 namespace ckpt::engine {
 namespace {
 
@@ -13,22 +17,103 @@ std::string Marker(uint64_t job_id) {
   return b;
 }
 
+// The job id a marker names, when it is exactly what Marker writes.
+bool ParseMarker(const std::string& marker, uint64_t* job_id) {
+  static const std::string kPrefix = "ckptdb tier\njob_id=";
+  if (marker.size() != kPrefix.size() + 17 || marker.compare(0, kPrefix.size(), kPrefix) != 0 ||
+      marker.back() != '\n') {
+    return false;
+  }
+  uint64_t v = 0;
+  for (size_t i = kPrefix.size(); i < kPrefix.size() + 16; ++i) {
+    const char c = marker[i];
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (digit < 0) return false;
+    v = (v << 4) | static_cast<uint64_t>(digit);
+  }
+  *job_id = v;
+  return true;
+}
+
 }  // namespace
+
+Status Tier::HoldsSegmentsOf(uint64_t job_id, std::string* example) const {
+  std::vector<std::string> names;
+  Status st = io_->ListDir(spec_.path, &names);
+  if (st.code() == CKPTDB_ENOTFOUND) return Status::NotFound("no directory");
+  CKPTDB_RETURN_IF_ERROR(st.WithContext("tier " + spec_.name));
+  for (const std::string& n : names) {
+    SegmentFileName f;
+    if (!ParseSegmentFileName(n, &f) || f.temporary) continue;
+    std::string bytes;
+    const std::string path = spec_.path + "/" + n;
+    int fd = -1;
+    bool direct = false;
+    if (!io_->Open(path, io::OpenOptions{}, &fd, &direct).ok()) continue;
+    uint8_t header[format::kBlockBytes];
+    ssize_t got = ::pread(fd, header, sizeof header, 0);
+    (void)io_->Close(fd);
+    format::SegmentHeader h;
+    if (got >= 64 &&
+        format::DecodeSegmentHeader(std::span<const uint8_t, 64>(header, 64), path, &h).ok() &&
+        h.job_id == job_id) {
+      *example = path;
+      return Status::Ok();
+    }
+  }
+  return Status::NotFound("no segment of job id " + format::Hex64(job_id));
+}
+
+Status Tier::RepairMarker(uint64_t job_id, bool* rewrote) {
+  *rewrote = false;
+  const std::string marker_path = spec_.path + "/" + kMarkerName;
+  std::string marker;
+  Status st = io_->ReadFile(marker_path, &marker);
+  if (st.ok() && marker == Marker(job_id)) return Status::Ok();
+  if (!st.ok() && st.code() != CKPTDB_ENOTFOUND) return st.WithContext("tier " + spec_.name);
+  std::string ours;
+  if (!HoldsSegmentsOf(job_id, &ours).ok()) return Status::Ok();  // not provably this store's
+  CKPTDB_RETURN_IF_ERROR(
+      io_->WriteFileDurably(marker_path, Marker(job_id)).WithContext("tier " + spec_.name));
+  *rewrote = true;
+  return Status::Ok();
+}
 
 Status Tier::Open(uint64_t job_id, bool read_only) {
   std::string marker_path = spec_.path + "/" + kMarkerName;
   std::string marker;
   Status st = io_->ReadFile(marker_path, &marker);
+  uint64_t named = 0;
+  std::string ours;
   if (st.ok()) {
     if (marker != Marker(job_id)) {
+      // Another store's directory, or this store's with a damaged marker: the segments tell
+      // (their headers carry the job id), and only the second is ECORRUPT.
+      if (!ParseMarker(marker, &named) || HoldsSegmentsOf(job_id, &ours).ok()) {
+        return Status::Corrupt("tier " + spec_.name + ": its marker " + marker_path +
+                               " is damaged (it reads \"" + marker.substr(0, 64) + "\"" +
+                               (ours.empty() ? "" : ", and " + ours + " is this store's") +
+                               "); nothing was changed (ckptdb repair rewrites it)");
+      }
       return Status::Invalid("tier " + spec_.name + " belongs to another store (its " +
                              kMarkerName + " reads \"" + marker.substr(0, 64) +
                              "\"); give this store its own directory");
     }
   } else if (st.code() != CKPTDB_ENOTFOUND) {
     return st.WithContext("tier " + spec_.name);
-  } else if (!read_only) {
+  } else if (read_only) {
+    if (HoldsSegmentsOf(job_id, &ours).ok()) {
+      return Status::Corrupt("tier " + spec_.name + ": its marker " + marker_path +
+                             " is missing, but " + ours +
+                             " is this store's (ckptdb repair rewrites it)");
+    }
+  } else {
     CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(spec_.path).WithContext("tier " + spec_.name));
+    if (HoldsSegmentsOf(job_id, &ours).ok()) {
+      return Status::Corrupt("tier " + spec_.name + ": its marker " + marker_path +
+                             " is missing, but " + ours +
+                             " is this store's; nothing was changed (ckptdb repair rewrites it)");
+    }
     std::vector<std::string> names;
     CKPTDB_RETURN_IF_ERROR(io_->ListDir(spec_.path, &names).WithContext("tier " + spec_.name));
     for (const std::string& n : names) {

@@ -25,7 +25,9 @@ class Tier {
   Tier(io::Io* io, io::TierSpec spec) : io_(io), spec_(std::move(spec)) {}
 
   // Creates the directory if needed and checks or writes its marker file so that two jobs never
-  // share a tier directory by accident (the second is refused with a message naming both).
+  // share a tier directory by accident (the second is refused with a message naming both). A
+  // marker that is missing or damaged (unparseable, or naming another job) in a directory that
+  // holds this store's segments is Corrupt, and nothing is written.
   // Probes whether O_DIRECT works here. read_only: only checks the marker if it exists.
   Status Open(uint64_t job_id, bool read_only);
 
@@ -45,6 +47,12 @@ class Tier {
   Status Publish(uint64_t version, uint32_t rank, int fd);
   // Deletes both names of a segment (absent is fine) and fsyncs the directory.
   Status RemoveSegment(uint64_t version, uint32_t rank);
+  // Ok (and *example, a path) when the directory holds a published segment whose header names
+  // job_id: what tells this store's directory with a lost or damaged marker from another's.
+  Status HoldsSegmentsOf(uint64_t job_id, std::string* example) const;
+  // ckptdb repair: writes the marker again when it is missing or damaged and the directory holds
+  // this store's segments (*rewrote says so); changes nothing otherwise.
+  Status RepairMarker(uint64_t job_id, bool* rewrote);
   // Segment files in the directory; other names are ignored.
   Status ListSegments(std::vector<SegmentFileName>* out) const;
 

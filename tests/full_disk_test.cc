@@ -1,0 +1,191 @@
+// A full file system under the catalog (issue 20, finding 3): Debian's RocksDB aborted the
+// process (an assertion after a failed WAL append) when the store's root filled up, and
+// preallocated 4.4 MB of log so that a version failed with 4.3 MB still free. Now every catalog
+// write first checks that Catalog::kReserveBytes stay free, and RocksDB never preallocates: a
+// full disk is ENOSPC, never an abort, and the last committed version stays whole.
+//
+// The root lives on an 8 MiB tmpfs mounted for the test (root only; the disk tier is elsewhere),
+// filled to each level: every 4 KiB from 0 to 512 KiB free, every 4 KiB across the reserve,
+// every 256 KiB up to 8 MiB, and just below the old WAL preallocation. At each level a forked
+// process opens the store and keeps committing until a commit fails; it must end normally, and
+// after the filler is removed the store's latest must be its last commit that returned Ok,
+// restored bit for bit.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckptdb/ckptdb.h"
+#include "engine/catalog.h"
+#include "tests/test_util.h"
+
+namespace ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kFsBytes = 8 << 20;
+constexpr uint64_t kMaxVersion = 8;
+
+std::vector<uint8_t> Data(uint64_t version) { return test::RandomBytes(50000, version * 7777); }
+
+uint64_t FreeBytes(const std::string& dir) {
+  struct statvfs s;
+  if (statvfs(dir.c_str(), &s) != 0) return 0;
+  return static_cast<uint64_t>(s.f_bavail) * s.f_frsize;
+}
+
+class FullDiskTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+    mount_ = dir_.Sub("small");
+    fs::create_directories(mount_);
+    const std::string opts = "size=" + std::to_string(kFsBytes);
+    if (::mount("tmpfs", mount_.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+    }
+    mounted_ = true;
+    disk_ = tiers_dir_.Sub("disk");
+    tiers_ = "disk:" + disk_;
+    root_ = mount_ + "/root";
+    ckptdb_options_init(&o_);
+    o_.root = root_.c_str();
+    o_.tiers = tiers_.c_str();
+    o_.chunk_bytes = 16 << 10;
+    o_.staging_bytes = 256 << 10;
+    o_.capture_threads = 1;
+  }
+  void TearDown() override {
+    if (mounted_) ::umount2(mount_.c_str(), MNT_DETACH);
+  }
+
+  // Commits `version` on a fresh handle; the status of the first call that failed.
+  static int CommitOne(ckptdb* db, uint64_t version) {
+    std::vector<uint8_t> data = Data(version);
+    int rc = ckptdb_put_shard(db, version, "w", data.data(), data.size(), nullptr,
+                              CKPTDB_PUT_COPY_NOW);
+    if (rc == CKPTDB_OK) rc = ckptdb_commit(db, version, 0);
+    return rc;
+  }
+
+  // One fill level: a store with version 1, the file system filled to `free_bytes`, then
+  // commits in a child until one fails. Empty when every check holds.
+  std::string RunLevel(uint64_t free_bytes) {
+    for (const auto& e : fs::directory_iterator(mount_)) fs::remove_all(e.path());
+    fs::remove_all(disk_);
+    ckptdb* db = nullptr;
+    if (ckptdb_open(&o_, &db) != CKPTDB_OK) return std::string("setup open: ") + ckptdb_last_error();
+    if (CommitOne(db, 1) != CKPTDB_OK) return std::string("setup commit: ") + ckptdb_last_error();
+    ckptdb_close(db);
+    // Fill: one file of what is free beyond the level (tmpfs counts whole pages).
+    const std::string filler = mount_ + "/filler";
+    const uint64_t have = FreeBytes(mount_);
+    if (have > free_bytes) {
+      std::string bytes(have - free_bytes, '\xAB');
+      std::FILE* f = std::fopen(filler.c_str(), "wb");
+      if (f == nullptr) return "cannot create the filler";
+      std::fwrite(bytes.data(), 1, bytes.size(), f);
+      std::fclose(f);
+    }
+    const uint64_t measured = FreeBytes(mount_);
+    // The child reports the last version whose commit returned Ok, and the status that stopped
+    // it, through a pipe; it exits 0 unless it was killed (the abort this test is about).
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe";
+    const ckptdb_options o = o_;
+    std::vector<int> codes = test::RunForked(1, [&](uint32_t) {
+      close(fds[0]);
+      uint64_t last_ok = 1;
+      int stop = CKPTDB_OK;
+      ckptdb* h = nullptr;
+      stop = ckptdb_open(&o, &h);
+      for (uint64_t v = 2; stop == CKPTDB_OK && v <= kMaxVersion; ++v) {
+        stop = CommitOne(h, v);
+        if (stop == CKPTDB_OK) last_ok = v;
+      }
+      if (h != nullptr) ckptdb_close(h);
+      uint64_t report[2] = {last_ok, static_cast<uint64_t>(static_cast<int64_t>(stop))};
+      (void)!write(fds[1], report, sizeof report);
+      return 0;
+    });
+    close(fds[1]);
+    uint64_t report[2] = {0, 0};
+    const bool got = read(fds[0], report, sizeof report) == sizeof report;
+    close(fds[0]);
+    const std::string at = " at " + std::to_string(measured) + " bytes free";
+    if (codes[0] != 0) return "the committing process died (exit " + std::to_string(codes[0]) + ")" + at;
+    if (!got) return "no report from the child" + at;
+    const int stop = static_cast<int>(static_cast<int64_t>(report[1]));
+    if (stop != CKPTDB_OK && stop != CKPTDB_ENOSPC) {
+      return std::string("a commit failed with ") + ckptdb_status_name(stop) + ", not ENOSPC" + at;
+    }
+    if (measured + 64 * kKiB < engine::Catalog::kReserveBytes && stop != CKPTDB_ENOSPC) {
+      return "nothing failed" + at;
+    }
+    // Space again: the last commit that returned Ok is the latest, whole.
+    fs::remove(filler);
+    if (ckptdb_open(&o_, &db) != CKPTDB_OK) return std::string("reopen: ") + ckptdb_last_error() + at;
+    uint64_t latest = 0;
+    std::string why;
+    if (ckptdb_latest(db, &latest) != CKPTDB_OK || latest != report[0]) {
+      why = "latest is " + std::to_string(latest) + ", the last commit that returned Ok " +
+            std::to_string(report[0]) + at;
+    } else {
+      std::vector<uint8_t> want = Data(latest), got_bytes(want.size());
+      if (ckptdb_restore(db, latest, "w", got_bytes.data(), got_bytes.size(), 0) != CKPTDB_OK ||
+          got_bytes != want) {
+        why = "version " + std::to_string(latest) + " does not restore whole" + at + ": " +
+              ckptdb_last_error();
+      }
+    }
+    ckptdb_close(db);
+    return why;
+  }
+
+  TempDir dir_{"/var/tmp"};
+  TempDir tiers_dir_{"/dev/shm"};
+  std::string mount_, disk_, tiers_, root_;
+  bool mounted_ = false;
+  ckptdb_options o_;
+};
+
+TEST_F(FullDiskTest, EveryFillLevelIsEnospcNeverAnAbortAndKeepsTheLastCommit) {
+  std::set<uint64_t> levels;
+  for (uint64_t b = 0; b <= 512 * kKiB; b += 4 * kKiB) levels.insert(b);
+  const uint64_t reserve = engine::Catalog::kReserveBytes;
+  for (uint64_t b = reserve - 128 * kKiB; b <= reserve + 128 * kKiB; b += 4 * kKiB) levels.insert(b);
+  for (uint64_t b = 768 * kKiB; b <= kFsBytes; b += 256 * kKiB) levels.insert(b);
+  levels.insert(4400000 - 4 * kKiB);  // just below the WAL preallocation RocksDB used to make
+  const uint64_t stride = test::EnvCount("CKPTDB_FULL_DISK_STRIDE",
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+                                         8
+#else
+                                         1
+#endif
+  );
+  uint64_t i = 0, run = 0, failures = 0;
+  for (uint64_t level : levels) {
+    if (i++ % stride != 0) continue;
+    ++run;
+    std::string why = RunLevel(level);
+    if (!why.empty()) {
+      ADD_FAILURE() << "fill level " << level << " bytes free: " << why;
+      if (++failures >= 10) break;
+    }
+  }
+  std::printf("full disk: %llu fill levels run\n", static_cast<unsigned long long>(run));
+}
+
+}  // namespace
+}  // namespace ckpt
