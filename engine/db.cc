@@ -428,21 +428,7 @@ std::string Db::CanonicalTiers() const {
 }
 
 Status Db::WriteWitness(const VersionRecord& rec) {
-  format::CommitWitness w;
-  w.rank = identity_.rank;
-  w.job_id = identity_.job_id;
-  w.version = rec.version;
-  w.world_size = identity_.world_size;
-  w.chunk_bytes = identity_.chunk_bytes;
-  w.data_bytes = rec.data_bytes;
-  w.manifest_xxh3 = rec.manifest_xxh3;
-  w.tensor_count = rec.tensor_count;
-  w.chunk_count = rec.chunk_count;
-  w.created_unix_ns = rec.created_unix_ns;
-  w.committed_unix_ns = rec.committed_unix_ns;
-  w.store_created_unix_ns = identity_.created_unix_ns;
-  w.tiers = CanonicalTiers();
-  if (w.tiers.size() > format::kMaxWitnessTiersBytes) w.tiers.clear();  // repair then asks
+  const format::CommitWitness w = MakeWitness(identity_, rec, CanonicalTiers());
   Status st = WitnessDir(io_, options_.root).Write(w);
   if (st.ok()) return st;
   st = Status::FromCode(st.code(), V(rec.version) +

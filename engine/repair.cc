@@ -483,20 +483,8 @@ Status Repair::Finish() {
     }
     if (recovered) ++out_->versions_recovered;
     if (!recovered || ver.witnessed) continue;
-    format::CommitWitness w;
-    w.rank = identity_.rank;
-    w.job_id = identity_.job_id;
-    w.version = v;
-    w.world_size = identity_.world_size;
-    w.chunk_bytes = identity_.chunk_bytes;
-    w.data_bytes = ver.record.data_bytes;
-    w.manifest_xxh3 = ver.record.manifest_xxh3;
-    w.tensor_count = ver.record.tensor_count;
-    w.chunk_count = ver.record.chunk_count;
-    w.created_unix_ns = ver.record.created_unix_ns;
-    w.committed_unix_ns = ver.record.committed_unix_ns;
-    w.store_created_unix_ns = identity_.created_unix_ns;
-    w.tiers = tiers_.size() <= format::kMaxWitnessTiersBytes ? tiers_ : std::string();
+    ver.record.version = v;
+    const format::CommitWitness w = MakeWitness(identity_, ver.record, tiers_);
     CKPTDB_RETURN_IF_ERROR(witnesses.Write(w).WithContext("repair: writing the witness of " +
                                                           V(v)));
     ++out_->witnesses_written;

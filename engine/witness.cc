@@ -7,6 +7,25 @@
 
 namespace ckpt::engine {
 
+format::CommitWitness MakeWitness(const Identity& id, const VersionRecord& rec,
+                                  const std::string& tiers) {
+  format::CommitWitness w;
+  w.rank = id.rank;
+  w.job_id = id.job_id;
+  w.version = rec.version;
+  w.world_size = id.world_size;
+  w.chunk_bytes = id.chunk_bytes;
+  w.data_bytes = rec.data_bytes;
+  w.manifest_xxh3 = rec.manifest_xxh3;
+  w.tensor_count = rec.tensor_count;
+  w.chunk_count = rec.chunk_count;
+  w.created_unix_ns = rec.created_unix_ns;
+  w.committed_unix_ns = rec.committed_unix_ns;
+  w.store_created_unix_ns = id.created_unix_ns;
+  if (tiers.size() <= format::kMaxWitnessTiersBytes) w.tiers = tiers;
+  return w;
+}
+
 Status WitnessDir::Write(const format::CommitWitness& w) {
   CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(dir_).WithContext("commit witnesses"));
   std::vector<uint8_t> bytes = format::EncodeCommitWitness(w);

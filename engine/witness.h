@@ -47,6 +47,11 @@ class WitnessDir {
   std::string dir_;
 };
 
+// The witness of `rec`, a committed version of the store `id` whose tiers are `tiers` (left
+// empty in the witness when longer than the format allows).
+format::CommitWitness MakeWitness(const Identity& id, const VersionRecord& rec,
+                                  const std::string& tiers);
+
 // The open's cross-check (docs/commit-protocol.md, "Commit witnesses"): every witness that
 // verifies must be accounted for by a COMMITTED (or RETIRED) record of `versions` with the same
 // manifest, and name job_id (0: not checked). Corrupt otherwise, saying that the catalog lost
