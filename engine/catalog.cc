@@ -470,9 +470,13 @@ LogScan ScanCatalogLog(std::span<const uint8_t> log) {
       continue;
     }
     if (zero) {
-      // Zeros: space written out of order, or never written; the reader skips the block.
-      p += kBlock - in_block;
-      continue;
+      // Zeros: space never written (or written out of order by a torn last write). RocksDB's
+      // reader drops the rest of the block, so anything but zeros there is damage.
+      const size_t block_end = std::min(log.size(), p + (kBlock - in_block));
+      if (std::all_of(log.begin() + p, log.begin() + block_end, [](uint8_t b) { return b == 0; })) {
+        p = block_end;
+        continue;
+      }
     }
     scan.damaged = true;
     scan.bad_offset = p;
@@ -556,19 +560,14 @@ Status Catalog::Open(const std::string& dir, bool read_only, bool create,
   }
   // Opened read-only first and checked whole (every table's blocks, every record) before
   // anything is written: a damaged catalog fails the open with every byte as it was.
+  // Every log is walked with its own framing first (ScanCatalogLog): RocksDB's strict mode
+  // cannot tell a torn tail (a crash inside the last, synced, write) from damage, and it drops
+  // some damage silently (a length past the end of an older log, a zero header mid-block).
   std::unique_ptr<Catalog> c;
-  Recovery recovery = Recovery::kStrict;
-  Status st = OpenRocks(dir, /*read_only=*/true, /*create=*/false, &c, recovery);
-  if (st.code() == CKPTDB_ECORRUPT) {
-    // A crash inside the last (synced) write leaves its record torn, which RocksDB's strict
-    // mode cannot tell from damage; the log's own framing can (ScanCatalogLog).
-    bool torn = false;
-    CKPTDB_RETURN_IF_ERROR(ClassifyLogDamage(dir, &torn));
-    if (!torn) return st;
-    recovery = Recovery::kTornTail;
-    st = OpenRocks(dir, /*read_only=*/true, /*create=*/false, &c, recovery);
-  }
-  CKPTDB_RETURN_IF_ERROR(st);
+  bool torn = false;
+  CKPTDB_RETURN_IF_ERROR(ClassifyLogDamage(dir, &torn));
+  const Recovery recovery = torn ? Recovery::kTornTail : Recovery::kStrict;
+  CKPTDB_RETURN_IF_ERROR(OpenRocks(dir, /*read_only=*/true, /*create=*/false, &c, recovery));
   CKPTDB_RETURN_IF_ERROR(c->VerifyIntegrity());
   if (check) CKPTDB_RETURN_IF_ERROR(check(*c));
   if (read_only) {
@@ -675,8 +674,10 @@ Status Catalog::OpenRocks(const std::string& dir, bool read_only, bool create,
   if (!s.ok()) {
     std::string detail = logger->Recent();
     Status st = FromRocks(s, "opening catalog " + dir);
-    if (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_EIO) {
-      // A file the catalog's MANIFEST names is gone, or CURRENT names no MANIFEST.
+    if (st.code() == CKPTDB_ENOTFOUND ||
+        (st.code() == CKPTDB_EIO && s.ToString().find("No such file") != std::string::npos)) {
+      // A file the catalog's MANIFEST names is gone, or CURRENT names no MANIFEST. Other I/O
+      // errors (permissions, descriptors, a failing disk) stay what they are: not damage.
       st = Status::Corrupt(st.message());
     }
     return Status::FromCode(

@@ -205,14 +205,13 @@ class Catalog {
   static rocksdb::Options BaseOptions(const std::shared_ptr<rocksdb::Logger>& logger);
   // kStrict: a torn log tail only (kTolerateCorruptedTailRecords). kTornTail: replay up to the
   // first bad record (point in time), after ClassifyLogDamage found only a torn tail. kSalvage:
-  // the same without paranoid checks (repair reads what it can).
+  // point in time too, whatever the damage (repair reads what it can).
   enum class Recovery { kStrict, kTornTail, kSalvage };
   static Status OpenRocks(const std::string& dir, bool read_only, bool create,
                           std::unique_ptr<Catalog>* out, Recovery recovery = Recovery::kStrict);
-  // After a strict open failed: Ok when the only damage in the logs is the newest log's torn
-  // tail (*torn set, and said on stderr), Corrupt naming the log and offset when a log is
-  // damaged otherwise, and Ok with *torn false when the logs are whole (the damage is
-  // elsewhere).
+  // Before every open of an existing catalog: Ok when the only damage in the logs is the newest
+  // log's torn tail (*torn set, and said on stderr), Corrupt naming the log and offset when a
+  // log is damaged otherwise, and Ok with *torn false when the logs are whole.
   static Status ClassifyLogDamage(const std::string& dir, bool* torn);
   std::string dir_;
   bool read_only_ = false;

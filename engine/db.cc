@@ -175,7 +175,7 @@ Status Db::OpenImpl() {
     Status is_store = io_->PathSize(root + "/catalog", &ignored);
     if (!is_store.ok()) {
       std::map<uint64_t, WitnessFile> witnesses;
-      if (WitnessDir(io_, root).Load(o.rank, 0, &witnesses).ok() && !witnesses.empty()) {
+      if (WitnessDir(io_, root).Load(WitnessDir::kAnyRank, 0, &witnesses).ok() && !witnesses.empty()) {
         return Status::Corrupt("store " + root + " has commit witnesses (" +
                                witnesses.begin()->second.path +
                                ", ...) but no catalog: the catalog was lost; nothing was changed "
@@ -209,7 +209,7 @@ Status Db::OpenImpl() {
   const bool had_catalog = std::filesystem::exists(catalog_dir + "/CURRENT", dir_ec);
   if (!had_catalog && !o.read_only) {
     std::map<uint64_t, WitnessFile> witnesses;
-    CKPTDB_RETURN_IF_ERROR(WitnessDir(io_, root).Load(o.rank, 0, &witnesses));
+    CKPTDB_RETURN_IF_ERROR(WitnessDir(io_, root).Load(WitnessDir::kAnyRank, 0, &witnesses));
     if (!witnesses.empty()) {
       const bool some = std::filesystem::is_directory(catalog_dir, dir_ec) &&
                         !std::filesystem::is_empty(catalog_dir, dir_ec);
@@ -221,6 +221,10 @@ Status Db::OpenImpl() {
           "; nothing was changed (run ckptdb repair " + root + ")");
     }
   }
+  // The witnesses are listed before the catalog is read: a witness is written only after its
+  // COMMITTED record is synced, so every one listed here is in the catalog read below, even
+  // beside a live trainer (read-only tools), unless it was removed meanwhile (retired).
+  CKPTDB_RETURN_IF_ERROR(WitnessDir(io_, root).Load(WitnessDir::kAnyRank, 0, &early_witnesses_));
   // The catalog is checked whole, read-only, before anything is written (Catalog::Open), and
   // with it this rank's commit witnesses: a witness the catalog does not account for means the
   // catalog lost synced records, and the open fails with every byte as it was.
@@ -340,6 +344,7 @@ Status Db::OpenImpl() {
     CKPTDB_RETURN_IF_ERROR(AdoptSegments());
   }
   CKPTDB_RETURN_IF_ERROR(Recover());
+  WriteMissingWitnesses(root);
   if (cluster_ != nullptr) {
     LearnArcVersions();
     cluster_->Ready();
@@ -407,7 +412,13 @@ Status Db::CheckWitnesses(Catalog& catalog, const std::string& root) {
     return st;
   }
   std::map<uint64_t, WitnessFile> witnesses;
-  CKPTDB_RETURN_IF_ERROR(WitnessDir(io_, root).Load(id.rank, 0, &witnesses));
+  for (const auto& [version, f] : early_witnesses_) {
+    uint64_t bytes = 0;
+    if (f.rank != id.rank) continue;
+    if (io_->PathSize(f.path, &bytes).code() == CKPTDB_ENOTFOUND) continue;  // retired since
+    witnesses.emplace(version, f);
+  }
+  early_witnesses_.clear();
   if (witnesses.empty()) return Status::Ok();
   std::map<uint64_t, VersionEntry> versions;
   CKPTDB_RETURN_IF_ERROR(catalog.LoadAll(&versions));
@@ -417,6 +428,23 @@ Status Db::CheckWitnesses(Catalog& catalog, const std::string& root) {
   for (const std::string& p : problems) std::fprintf(stderr, "ckptdb: %s\n", p.c_str());
   witness_problems_.insert(witness_problems_.end(), problems.begin(), problems.end());
   return Status::Ok();
+}
+
+void Db::WriteMissingWitnesses(const std::string& root) {
+  // Committed versions without a valid witness (a store older than witnesses, a witness write
+  // that failed) get one now: until then a lost COMMITTED record of theirs could not be caught.
+  std::map<uint64_t, WitnessFile> present;
+  if (!WitnessDir(io_, root).Load(identity_.rank, identity_.job_id, &present).ok()) return;
+  std::vector<VersionRecord> missing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [version, e] : versions_) {
+      if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+      auto it = present.find(version);
+      if (it == present.end() || !it->second.status.ok()) missing.push_back(e.record);
+    }
+  }
+  for (const VersionRecord& rec : missing) (void)WriteWitness(rec);  // a failure is printed
 }
 
 std::string Db::CanonicalTiers() const {
@@ -586,6 +614,9 @@ Status Db::Recover() {
             it->second.residency.push_back(res);
             batch.put_residency.emplace_back(f.version, res);
             keep = true;
+          } else if (check.code() != CKPTDB_ECORRUPT) {
+            // Not known to be damaged (a failing read, a permission): never deleted on a guess.
+            return check.WithContext("recovery: checking " + path);
           } else {
             std::fprintf(stderr, "ckptdb: removing %s, which the catalog does not hold: %s\n",
                          path.c_str(), check.message().c_str());

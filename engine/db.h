@@ -416,6 +416,9 @@ class Db {
   // its commit reports the failure (witness_errors_; invariant 14).
   Status WriteWitness(const VersionRecord& rec);
   std::string CanonicalTiers() const;
+  // After recovery (read-write opens): a witness for every committed version that lacks a
+  // valid one.
+  void WriteMissingWitnesses(const std::string& root);
   // Ok when the file at `path` is a whole segment of this rank's `version` with that manifest
   // (footer, manifest record and checksums; the chunks are checked when read).
   Status CheckPublishedSegment(const std::string& path, uint64_t version, uint64_t manifest_xxh3,
@@ -586,6 +589,7 @@ class Db {
   bool created_root_ = false;                 // this Open created the root directory
   bool created_catalog_ = false;              // this Open created the catalog in an existing root
   std::vector<std::string> witness_problems_;  // damaged witnesses of committed versions (Open)
+  std::map<uint64_t, WitnessFile> early_witnesses_;  // listed by Open before the catalog is read
   // Committed versions whose witness could not be written, for their commit and wait_commit to
   // report (bounded as outcomes_).
   std::map<uint64_t, Status> witness_errors_;

@@ -1544,16 +1544,32 @@ void Db::RetireLocked(std::unique_lock<std::mutex>& lock) {
   lock.unlock();
   // A retired version's witness goes first: a witness always means "committed in the catalog"
   // (a crash in between leaves a committed record without its witness, which is allowed).
+  // A version whose witness could not be removed stays COMMITTED (retired again later): a
+  // witness left behind a RETIRED record, once the history bound deletes the record, would
+  // make every later open refuse the catalog.
+  std::vector<uint64_t> kept;
   for (const VersionRecord& r : batch.put_versions) {
     if (r.state != CKPTDB_STATE_RETIRED) continue;
     Status ws = WitnessDir(io_, options_.root).Remove(r.version, identity_.rank);
     if (!ws.ok()) {
-      std::fprintf(stderr, "ckptdb: retiring %s: removing its commit witness: %s\n",
-                   V(r.version).c_str(), ws.ToString().c_str());
+      std::fprintf(stderr, "ckptdb: retiring %s: removing its commit witness: %s; it stays "
+                   "committed for now\n", V(r.version).c_str(), ws.ToString().c_str());
+      kept.push_back(r.version);
     }
   }
+  std::erase_if(batch.put_versions, [&](const VersionRecord& r) {
+    return std::find(kept.begin(), kept.end(), r.version) != kept.end();
+  });
+  std::erase_if(batch.delete_versions, [&](uint64_t v) {
+    return std::find(kept.begin(), kept.end(), v) != kept.end();
+  });
   Status st = catalog_->Apply(batch, /*sync=*/false);
   lock.lock();
+  for (uint64_t v : kept) {
+    if (auto it = versions_.find(v); it != versions_.end()) {
+      it->second.record.state = CKPTDB_STATE_COMMITTED;
+    }
+  }
   if (!st.ok()) std::fprintf(stderr, "ckptdb: retiring versions: %s\n", st.ToString().c_str());
 }
 

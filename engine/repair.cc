@@ -182,6 +182,11 @@ Status Repair::CheckIntact(bool* intact) {
     st = CheckWitnessesAgainst(witnesses_, versions, id.job_id, catalog_dir_, root_, &problems);
   }
   if (!st.ok()) {
+    // Only damage is repaired: an error that is not (a permission, a failing read, a full
+    // disk) is returned, and nothing is changed.
+    if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_ENOTFOUND) {
+      return st.WithContext("repair: reading the catalog");
+    }
     Say(st.message() + "; rebuilding it");
     witnesses_.clear();
     return Status::Ok();

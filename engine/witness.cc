@@ -56,6 +56,7 @@ Status WitnessDir::Load(uint32_t rank, uint64_t job_id,
     if (rank != kAnyRank && file_rank != rank) continue;
     WitnessFile& f = (*out)[version];
     f.path = dir_ + "/" + name;
+    f.rank = file_rank;
     const std::string what = "commit witness " + f.path;
     uint64_t bytes = 0;
     f.status = io_->PathSize(f.path, &bytes);

@@ -18,6 +18,7 @@ namespace ckpt::engine {
 
 struct WitnessFile {
   std::string path;
+  uint32_t rank = 0;  // from the file name
   Status status;  // Ok when the file decodes and names this store; else why not
   format::CommitWitness witness;  // valid when status is Ok
 };
