@@ -397,7 +397,10 @@ int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
   return Guard("ckptdb_repair", [&] {
     ckpt::engine::RepairOutcome outcome;
     ckpt::Status st = ckpt::engine::RepairStore(
-        d, [fn, arg](const std::string& line) { if (fn != nullptr) fn(arg, line.c_str()); },
+        d,
+        [fn, arg](const std::string& line) {
+          if (fn != nullptr) fn(arg, line.c_str());
+        },
         &outcome);
     if (out != nullptr) {
       *out = ckptdb_repair_report{};

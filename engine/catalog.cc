@@ -1,10 +1,12 @@
 #include "engine/catalog.h"
 
+#include <isa-l/crc.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/file_system.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,12 +15,9 @@
 #include <filesystem>
 #include <mutex>
 
-#include <isa-l/crc.h>
-#include <sys/statvfs.h>
-
+#include "engine/table_ledger.h"
 #include "format/checksum.h"
 #include "format/segment_format.h"
-#include "engine/table_ledger.h"
 #include "io/crash_model.h"
 
 namespace ckpt::engine {
@@ -526,10 +525,10 @@ Status Catalog::CheckSpace(const std::string& dir, const std::string& what) {
   if (::statvfs(dir.c_str(), &fs) != 0) return Status::FromErrno(errno, "statvfs " + dir);
   const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
   if (free_bytes < kReserveBytes) {
-    return Status::NoSpace(what + ": the file system of catalog " + dir + " has " +
-                           std::to_string(free_bytes) + " bytes free, below the catalog's reserve of " +
-                           std::to_string(kReserveBytes) +
-                           " bytes; nothing was written (free space there, then retry)");
+    return Status::NoSpace(
+        what + ": the file system of catalog " + dir + " has " + std::to_string(free_bytes) +
+        " bytes free, below the catalog's reserve of " + std::to_string(kReserveBytes) +
+        " bytes; nothing was written (free space there, then retry)");
   }
   return Status::Ok();
 }
@@ -556,7 +555,8 @@ Status Catalog::Open(const std::string& dir, bool read_only, bool create,
   if (!std::filesystem::exists(dir + "/CURRENT", ec)) {
     return Status::Corrupt("catalog " + dir +
                            " has files but no CURRENT: the catalog is damaged; nothing was "
-                           "changed (run ckptdb repair " + StoreRoot(dir) + ")");
+                           "changed (run ckptdb repair " +
+                           StoreRoot(dir) + ")");
   }
   // Opened read-only first and checked whole (every table's blocks, every record) before
   // anything is written: a damaged catalog fails the open with every byte as it was.
@@ -621,7 +621,8 @@ Status Catalog::ClassifyLogDamage(const std::string& dir, bool* torn) {
           (newest ? "a later write follows it at offset " + std::to_string(scan.next_valid_offset)
                   : std::string("newer logs follow it")) +
           ": the log is damaged (a crash tears only the last write); nothing was changed (run "
-          "ckptdb repair " + StoreRoot(dir) + ")");
+          "ckptdb repair " +
+          StoreRoot(dir) + ")");
     }
     std::fprintf(stderr,
                  "ckptdb: catalog %s: log %s ends in a torn record at offset %llu (a crash "
@@ -656,8 +657,9 @@ Status Catalog::OpenRocks(const std::string& dir, bool read_only, bool create,
   }
   if (!read_only) {
     std::error_code ec;
-    const std::string where =
-        std::filesystem::is_directory(dir, ec) ? dir : std::filesystem::path(dir).parent_path().string();
+    const std::string where = std::filesystem::is_directory(dir, ec)
+                                  ? dir
+                                  : std::filesystem::path(dir).parent_path().string();
     CKPTDB_RETURN_IF_ERROR(CheckSpace(where.empty() ? "." : where, "opening the catalog"));
   }
   if (!read_only) {
@@ -729,7 +731,8 @@ void Catalog::Salvage(const std::string& dir, SalvagedCatalog* out) {
       const uint64_t v = FromBe64(key.data() + 2);
       VersionRecord r;
       Status d = DecodeVersion(it->value().ToString(), "v/" + std::to_string(v), &r);
-      if (d.ok() && r.version != v) d = Status::Corrupt("v/" + std::to_string(v) + " names another version");
+      if (d.ok() && r.version != v)
+        d = Status::Corrupt("v/" + std::to_string(v) + " names another version");
       if (!d.ok()) {
         out->problems.push_back("skipped catalog record " + d.message());
         continue;
@@ -776,8 +779,9 @@ Status Catalog::VerifyIntegrity() {
     if (st.code() == CKPTDB_ENOTFOUND) st = Status::Ok();  // checked by the caller
   }
   if (!st.ok()) {
-    return Status::FromCode(st.code() == CKPTDB_ENOTSUP ? CKPTDB_ENOTSUP : CKPTDB_ECORRUPT,
-                            st.message() + "; nothing was changed (run ckptdb repair " + StoreRoot(dir_) + ")");
+    return Status::FromCode(
+        st.code() == CKPTDB_ENOTSUP ? CKPTDB_ENOTSUP : CKPTDB_ECORRUPT,
+        st.message() + "; nothing was changed (run ckptdb repair " + StoreRoot(dir_) + ")");
   }
   return Status::Ok();
 }

@@ -132,9 +132,9 @@ struct SalvagedCatalog {
   std::string open_error;  // when !opened
   bool has_identity = false;
   Identity identity;
-  std::string tiers;                           // empty when unreadable
-  std::map<uint64_t, VersionEntry> versions;   // version records that decoded, with residency
-  std::vector<std::string> problems;           // records skipped, reads that stopped
+  std::string tiers;                          // empty when unreadable
+  std::map<uint64_t, VersionEntry> versions;  // version records that decoded, with residency
+  std::vector<std::string> problems;          // records skipped, reads that stopped
 };
 
 class Catalog {
@@ -167,8 +167,8 @@ class Catalog {
   static Status CheckSpace(const std::string& dir, const std::string& what);
 
   // Repair (ckptdb repair): opens `dir` read-only replaying its log up to the first record that
-  // fails its checksum, and reads every record that still decodes. Writes nothing. Never fails: what could
-  // not be read is said in out->problems (or open_error).
+  // fails its checksum, and reads every record that still decodes. Writes nothing. Never fails:
+  // what could not be read is said in out->problems (or open_error).
   static void Salvage(const std::string& dir, SalvagedCatalog* out);
 
   // Checks every table block's checksum and decodes every record (Corrupt naming the first bad

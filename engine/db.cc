@@ -175,11 +175,13 @@ Status Db::OpenImpl() {
     Status is_store = io_->PathSize(root + "/catalog", &ignored);
     if (!is_store.ok()) {
       std::map<uint64_t, WitnessFile> witnesses;
-      if (WitnessDir(io_, root).Load(WitnessDir::kAnyRank, 0, &witnesses).ok() && !witnesses.empty()) {
+      if (WitnessDir(io_, root).Load(WitnessDir::kAnyRank, 0, &witnesses).ok() &&
+          !witnesses.empty()) {
         return Status::Corrupt("store " + root + " has commit witnesses (" +
                                witnesses.begin()->second.path +
                                ", ...) but no catalog: the catalog was lost; nothing was changed "
-                               "(run ckptdb repair " + root + ")");
+                               "(run ckptdb repair " +
+                               root + ")");
       }
       return Status::NotFound("no ckptdb store at " + root + " (no catalog)");
     }
@@ -511,8 +513,8 @@ void Db::RefreshResidencyLocked(CatalogBatch* batch) {
   }
 }
 
-Status Db::CheckPublishedSegment(const std::string& path, uint64_t version,
-                                 uint64_t manifest_xxh3, uint64_t* file_bytes) {
+Status Db::CheckPublishedSegment(const std::string& path, uint64_t version, uint64_t manifest_xxh3,
+                                 uint64_t* file_bytes) {
   const std::string what = "segment " + path;
   int fd = -1;
   bool direct = false;
@@ -535,9 +537,8 @@ Status Db::CheckPublishedSegment(const std::string& path, uint64_t version,
     return Status::Corrupt(what + ": its footer names version " +
                            std::to_string(reader->footer().version) + " of rank " +
                            std::to_string(reader->footer().rank) + " with manifest " +
-                           format::Hex64(reader->footer().manifest_xxh3) +
-                           ", not the committed " + V(version) + "'s " +
-                           format::Hex64(manifest_xxh3));
+                           format::Hex64(reader->footer().manifest_xxh3) + ", not the committed " +
+                           V(version) + "'s " + format::Hex64(manifest_xxh3));
   }
   return Status::Ok();
 }
@@ -601,8 +602,8 @@ Status Db::Recover() {
           // lost): never deleted on the strength of that metadata when the file verifies.
           const std::string path = tier.spec.path + "/" + f.name;
           uint64_t bytes = 0;
-          Status check = CheckPublishedSegment(path, f.version, it->second.record.manifest_xxh3,
-                                               &bytes);
+          Status check =
+              CheckPublishedSegment(path, f.version, it->second.record.manifest_xxh3, &bytes);
           if (check.ok()) {
             ResidencyRecord res;
             res.tier = tier.name();

@@ -586,8 +586,8 @@ class Db {
   std::vector<TierState> tiers_;
   size_t commit_tier_ = 0;
   int lock_fd_ = -1;
-  bool created_root_ = false;                 // this Open created the root directory
-  bool created_catalog_ = false;              // this Open created the catalog in an existing root
+  bool created_root_ = false;                  // this Open created the root directory
+  bool created_catalog_ = false;               // this Open created the catalog in an existing root
   std::vector<std::string> witness_problems_;  // damaged witnesses of committed versions (Open)
   std::map<uint64_t, WitnessFile> early_witnesses_;  // listed by Open before the catalog is read
   // Committed versions whose witness could not be written, for their commit and wait_commit to

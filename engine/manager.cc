@@ -1552,17 +1552,18 @@ void Db::RetireLocked(std::unique_lock<std::mutex>& lock) {
     if (r.state != CKPTDB_STATE_RETIRED) continue;
     Status ws = WitnessDir(io_, options_.root).Remove(r.version, identity_.rank);
     if (!ws.ok()) {
-      std::fprintf(stderr, "ckptdb: retiring %s: removing its commit witness: %s; it stays "
-                   "committed for now\n", V(r.version).c_str(), ws.ToString().c_str());
+      std::fprintf(stderr,
+                   "ckptdb: retiring %s: removing its commit witness: %s; it stays "
+                   "committed for now\n",
+                   V(r.version).c_str(), ws.ToString().c_str());
       kept.push_back(r.version);
     }
   }
   std::erase_if(batch.put_versions, [&](const VersionRecord& r) {
     return std::find(kept.begin(), kept.end(), r.version) != kept.end();
   });
-  std::erase_if(batch.delete_versions, [&](uint64_t v) {
-    return std::find(kept.begin(), kept.end(), v) != kept.end();
-  });
+  std::erase_if(batch.delete_versions,
+                [&](uint64_t v) { return std::find(kept.begin(), kept.end(), v) != kept.end(); });
   Status st = catalog_->Apply(batch, /*sync=*/false);
   lock.lock();
   for (uint64_t v : kept) {

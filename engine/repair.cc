@@ -248,15 +248,13 @@ Status Repair::Gather() {
     if (!salvaged_.opened) {
       Say("old catalog: unreadable (" + salvaged_.open_error + ")");
     } else {
-      Say("old catalog: " + std::to_string(salvaged_.versions.size()) +
-          " version record(s) read" +
+      Say("old catalog: " + std::to_string(salvaged_.versions.size()) + " version record(s) read" +
           (salvaged_.problems.empty() ? std::string()
                                       : ", " + std::to_string(salvaged_.problems.size()) +
                                             " problem(s): " + salvaged_.problems.front()));
     }
   }
-  CKPTDB_RETURN_IF_ERROR(
-      WitnessDir(io_.get(), root_).Load(WitnessDir::kAnyRank, 0, &witnesses_));
+  CKPTDB_RETURN_IF_ERROR(WitnessDir(io_.get(), root_).Load(WitnessDir::kAnyRank, 0, &witnesses_));
   // Whose store: the old catalog's identity, else the newest valid witness's.
   const format::CommitWitness* newest = nullptr;
   for (const auto& [v, f] : witnesses_) {
@@ -271,8 +269,8 @@ Status Repair::Gather() {
     identity_.chunk_bytes = newest->chunk_bytes;
     identity_.created_unix_ns = newest->store_created_unix_ns;
     Say("identity: from commit witness of version " + std::to_string(newest->version) +
-        " (job id " + format::Hex64(identity_.job_id) + ", rank " +
-        std::to_string(identity_.rank) + ")");
+        " (job id " + format::Hex64(identity_.job_id) + ", rank " + std::to_string(identity_.rank) +
+        ")");
   } else {
     return Status::Corrupt(
         "repair: store " + root_ +
@@ -290,8 +288,8 @@ Status Repair::Gather() {
     }
   }
   // The tier spec: the caller's, else the old catalog's, else the newest witness's.
-  tiers_ = !options_.tiers.empty() ? options_.tiers
-           : !salvaged_.tiers.empty() ? salvaged_.tiers
+  tiers_ = !options_.tiers.empty()                       ? options_.tiers
+           : !salvaged_.tiers.empty()                    ? salvaged_.tiers
            : newest != nullptr && !newest->tiers.empty() ? newest->tiers
                                                          : "disk:" + root_ + "/segments";
   // Committed: a valid witness, or a salvaged COMMITTED record. A job's PREPARED records stay
@@ -319,7 +317,8 @@ Status Repair::Gather() {
     if (it != versions_.end()) {
       if (e.record.manifest_xxh3 != it->second.record.manifest_xxh3) {
         Say("version " + std::to_string(v) + ": the old catalog's manifest xxh3 " +
-            format::Hex64(e.record.manifest_xxh3) + " differs from its witness's; the witness's "
+            format::Hex64(e.record.manifest_xxh3) +
+            " differs from its witness's; the witness's "
             "is used");
       }
       continue;
@@ -490,8 +489,8 @@ Status Repair::Finish() {
     if (!recovered || ver.witnessed) continue;
     ver.record.version = v;
     const format::CommitWitness w = MakeWitness(identity_, ver.record, tiers_);
-    CKPTDB_RETURN_IF_ERROR(witnesses.Write(w).WithContext("repair: writing the witness of " +
-                                                          V(v)));
+    CKPTDB_RETURN_IF_ERROR(
+        witnesses.Write(w).WithContext("repair: writing the witness of " + V(v)));
     ++out_->witnesses_written;
     Say("version " + std::to_string(v) + ": commit witness written");
   }
@@ -525,8 +524,8 @@ Status Repair::Finish() {
         if (f.rank != identity_.rank || kept_paths_.count(path)) continue;
         CKPTDB_RETURN_IF_ERROR(io_->Rename(path, path + ".orphan"));
         ++out_->files_moved_aside;
-        Say("segment " + path + ": no recovered version accounts for it; moved aside to " +
-            path + ".orphan");
+        Say("segment " + path + ": no recovered version accounts for it; moved aside to " + path +
+            ".orphan");
       }
       (void)io_->SyncDir(spec.path);
     }

@@ -52,8 +52,7 @@ TableLedger::TableLedger(std::string dir, rocksdb::Env* env) : dir_(std::move(di
   if (!Load(dir_, &entries_, &present).ok()) entries_.clear();  // Verify refused it at open
 }
 
-Status TableLedger::Load(const std::string& dir, std::map<std::string, Entry>* out,
-                         bool* present) {
+Status TableLedger::Load(const std::string& dir, std::map<std::string, Entry>* out, bool* present) {
   out->clear();
   *present = false;
   const std::string path = dir + "/" + kFileName;
@@ -104,8 +103,8 @@ Status TableLedger::Verify(const std::string& dir) {
     if (bytes != e.bytes || xxh3 != e.xxh3) {
       return Status::Corrupt("catalog table " + path + " is damaged: " + std::to_string(bytes) +
                              " bytes of xxh3 " + format::Hex64(xxh3) + ", written as " +
-                             std::to_string(e.bytes) + " bytes of xxh3 " +
-                             format::Hex64(e.xxh3) + "; nothing was changed (run ckptdb repair " +
+                             std::to_string(e.bytes) + " bytes of xxh3 " + format::Hex64(e.xxh3) +
+                             "; nothing was changed (run ckptdb repair " +
                              std::filesystem::path(dir).parent_path().string() + ")");
     }
   }

@@ -17,12 +17,12 @@
 // table, then "end <xxh3 as 16 hex of every byte before this line>\n".
 #pragma once
 
+#include <rocksdb/listener.h>
+
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
-
-#include <rocksdb/listener.h>
 
 #include "util/status.h"
 

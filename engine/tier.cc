@@ -1,10 +1,10 @@
 #include "engine/tier.h"
 
+#include <unistd.h>
+
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-
-#include <unistd.h>
 
 #include "format/segment_format.h"
 

@@ -29,9 +29,9 @@ format::CommitWitness MakeWitness(const Identity& id, const VersionRecord& rec,
 Status WitnessDir::Write(const format::CommitWitness& w) {
   CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(dir_).WithContext("commit witnesses"));
   std::vector<uint8_t> bytes = format::EncodeCommitWitness(w);
-  return io_->WriteFileDurably(PathOf(w.version, w.rank),
-                               std::string(reinterpret_cast<const char*>(bytes.data()),
-                                           bytes.size()));
+  return io_->WriteFileDurably(
+      PathOf(w.version, w.rank),
+      std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 Status WitnessDir::Remove(uint64_t version, uint32_t rank) {

@@ -18,8 +18,8 @@ namespace ckpt::engine {
 
 struct WitnessFile {
   std::string path;
-  uint32_t rank = 0;  // from the file name
-  Status status;  // Ok when the file decodes and names this store; else why not
+  uint32_t rank = 0;              // from the file name
+  Status status;                  // Ok when the file decodes and names this store; else why not
   format::CommitWitness witness;  // valid when status is Ok
 };
 
@@ -36,9 +36,10 @@ class WitnessDir {
   Status Write(const format::CommitWitness& w);
   // Removes the witness of (version, rank), absent is fine, and fsyncs the directory.
   Status Remove(uint64_t version, uint32_t rank);
-  // Every witness file of `rank` (kAnyRank: of every rank) by version, each decoded and checked against job_id (0: any).
-  // A witness that fails keeps its version's entry with the reason in status. An absent
-  // directory is no witness. Bounded by what ListDir returns; each file by its format's bound.
+  // Every witness file of `rank` (kAnyRank: of every rank) by version, each decoded and checked
+  // against job_id (0: any). A witness that fails keeps its version's entry with the reason in
+  // status. An absent directory is no witness. Bounded by what ListDir returns; each file by its
+  // format's bound.
   Status Load(uint32_t rank, uint64_t job_id, std::map<uint64_t, WitnessFile>* out) const;
 
   static constexpr uint32_t kAnyRank = UINT32_MAX;

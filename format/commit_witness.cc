@@ -63,9 +63,9 @@ Status DecodeCommitWitness(std::span<const uint8_t> in, const std::string& what,
                            std::to_string(in.size()) + " bytes");
   }
   const size_t checked = kWitnessFixedBytes + tiers_bytes;
-  CKPTDB_RETURN_IF_ERROR(CheckXxh3(p, checked, Get<uint64_t>(p, checked),
-                                   what + ": witness (checksum at offset " +
-                                       std::to_string(checked) + ")"));
+  CKPTDB_RETURN_IF_ERROR(
+      CheckXxh3(p, checked, Get<uint64_t>(p, checked),
+                what + ": witness (checksum at offset " + std::to_string(checked) + ")"));
   const uint32_t format_version = Get<uint32_t>(p, 8);
   if (format_version != kWitnessFormatVersion) {
     return Status::NotSupported(what + ": commit witness format version " +

@@ -1,10 +1,10 @@
 // libFuzzer target for the catalog's record values (engine/catalog.h: versions, residency,
 // figures), which a reader takes from RocksDB files it did not write in this process: any
 // bytes as each kind of value, as a commit witness (format/commit_witness.h), and as a catalog
-// log for ScanCatalogLog (whose findings must lie inside the input). Every refusal is Corrupt (or NotSupported: a newer format); a value
-// that decodes encodes to a value that decodes to the same record (older residency formats are
-// written back as the current one) and encodes to the same bytes again, and nothing may trip a
-// sanitizer.
+// log for ScanCatalogLog (whose findings must lie inside the input). Every refusal is Corrupt (or
+// NotSupported: a newer format); a value that decodes encodes to a value that decodes to the same
+// record (older residency formats are written back as the current one) and encodes to the same
+// bytes again, and nothing may trip a sanitizer.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

@@ -190,12 +190,12 @@ class Campaign : public ::testing::Test {
         std::vector<uint8_t> got(want.size(), 0xEE);
         int rc = ckptdb_restore(db, v, kNames[t], got.data(), got.size(), 0);
         if (rc != CKPTDB_OK) {
-          return std::string(step) + ": restore of version " + std::to_string(v) + " " +
-                 kNames[t] + ": " + ckptdb_status_name(rc) + ": " + ckptdb_last_error();
+          return std::string(step) + ": restore of version " + std::to_string(v) + " " + kNames[t] +
+                 ": " + ckptdb_status_name(rc) + ": " + ckptdb_last_error();
         }
         if (got != want) {
-          return std::string(step) + ": restore of version " + std::to_string(v) + " " +
-                 kNames[t] + " returned WRONG BYTES";
+          return std::string(step) + ": restore of version " + std::to_string(v) + " " + kNames[t] +
+                 " returned WRONG BYTES";
         }
       }
     }
@@ -390,32 +390,40 @@ Tree Campaign::pristine_;
 std::vector<std::string> Campaign::segments_;
 
 TEST_F(Campaign, CatalogLogsAndManifests) {
-  RunKind("catalog log, MANIFEST, CURRENT, IDENTITY, table ledger", [](const std::string& p) {
-    return InCatalog(p) && (p.ends_with(".log") || p.find("/MANIFEST-") != std::string::npos ||
-                            p.ends_with("/CURRENT") || p.ends_with("/IDENTITY") ||
-                            p.ends_with("/CKPTDB-TABLES"));
-  }, 256);
+  RunKind(
+      "catalog log, MANIFEST, CURRENT, IDENTITY, table ledger",
+      [](const std::string& p) {
+        return InCatalog(p) && (p.ends_with(".log") || p.find("/MANIFEST-") != std::string::npos ||
+                                p.ends_with("/CURRENT") || p.ends_with("/IDENTITY") ||
+                                p.ends_with("/CKPTDB-TABLES"));
+      },
+      256);
 }
 
 TEST_F(Campaign, CatalogTablesAndOptions) {
-  RunKind("catalog tables and OPTIONS", [](const std::string& p) {
-    return InCatalog(p) && (p.ends_with(".sst") || p.find("/OPTIONS-") != std::string::npos);
-  }, 256);
+  RunKind(
+      "catalog tables and OPTIONS",
+      [](const std::string& p) {
+        return InCatalog(p) && (p.ends_with(".sst") || p.find("/OPTIONS-") != std::string::npos);
+      },
+      256);
 }
 
 TEST_F(Campaign, WitnessesAndTierMarkers) {
-  RunKind("commit witnesses and tier markers", [](const std::string& p) {
-    return p.ends_with(".commit") || p.ends_with("/CKPTDB-TIER");
-  }, 256);
+  RunKind(
+      "commit witnesses and tier markers",
+      [](const std::string& p) { return p.ends_with(".commit") || p.ends_with("/CKPTDB-TIER"); },
+      256);
 }
 
 TEST_F(Campaign, Segments) {
-  RunKind("segments on tmpfs and disk", [](const std::string& p) { return p.ends_with(".seg"); },
-          96);
+  RunKind(
+      "segments on tmpfs and disk", [](const std::string& p) { return p.ends_with(".seg"); }, 96);
 }
 
 TEST_F(Campaign, RamArena) {
-  RunKind("ram arena", [](const std::string& p) { return p.ends_with(".ram"); }, 512);
+  RunKind(
+      "ram arena", [](const std::string& p) { return p.ends_with(".ram"); }, 512);
 }
 
 }  // namespace

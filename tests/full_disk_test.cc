@@ -74,8 +74,8 @@ class FullDiskTest : public ::testing::Test {
   // Commits `version` on a fresh handle; the status of the first call that failed.
   static int CommitOne(ckptdb* db, uint64_t version) {
     std::vector<uint8_t> data = Data(version);
-    int rc = ckptdb_put_shard(db, version, "w", data.data(), data.size(), nullptr,
-                              CKPTDB_PUT_COPY_NOW);
+    int rc =
+        ckptdb_put_shard(db, version, "w", data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW);
     if (rc == CKPTDB_OK) rc = ckptdb_commit(db, version, 0);
     return rc;
   }
@@ -86,7 +86,8 @@ class FullDiskTest : public ::testing::Test {
     for (const auto& e : fs::directory_iterator(mount_)) fs::remove_all(e.path());
     fs::remove_all(disk_);
     ckptdb* db = nullptr;
-    if (ckptdb_open(&o_, &db) != CKPTDB_OK) return std::string("setup open: ") + ckptdb_last_error();
+    if (ckptdb_open(&o_, &db) != CKPTDB_OK)
+      return std::string("setup open: ") + ckptdb_last_error();
     if (CommitOne(db, 1) != CKPTDB_OK) return std::string("setup commit: ") + ckptdb_last_error();
     ckptdb_close(db);
     // Fill: one file of what is free beyond the level (tmpfs counts whole pages).
@@ -129,7 +130,8 @@ class FullDiskTest : public ::testing::Test {
     const bool got = read(fds[0], report, sizeof report) == sizeof report;
     close(fds[0]);
     const std::string at = " at " + std::to_string(measured) + " bytes free";
-    if (codes[0] != 0) return "the committing process died (exit " + std::to_string(codes[0]) + ")" + at;
+    if (codes[0] != 0)
+      return "the committing process died (exit " + std::to_string(codes[0]) + ")" + at;
     if (!got) return "no report from the child" + at;
     const int stop = static_cast<int>(static_cast<int64_t>(report[1]));
     if (stop != CKPTDB_OK && stop != CKPTDB_ENOSPC) {
@@ -140,7 +142,8 @@ class FullDiskTest : public ::testing::Test {
     }
     // Space again: the last commit that returned Ok is the latest, whole.
     fs::remove(filler);
-    if (ckptdb_open(&o_, &db) != CKPTDB_OK) return std::string("reopen: ") + ckptdb_last_error() + at;
+    if (ckptdb_open(&o_, &db) != CKPTDB_OK)
+      return std::string("reopen: ") + ckptdb_last_error() + at;
     uint64_t latest = 0;
     std::string why;
     if (ckptdb_latest(db, &latest) != CKPTDB_OK || latest < report[0] || latest > kMaxVersion) {
@@ -169,7 +172,8 @@ TEST_F(FullDiskTest, EveryFillLevelIsEnospcNeverAnAbortAndKeepsTheLastCommit) {
   std::set<uint64_t> levels;
   for (uint64_t b = 0; b <= 512 * kKiB; b += 4 * kKiB) levels.insert(b);
   const uint64_t reserve = engine::Catalog::kReserveBytes;
-  for (uint64_t b = reserve - 128 * kKiB; b <= reserve + 128 * kKiB; b += 4 * kKiB) levels.insert(b);
+  for (uint64_t b = reserve - 128 * kKiB; b <= reserve + 128 * kKiB; b += 4 * kKiB)
+    levels.insert(b);
   for (uint64_t b = 768 * kKiB; b <= kFsBytes; b += 256 * kKiB) levels.insert(b);
   levels.insert(4400000 - 4 * kKiB);  // just below the WAL preallocation RocksDB used to make
   const uint64_t stride = test::EnvCount("CKPTDB_FULL_DISK_STRIDE",

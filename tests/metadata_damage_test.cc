@@ -264,11 +264,11 @@ TEST(CommitWitness, GoldenFileIsTheFormat) {
   EXPECT_EQ(std::string(bytes.begin(), bytes.end()), raw) << "the encoder changed the format";
   EXPECT_EQ(raw.compare(0, 8, "CKPTWIT1"), 0);
   format::CommitWitness w;
-  ASSERT_TRUE(format::DecodeCommitWitness(
-                  std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(raw.data()),
-                                           raw.size()),
-                  "golden", &w)
-                  .ok());
+  ASSERT_TRUE(
+      format::DecodeCommitWitness(
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(raw.data()), raw.size()),
+          "golden", &w)
+          .ok());
   EXPECT_EQ(w.version, 42u);
   EXPECT_EQ(w.rank, 3u);
   EXPECT_EQ(w.world_size, 8u);

@@ -50,8 +50,10 @@ int OpenReadOnly(const std::string& root, DbHandle* out) {
   if (rc != CKPTDB_OK) {
     std::fprintf(stderr, "ckptdb: cannot open store %s: %s\n", root.c_str(), ErrorText(rc).c_str());
     if (rc == CKPTDB_ECORRUPT) {
-      std::fprintf(stderr, "ckptdb: the store's metadata is damaged; `ckptdb repair %s` rebuilds "
-                   "the catalog from what verifies\n", root.c_str());
+      std::fprintf(stderr,
+                   "ckptdb: the store's metadata is damaged; `ckptdb repair %s` rebuilds "
+                   "the catalog from what verifies\n",
+                   root.c_str());
     }
     return ExitCodeFor(rc);
   }

@@ -30,8 +30,8 @@ int RunRepair(const RepairArgs& args) {
     std::fprintf(stderr, "ckptdb repair: %s\n", ErrorText(rc).c_str());
     return ExitCodeFor(rc);
   }
-  std::printf("%s: %" PRIu64 " committed version(s) recovered, %" PRIu64
-              " lost; %" PRIu64 " cop(ies) recorded, %" PRIu64 " witness(es) written, %" PRIu64
+  std::printf("%s: %" PRIu64 " committed version(s) recovered, %" PRIu64 " lost; %" PRIu64
+              " cop(ies) recorded, %" PRIu64 " witness(es) written, %" PRIu64
               " file(s) moved aside\n",
               report.catalog_rebuilt ? "catalog rebuilt" : "catalog intact",
               report.versions_recovered, report.versions_lost, report.copies_recovered,
