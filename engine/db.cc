@@ -433,8 +433,8 @@ Status Db::CheckWitnesses(Catalog& catalog, const std::string& root) {
 }
 
 void Db::WriteMissingWitnesses(const std::string& root) {
-  // Committed versions without a valid witness (a store older than witnesses, a witness write
-  // that failed) get one now: until then a lost COMMITTED record of theirs could not be caught.
+  // Committed versions without a witness (a store older than witnesses, a witness write that
+  // failed) get one now: until then a lost COMMITTED record of theirs could not be caught.
   std::map<uint64_t, WitnessFile> present;
   if (!WitnessDir(io_, root).Load(identity_.rank, identity_.job_id, &present).ok()) return;
   std::vector<VersionRecord> missing;
@@ -442,8 +442,9 @@ void Db::WriteMissingWitnesses(const std::string& root) {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [version, e] : versions_) {
       if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
-      auto it = present.find(version);
-      if (it == present.end() || !it->second.status.ok()) missing.push_back(e.record);
+      // Only absent ones: a damaged witness is damaged metadata, reported (verify) and
+      // rewritten by the explicit act of ckptdb repair.
+      if (present.find(version) == present.end()) missing.push_back(e.record);
     }
   }
   for (const VersionRecord& rec : missing) (void)WriteWitness(rec);  // a failure is printed

@@ -416,8 +416,8 @@ class Db {
   // its commit reports the failure (witness_errors_; invariant 14).
   Status WriteWitness(const VersionRecord& rec);
   std::string CanonicalTiers() const;
-  // After recovery (read-write opens): a witness for every committed version that lacks a
-  // valid one.
+  // After recovery (read-write opens): a witness for every committed version that has none (a
+  // damaged one is left for verify to report and ckptdb repair to rewrite).
   void WriteMissingWitnesses(const std::string& root);
   // Ok when the file at `path` is a whole segment of this rank's `version` with that manifest
   // (footer, manifest record and checksums; the chunks are checked when read).
