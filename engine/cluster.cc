@@ -3,11 +3,8 @@
 // docs/commit-protocol.md lists the messages and the order of durable steps.
 #include "engine/cluster.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sodium.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -71,23 +68,6 @@ Status DecodeReplicaPiece(std::span<const uint8_t> body, const std::string& what
     st = Status::Invalid(what + ": unknown phase " + std::to_string(out->phase));
   }
   return st;
-}
-
-// True once something accepts TCP connections at host:port (an IPv4 address). UCX 1.13's
-// sockaddr connect to a port nobody listens on yet can leave the worker unable to reach that
-// address later, so a rank waits for the coordinator's listener with a plain socket first.
-bool Listening(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return true;  // let the transport report the bad address
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(std::atoi(address.c_str() + colon + 1)));
-  if (inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr) != 1) return true;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return true;
-  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
-  close(fd);
-  return ok;
 }
 
 // Whether a holdings list names owner's replica of `version`.
@@ -329,17 +309,14 @@ Status Cluster::Join() {
   const int64_t deadline = NowMs() + options_.join_timeout_ms;
   Status last;
   while (NowMs() < deadline && !stop_) {
-    if (!Listening(options_.coordinator)) {
-      last = Status::Peer("nothing listens at " + options_.coordinator + " yet");
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      continue;
-    }
+    // Until the coordinator listens, the connect is refused at once (ckptdb's own socket, not
+    // UCX's): try again shortly.
     transport::PeerId coord = 0;
     last = PeerFor(options_.coordinator, &coord);
     if (!last.ok()) {
       if (last.code() == CKPTDB_EAUTH) return last;
       DropPeer(options_.coordinator);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }
     WireWriter w;
@@ -1584,9 +1561,7 @@ void Cluster::ServeLoop() {
   std::string last_error;
   while (!stop_) {
     Status st;
-    if (!Listening(options_.coordinator)) {
-      st = Status::Peer("nothing listens at " + options_.coordinator);
-    } else {
+    {
       transport::PeerId coord = 0;
       st = PeerFor(options_.coordinator, &coord);
       if (st.ok()) {

@@ -1,6 +1,6 @@
 // libFuzzer target for the transport's framing (transport/wire_format.h): any bytes as a whole
-// message (header and body), and as the body of each handshake message (Hello, Challenge,
-// Proof), which a peer sends before it has proved it holds the job token. What decodes must
+// message (header and body), and as a handshake frame (its 12-byte header, then its body as each
+// kind's), which a stranger sends before it has proved it holds the job token. What decodes must
 // encode back to the very same bytes, every refusal is Corrupt, and nothing may read past the
 // input or trip a sanitizer.
 #include <cstddef>
@@ -26,16 +26,43 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (st.code() != CKPTDB_ECORRUPT) {
     std::abort();
   }
-  for (Kind kind : {Kind::kHello, Kind::kChallenge, Kind::kProof}) {
-    HandshakeBody b;
-    st = ParseHandshake(kind, in, "fuzz", &b);
+  // A whole frame, as the transport reads it: the header, then exactly the body it announces.
+  if (size >= kHandshakeHeaderBytes) {
+    HandshakeKind kind;
+    uint32_t body_bytes = 0;
+    st = DecodeHandshakeHeader(in.first(kHandshakeHeaderBytes), "fuzz", &kind, &body_bytes);
+    if (st.ok()) {
+      if (body_bytes > kMaxHandshakeBodyBytes) std::abort();
+      if (size == kHandshakeHeaderBytes + body_bytes) {
+        HandshakeFrame f;
+        st = ParseHandshakeBody(kind, in.subspan(kHandshakeHeaderBytes), "fuzz", &f);
+        if (st.ok()) {
+          if (f.name.size() > kMaxPeerNameBytes || f.address.size() > kMaxWorkerAddressBytes) {
+            std::abort();
+          }
+          const std::vector<uint8_t> again = EncodeHandshakeFrame(f);
+          if (again.size() != size || !std::equal(again.begin(), again.end(), data)) std::abort();
+        } else if (st.code() != CKPTDB_ECORRUPT) {
+          std::abort();
+        }
+      }
+    } else if (st.code() != CKPTDB_ECORRUPT) {
+      std::abort();
+    }
+  }
+  // Any bytes as the body of each kind.
+  for (uint8_t k = 1; k <= 5; ++k) {
+    HandshakeFrame f;
+    st = ParseHandshakeBody(static_cast<HandshakeKind>(k), in, "fuzz", &f);
     if (!st.ok()) {
       if (st.code() != CKPTDB_ECORRUPT) std::abort();
       continue;
     }
-    if (b.name.size() > kMaxPeerNameBytes) std::abort();
-    const std::vector<uint8_t> again = EncodeHandshake(kind, b);
-    if (again.size() != size || !std::equal(again.begin(), again.end(), data)) std::abort();
+    const std::vector<uint8_t> again = EncodeHandshakeFrame(f);
+    if (again.size() != kHandshakeHeaderBytes + size ||
+        !std::equal(again.begin() + kHandshakeHeaderBytes, again.end(), data)) {
+      std::abort();
+    }
   }
   return 0;
 }

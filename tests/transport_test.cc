@@ -21,6 +21,14 @@ constexpr uint16_t kEcho = 100;   // reply: body and payload back
 constexpr uint16_t kSleep = 101;  // sleeps body[0] * 100 ms, replies empty
 constexpr uint16_t kFail = 102;   // replies CKPTDB_ENOTFOUND
 
+// A test parameter: a UCX_TLS list, or "ucx-shm": UCX over shared memory without peer-failure
+// handling (TransportOptions::ucx_without_peer_failure), the only way to run the UCX path on a
+// machine without RDMA.
+void SetTls(TransportOptions* o, const std::string& param) {
+  o->tls = param == "ucx-shm" ? "shm" : param;
+  o->ucx_without_peer_failure = param == "ucx-shm";
+}
+
 struct Server {
   std::atomic<int> delivered{0};
   std::atomic<int> placed{0};  // requests whose payload the handler found in `arena`
@@ -31,7 +39,7 @@ struct Server {
     o.name = "server";
     o.listen = "127.0.0.1:0";
     o.job_token = token;
-    o.tls = tls;
+    SetTls(&o, tls);
     o.max_in_flight = 4;
     if (with_placer) {
       arena.assign(16 << 20, 0);
@@ -70,7 +78,7 @@ std::unique_ptr<Transport> Client(const std::string& token, const std::string& t
   TransportOptions o;
   o.name = "client";
   o.job_token = token;
-  o.tls = tls;
+  SetTls(&o, tls);
   o.max_in_flight = 4;
   std::unique_ptr<Transport> t;
   Status st = Transport::Start(
@@ -91,6 +99,12 @@ TEST_P(TransportTest, CallsCarryBodiesAndPayloadsBothWays) {
   PeerId peer = 0;
   Status st = client->Connect(server.t->address(), 10000, &peer);
   ASSERT_TRUE(st.ok()) << st.ToString();
+  // UCX never carries tcp: "tcp" is ckptdb's socket. UCX 1.13's shared memory has no
+  // peer-failure handling, so on a machine without RDMA every choice ends on the socket too.
+  EXPECT_EQ(client->stats().socket_connections + client->stats().ucx_connections, 1u);
+  EXPECT_EQ(server.t->stats().socket_connections, client->stats().socket_connections);
+  if (GetParam() == "tcp") EXPECT_EQ(client->stats().socket_connections, 1u);
+  if (GetParam() == "ucx-shm") EXPECT_EQ(client->stats().ucx_connections, 1u);
   for (size_t bytes : {size_t{0}, size_t{100}, size_t{64} << 10, size_t{8} << 20}) {
     auto payload = test::RandomBytes(bytes, 7 + bytes);
     std::vector<uint8_t> back(bytes + 16, 0xee);
@@ -221,6 +235,41 @@ TEST(TransportOptionsTest, BadOptionsAreRefusedClearly) {
   EXPECT_FALSE(st.ok());
 }
 
+TEST(TransportOptionsTest, UcxIsNeverGivenTcp) {
+  unsetenv("UCX_TLS");
+  EXPECT_EQ(UcxTransports("tcp"), "");
+  EXPECT_EQ(UcxTransports("shm,tcp"), "shm");
+  EXPECT_EQ(UcxTransports("tcp,shm,cma"), "shm,cma");
+  EXPECT_EQ(UcxTransports(""), "^tcp");
+  EXPECT_EQ(UcxTransports("all"), "^tcp");
+  EXPECT_EQ(UcxTransports("^rc"), "^rc,tcp");
+  EXPECT_EQ(UcxTransports("^tcp"), "^tcp");
+  setenv("UCX_TLS", "rc,tcp", 1);
+  EXPECT_EQ(UcxTransports(""), "rc");
+  EXPECT_EQ(UcxTransports("shm"), "shm");  // the option wins over the environment
+  unsetenv("UCX_TLS");
+}
+
+// A process without UCX (its transports were only tcp) and one with it: the socket path.
+TEST(TransportOptionsTest, PeersWithAndWithoutUcxMeetOnTheSocket) {
+  Server server;
+  ASSERT_TRUE(server.Start("secret", "shm,tcp").ok());
+  auto client = Client("secret", "tcp");
+  PeerId peer = 0;
+  Status st = client->Connect(server.t->address(), 10000, &peer);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(client->stats().socket_connections, 1u);
+  EXPECT_EQ(server.t->stats().socket_connections, 1u);
+  auto data = test::RandomBytes(3 << 20, 5);
+  std::vector<uint8_t> back(data.size());
+  std::vector<uint8_t> reply;
+  size_t got = 0;
+  st = client->CallSync(peer, kEcho, {1}, data.data(), data.size(), 10000, &reply, back.data(),
+                        back.size(), &got);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(back, data);
+}
+
 TEST(WireTest, ReaderRejectsShortAndOverlongInput) {
   WireWriter w;
   w.U32(7);
@@ -245,11 +294,12 @@ TEST(WireTest, ReaderRejectsShortAndOverlongInput) {
   EXPECT_FALSE(extra.Finish().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Tls, TransportTest, ::testing::Values("tcp", "shm,tcp", ""),
+INSTANTIATE_TEST_SUITE_P(Tls, TransportTest, ::testing::Values("tcp", "shm,tcp", "", "ucx-shm"),
                          [](const auto& info) {
-                           return info.param.empty()    ? std::string("ucx_choice")
-                                  : info.param == "tcp" ? "tcp"
-                                                        : "shm";
+                           return info.param.empty()        ? std::string("ucx_choice")
+                                  : info.param == "tcp"     ? "tcp"
+                                  : info.param == "ucx-shm" ? "ucx_shm"
+                                                            : "shm";
                          });
 
 }  // namespace

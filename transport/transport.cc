@@ -1,15 +1,18 @@
-// Transport on UCX (see transport.h). Everything that touches the UCX worker runs on the progress
-// thread; other threads post closures to it (ops_) and wake it through an eventfd. mu_ guards
-// the connection table, the calls and the queues; it is never held across a UCX call.
+// Transport on UCX (see transport.h). Everything that touches the UCX worker or a socket runs on
+// the progress thread; other threads post closures to it (ops_) and wake it through an eventfd.
+// mu_ guards the connection table, the calls and the queues; it is never held across a UCX call.
 #include "transport/transport.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -35,6 +39,14 @@ namespace {
 static_assert(crypto_auth_BYTES == kMacBytes);
 
 constexpr uint16_t kAmId = 7;
+constexpr int kListenBacklog = 128;
+constexpr int kAcceptPerRound = 256;  // accepts per wakeup, so a storm cannot starve the worker
+constexpr uint32_t kHostileLogLines = 5;
+constexpr size_t kReadBudgetBytes = 8 << 20;  // socket bytes read from one peer per wakeup
+// On the socket path a request's payload of at least this is offered to the Placer (smaller ones
+// arrive in the request's vector, as UCX's eager messages do).
+constexpr uint64_t kPlaceMinBytes = 64 << 10;
+constexpr int64_t kHostileLogWindowMs = 10000;
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -126,22 +138,61 @@ struct Call::State {
 class TransportImpl {
  public:  // internal to this file: everything is open to Transport and Call
   enum class ConnState : uint8_t {
-    kClientHello,
-    kClientProof,
-    kServerNew,
-    kServerChallenged,
-    kOpen,
+    kClientConnecting,  // the TCP connect is under way
+    kClientHello,       // Hello sent, waiting for the Challenge
+    kClientProof,       // Proof sent, waiting for the Welcome
+    kServerNew,         // accepted, waiting for the Hello
+    kServerChallenged,  // Challenge sent, waiting for the Proof
+    kOpen,              // authenticated, with a UCX endpoint to the peer's worker
     kClosed
+  };
+  // A message queued on the socket path: header, payload length and body in `head`, then the
+  // payload, which `keep` keeps valid (a request's payload is the caller's until Wait returns).
+  struct OutMsg {
+    std::vector<uint8_t> head;
+    const uint8_t* payload = nullptr;
+    size_t payload_bytes = 0;
+    size_t sent = 0;  // of head.size() + payload_bytes
+    std::shared_ptr<const void> keep;
+    std::shared_ptr<Call::State> call;  // a request's call: its send_done
+  };
+  // The message being read on the socket path: its prefix and body in `head`, then its payload
+  // straight into where it goes (the Placer's memory, a vector, the caller's reply buffer) or,
+  // for a reply nobody waits for, into nothing.
+  struct RxState {
+    std::vector<uint8_t> head;
+    bool have_prefix = false;
+    bool in_payload = false;
+    WireHeader h;
+    uint64_t payload_bytes = 0;
+    uint64_t got = 0;
+    uint8_t* dst = nullptr;  // nullptr: the payload is read and dropped
+    std::vector<uint8_t> vec;
+    PayloadPlace placed;
+    std::shared_ptr<Call::State> call;  // a reply's call
   };
   struct Conn {
     uint64_t id = 0;
-    ucp_ep_h ep = nullptr;
-    std::string peer;  // address, and after the handshake the peer's own name
+    int fd = -1;            // ckptdb's TCP socket: the handshake, then the connection's lifeline
+    ucp_ep_h ep = nullptr;  // once open: to the peer's worker, from the address it proved
+    std::string peer;       // address, and after the first frame the peer's own name
     bool client = false;
-    ConnState state = ConnState::kClientHello;
+    ConnState state = ConnState::kClientConnecting;
+    DataPath path = DataPath::kSocket;  // once open
+    uint64_t my_key = 0;                // what the peer puts in the headers it sends here (by_key_)
+    uint64_t peer_key = 0;              // what this side puts in the headers it sends there
     uint8_t my_nonce[kNonceBytes] = {};
     uint8_t their_nonce[kNonceBytes] = {};
     int64_t handshake_deadline_ms = 0;
+    bool sent_bytes = false;  // the peer sent something on the socket (for the hostile log)
+    std::vector<uint8_t> in;  // the frame being read (at most kMaxHandshakeFrameBytes)
+    HandshakeKind in_kind = HandshakeKind::kHello;
+    uint32_t in_body = 0;      // its body's length, once its header is in
+    std::vector<uint8_t> out;  // frame bytes the socket did not take yet
+    bool want_out = false;     // EPOLLOUT is on
+    // The socket path: messages waiting to be written, and the one being read.
+    std::deque<OutMsg> sendq;
+    RxState rx;
     // Client side: the Connect waiting for the handshake.
     bool connect_done = false;
     Status connect_status;
@@ -182,6 +233,8 @@ class TransportImpl {
   ~TransportImpl() { Stop(); }
 
   Status Init();
+  Status Listen();
+  Status StartUcx();
   void Stop();
 
   // mu_ must not be held.
@@ -218,7 +271,23 @@ class TransportImpl {
   void RunOps();
   void CheckDeadlines();
   void StartPendingRecvs();
-  static void OnConnRequest(ucp_conn_request_h request, void* arg);
+  // The TCP side (progress thread).
+  void AcceptAll();
+  void OnSocket(int fd, uint32_t events);
+  void ReadSocket(const std::shared_ptr<Conn>& c);
+  void OnFrame(Conn* c, const HandshakeFrame& f);
+  void WriteFrame(Conn* c, const HandshakeFrame& f);
+  void FlushOut(Conn* c);
+  void WantOut(Conn* c, bool on);
+  void FlushSock(Conn* c);
+  void ReadSock(const std::shared_ptr<Conn>& c);
+  bool BeginPayload(Conn* c);
+  void FinishMessage(Conn* c);
+  void FinishConnect(Conn* c);
+  Status OpenConn(Conn* c, DataPath path, std::span<const uint8_t> address);
+  void Watch(int fd, uint32_t events, int op);
+  uint64_t NewKey();
+  void EvictOldestPending();
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
                            size_t length, const ucp_am_recv_param_t* param);
@@ -226,7 +295,6 @@ class TransportImpl {
   static void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data);
   ucs_status_t HandleAm(Conn* c, const WireHeader& h, std::span<const uint8_t> body, void* data,
                         size_t length, bool rndv);
-  void HandleHandshake(Conn* c, const WireHeader& h, std::span<const uint8_t> body);
   void Deliver(uint64_t conn, const WireHeader& h, std::vector<uint8_t> body,
                std::vector<uint8_t> payload, PayloadPlace placed = {}, size_t placed_bytes = 0);
   Status ReplyStatus(const WireHeader& h, std::span<const uint8_t> body);
@@ -239,19 +307,22 @@ class TransportImpl {
     auto it = by_ep_.find(ep);
     return it == by_ep_.end() ? nullptr : it->second;
   }
-  void Mac(const char* role, const uint8_t* client_nonce, const uint8_t* server_nonce,
-           uint8_t* out) const;
-  bool CheckMac(const char* role, const uint8_t* client_nonce, const uint8_t* server_nonce,
-                const uint8_t* mac) const;
   void ServiceLoop();
   void Log(const std::string& line) const {
     std::fprintf(stderr, "ckptdb[%s]: %s\n", options_.name.c_str(), line.c_str());
   }
+  // What strangers do (garbage, idle connections, messages for no connection) is logged at most
+  // kHostileLogLines times per kHostileLogWindowMs, then summed up: a flood cannot fill the log.
+  void LogHostile(const std::string& line);
 
-  uint8_t key_[crypto_auth_KEYBYTES] = {};
+  std::array<uint8_t, 32> key_{};
+  std::string ucx_tls_;           // what UCX may use (never tcp); empty: no UCX worker at all
+  bool ucx_unreachable_ = false;  // UCX could not reach a peer: the socket from then on
+  std::vector<uint8_t> worker_address_;  // this worker's UCX address, sent after the proof
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
-  ucp_listener_h listener_ = nullptr;
+  int listen_fd_ = -1;
+  int spare_fd_ = -1;  // given up to accept (and close) a connection when out of descriptors
   int wake_fd_ = -1;
   int epoll_fd_ = -1;
   int worker_fd_ = -1;
@@ -270,7 +341,13 @@ class TransportImpl {
   std::map<uint64_t, std::pair<int64_t, std::weak_ptr<Call::State>>> deadlines_;  // by call id
   // Progress thread only.
   std::unordered_map<ucp_ep_h, Conn*> by_ep_;
+  std::unordered_map<uint64_t, Conn*> by_key_;  // open connections by my_key
+  std::unordered_map<int, uint64_t> by_fd_;     // sockets to connection ids
+  std::set<uint64_t> pending_;                  // accepted, not yet authenticated: oldest first
   std::vector<PendingRecv> pending_recvs_;
+  int64_t hostile_window_start_ms_ = 0;
+  uint32_t hostile_logged_ = 0;
+  uint64_t hostile_suppressed_ = 0;
 };
 
 Status TransportImpl::Init() {
@@ -280,24 +357,73 @@ Status TransportImpl::Init() {
   if (options_.max_in_flight == 0 || options_.max_in_flight > 4096) {
     return Status::Invalid(options_.name + ": max_in_flight must be 1..4096");
   }
+  if (options_.handshake_timeout_ms <= 0) {
+    return Status::Invalid(options_.name + ": handshake_timeout_ms must be positive");
+  }
   if (sodium_init() < 0) return Status::Internal("libsodium failed to initialize");
-  crypto_generichash(key_, sizeof key_, reinterpret_cast<const uint8_t*>(options_.job_token.data()),
-                     options_.job_token.size(), nullptr, 0);
+  key_ = HandshakeKey(options_.job_token);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (wake_fd_ < 0 || epoll_fd_ < 0 || spare_fd_ < 0) {
+    return Status::FromErrno(errno, options_.name + ": transport eventfd/epoll");
+  }
+  // ckptdb's own listener first: a port that is taken fails the start before UCX is set up.
+  if (!options_.listen.empty()) CKPTDB_RETURN_IF_ERROR(Listen());
+  Watch(wake_fd_, EPOLLIN, EPOLL_CTL_ADD);
+  if (listen_fd_ >= 0) Watch(listen_fd_, EPOLLIN, EPOLL_CTL_ADD);
+  ucx_tls_ = UcxTransports(options_.tls);
+  if (!ucx_tls_.empty()) CKPTDB_RETURN_IF_ERROR(StartUcx());
+  thread_ = std::thread([this] { Loop(); });
+  for (uint32_t i = 0; i < std::max(1u, options_.service_threads); ++i) {
+    service_.emplace_back([this] { ServiceLoop(); });
+  }
+  return Status::Ok();
+}
 
-  // A restarted coordinator listens on its old port at once, though connections of its killed
-  // predecessor linger in TIME_WAIT there: SO_REUSEADDR on the listener. UCX reads this knob of
-  // its tcp connection manager from the environment only (ucp_config_modify does not reach the
-  // connection managers in 1.13); a value the user set wins.
-  setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
+// UCX's tcp transport listens on ports of its own and parses what strangers send there (a
+// crafted packet aborts the process in UCX 1.13), so ckptdb never lets UCX use tcp: what UCX
+// would carry over tcp goes on ckptdb's own authenticated socket instead. From "tcp", "shm,tcp",
+// "^rc" or "" (UCX_TLS from the environment, else everything): the same list without tcp;
+// empty when nothing is left (every connection then takes the socket path and no UCX worker
+// runs).
+std::string UcxTransports(const std::string& tls) {
+  std::string spec = tls;
+  if (spec.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    spec = env != nullptr ? env : "";
+  }
+  if (spec.empty() || spec == "all") return "^tcp";
+  const bool negated = spec[0] == '^';
+  std::string out = negated ? "^" : "";
+  bool has_tcp = false;
+  size_t at = negated ? 1 : 0;
+  while (at <= spec.size()) {
+    size_t comma = spec.find(',', at);
+    if (comma == std::string::npos) comma = spec.size();
+    std::string item = spec.substr(at, comma - at);
+    at = comma + 1;
+    if (item.empty()) continue;
+    if (item == "tcp") {
+      has_tcp = true;
+      if (!negated) continue;
+    }
+    if (out.size() > (negated ? 1u : 0u)) out += ",";
+    out += item;
+  }
+  if (negated && !has_tcp) out += out.size() > 1 ? ",tcp" : "tcp";
+  return out == "^" ? "" : out;
+}
+
+Status TransportImpl::StartUcx() {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return Status::Internal("UCX: ucp_config_read: " + UcsText(s));
-  if (!options_.tls.empty()) {
-    s = ucp_config_modify(config, "TLS", options_.tls.c_str());
-    if (s != UCS_OK) {
-      ucp_config_release(config);
-      return Status::Invalid(options_.name + ": UCX_TLS '" + options_.tls + "': " + UcsText(s));
-    }
+  s = ucp_config_modify(config, "TLS", ucx_tls_.c_str());
+  if (s != UCS_OK) {
+    ucp_config_release(config);
+    return Status::Invalid(options_.name + ": UCX_TLS '" + ucx_tls_ + "' (from '" + options_.tls +
+                           "'): " + UcsText(s));
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
@@ -320,6 +446,18 @@ Status TransportImpl::Init() {
                                 std::to_string(wa.max_am_header) + " bytes, ckptdb needs " +
                                 std::to_string(kWireHeaderBytes + kMaxBodyBytes));
   }
+  ucp_address_t* address = nullptr;
+  size_t address_bytes = 0;
+  s = ucp_worker_get_address(worker_, &address, &address_bytes);
+  if (s != UCS_OK) return Status::Internal(options_.name + ": UCX worker address: " + UcsText(s));
+  const auto* a = reinterpret_cast<const uint8_t*>(address);
+  worker_address_.assign(a, a + address_bytes);
+  ucp_worker_release_address(worker_, address);
+  if (worker_address_.empty() || worker_address_.size() > kMaxWorkerAddressBytes) {
+    return Status::NotSupported(options_.name + ": UCX's worker address is " +
+                                std::to_string(worker_address_.size()) + " bytes, ckptdb sends " +
+                                std::to_string(kMaxWorkerAddressBytes) + " at most");
+  }
   ucp_am_handler_param_t hp{};
   hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                   UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -331,49 +469,47 @@ Status TransportImpl::Init() {
   if (s != UCS_OK) return Status::Internal("UCX am handler: " + UcsText(s));
   s = ucp_worker_get_efd(worker_, &worker_fd_);
   if (s != UCS_OK) return Status::Internal("UCX worker efd: " + UcsText(s));
+  Watch(worker_fd_, EPOLLIN, EPOLL_CTL_ADD);
+  return Status::Ok();
+}
 
-  if (!options_.listen.empty()) {
-    sockaddr_storage ss{};
-    socklen_t len = 0;
-    CKPTDB_RETURN_IF_ERROR(ParseHostPort(options_.listen, &ss, &len));
-    ucp_listener_params_t lp{};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-    lp.sockaddr.addrlen = len;
-    lp.conn_handler.cb = &TransportImpl::OnConnRequest;
-    lp.conn_handler.arg = this;
-    s = ucp_listener_create(worker_, &lp, &listener_);
-    if (s != UCS_OK) {
-      return Status::Invalid(options_.name + ": cannot listen on " + options_.listen + ": " +
-                             UcsText(s));
-    }
-    ucp_listener_attr_t la{};
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    s = ucp_listener_query(listener_, &la);
-    if (s != UCS_OK) return Status::Internal("UCX listener query: " + UcsText(s));
-    address_ = SockaddrText(la.sockaddr);
-    // A wildcard listen address is reachable at the host it was asked for, not 0.0.0.0.
-    std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
-    if (address_.rfind("0.0.0.0:", 0) == 0 && host != "0.0.0.0") {
-      address_ = host + address_.substr(address_.rfind(':'));
-    }
+// A plain TCP listener, ckptdb's own: whatever connects must finish the handshake on it before
+// anything is handed to UCX (no ucp_listener is ever created).
+Status TransportImpl::Listen() {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  CKPTDB_RETURN_IF_ERROR(ParseHostPort(options_.listen, &ss, &len));
+  const std::string what = options_.name + ": cannot listen on " + options_.listen;
+  listen_fd_ = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) return Status::FromErrno(errno, what);
+  // A restarted coordinator listens on its old port at once, though connections of its killed
+  // predecessor linger in TIME_WAIT there.
+  int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(listen_fd_, reinterpret_cast<const sockaddr*>(&ss), len) != 0 ||
+      listen(listen_fd_, kListenBacklog) != 0) {
+    return Status::Invalid(what + ": " + std::strerror(errno));
   }
-
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (wake_fd_ < 0 || epoll_fd_ < 0) return Status::FromErrno(errno, "transport eventfd/epoll");
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = wake_fd_;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-  ev.data.fd = worker_fd_;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, worker_fd_, &ev);
-
-  thread_ = std::thread([this] { Loop(); });
-  for (uint32_t i = 0; i < std::max(1u, options_.service_threads); ++i) {
-    service_.emplace_back([this] { ServiceLoop(); });
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof bound;
+  if (getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &bound_len) != 0) {
+    return Status::FromErrno(errno, what);
+  }
+  address_ = SockaddrText(bound);
+  // A wildcard listen address is reachable at the host it was asked for, not 0.0.0.0.
+  std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
+  if (address_.rfind("0.0.0.0:", 0) == 0 && host != "0.0.0.0") {
+    address_ = host + address_.substr(address_.rfind(':'));
   }
   return Status::Ok();
+}
+
+void TransportImpl::Watch(int fd, uint32_t events, int op) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  int rc = epoll_ctl(epoll_fd_, op, fd, &ev);
+  CKPTDB_ASSERT(rc == 0 || op == EPOLL_CTL_DEL);
 }
 
 void TransportImpl::Stop() {
@@ -395,16 +531,19 @@ void TransportImpl::Stop() {
   cv_.notify_all();
   for (std::thread& t : service_) t.join();
   service_.clear();
-  if (listener_ != nullptr) ucp_listener_destroy(listener_);
+  for (auto& [fd, id] : by_fd_) close(fd);
+  by_fd_.clear();
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (context_ != nullptr) ucp_cleanup(context_);
-  if (wake_fd_ >= 0) close(wake_fd_);
-  if (epoll_fd_ >= 0) close(epoll_fd_);
+  for (int fd : {listen_fd_, spare_fd_, wake_fd_, epoll_fd_}) {
+    if (fd >= 0) close(fd);
+  }
 }
 
 void TransportImpl::Loop() {
+  epoll_event events[64];
   while (true) {
-    while (ucp_worker_progress(worker_) != 0) {
+    while (worker_ != nullptr && ucp_worker_progress(worker_) != 0) {
     }
     StartPendingRecvs();
     RunOps();
@@ -413,22 +552,25 @@ void TransportImpl::Loop() {
       // Let the closes finish (bounded): flush requests complete or fail quickly once forced.
       int64_t until = NowMs() + 2000;
       while (NowMs() < until) {
-        ucp_worker_progress(worker_);
+        if (worker_ != nullptr) ucp_worker_progress(worker_);
         std::lock_guard<std::mutex> lock(mu_);
         if (conns_.empty()) break;
       }
       return;
     }
     if (!pending_recvs_.empty()) continue;
-    ucs_status_t s = ucp_worker_arm(worker_);
-    if (s == UCS_ERR_BUSY) continue;
-    epoll_event events[2];
-    int n = epoll_wait(epoll_fd_, events, 2, 50);
+    if (worker_ != nullptr && ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    int n = epoll_wait(epoll_fd_, events, 64, 50);
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.fd == wake_fd_) {
+      const int fd = events[i].data.fd;
+      if (fd == wake_fd_) {
         uint64_t v;
         ssize_t r = read(wake_fd_, &v, sizeof v);
         (void)r;
+      } else if (fd == listen_fd_) {
+        AcceptAll();
+      } else if (fd != worker_fd_) {
+        OnSocket(fd, events[i].events);
       }
     }
   }
@@ -463,37 +605,606 @@ void TransportImpl::CheckDeadlines() {
   }
 }
 
-void TransportImpl::OnConnRequest(ucp_conn_request_h request, void* arg) {
-  auto* self = static_cast<TransportImpl*>(arg);
-  ucp_conn_request_attr_t attr{};
-  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  std::string peer = "?";
-  if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = SockaddrText(attr.client_address);
-  if (self->stopping_) {
-    ucp_listener_reject(self->listener_, request);
+void TransportImpl::LogHostile(const std::string& line) {
+  const int64_t now = NowMs();
+  if (now - hostile_window_start_ms_ >= kHostileLogWindowMs) {
+    if (hostile_suppressed_ > 0) {
+      Log(std::to_string(hostile_suppressed_) + " more connections or messages from strangers " +
+          "were refused in the last " + std::to_string(kHostileLogWindowMs / 1000) +
+          " s (not logged one by one)");
+    }
+    hostile_window_start_ms_ = now;
+    hostile_logged_ = 0;
+    hostile_suppressed_ = 0;
+  }
+  if (hostile_logged_ < kHostileLogLines) {
+    hostile_logged_++;
+    Log(line);
+  } else {
+    hostile_suppressed_++;
+  }
+}
+
+uint64_t TransportImpl::NewKey() {
+  uint64_t k = 0;
+  do {
+    randombytes_buf(&k, sizeof k);
+  } while (k == 0 || by_key_.count(k) != 0);
+  return k;
+}
+
+void TransportImpl::EvictOldestPending() {
+  if (pending_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.evicted++;
+  }
+  CloseConn(*pending_.begin(),
+            "closed to make room: " + std::to_string(kMaxPendingHandshakes) +
+                " connections were waiting to authenticate",
+            false);
+}
+
+void TransportImpl::AcceptAll() {
+  for (int round = 0; round < kAcceptPerRound; ++round) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    int fd =
+        accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE) {
+        // Out of descriptors: shed the oldest stranger, or with none the newcomer (through the
+        // spare descriptor), so the listener neither spins nor keeps a backlog of strangers.
+        if (!pending_.empty()) {
+          EvictOldestPending();
+        } else if (spare_fd_ >= 0) {
+          close(spare_fd_);
+          int shed = accept(listen_fd_, nullptr, nullptr);
+          if (shed >= 0) close(shed);
+          spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+          LogHostile("out of file descriptors: a new connection was closed at once");
+        } else {
+          return;
+        }
+        continue;
+      }
+      return;  // EAGAIN: nothing more to accept
+    }
+    if (stopping_) {
+      close(fd);
+      continue;
+    }
+    if (pending_.size() >= kMaxPendingHandshakes) EvictOldestPending();
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto c = std::make_shared<Conn>();
+    c->fd = fd;
+    c->client = false;
+    c->state = ConnState::kServerNew;
+    c->peer = SockaddrText(ss);
+    c->handshake_deadline_ms = NowMs() + options_.handshake_timeout_ms;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c->id = next_conn_++;
+      conns_[c->id] = c;
+    }
+    by_fd_[fd] = c->id;
+    pending_.insert(c->id);
+    Watch(fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_ADD);
+  }
+}
+
+void TransportImpl::OnSocket(int fd, uint32_t events) {
+  auto f = by_fd_.find(fd);
+  if (f == by_fd_.end()) return;
+  std::shared_ptr<Conn> c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = conns_.find(f->second);
+    if (it == conns_.end()) return;
+    c = it->second;
+  }
+  if ((events & EPOLLOUT) != 0) {
+    if (c->state == ConnState::kClientConnecting) {
+      FinishConnect(c.get());
+    } else if (c->state == ConnState::kOpen) {
+      if (c->path == DataPath::kSocket) FlushSock(c.get());
+    } else {
+      FlushOut(c.get());
+    }
+  }
+  if (c->state != ConnState::kClosed && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+    ReadSocket(c);
+  }
+}
+
+// Reads what the socket holds, one frame at a time and never more than the frame it is in (its
+// header first: a length over the bound is refused before a byte of its body is read). After
+// the handshake the socket only tells that the peer is gone: a byte on it is a protocol error.
+void TransportImpl::ReadSocket(const std::shared_ptr<Conn>& c) {
+  while (c->state != ConnState::kClosed && c->state != ConnState::kClientConnecting) {
+    if (c->state == ConnState::kOpen && c->path == DataPath::kSocket) {
+      ReadSock(c);
+      return;
+    }
+    if (c->state == ConnState::kOpen) {
+      uint8_t b[64];
+      ssize_t n = recv(c->fd, b, sizeof b, 0);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      CloseConn(c->id,
+                n == 0  ? "the peer closed the connection"
+                : n > 0 ? "the peer sent bytes on its socket after the handshake"
+                        : std::string("its socket failed: ") + std::strerror(errno),
+                false);
+      return;
+    }
+    const bool have_header = c->in.size() >= kHandshakeHeaderBytes;
+    const size_t want = have_header ? kHandshakeHeaderBytes + c->in_body - c->in.size()
+                                    : kHandshakeHeaderBytes - c->in.size();
+    CKPTDB_ASSERT(want > 0 || have_header);
+    if (want > 0) {
+      const size_t at = c->in.size();
+      c->in.resize(at + want);
+      ssize_t n = recv(c->fd, c->in.data() + at, want, 0);
+      c->in.resize(at + (n > 0 ? static_cast<size_t>(n) : 0));
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      if (n <= 0) {
+        CloseConn(c->id,
+                  n == 0 ? "the peer closed the connection during the handshake"
+                         : std::string("its socket failed: ") + std::strerror(errno),
+                  false);
+        return;
+      }
+      c->sent_bytes = true;
+      if (static_cast<size_t>(n) < want) continue;
+    }
+    CKPTDB_ASSERT(c->in.size() <= kMaxHandshakeFrameBytes);
+    const std::string what = "handshake from " + c->peer;
+    if (!have_header) {
+      Status st = DecodeHandshakeHeader(c->in, what, &c->in_kind, &c->in_body);
+      if (!st.ok()) {
+        if (c->client) {
+          FailConnect(c.get(), st);
+        } else {
+          CloseConn(c->id, st.message(), false);
+        }
+        return;
+      }
+      if (c->in_body > 0) continue;
+    }
+    HandshakeFrame frame;
+    Status st = ParseHandshakeBody(
+        c->in_kind, std::span<const uint8_t>(c->in).subspan(kHandshakeHeaderBytes), what, &frame);
+    c->in.clear();
+    c->in_body = 0;
+    if (!st.ok()) {
+      if (c->client) {
+        FailConnect(c.get(), st);
+      } else {
+        CloseConn(c->id, st.message(), false);
+      }
+      return;
+    }
+    OnFrame(c.get(), frame);
+  }
+}
+
+namespace {
+// A peer's name from the network, fit for a log line: printable ASCII only.
+std::string Printable(const std::string& s) {
+  std::string out;
+  for (char ch : s) out.push_back(ch >= 0x20 && ch < 0x7f ? ch : '?');
+  return out;
+}
+bool MacEqual(const std::array<uint8_t, kMacBytes>& a, const std::array<uint8_t, kMacBytes>& b) {
+  return sodium_memcmp(a.data(), b.data(), kMacBytes) == 0;  // constant time
+}
+}  // namespace
+
+// The handshake (docs/commit-protocol.md, "The handshake"): Hello, Challenge, Proof, Welcome.
+void TransportImpl::OnFrame(Conn* c, const HandshakeFrame& f) {
+  if (!c->client && c->state == ConnState::kServerNew && f.kind == HandshakeKind::kHello) {
+    std::memcpy(c->their_nonce, f.nonce.data(), kNonceBytes);
+    c->peer = Printable(f.name) + " (" + c->peer + ")";
+    randombytes_buf(c->my_nonce, kNonceBytes);
+    HandshakeFrame out;
+    out.kind = HandshakeKind::kChallenge;
+    out.name = options_.name.substr(0, kMaxPeerNameBytes);
+    std::memcpy(out.nonce.data(), c->my_nonce, kNonceBytes);
+    out.mac = HandshakeMac(key_.data(), MacRole::kServer, c->their_nonce, c->my_nonce, 0, 0, {});
+    c->state = ConnState::kServerChallenged;
+    WriteFrame(c, out);
     return;
   }
-  auto c = std::make_shared<Conn>();
+  if (c->client && c->state == ConnState::kClientHello && f.kind == HandshakeKind::kChallenge) {
+    std::memcpy(c->their_nonce, f.nonce.data(), kNonceBytes);
+    c->peer = Printable(f.name) + " (" + c->peer + ")";
+    if (!MacEqual(f.mac, HandshakeMac(key_.data(), MacRole::kServer, c->my_nonce, c->their_nonce, 0,
+                                      0, {}))) {
+      Status st = Status::Auth(c->peer + " could not prove it holds this job's token: refusing it");
+      Log(st.message());
+      FailConnect(c, st);
+      return;
+    }
+    c->my_key = NewKey();
+    HandshakeFrame out;
+    out.kind = HandshakeKind::kProof;
+    out.conn_key = c->my_key;
+    out.address = worker_address_;
+    out.mac = HandshakeMac(key_.data(), MacRole::kClient, c->my_nonce, c->their_nonce, c->my_key, 0,
+                           worker_address_);
+    c->state = ConnState::kClientProof;
+    WriteFrame(c, out);
+    return;
+  }
+  if (!c->client && c->state == ConnState::kServerChallenged && f.kind == HandshakeKind::kProof) {
+    if (!MacEqual(f.mac, HandshakeMac(key_.data(), MacRole::kClient, c->their_nonce, c->my_nonce,
+                                      f.conn_key, 0, f.address))) {
+      LogHostile("refused " + c->peer + ": it does not hold this job's token (CKPTDB_JOB_TOKEN)");
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.refused++;
+      }
+      HandshakeFrame out;
+      out.kind = HandshakeKind::kRefused;
+      WriteFrame(c, out);
+      CloseConn(c->id, "wrong job token", false);
+      return;
+    }
+    // Authenticated: from here on the peer is a member of the job. Its messages travel over
+    // UCX where both run a worker and UCX reaches the peer's without tcp and with peer-failure
+    // handling (RDMA); on this socket otherwise (docs/commit-protocol.md, "The transport's
+    // sockets").
+    c->peer_key = f.conn_key;
+    c->my_key = NewKey();
+    // Once UCX could not reach a peer, it is not asked again (each try prints an error of
+    // UCX's own): a machine without RDMA puts every connection on the socket.
+    DataPath path = DataPath::kSocket;
+    Status ucx = worker_ == nullptr || f.address.empty() || ucx_unreachable_
+                     ? Status::NotSupported("no UCX path")
+                     : OpenConn(c, DataPath::kUcx, f.address);
+    if (ucx.ok()) {
+      path = DataPath::kUcx;
+    } else {
+      if (!ucx_unreachable_ && worker_ != nullptr && !f.address.empty()) {
+        ucx_unreachable_ = true;
+        Log(ucx.message() + " (with UCX_TLS '" + ucx_tls_ +
+            "', endpoints that report a peer's failure): this process's connections go on "
+            "ckptdb's own socket from now on");
+      }
+      Status st = OpenConn(c, DataPath::kSocket, {});
+      CKPTDB_ASSERT(st.ok());
+    }
+    pending_.erase(c->id);
+    HandshakeFrame out;
+    out.kind = HandshakeKind::kWelcome;
+    out.conn_key = c->my_key;
+    out.path = path;
+    if (path == DataPath::kUcx) out.address = worker_address_;
+    out.mac = HandshakeMac(key_.data(), MacRole::kWelcome, c->their_nonce, c->my_nonce, c->my_key,
+                           static_cast<uint8_t>(path), out.address);
+    WriteFrame(c, out);
+    return;
+  }
+  if (c->client && c->state == ConnState::kClientProof && f.kind == HandshakeKind::kWelcome) {
+    if (!MacEqual(f.mac, HandshakeMac(key_.data(), MacRole::kWelcome, c->my_nonce, c->their_nonce,
+                                      f.conn_key, static_cast<uint8_t>(f.path), f.address))) {
+      FailConnect(c, Status::Auth(c->peer + " sent a welcome that does not verify: refusing it"));
+      return;
+    }
+    c->peer_key = f.conn_key;
+    Status st = f.path == DataPath::kUcx && worker_ == nullptr
+                    ? Status::Peer(c->peer + " chose UCX, and " + options_.name + " runs no worker")
+                    : OpenConn(c, f.path, f.address);
+    if (!st.ok()) {
+      FailConnect(c, st);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      c->connect_done = true;
+    }
+    cv_.notify_all();
+    return;
+  }
+  if (c->client && f.kind == HandshakeKind::kRefused) {
+    Status st = Status::Auth(c->peer + " refused this process: the job tokens differ");
+    Log(st.message());
+    FailConnect(c, st);
+    return;
+  }
+  const std::string why =
+      "a handshake frame of kind " + std::to_string(static_cast<int>(f.kind)) + " out of turn";
+  if (c->client) {
+    FailConnect(c, Status::Corrupt(c->peer + " sent " + why));
+  } else {
+    CloseConn(c->id, why, false);
+  }
+}
+
+// Opens the connection on `path`: over UCX, an endpoint to the peer's worker at the address it
+// proved in its MAC; on the socket, nothing more to make.
+Status TransportImpl::OpenConn(Conn* c, DataPath path, std::span<const uint8_t> address) {
+  if (path == DataPath::kSocket) {
+    c->path = DataPath::kSocket;
+    by_key_[c->my_key] = c;
+    c->state = ConnState::kOpen;
+    c->handshake_deadline_ms = 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.socket_connections++;
+    return Status::Ok();
+  }
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  ep.conn_request = request;
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  ep.err_mode =
+      options_.ucx_without_peer_failure ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &TransportImpl::OnEpError;
-  ep.err_handler.arg = self;
-  ucs_status_t s = ucp_ep_create(self->worker_, &ep, &c->ep);
+  ep.err_handler.arg = this;
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &c->ep);
   if (s != UCS_OK) {
-    self->Log("cannot accept a connection from " + peer + ": " + UcsText(s));
+    c->ep = nullptr;
+    return Status::Peer("cannot reach " + c->peer + "'s UCX worker: " + UcsText(s));
+  }
+  c->path = DataPath::kUcx;
+  by_ep_[c->ep] = c;
+  by_key_[c->my_key] = c;
+  c->state = ConnState::kOpen;
+  c->handshake_deadline_ms = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.ucx_connections++;
+  return Status::Ok();
+}
+
+void TransportImpl::WriteFrame(Conn* c, const HandshakeFrame& f) {
+  std::vector<uint8_t> bytes = EncodeHandshakeFrame(f);
+  c->out.insert(c->out.end(), bytes.begin(), bytes.end());
+  FlushOut(c);
+}
+
+void TransportImpl::FlushOut(Conn* c) {
+  while (!c->out.empty()) {
+    ssize_t n = send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      Watch(c->fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP, EPOLL_CTL_MOD);
+      return;
+    }
+    if (n < 0) {
+      Status st = Status::Peer("writing to " + c->peer + " failed: " + std::strerror(errno));
+      if (c->client) {
+        FailConnect(c, st);
+      } else {
+        CloseConn(c->id, st.message(), false);
+      }
+      return;
+    }
+    c->out.erase(c->out.begin(), c->out.begin() + n);
+  }
+  Watch(c->fd, EPOLLIN | EPOLLRDHUP, EPOLL_CTL_MOD);
+}
+
+void TransportImpl::FinishConnect(Conn* c) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err != 0) {
+    FailConnect(c, Status::Peer("cannot connect to " + c->peer + ": " + std::strerror(err)));
     return;
   }
-  c->client = false;
-  c->state = ConnState::kServerNew;
-  c->peer = peer;
-  c->handshake_deadline_ms = NowMs() + self->options_.handshake_timeout_ms;
-  std::lock_guard<std::mutex> lock(self->mu_);
-  c->id = self->next_conn_++;
-  self->by_ep_[c->ep] = c.get();
-  self->conns_[c->id] = c;
+  c->state = ConnState::kClientHello;
+  HandshakeFrame hello;
+  hello.kind = HandshakeKind::kHello;
+  hello.name = options_.name.substr(0, kMaxPeerNameBytes);
+  std::memcpy(hello.nonce.data(), c->my_nonce, kNonceBytes);
+  WriteFrame(c, hello);
+}
+
+// ---- The socket path -------------------------------------------------------------------------
+
+void TransportImpl::WantOut(Conn* c, bool on) {
+  if (c->want_out == on) return;
+  c->want_out = on;
+  Watch(c->fd, EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), EPOLL_CTL_MOD);
+}
+
+// Writes queued messages until the socket is full (then EPOLLOUT resumes) or the queue is empty.
+void TransportImpl::FlushSock(Conn* c) {
+  while (!c->sendq.empty()) {
+    OutMsg& m = c->sendq.front();
+    iovec iov[2];
+    int n = 0;
+    if (m.sent < m.head.size()) {
+      iov[n++] = {m.head.data() + m.sent, m.head.size() - m.sent};
+    }
+    const size_t from = m.sent > m.head.size() ? m.sent - m.head.size() : 0;
+    if (m.payload_bytes > from) {
+      iov[n++] = {const_cast<uint8_t*>(m.payload) + from, m.payload_bytes - from};
+    }
+    ssize_t w = 0;
+    if (n > 0) {
+      msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen = n;
+      w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EAGAIN) {
+        WantOut(c, true);
+        return;
+      }
+      if (w < 0) {
+        CloseConn(c->id, std::string("writing to its socket failed: ") + std::strerror(errno),
+                  false);
+        return;
+      }
+    }
+    m.sent += static_cast<size_t>(w);
+    if (m.sent < m.head.size() + m.payload_bytes) continue;
+    std::shared_ptr<Call::State> call = std::move(m.call);
+    c->sendq.pop_front();
+    if (call != nullptr) {
+      {
+        std::lock_guard<std::mutex> lock(call->mu);
+        call->send_done = true;
+      }
+      call->UpdateReleased();
+    }
+  }
+  WantOut(c, false);
+}
+
+// Reads messages: the prefix (header and payload length), the body, then the payload straight
+// into its place. At most kReadBudgetBytes per wakeup, so one peer's stream cannot starve the
+// others; epoll is level-triggered and comes back for the rest.
+void TransportImpl::ReadSock(const std::shared_ptr<Conn>& c) {
+  size_t budget = kReadBudgetBytes;
+  while (c->state == ConnState::kOpen && budget > 0) {
+    RxState& rx = c->rx;
+    uint8_t scratch[16384];
+    uint8_t* into = nullptr;
+    size_t want = 0;
+    const size_t at = rx.head.size();
+    if (!rx.in_payload) {
+      const size_t need =
+          rx.have_prefix ? kSocketPrefixBytes + rx.h.body_bytes : kSocketPrefixBytes;
+      CKPTDB_ASSERT(at < need && need <= kSocketPrefixBytes + kMaxBodyBytes);
+      want = need - at;
+      rx.head.resize(need);
+      into = rx.head.data() + at;
+    } else {
+      want = static_cast<size_t>(std::min<uint64_t>(rx.payload_bytes - rx.got, budget));
+      into = rx.dst != nullptr ? rx.dst + rx.got : scratch;
+      if (rx.dst == nullptr) want = std::min(want, sizeof scratch);
+    }
+    ssize_t n = recv(c->fd, into, want, 0);
+    if (!rx.in_payload) rx.head.resize(at + (n > 0 ? static_cast<size_t>(n) : 0));
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+      CloseConn(c->id,
+                n == 0 ? "the peer closed the connection"
+                       : std::string("its socket failed: ") + std::strerror(errno),
+                false);
+      return;
+    }
+    budget -= std::min(budget, static_cast<size_t>(n));
+    if (rx.in_payload) {
+      rx.got += static_cast<uint64_t>(n);
+      if (rx.got == rx.payload_bytes) FinishMessage(c.get());
+      continue;
+    }
+    if (!rx.have_prefix) {
+      if (rx.head.size() < kSocketPrefixBytes) continue;
+      Status st = DecodeWireHeaderOnly(std::span<const uint8_t>(rx.head).first(kWireHeaderBytes),
+                                       "message from " + c->peer, &rx.h);
+      if (st.ok() && rx.h.conn_key != c->my_key) {
+        st = Status::Corrupt("message from " + c->peer + " names another connection");
+      }
+      if (!st.ok()) {
+        Log("dropping " + c->peer + ": " + st.message());
+        CloseConn(c->id, st.message(), false);
+        return;
+      }
+      WireReader r(std::span<const uint8_t>(rx.head).subspan(kWireHeaderBytes, 8), "length");
+      rx.payload_bytes = r.U64("payload_bytes");
+      rx.have_prefix = true;
+      if (rx.h.body_bytes > 0) continue;
+    }
+    if (rx.head.size() < kSocketPrefixBytes + rx.h.body_bytes) continue;
+    if (!BeginPayload(c.get())) return;
+    if (rx.payload_bytes == 0) FinishMessage(c.get());
+  }
+}
+
+// A message's header and body are in: decides where its payload goes. False when the message
+// closed the connection.
+bool TransportImpl::BeginPayload(Conn* c) {
+  RxState& rx = c->rx;
+  const std::span<const uint8_t> body =
+      std::span<const uint8_t>(rx.head).subspan(kSocketPrefixBytes);
+  if (rx.payload_bytes > options_.max_payload_bytes) {
+    CloseConn(c->id,
+              "sent a payload of " + std::to_string(rx.payload_bytes) + " bytes, more than the " +
+                  std::to_string(options_.max_payload_bytes) + " allowed",
+              false);
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_received += body.size() + rx.payload_bytes;
+  }
+  rx.in_payload = true;
+  rx.got = 0;
+  rx.dst = nullptr;
+  if (rx.h.kind == Kind::kRequest) {
+    if (c->requests_in >= options_.max_in_flight) {
+      CloseConn(c->id, "exceeded " + std::to_string(options_.max_in_flight) + " requests in flight",
+                false);
+      return false;
+    }
+    c->requests_in++;
+    if (rx.payload_bytes >= kPlaceMinBytes && options_.placer) {
+      rx.placed = options_.placer(rx.h.type, body, rx.payload_bytes);
+    }
+    if (rx.placed.data != nullptr) {
+      rx.dst = rx.placed.data;
+    } else if (rx.payload_bytes > 0) {
+      rx.vec.resize(rx.payload_bytes);
+      rx.dst = rx.vec.data();
+    }
+    return true;
+  }
+  // A reply: into its call's buffer, unless nobody waits for it or it does not fit.
+  std::shared_ptr<Call::State> call;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = c->calls.find(rx.h.call_id);
+    if (it != c->calls.end()) {
+      call = it->second;
+      c->calls.erase(it);
+      c->calls_out--;
+      deadlines_.erase(rx.h.call_id);
+    }
+  }
+  cv_.notify_all();
+  if (call == nullptr) return true;  // a call given up on: its payload is read and dropped
+  call->body.assign(body.begin(), body.end());
+  if (rx.payload_bytes > 0 && (rx.h.status != 0 || rx.payload_bytes > call->reply_capacity)) {
+    call->Settle(rx.h.status != 0
+                     ? ReplyStatus(rx.h, body)
+                     : Status::Size("the reply from " + c->peer + " is " +
+                                    std::to_string(rx.payload_bytes) + " bytes, more than the " +
+                                    std::to_string(call->reply_capacity) +
+                                    " the caller has room for"));
+    return true;
+  }
+  if (rx.payload_bytes > 0) {
+    std::lock_guard<std::mutex> lock(call->mu);
+    call->recv_busy = true;
+  }
+  rx.call = std::move(call);
+  rx.dst = static_cast<uint8_t*>(rx.call->reply_buffer);
+  return true;
+}
+
+void TransportImpl::FinishMessage(Conn* c) {
+  RxState rx = std::move(c->rx);
+  c->rx = RxState{};
+  std::vector<uint8_t> body(rx.head.begin() + kSocketPrefixBytes, rx.head.end());
+  if (rx.h.kind == Kind::kRequest) {
+    Deliver(c->id, rx.h, std::move(body), std::move(rx.vec), std::move(rx.placed),
+            rx.payload_bytes);
+    return;
+  }
+  if (rx.call == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(rx.call->mu);
+    rx.call->recv_busy = false;
+  }
+  rx.call->payload_bytes = rx.payload_bytes;
+  rx.call->Settle(ReplyStatus(rx.h, body));
+  rx.call->UpdateReleased();
 }
 
 void TransportImpl::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -503,40 +1214,29 @@ void TransportImpl::OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   self->CloseConn(c->id, "the connection failed: " + UcsText(status), false);
 }
 
-void TransportImpl::Mac(const char* role, const uint8_t* client_nonce, const uint8_t* server_nonce,
-                        uint8_t* out) const {
-  uint8_t msg[16 + 2 * kNonceBytes] = {};
-  std::snprintf(reinterpret_cast<char*>(msg), 16, "%s", role);
-  std::memcpy(msg + 16, client_nonce, kNonceBytes);
-  std::memcpy(msg + 16 + kNonceBytes, server_nonce, kNonceBytes);
-  crypto_auth(out, msg, sizeof msg, key_);
-}
-
-bool TransportImpl::CheckMac(const char* role, const uint8_t* client_nonce,
-                             const uint8_t* server_nonce, const uint8_t* mac) const {
-  uint8_t msg[16 + 2 * kNonceBytes] = {};
-  std::snprintf(reinterpret_cast<char*>(msg), 16, "%s", role);
-  std::memcpy(msg + 16, client_nonce, kNonceBytes);
-  std::memcpy(msg + 16 + kNonceBytes, server_nonce, kNonceBytes);
-  return crypto_auth_verify(mac, msg, sizeof msg, key_) == 0;
-}
-
+// Every active message names the receiver's connection by the key it handed out in its
+// handshake; one that does not decode, or names no open connection, is dropped unread (a
+// rendezvous payload is never fetched).
 ucs_status_t TransportImpl::OnAm(void* arg, const void* header, size_t header_length, void* data,
                                  size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<TransportImpl*>(arg);
   bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
-  Conn* c = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? self->FindByEp(param->reply_ep)
-                                                                 : nullptr;
-  if (c == nullptr || c->state == ConnState::kClosed) {
-    return rndv ? UCS_ERR_REJECTED : UCS_OK;  // nobody we know: dropped, never fetched
-  }
   WireHeader h;
   std::span<const uint8_t> body;
-  Status st = DecodeWireHeader({static_cast<const uint8_t*>(header), header_length},
-                               "message from " + c->peer, &h, &body);
-  if (!st.ok()) {
-    self->Log("dropping " + c->peer + ": " + st.message());
-    self->CloseConn(c->id, st.message(), false);
+  Status st = DecodeWireHeader({static_cast<const uint8_t*>(header), header_length}, "a message",
+                               &h, &body);
+  Conn* c = nullptr;
+  if (st.ok()) {
+    auto it = self->by_key_.find(h.conn_key);
+    if (it != self->by_key_.end() && it->second->state == ConnState::kOpen) c = it->second;
+  }
+  if (c == nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->stats_.dropped++;
+    }
+    self->LogHostile("dropped " +
+                     (st.ok() ? std::string("a message for no open connection") : st.message()));
     return rndv ? UCS_ERR_REJECTED : UCS_OK;
   }
   return self->HandleAm(c, h, body, data, length, rndv);
@@ -544,25 +1244,7 @@ ucs_status_t TransportImpl::OnAm(void* arg, const void* header, size_t header_le
 
 ucs_status_t TransportImpl::HandleAm(Conn* c, const WireHeader& h, std::span<const uint8_t> body,
                                      void* data, size_t length, bool rndv) {
-  bool handshake = h.kind != Kind::kRequest && h.kind != Kind::kReply;
-  if (handshake) {
-    if (length != 0) {
-      CloseConn(c->id, "a handshake message with a payload", false);
-      return rndv ? UCS_ERR_REJECTED : UCS_OK;
-    }
-    HandleHandshake(c, h, body);
-    return UCS_OK;
-  }
-  if (c->state != ConnState::kOpen) {
-    // Not authenticated: nothing it sent goes further than this line.
-    Log("refused a message from unauthenticated " + c->peer);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.refused++;
-    }
-    CloseConn(c->id, "sent a message before authenticating", false);
-    return rndv ? UCS_ERR_REJECTED : UCS_OK;
-  }
+  CKPTDB_ASSERT(c->state == ConnState::kOpen);
   if (length > options_.max_payload_bytes) {
     CloseConn(c->id,
               "sent a payload of " + std::to_string(length) + " bytes, more than the " +
@@ -757,6 +1439,34 @@ void TransportImpl::ServiceLoop() {
 void TransportImpl::Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, int32_t status,
                          std::span<const uint8_t> body, const void* payload, size_t payload_bytes,
                          std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call) {
+  CKPTDB_ASSERT(c->state == ConnState::kOpen);
+  CKPTDB_ASSERT((c->path == DataPath::kUcx) == (c->ep != nullptr));
+  if (c->path == DataPath::kSocket) {
+    OutMsg m;
+    WireWriter w;
+    WireHeader h;
+    h.kind = kind;
+    h.type = type;
+    h.conn_key = c->peer_key;
+    h.call_id = call_id;
+    h.status = status;
+    h.body_bytes = static_cast<uint32_t>(body.size());
+    EncodeWireHeader(h, &w);
+    w.U64(payload_bytes);
+    w.Raw(body.data(), body.size());
+    m.head = w.Take();
+    m.payload = static_cast<const uint8_t*>(payload);
+    m.payload_bytes = payload_bytes;
+    m.keep = std::move(keep);
+    m.call = std::move(call);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_sent += body.size() + payload_bytes;
+    }
+    c->sendq.push_back(std::move(m));
+    if (!c->want_out) FlushSock(c);  // else the socket is full: EPOLLOUT resumes the queue
+    return;
+  }
   auto* ctx = new SendCtx;
   ctx->impl = this;
   ctx->conn = c->id;
@@ -766,6 +1476,7 @@ void TransportImpl::Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, in
   WireHeader h;
   h.kind = kind;
   h.type = type;
+  h.conn_key = c->peer_key;
   h.call_id = call_id;
   h.status = status;
   h.body_bytes = static_cast<uint32_t>(body.size());
@@ -777,9 +1488,7 @@ void TransportImpl::Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, in
     stats_.bytes_sent += body.size() + payload_bytes;
   }
   ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &TransportImpl::OnSendDone;
   param.user_data = ctx;
   ucs_status_ptr_t r = ucp_am_send_nbx(c->ep, kAmId, ctx->header.data(), ctx->header.size(),
@@ -807,85 +1516,6 @@ void TransportImpl::OnSendDone(void* request, ucs_status_t status, void* user_da
   }
 }
 
-void TransportImpl::HandleHandshake(Conn* c, const WireHeader& h, std::span<const uint8_t> body) {
-  const std::string what = "handshake from " + c->peer;
-  HandshakeBody in;
-  if (!c->client && h.kind == Kind::kHello && c->state == ConnState::kServerNew) {
-    Status st = ParseHandshake(h.kind, body, what, &in);
-    if (!st.ok()) {
-      CloseConn(c->id, st.message(), false);
-      return;
-    }
-    std::memcpy(c->their_nonce, in.nonce.data(), kNonceBytes);
-    c->peer = in.name + " (" + c->peer + ")";
-    HandshakeBody out;
-    out.name = options_.name;
-    randombytes_buf(c->my_nonce, kNonceBytes);
-    std::memcpy(out.nonce.data(), c->my_nonce, kNonceBytes);
-    Mac("ckptdb-server", c->their_nonce, c->my_nonce, out.mac.data());
-    c->state = ConnState::kServerChallenged;
-    Send(c, Kind::kChallenge, 0, 0, 0, EncodeHandshake(Kind::kChallenge, out), nullptr, 0, nullptr,
-         nullptr);
-    return;
-  }
-  if (c->client && h.kind == Kind::kChallenge && c->state == ConnState::kClientHello) {
-    Status st = ParseHandshake(h.kind, body, what, &in);
-    if (st.ok()) std::memcpy(c->their_nonce, in.nonce.data(), kNonceBytes);
-    if (st.ok() && !CheckMac("ckptdb-server", c->my_nonce, c->their_nonce, in.mac.data())) {
-      st = Status::Auth(c->peer + " (" + in.name +
-                        ") could not prove it holds this job's token: refusing it");
-    }
-    if (!st.ok()) {
-      Log(st.message());
-      FailConnect(c, st);
-      return;
-    }
-    c->peer = in.name + " (" + c->peer + ")";
-    HandshakeBody proof;
-    Mac("ckptdb-client", c->my_nonce, c->their_nonce, proof.mac.data());
-    c->state = ConnState::kClientProof;
-    Send(c, Kind::kProof, 0, 0, 0, EncodeHandshake(Kind::kProof, proof), nullptr, 0, nullptr,
-         nullptr);
-    return;
-  }
-  if (!c->client && h.kind == Kind::kProof && c->state == ConnState::kServerChallenged) {
-    if (ParseHandshake(h.kind, body, what, &in).ok() &&
-        CheckMac("ckptdb-client", c->their_nonce, c->my_nonce, in.mac.data())) {
-      c->state = ConnState::kOpen;
-      c->handshake_deadline_ms = 0;
-      Send(c, Kind::kWelcome, 0, 0, 0, {}, nullptr, 0, nullptr, nullptr);
-      return;
-    }
-    Log("refused " + c->peer + ": it does not hold this job's token (CKPTDB_JOB_TOKEN)");
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.refused++;
-    }
-    c->state = ConnState::kServerNew;  // nothing more is accepted from it
-    Send(c, Kind::kRefused, 0, 0, 0, {}, nullptr, 0, nullptr, nullptr);
-    CloseConn(c->id, "wrong job token", true);
-    return;
-  }
-  if (c->client && h.kind == Kind::kWelcome && c->state == ConnState::kClientProof) {
-    c->state = ConnState::kOpen;
-    c->handshake_deadline_ms = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      c->connect_done = true;
-    }
-    cv_.notify_all();
-    return;
-  }
-  if (c->client && h.kind == Kind::kRefused) {
-    Status st = Status::Auth(c->peer + " refused this process: the job tokens differ");
-    Log(st.message());
-    FailConnect(c, st);
-    return;
-  }
-  Log("protocol error from " + c->peer + ": unexpected handshake message");
-  CloseConn(c->id, "unexpected handshake message", false);
-}
-
 void TransportImpl::FailConnect(Conn* c, Status st) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -898,8 +1528,9 @@ void TransportImpl::FailConnect(Conn* c, Status st) {
   CloseConn(c->id, st.message(), false);
 }
 
-// Closes a connection: its calls fail (EPEER naming why), its endpoint is closed (flushed when
-// graceful, else forced) and it leaves the tables. Progress thread only.
+// Closes a connection: its calls fail (EPEER naming why), its socket is closed (which tells the
+// peer), its endpoint is closed (flushed when graceful, else forced) and it leaves the tables.
+// Progress thread only.
 void TransportImpl::CloseConn(uint64_t id, const std::string& why, bool graceful) {
   std::shared_ptr<Conn> c;
   std::map<uint64_t, std::shared_ptr<Call::State>> calls;
@@ -916,21 +1547,57 @@ void TransportImpl::CloseConn(uint64_t id, const std::string& why, bool graceful
       c->connect_done = true;
       c->connect_status = Status::Peer("connecting to " + c->peer + " failed: " + why);
     }
+    if (!c->client && c->state != ConnState::kOpen) stats_.unauthenticated++;
   }
   cv_.notify_all();
-  if (!c->client && c->state != ConnState::kOpen) {
-    Log("connection from " + c->peer + " closed before it authenticated: " + why);
+  if (!c->client && c->state != ConnState::kOpen && !stopping_) {
+    LogHostile("connection from " + c->peer + " closed before it authenticated: " + why);
   }
   c->state = ConnState::kClosed;
   c->closed_why = why;
-  by_ep_.erase(c->ep);
+  pending_.erase(c->id);
+  if (c->my_key != 0) {
+    auto k = by_key_.find(c->my_key);
+    if (k != by_key_.end() && k->second == c.get()) by_key_.erase(k);
+  }
+  if (c->fd >= 0) {
+    Watch(c->fd, 0, EPOLL_CTL_DEL);
+    by_fd_.erase(c->fd);
+    close(c->fd);
+    c->fd = -1;
+  }
   for (auto& [cid, call] : calls) {
     call->Settle(Status::Peer(c->peer + " is gone: " + why));
   }
+  // The socket path's queue and the reply being read: the buffers go back to their callers.
+  std::deque<OutMsg> sendq;
+  sendq.swap(c->sendq);
+  for (OutMsg& m : sendq) {
+    if (m.call == nullptr) continue;
+    {
+      std::lock_guard<std::mutex> lock(m.call->mu);
+      m.call->send_done = true;
+    }
+    m.call->Settle(Status::Peer(c->peer + " is gone: " + why));
+    m.call->UpdateReleased();
+  }
+  if (c->rx.call != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(c->rx.call->mu);
+      c->rx.call->recv_busy = false;
+    }
+    c->rx.call->Settle(Status::Peer(c->peer + " is gone: " + why));
+    c->rx.call->UpdateReleased();
+  }
+  c->rx = RxState{};
+  if (c->ep == nullptr) return;
+  by_ep_.erase(c->ep);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = graceful ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+  // A forced close needs peer-failure handling on both ends (ucp.h).
+  param.flags = graceful || options_.ucx_without_peer_failure ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
   ucs_status_ptr_t r = ucp_ep_close_nbx(c->ep, &param);
+  c->ep = nullptr;
   if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
     // Progress until the close completes (bounded: a forced close does not wait for the peer).
     int64_t until = NowMs() + 1000;
@@ -951,7 +1618,7 @@ Status TransportImpl::Connect(const std::string& address, int timeout_ms, PeerId
   auto c = std::make_shared<Conn>();
   c->client = true;
   c->peer = address;
-  c->state = ConnState::kClientHello;
+  c->state = ConnState::kClientConnecting;
   c->handshake_deadline_ms = NowMs() + std::min(timeout_ms, options_.handshake_timeout_ms);
   randombytes_buf(c->my_nonce, kNonceBytes);
   {
@@ -959,33 +1626,29 @@ Status TransportImpl::Connect(const std::string& address, int timeout_ms, PeerId
     c->id = next_conn_++;
   }
   Post([this, c, ss, len] {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
-    ep.sockaddr.addrlen = len;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &TransportImpl::OnEpError;
-    ep.err_handler.arg = this;
-    ucs_status_t s = ucp_ep_create(worker_, &ep, &c->ep);
-    if (s != UCS_OK) {
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int err = fd < 0 ? errno : 0;
+    if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&ss), len) != 0 &&
+        errno != EINPROGRESS) {
+      err = errno;
+      close(fd);
+    }
+    if (err != 0) {
       std::lock_guard<std::mutex> lock(mu_);
       c->connect_done = true;
-      c->connect_status = Status::Peer("cannot connect to " + c->peer + ": " + UcsText(s));
+      c->connect_status = Status::Peer("cannot connect to " + c->peer + ": " + std::strerror(err));
       cv_.notify_all();
       return;
     }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->fd = fd;
     {
       std::lock_guard<std::mutex> lock(mu_);
       conns_[c->id] = c;
     }
-    by_ep_[c->ep] = c.get();
-    HandshakeBody hello;
-    hello.name = options_.name;
-    std::memcpy(hello.nonce.data(), c->my_nonce, kNonceBytes);
-    Send(c.get(), Kind::kHello, 0, 0, 0, EncodeHandshake(Kind::kHello, hello), nullptr, 0, nullptr,
-         nullptr);
+    by_fd_[fd] = c->id;
+    Watch(fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP, EPOLL_CTL_ADD);
   });
   std::unique_lock<std::mutex> lock(mu_);
   bool done = cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
@@ -1046,7 +1709,7 @@ Status TransportImpl::StartCall(PeerId peer, uint16_t type, std::vector<uint8_t>
       auto it = conns_.find(peer);
       if (it != conns_.end()) c = it->second;
     }
-    if (c == nullptr) {
+    if (c == nullptr || c->state != ConnState::kOpen) {
       {
         std::lock_guard<std::mutex> lock(state->mu);
         state->send_done = true;

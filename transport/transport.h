@@ -2,22 +2,35 @@
 //
 // One UCX context and worker per Transport, owned by one progress thread; every other thread
 // talks to it through a queue and an eventfd, so the worker runs in UCX's single-thread mode.
-// Connections are made by sockaddr (a listener on "host:port", endpoints to peers' addresses) and
-// carry active messages: a small header (the wire header and a message body, sent eagerly) and an
-// optional payload, which UCX sends by rendezvous when it is large (the receiver pulls it straight
-// into the buffer it chose: a chunk goes into the caller's restore buffer without a bounce).
 //
-// Every connection is authenticated before anything else it sends is looked at: both ends prove
-// they hold the job token (CKPTDB_JOB_TOKEN) by an HMAC (libsodium crypto_auth, HMAC-SHA-512-256
-// keyed with a BLAKE2b hash of the token) over two fresh 32-byte nonces, one from each end, so a
-// recorded handshake cannot be replayed. A peer that fails is logged, told REFUSED and
-// disconnected; its requests are never delivered and their payloads never fetched.
+// ckptdb owns the listening socket: a plain TCP listener on "host:port". A connection is a TCP
+// connection on which both ends first prove they hold the job token (CKPTDB_JOB_TOKEN): an HMAC
+// (HMAC-SHA-512-256 keyed with a BLAKE2b hash of the token) over two fresh 32-byte nonces, one
+// from each end, so a recorded handshake cannot be replayed. Only then do the two ends swap their
+// UCX worker addresses (inside the MACs) and create endpoints from them: no unauthenticated byte
+// reaches UCX, and ckptdb creates no ucp_listener. The TCP socket stays open as the connection's
+// lifeline (either end closing it closes the connection). The handshake's frames are
+// transport/wire_format.h; docs/commit-protocol.md, "The handshake", has them byte by byte.
 //
-// Bounds: a connection carries at most max_in_flight calls each way (the caller blocks for a slot;
-// a peer exceeding it is disconnected), bodies are at most kMaxBodyBytes, payloads at most
-// max_payload_bytes, and every wait has a timeout. A call whose wait times out tears its
-// connection down (an unresponsive peer is treated as a vanished one) and fails with ETIMEDOUT;
-// a peer that vanishes fails its calls with EPEER naming it.
+// The connection then carries active messages: a small header (the wire header, which names the
+// receiver's connection by a random key it handed out in the handshake, and a message body, sent
+// eagerly) and an optional payload, which UCX sends by rendezvous when it is large (the receiver
+// pulls it straight into the buffer it chose: a chunk goes into the caller's restore buffer
+// without a bounce). A message that names no open connection is dropped unread.
+//
+// Bounds: at most kMaxPendingHandshakes connections wait to authenticate (a new one closes the
+// oldest), each for handshake_timeout_ms; a handshake frame is at most kMaxHandshakeFrameBytes
+// (refused from its header). A connection carries at most max_in_flight calls each way (the
+// caller blocks for a slot; a peer exceeding it is disconnected), bodies are at most
+// kMaxBodyBytes, payloads at most max_payload_bytes, and every wait has a timeout. A call whose
+// wait times out tears its connection down (an unresponsive peer is treated as a vanished one)
+// and fails with ETIMEDOUT; a peer that vanishes fails its calls with EPEER naming it.
+//
+// What the token protects: only holders of the token join, and strangers (scanners, misdirected
+// clients, garbage) are refused before UCX sees a byte. What it does not: traffic is
+// authenticated at connection time, not encrypted or MACed per message; an attacker who can read
+// and inject on the network path can read checkpoints and hijack an open connection. UCX's own
+// tcp transport listens on ports of its own (docs/commit-protocol.md says what guards them).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +46,10 @@ namespace ckpt::transport {
 
 inline constexpr size_t kMaxBodyBytes =
     4000;  // fits the active-message header UCX allows on tcp (8 KiB)
+// Connections accepted and not yet authenticated, per transport. At the bound a new connection
+// closes the oldest waiting one, so idle strangers cannot lock a rank out.
+inline constexpr size_t kMaxPendingHandshakes = 64;
+inline constexpr int kDefaultHandshakeTimeoutMs = 5000;
 
 // Where a request's payload goes when it arrives by rendezvous (a large payload): memory the
 // receiver chose before any payload byte was fetched, so that bulk data lands once, in its final
@@ -58,8 +75,12 @@ struct TransportOptions {
   uint32_t service_threads = 2;  // threads running the request handler
   uint32_t max_in_flight = 16;   // calls outstanding per connection, each way
   uint64_t max_payload_bytes = uint64_t{1} << 30;
-  int handshake_timeout_ms = 10000;
+  int handshake_timeout_ms = kDefaultHandshakeTimeoutMs;  // a stranger's time to authenticate
   Placer placer;  // optional: where rendezvous payloads of requests go
+  // Tests only: UCX endpoints without peer-failure handling (UCP_ERR_HANDLING_MODE_NONE), so
+  // that the UCX path runs over shared memory on a machine without RDMA. A peer's death in the
+  // middle of a transfer is then a fatal error inside UCX: never in a job.
+  bool ucx_without_peer_failure = false;
 };
 
 using PeerId = uint64_t;
@@ -100,8 +121,18 @@ struct TransportStats {
   uint64_t bytes_sent = 0;  // payload and body bytes, both directions of every call
   uint64_t bytes_received = 0;
   uint64_t calls = 0;
-  uint64_t refused = 0;  // connections refused for a wrong or missing token
+  uint64_t refused = 0;             // connections refused for a wrong token
+  uint64_t unauthenticated = 0;     // accepted connections closed before they authenticated
+  uint64_t evicted = 0;             // ... of them, closed to make room for a newer one
+  uint64_t dropped = 0;             // messages dropped: undecodable, or for no open connection
+  uint64_t ucx_connections = 0;     // connections opened over UCX (shared memory, RDMA)
+  uint64_t socket_connections = 0;  // ... on ckptdb's own socket (between hosts without RDMA)
 };
+
+// What UCX may use, from a UCX_TLS-style list ("tcp", "shm,tcp", "^rc", ""): the same without
+// tcp, whose listeners parse strangers' bytes (docs/commit-protocol.md, "The transport's
+// sockets"); empty when nothing is left.
+std::string UcxTransports(const std::string& tls);
 
 class Transport;
 class TransportImpl;
