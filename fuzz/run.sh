@@ -6,7 +6,7 @@
 # BUILD_DIR is the main build directory: the fuzzers are in BUILD_DIR/fuzz (built by the main
 # CMakeLists.txt with clang++-14 when CKPTDB_BUILD_FUZZERS is ON). With no TARGET every fuzz_*
 # binary there runs, each for SECONDS. `make fuzz FUZZ_SECONDS=600` runs this; ctest runs it
-# for 20 seconds a target as fuzz_<name>_smoke.
+# for 15 seconds a target as fuzz_<name>_smoke.
 #
 # Each run starts from a temporary copy of fuzz/corpus/<name>/, so new inputs found along the way
 # never land in the committed corpus. A crash leaves its input in BUILD_DIR/fuzz/artifacts/ and
