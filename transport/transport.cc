@@ -279,6 +279,7 @@ class TransportImpl {
   void WriteFrame(Conn* c, const HandshakeFrame& f);
   void FlushOut(Conn* c);
   void WantOut(Conn* c, bool on);
+  ssize_t Receive(Conn* c, void* into, size_t want, const char* eof_why);
   void FlushSock(Conn* c);
   void ReadSock(const std::shared_ptr<Conn>& c);
   bool BeginPayload(Conn* c);
@@ -303,6 +304,7 @@ class TransportImpl {
             std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call);
   void CloseConn(uint64_t id, const std::string& why, bool graceful);
   void FailConnect(Conn* c, Status st);
+  void HandshakeFailed(Conn* c, Status st);
   Conn* FindByEp(ucp_ep_h ep) {
     auto it = by_ep_.find(ep);
     return it == by_ep_.end() ? nullptr : it->second;
@@ -746,16 +748,10 @@ void TransportImpl::ReadSocket(const std::shared_ptr<Conn>& c) {
     if (want > 0) {
       const size_t at = c->in.size();
       c->in.resize(at + want);
-      ssize_t n = recv(c->fd, c->in.data() + at, want, 0);
+      ssize_t n = Receive(c.get(), c->in.data() + at, want,
+                          "the peer closed the connection during the handshake");
       c->in.resize(at + (n > 0 ? static_cast<size_t>(n) : 0));
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-      if (n <= 0) {
-        CloseConn(c->id,
-                  n == 0 ? "the peer closed the connection during the handshake"
-                         : std::string("its socket failed: ") + std::strerror(errno),
-                  false);
-        return;
-      }
+      if (n <= 0) return;
       c->sent_bytes = true;
       if (static_cast<size_t>(n) < want) continue;
     }
@@ -764,11 +760,7 @@ void TransportImpl::ReadSocket(const std::shared_ptr<Conn>& c) {
     if (!have_header) {
       Status st = DecodeHandshakeHeader(c->in, what, &c->in_kind, &c->in_body);
       if (!st.ok()) {
-        if (c->client) {
-          FailConnect(c.get(), st);
-        } else {
-          CloseConn(c->id, st.message(), false);
-        }
+        HandshakeFailed(c.get(), st);
         return;
       }
       if (c->in_body > 0) continue;
@@ -779,11 +771,7 @@ void TransportImpl::ReadSocket(const std::shared_ptr<Conn>& c) {
     c->in.clear();
     c->in_body = 0;
     if (!st.ok()) {
-      if (c->client) {
-        FailConnect(c.get(), st);
-      } else {
-        CloseConn(c->id, st.message(), false);
-      }
+      HandshakeFailed(c.get(), st);
       return;
     }
     OnFrame(c.get(), frame);
@@ -802,7 +790,8 @@ bool MacEqual(const std::array<uint8_t, kMacBytes>& a, const std::array<uint8_t,
 }
 }  // namespace
 
-// The handshake (docs/commit-protocol.md, "The handshake"): Hello, Challenge, Proof, Welcome.
+// The handshake (docs/transport.md, "The handshake, byte by byte"): Hello, Challenge, Proof,
+// Welcome.
 void TransportImpl::OnFrame(Conn* c, const HandshakeFrame& f) {
   if (!c->client && c->state == ConnState::kServerNew && f.kind == HandshakeKind::kHello) {
     std::memcpy(c->their_nonce, f.nonce.data(), kNonceBytes);
@@ -854,8 +843,7 @@ void TransportImpl::OnFrame(Conn* c, const HandshakeFrame& f) {
     }
     // Authenticated: from here on the peer is a member of the job. Its messages travel over
     // UCX where both run a worker and UCX reaches the peer's without tcp and with peer-failure
-    // handling (RDMA); on this socket otherwise (docs/commit-protocol.md, "The transport's
-    // sockets").
+    // handling (RDMA); on this socket otherwise (docs/transport.md, "Data paths").
     c->peer_key = f.conn_key;
     c->my_key = NewKey();
     // Once UCX could not reach a peer, it is not asked again (each try prints an error of
@@ -916,11 +904,7 @@ void TransportImpl::OnFrame(Conn* c, const HandshakeFrame& f) {
   }
   const std::string why =
       "a handshake frame of kind " + std::to_string(static_cast<int>(f.kind)) + " out of turn";
-  if (c->client) {
-    FailConnect(c, Status::Corrupt(c->peer + " sent " + why));
-  } else {
-    CloseConn(c->id, why, false);
-  }
+  HandshakeFailed(c, Status::Corrupt(c->peer + " sent " + why));
 }
 
 // Opens the connection on `path`: over UCX, an endpoint to the peer's worker at the address it
@@ -974,11 +958,7 @@ void TransportImpl::FlushOut(Conn* c) {
     }
     if (n < 0) {
       Status st = Status::Peer("writing to " + c->peer + " failed: " + std::strerror(errno));
-      if (c->client) {
-        FailConnect(c, st);
-      } else {
-        CloseConn(c->id, st.message(), false);
-      }
+      HandshakeFailed(c, st);
       return;
     }
     c->out.erase(c->out.begin(), c->out.begin() + n);
@@ -1000,6 +980,19 @@ void TransportImpl::FinishConnect(Conn* c) {
   hello.name = options_.name.substr(0, kMaxPeerNameBytes);
   std::memcpy(hello.nonce.data(), c->my_nonce, kNonceBytes);
   WriteFrame(c, hello);
+}
+
+// Reads up to `want` bytes: their count, -1 when there is nothing to read now, 0 when the
+// connection is closed (at EOF, with `eof_why`, or on an error).
+ssize_t TransportImpl::Receive(Conn* c, void* into, size_t want, const char* eof_why) {
+  ssize_t n = recv(c->fd, into, want, 0);
+  if (n > 0) return n;
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;
+  CloseConn(
+      c->id,
+      n == 0 ? std::string(eof_why) : std::string("its socket failed: ") + std::strerror(errno),
+      false);
+  return 0;
 }
 
 // ---- The socket path -------------------------------------------------------------------------
@@ -1078,16 +1071,9 @@ void TransportImpl::ReadSock(const std::shared_ptr<Conn>& c) {
       into = rx.dst != nullptr ? rx.dst + rx.got : scratch;
       if (rx.dst == nullptr) want = std::min(want, sizeof scratch);
     }
-    ssize_t n = recv(c->fd, into, want, 0);
+    ssize_t n = Receive(c.get(), into, want, "the peer closed the connection");
     if (!rx.in_payload) rx.head.resize(at + (n > 0 ? static_cast<size_t>(n) : 0));
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    if (n <= 0) {
-      CloseConn(c->id,
-                n == 0 ? "the peer closed the connection"
-                       : std::string("its socket failed: ") + std::strerror(errno),
-                false);
-      return;
-    }
+    if (n <= 0) return;
     budget -= std::min(budget, static_cast<size_t>(n));
     if (rx.in_payload) {
       rx.got += static_cast<uint64_t>(n);
@@ -1441,37 +1427,6 @@ void TransportImpl::Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, in
                          std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call) {
   CKPTDB_ASSERT(c->state == ConnState::kOpen);
   CKPTDB_ASSERT((c->path == DataPath::kUcx) == (c->ep != nullptr));
-  if (c->path == DataPath::kSocket) {
-    OutMsg m;
-    WireWriter w;
-    WireHeader h;
-    h.kind = kind;
-    h.type = type;
-    h.conn_key = c->peer_key;
-    h.call_id = call_id;
-    h.status = status;
-    h.body_bytes = static_cast<uint32_t>(body.size());
-    EncodeWireHeader(h, &w);
-    w.U64(payload_bytes);
-    w.Raw(body.data(), body.size());
-    m.head = w.Take();
-    m.payload = static_cast<const uint8_t*>(payload);
-    m.payload_bytes = payload_bytes;
-    m.keep = std::move(keep);
-    m.call = std::move(call);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.bytes_sent += body.size() + payload_bytes;
-    }
-    c->sendq.push_back(std::move(m));
-    if (!c->want_out) FlushSock(c);  // else the socket is full: EPOLLOUT resumes the queue
-    return;
-  }
-  auto* ctx = new SendCtx;
-  ctx->impl = this;
-  ctx->conn = c->id;
-  ctx->keep = std::move(keep);
-  ctx->call = std::move(call);
   WireWriter w;
   WireHeader h;
   h.kind = kind;
@@ -1481,12 +1436,30 @@ void TransportImpl::Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, in
   h.status = status;
   h.body_bytes = static_cast<uint32_t>(body.size());
   EncodeWireHeader(h, &w);
+  const bool socket = c->path == DataPath::kSocket;
+  if (socket) w.U64(payload_bytes);  // the socket path's prefix: the payload's length
   w.Raw(body.data(), body.size());
-  ctx->header = w.Take();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_sent += body.size() + payload_bytes;
   }
+  if (socket) {
+    OutMsg m;
+    m.head = w.Take();
+    m.payload = static_cast<const uint8_t*>(payload);
+    m.payload_bytes = payload_bytes;
+    m.keep = std::move(keep);
+    m.call = std::move(call);
+    c->sendq.push_back(std::move(m));
+    if (!c->want_out) FlushSock(c);  // else the socket is full: EPOLLOUT resumes the queue
+    return;
+  }
+  auto* ctx = new SendCtx;
+  ctx->impl = this;
+  ctx->conn = c->id;
+  ctx->keep = std::move(keep);
+  ctx->call = std::move(call);
+  ctx->header = w.Take();
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &TransportImpl::OnSendDone;
@@ -1513,6 +1486,16 @@ void TransportImpl::OnSendDone(void* request, ucs_status_t status, void* user_da
                                      " failed: " + UcsText(status)));
     }
     ctx->call->UpdateReleased();
+  }
+}
+
+// A handshake that cannot go on: the client's Connect fails with `st`; a server closes the
+// connection, saying why.
+void TransportImpl::HandshakeFailed(Conn* c, Status st) {
+  if (c->client) {
+    FailConnect(c, std::move(st));
+  } else {
+    CloseConn(c->id, st.message(), false);
   }
 }
 

@@ -1,22 +1,24 @@
-// Transport: ckptdb's own channel between ranks (DESIGN.md section 7), on UCX.
+// Transport: ckptdb's own channel between ranks (DESIGN.md section 7; docs/transport.md).
 //
-// One UCX context and worker per Transport, owned by one progress thread; every other thread
-// talks to it through a queue and an eventfd, so the worker runs in UCX's single-thread mode.
+// One progress thread per Transport owns its sockets and, where it runs one, its UCX worker;
+// every other thread talks to it through a queue and an eventfd, so the worker runs in UCX's
+// single-thread mode.
 //
 // ckptdb owns the listening socket: a plain TCP listener on "host:port". A connection is a TCP
 // connection on which both ends first prove they hold the job token (CKPTDB_JOB_TOKEN): an HMAC
 // (HMAC-SHA-512-256 keyed with a BLAKE2b hash of the token) over two fresh 32-byte nonces, one
 // from each end, so a recorded handshake cannot be replayed. Only then do the two ends swap their
-// UCX worker addresses (inside the MACs) and create endpoints from them: no unauthenticated byte
-// reaches UCX, and ckptdb creates no ucp_listener. The TCP socket stays open as the connection's
-// lifeline (either end closing it closes the connection). The handshake's frames are
-// transport/wire_format.h; docs/commit-protocol.md, "The handshake", has them byte by byte.
+// connection keys, UCX worker addresses and the server's choice of data path, inside the MACs:
+// no unauthenticated byte reaches UCX, and ckptdb creates no ucp_listener. The TCP socket stays
+// open as the connection's lifeline (either end closing it closes the connection). The frames
+// are transport/wire_format.h; docs/transport.md has them byte by byte.
 //
-// The connection then carries active messages: a small header (the wire header, which names the
-// receiver's connection by a random key it handed out in the handshake, and a message body, sent
-// eagerly) and an optional payload, which UCX sends by rendezvous when it is large (the receiver
-// pulls it straight into the buffer it chose: a chunk goes into the caller's restore buffer
-// without a bounce). A message that names no open connection is dropped unread.
+// Messages (a small header naming the receiver's connection by the key it handed out, a body,
+// and an optional payload) travel over UCX active messages where UCX reaches the peer without
+// tcp and with peer-failure handling (RDMA; a large payload goes by rendezvous straight into the
+// buffer the receiver chose), and on the handshake's socket otherwise (the receiver reads a
+// payload straight into its place as well). UCX is never given its tcp transport, whose own
+// listeners parse strangers' bytes. A message that names no open connection is dropped unread.
 //
 // Bounds: at most kMaxPendingHandshakes connections wait to authenticate (a new one closes the
 // oldest), each for handshake_timeout_ms; a handshake frame is at most kMaxHandshakeFrameBytes
@@ -27,10 +29,9 @@
 // and fails with ETIMEDOUT; a peer that vanishes fails its calls with EPEER naming it.
 //
 // What the token protects: only holders of the token join, and strangers (scanners, misdirected
-// clients, garbage) are refused before UCX sees a byte. What it does not: traffic is
-// authenticated at connection time, not encrypted or MACed per message; an attacker who can read
-// and inject on the network path can read checkpoints and hijack an open connection. UCX's own
-// tcp transport listens on ports of its own (docs/commit-protocol.md says what guards them).
+// clients, garbage) are refused before UCX or the engine sees a byte. What it does not: traffic
+// is authenticated at connection time, not encrypted or MACed per message; an attacker who can
+// read and inject on the network path can read checkpoints and hijack an open connection.
 #pragma once
 
 #include <cstdint>
@@ -130,8 +131,8 @@ struct TransportStats {
 };
 
 // What UCX may use, from a UCX_TLS-style list ("tcp", "shm,tcp", "^rc", ""): the same without
-// tcp, whose listeners parse strangers' bytes (docs/commit-protocol.md, "The transport's
-// sockets"); empty when nothing is left.
+// tcp, whose listeners parse strangers' bytes (docs/transport.md, "Who owns which socket");
+// empty when nothing is left.
 std::string UcxTransports(const std::string& tls);
 
 class Transport;

@@ -1,7 +1,7 @@
-// The transport's own framing (docs/commit-protocol.md, "The transport's wire"): the 34-byte
-// header every active message starts with, and the handshake frames that travel on ckptdb's own
-// TCP socket before anything reaches UCX (a peer proves it holds the job token, then the two
-// sides swap UCX worker addresses). Pure encoding, kept apart from UCX and sockets so that
+// The transport's own framing (docs/transport.md): the 34-byte header every message starts
+// with, and the handshake frames that travel on ckptdb's own TCP socket before anything reaches
+// UCX (a peer proves it holds the job token, then the two sides swap connection keys, UCX worker
+// addresses and the data path). Pure encoding, kept apart from UCX and sockets so that
 // fuzz/fuzz_wire.cc can feed it any bytes: a decoder accepts exactly what its encoder writes.
 #pragma once
 
@@ -100,7 +100,7 @@ Status DecodeHandshakeHeader(std::span<const uint8_t> header, const std::string&
 Status ParseHandshakeBody(HandshakeKind kind, std::span<const uint8_t> body,
                           const std::string& what, HandshakeFrame* out);
 
-// The MACs (docs/commit-protocol.md): HMAC-SHA-512-256 keyed with `key` (crypto_auth_KEYBYTES,
+// The MACs (docs/transport.md): HMAC-SHA-512-256 keyed with `key` (crypto_auth_KEYBYTES,
 // a BLAKE2b-256 hash of the job token) over a 16-byte role label, both nonces, and for the proof
 // and the welcome the sender's connection key, the data path (the welcome's; 0 in a proof) and
 // worker address, so that none of them can be swapped.
