@@ -36,13 +36,20 @@
 //              takes to restore its whole state at once (checked byte for byte), arc against none
 //              in the same run; and the bytes sent to peers at capture (none: 0).
 //
-// Usage: bench_cluster [--mode replicate|commit|restore|coding|arc|all] [--mib M] [--versions V]
+//   hostile    Commit latency of 2 ranks (replicate:2, --commit-kib a rank) while a thread of
+//              the parent connects to the coordinator's port as fast as it can: random bytes,
+//              connect-and-close, and Hellos left idle (the pending table at its bound), against
+//              the same job quiet; --repeats rounds, quiet and attacked alternating.
+//
+// Usage: bench_cluster [--mode replicate|commit|restore|coding|arc|hostile|all] [--mib M]
+// [--versions V]
 //                      [--tls "UCX_TLS [UCX_NAME=VALUE]..."]... [--ranks 2,4,8] [--commit-kib K]
 //                      [--repeats R] [--shm DIR] [--disk DIR] [--timeout S]
 // --tls may be given more than once (replicate runs each; commit and restore use the first);
 // default: tcp, then shm,tcp.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -56,9 +63,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -696,13 +705,81 @@ bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
       a.timeout_s);
 }
 
+// Strangers on the job's coordinator port, from a thread of this (parent) process, for as long
+// as `stop` is false: in turn random bytes (up to 4 KiB), a connect-and-close, and a valid Hello
+// left idle (so the coordinator's table of pending handshakes stays at its bound). Counts the
+// connections it made.
+struct Attacker {
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> connections{0};
+  double first = 0;  // when the first connection was made (the coordinator listening)
+  double last = 0;
+  std::thread thread;
+  void Start(int port) {
+    thread = std::thread([this, port] {
+      std::mt19937_64 rng(27);
+      std::vector<uint8_t> noise(4096);
+      for (uint8_t& b : noise) b = static_cast<uint8_t>(rng());
+      const std::vector<uint8_t> hello = {'C', 'K', 'P', 'H', 1, 1, 0, 0, 42, 0, 0, 0};
+      std::deque<int> idle;
+      for (uint64_t i = 0; !stop; ++i) {
+        // A connect that does not finish in 50 ms is given up: a full accept queue (before the
+        // coordinator's loop runs) drops SYNs, and a blocking connect would wait out the
+        // kernel's retransmission backoff (1 s, 3 s) instead of attacking.
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(static_cast<uint16_t>(port));
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        bool up = fd >= 0;
+        if (up && connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+          pollfd pf{fd, POLLOUT, 0};
+          int err = 0;
+          socklen_t len = sizeof err;
+          up = errno == EINPROGRESS && poll(&pf, 1, 50) == 1 &&
+               getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+        }
+        if (!up) {
+          if (fd >= 0) close(fd);
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          continue;
+        }
+        if (connections++ == 0) first = Now();
+        last = Now();
+        if (i % 3 == 0) {
+          ssize_t w = send(fd, noise.data(), rng() % noise.size(), MSG_NOSIGNAL);
+          (void)w;
+        } else if (i % 3 == 2) {
+          ssize_t w = send(fd, hello.data(), hello.size(), MSG_NOSIGNAL);
+          (void)w;
+          idle.push_back(fd);  // a header announcing a body that never comes
+          if (idle.size() > 100) {
+            close(idle.front());
+            idle.pop_front();
+          }
+          continue;
+        }
+        close(fd);
+      }
+      for (int fd : idle) close(fd);
+    });
+  }
+  void Stop() {
+    stop = true;
+    if (thread.joinable()) thread.join();
+  }
+};
+
 CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redundancy, size_t bytes,
-                       int warmup, int versions, uint32_t replica_group = 0) {
+                       int warmup, int versions, uint32_t replica_group = 0,
+                       Attacker* attacker = nullptr) {
   Job job = NewJob(a, ranks, redundancy);
   job.replica_group = replica_group;
   CommitResult res;
   const int total = warmup + versions;
+  if (attacker != nullptr) attacker->Start(job.port);
   res.ok = CommitVersions(a, job, bytes, total);
+  if (attacker != nullptr) attacker->Stop();
   fs::remove_all(job.dir);
   if (!res.ok) return res;
   for (int v = warmup + 1; v <= total; ++v) {
@@ -770,6 +847,45 @@ void Commit(const Args& a) {
       "  (median and p90 over the versions of the job's latency: the first rank's call to "
       "the last rank's return; \"rank median\" over every rank's own call; \"stats\" is "
       "ckptdb_version_stats' commit_ns)\n");
+}
+
+// ---- hostile ----------------------------------------------------------------------------------
+
+// Commit latency with strangers hammering the coordinator's port (issue 21's goal: within 2x of
+// a quiet run), quiet and attacked runs alternating.
+void Hostile(const Args& a) {
+  const size_t bytes = a.commit_kib * 1024;
+  const int versions = std::min(a.versions ? a.versions : 20, kMaxVersions - 3);
+  const int warmup = 2;
+  const std::string tls = ApplyTls(a.tls.front());
+  std::printf(
+      "== commit latency under attack: 2 ranks, replicate:2, %zu KiB a rank, UCX_TLS=%s, %d "
+      "versions after %d warm-up; quiet and attacked runs alternate ==\n",
+      a.commit_kib, tls.c_str(), versions, warmup);
+  std::vector<double> quiet_all, attacked_all;
+  for (int round = 0; round < a.repeats; ++round) {
+    CommitResult quiet = CommitJob(a, 2, "replicate:2", bytes, warmup, versions);
+    Attacker attacker;
+    CommitResult attacked = CommitJob(a, 2, "replicate:2", bytes, warmup, versions, 0, &attacker);
+    const double seconds = std::max(1e-3, attacker.last - attacker.first);
+    if (!quiet.ok || !attacked.ok) {
+      std::printf("  round %d: a job failed (see stderr)\n", round);
+      continue;
+    }
+    quiet_all.insert(quiet_all.end(), quiet.job_ms.begin(), quiet.job_ms.end());
+    attacked_all.insert(attacked_all.end(), attacked.job_ms.begin(), attacked.job_ms.end());
+    std::printf(
+        "  round %d: quiet median %.2f ms (p90 %.2f), attacked median %.2f ms (p90 %.2f): "
+        "%.2fx; %llu strangers' connections in the %.2f s the coordinator listened (%.0f a "
+        "second)\n",
+        round, Median(quiet.job_ms), Percentile(quiet.job_ms, 0.9), Median(attacked.job_ms),
+        Percentile(attacked.job_ms, 0.9), Median(attacked.job_ms) / Median(quiet.job_ms),
+        static_cast<unsigned long long>(attacker.connections.load()), seconds,
+        attacker.connections.load() / seconds);
+  }
+  if (quiet_all.empty()) return;
+  std::printf("  all rounds: quiet median %.2f ms, attacked median %.2f ms: %.2fx (goal: 2x)\n",
+              Median(quiet_all), Median(attacked_all), Median(attacked_all) / Median(quiet_all));
 }
 
 // ---- restore -----------------------------------------------------------------------------------
@@ -1346,12 +1462,12 @@ int main(int argc, char** argv) {
     } else if (k == "--timeout") {
       a.timeout_s = std::stoi(next());
     } else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--mode replicate|commit|restore|coding|arc|all] [--mib M] [--versions V] "
-          "[--tls UCX_TLS]... [--ranks 2,4,8] [--commit-kib K] [--repeats R] [--shm DIR] "
-          "[--disk DIR] [--timeout S] [--only NODESxPER:REDUNDANCY]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--mode replicate|commit|restore|coding|arc|hostile|all] [--mib M] "
+                   "[--versions V] "
+                   "[--tls UCX_TLS]... [--ranks 2,4,8] [--commit-kib K] [--repeats R] [--shm DIR] "
+                   "[--disk DIR] [--timeout S] [--only NODESxPER:REDUNDANCY]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -1384,6 +1500,10 @@ int main(int argc, char** argv) {
   if (all || a.mode == "arc") {
     if (all) std::printf("\n");
     Arc(a);
+  }
+  if (all || a.mode == "hostile") {
+    if (all) std::printf("\n");
+    Hostile(a);
   }
   fs::remove_all(a.shm);
   fs::remove_all(a.disk);

@@ -32,6 +32,9 @@ echo
 echo "== issue 4: restore of 256 MiB from a peer's memory, a disk tier and a throttled one =="
 "$build/bench_cluster" --mode restore --mib 256 --repeats 4 --tls tcp
 echo
+echo "== issue 21: commit latency of 2 ranks with strangers hammering the coordinator's port =="
+"$build/bench_cluster" --mode hostile --versions 60 --repeats 4 --tls tcp
+echo
 echo "== issue 5: encode, a holder's accumulation and decode against bare ISA-L; parity memory =="
 "$build/bench_erasure" --block-mib 16 --repeats 9
 echo
