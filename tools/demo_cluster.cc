@@ -1,13 +1,13 @@
 // ckptdb demo --ranks R --nodes N (R > 1): GEMINI made real on one machine. R trainer processes
 // on N simulated nodes (each node a node_id, a directory for its disks and one under /dev/shm for
 // its memory) checkpoint every iteration into their ram tier, replicated (replicate:2) into the
-// memory of a rank on another node over UCX on loopback, with the cross-rank two-phase commit.
-// Then one node is lost: its processes are SIGKILLed and its directories deleted, and the rest
-// of the job is torn down the way a scheduler does it (SIGKILL; their memory and disks stay).
-// The job restarts, the lost node's ranks on empty directories, every rank restores the latest
-// version (the lost ones from their peers' memory) and checks it bit for bit against the state
-// it recomputes. The tables show the time the trainer was blocked per checkpoint, the
-// replication traffic per rank and node, and where each rank's restore came from.
+// memory of a rank on another node over loopback (ckptdb's authenticated socket), with the
+// cross-rank two-phase commit. Then one node is lost: its processes are SIGKILLed and its
+// directories deleted, and the rest of the job is torn down the way a scheduler does it (SIGKILL;
+// their memory and disks stay). The job restarts, the lost node's ranks on empty directories, every
+// rank restores the latest version (the lost ones from their peers' memory) and checks it bit for
+// bit against the state it recomputes. The tables show the time the trainer was blocked per
+// checkpoint, the replication traffic per rank and node, and where each rank's restore came from.
 //
 // The parent is the scheduler: it forks the ranks and reads one fixed-size report from each
 // down a pipe; a byte down another pipe tells a rank to close (rank 0, the coordinator, last).
@@ -769,12 +769,14 @@ int RunClusterDemo(const ClusterArgs& a) {
   if (coded) {
     std::printf(
         "redundancy %s (coding groups of K+M nodes, parity in each other's memory: `ckptdb plan "
-        "--nodes %d --ec K+M`), UCX_TLS=%s on loopback, coordinator %s\n",
+        "--nodes %d --ec K+M`), CKPTDB_UCX_TLS=%s (tcp: ckptdb's authenticated socket) on "
+        "loopback, coordinator %s\n",
         a.redundancy.c_str(), a.nodes, a.tls.c_str(), job.coordinator.c_str());
   } else {
     std::printf(
         "redundancy %s (GEMINI Algorithm 1 placement over nodes: `ckptdb plan --nodes %d "
-        "--replicas %s`), UCX_TLS=%s on loopback, coordinator %s\n",
+        "--replicas %s`), CKPTDB_UCX_TLS=%s (tcp: ckptdb's authenticated socket) on loopback, "
+        "coordinator %s\n",
         a.redundancy.c_str(), a.nodes, a.redundancy.substr(10).c_str(), a.tls.c_str(),
         job.coordinator.c_str());
   }
