@@ -112,8 +112,21 @@ int RankBody(const test::TempDir& dir, const Ports& ports, uint32_t rank) {
   int rc = ckptdb_open(&o, &db);
   RANK_CHECK(rc == 0, "open: %d", rc);
   test::WriteWholeFile(dir.Sub("open" + std::to_string(rank)), "1");
+  // The ranks commit in lockstep (a version commits when both voted), so they must agree on
+  // the last one: when rank 0 sees `stop` it names the next version the last ("final", written
+  // whole by a rename). Rank 1 cannot finish that version before rank 0 has voted for it, so it
+  // reads "final" before it could start the one after.
   uint64_t v = 0;
-  while (v < 3 || !std::filesystem::exists(dir.Sub("stop"))) {
+  uint64_t final = 0;
+  while (true) {
+    if (final == 0 && rank == 0 && v >= 3 && std::filesystem::exists(dir.Sub("stop"))) {
+      final = v + 1;
+      test::WriteWholeFile(dir.Sub("final.tmp"), std::to_string(final));
+      std::filesystem::rename(dir.Sub("final.tmp"), dir.Sub("final"));
+    } else if (final == 0 && std::filesystem::exists(dir.Sub("final"))) {
+      final = std::stoull(test::ReadWholeFile(dir.Sub("final")));
+    }
+    if (final != 0 && v >= final) break;
     ++v;
     for (int which = 0; which < 2; ++which) {
       auto data = TensorData(rank, v, which);
