@@ -707,10 +707,11 @@ void TransportImpl::OnSocket(int fd, uint32_t events) {
     if (it == conns_.end()) return;
     c = it->second;
   }
-  if ((events & EPOLLOUT) != 0) {
-    if (c->state == ConnState::kClientConnecting) {
-      FinishConnect(c.get());
-    } else if (c->state == ConnState::kOpen) {
+  if (c->state == ConnState::kClientConnecting) {
+    // A connect that failed may report only EPOLLERR or EPOLLHUP: SO_ERROR says why.
+    if ((events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) != 0) FinishConnect(c.get());
+  } else if ((events & EPOLLOUT) != 0) {
+    if (c->state == ConnState::kOpen) {
       if (c->path == DataPath::kSocket) FlushSock(c.get());
     } else {
       FlushOut(c.get());
