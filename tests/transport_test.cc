@@ -103,8 +103,12 @@ TEST_P(TransportTest, CallsCarryBodiesAndPayloadsBothWays) {
   // peer-failure handling, so on a machine without RDMA every choice ends on the socket too.
   EXPECT_EQ(client->stats().socket_connections + client->stats().ucx_connections, 1u);
   EXPECT_EQ(server.t->stats().socket_connections, client->stats().socket_connections);
-  if (GetParam() == "tcp") EXPECT_EQ(client->stats().socket_connections, 1u);
-  if (GetParam() == "ucx-shm") EXPECT_EQ(client->stats().ucx_connections, 1u);
+  if (GetParam() == "tcp") {
+    EXPECT_EQ(client->stats().socket_connections, 1u);
+  }
+  if (GetParam() == "ucx-shm") {
+    EXPECT_EQ(client->stats().ucx_connections, 1u);
+  }
   for (size_t bytes : {size_t{0}, size_t{100}, size_t{64} << 10, size_t{8} << 20}) {
     auto payload = test::RandomBytes(bytes, 7 + bytes);
     std::vector<uint8_t> back(bytes + 16, 0xee);

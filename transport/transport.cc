@@ -1001,7 +1001,8 @@ ssize_t TransportImpl::Receive(Conn* c, void* into, size_t want, const char* eof
 void TransportImpl::WantOut(Conn* c, bool on) {
   if (c->want_out == on) return;
   c->want_out = on;
-  Watch(c->fd, EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0), EPOLL_CTL_MOD);
+  const uint32_t out = on ? static_cast<uint32_t>(EPOLLOUT) : 0u;
+  Watch(c->fd, EPOLLIN | EPOLLRDHUP | out, EPOLL_CTL_MOD);
 }
 
 // Writes queued messages until the socket is full (then EPOLLOUT resumes) or the queue is empty.
