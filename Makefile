@@ -59,7 +59,7 @@ TSAN_TESTS = staging_ring_test capture_test tier_manager_test api_test ram_tier_
   replica_store_test transport_test fault_test
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTDB_BUILD_FUZZERS=OFF \
-	  -DCKPTDB_WITH_CUDA=OFF $(SANITIZER_OPT) \
+	  -DCKPTDB_WITH_CUDA=OFF \
 	  "-DCMAKE_CXX_FLAGS=-fsanitize=thread -fno-omit-frame-pointer" \
 	  "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread"
 	cmake --build $(TSAN_BUILD_DIR) -j$(JOBS) --target $(TSAN_TESTS)
