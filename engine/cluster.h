@@ -41,7 +41,14 @@
 #include "transport/transport.h"
 #include "util/status.h"
 
+namespace ckpt::transport {
+class RmaDomain;
+class RmaWindow;
+}  // namespace ckpt::transport
+
 namespace ckpt::engine {
+
+struct PeerWindow;  // engine/cluster_rma.h
 
 struct ClusterOptions {
   uint32_t rank = 0;
@@ -106,6 +113,10 @@ struct ClusterStats {
   uint64_t served_bytes = 0;  // replica bytes sent to ranks that fetched them
   uint64_t refused = 0;
   uint64_t epoch = 0;
+  // How this rank's replicas and fetches travel to each peer it used, in rank order:
+  // "rank 1 rma:posix; rank 2 socket" (rma: one-sided UCX puts and gets over shared memory;
+  // socket: ckptdb's own connection; ucx-am: UCX active messages, RDMA).
+  std::string paths;
 };
 
 class Cluster {
@@ -282,9 +293,24 @@ class Cluster {
                                             size_t payload_bytes);
   void HandleReplica(const transport::Request& request, transport::Reply* reply);
   void HandleFetch(const transport::Request& request, transport::Reply* reply);
-  // A fetch's reply payload: [offset, offset + bytes) of `map`, sent from it (checked range).
+  // One-sided windows (engine/cluster_rma.cc, engine/cluster_rma.h).
+  void HandleWindow(const transport::Request& request, transport::Reply* reply);
+  // Where slot `slot` of the window `id` this rank granted connection `from` is, for `bytes`
+  // (checked against the grant, the slot count and the slot size; `what` names the call).
+  Status WindowSlot(transport::PeerId from, uint64_t id, uint32_t slot, uint64_t bytes,
+                    const std::string& what, uint8_t** at,
+                    std::shared_ptr<transport::RmaWindow>* keep);
+  // The window of the peer at `address` (rank `rank`, or kServeRank) for this rank, asked for
+  // and attached on first use; nullptr where no one-sided path reaches it (remembered until the
+  // peer is dropped). Records the path in stats().paths.
+  std::shared_ptr<PeerWindow> WindowFor(const std::string& address, transport::PeerId peer,
+                                        uint32_t rank);
+  void DropWindow(const std::string& address);
+  void WindowMakerLoop();
+  // Sends [offset, offset + bytes) of `map` as the reply's payload, or copies it into a window's
+  // slot (in_window) for the asker to get.
   void ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint64_t bytes,
-                   transport::Reply* reply);
+                   uint8_t* in_window, transport::Reply* reply);
   // Coding groups (engine/cluster_coding.cc).
   Status ComputeGroupLocked();
   Status BuildParity(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
@@ -340,6 +366,16 @@ class Cluster {
   std::optional<CodingGroup> group_;        // set at join, with a code
   uint32_t group_position_ = 0;
   std::unique_ptr<transport::Transport> transport_;
+  std::shared_ptr<transport::RmaDomain> rma_;  // nullptr: no one-sided path (UCX_TLS)
+  mutable std::mutex rma_mu_;                  // the windows below
+  std::map<transport::PeerId, std::shared_ptr<transport::RmaWindow>> windows_;  // granted
+  std::deque<transport::PeerId> window_order_;                                 // oldest first
+  std::map<std::string, std::shared_ptr<PeerWindow>> remote_windows_;  // attached, by address
+  std::set<std::string> no_window_;        // addresses without a one-sided path
+  std::map<uint32_t, std::string> paths_;  // by peer rank (rma_mu_)
+  std::shared_ptr<transport::RmaWindow> spare_window_;  // made ahead by window_maker_ (rma_mu_)
+  std::condition_variable rma_cv_;                      // a spare was taken, or stop
+  std::thread window_maker_;
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> net_busy_{false};

@@ -25,6 +25,7 @@ enum MessageType : uint16_t {
   kParity = 30,        // coding group member -> member: building and reading parity
   kRecoverable = 31,   // rank -> coordinator: can every rank restore a version from memory
   kReplicaCheck = 32,  // rank -> coordinator: a replica group's digests of a version, compared
+  kWindow = 33,        // rank -> peer: a one-sided window for the asker (engine/cluster_rma.h)
 };
 
 // One fetch call's payload at most (restores read chunks, rebuilds read units in such pieces).
@@ -39,7 +40,8 @@ inline int64_t NowMs() {
 // The messages' field layout, checked when a rank registers and when `ckptdb serve` announces
 // itself: a job runs one build. 2: holdings list the versions in memory, decisions carry a cause.
 // 3: holdings list "arc" replica groups' versions, replica checks compare the protection.
-inline constexpr uint32_t kProtocolVersion = 3;
+// 4: one-sided windows (kWindow; replica pieces "landed" in one; fetches into one).
+inline constexpr uint32_t kProtocolVersion = 4;
 
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();

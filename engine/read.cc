@@ -1172,6 +1172,12 @@ Status Db::Stats(ckptdb_stats_t* out) {
     out->replica_bytes_received = cs.replica_bytes_received;
     out->peer_fetch_bytes = cs.fetch_bytes;
     out->epoch = cs.epoch;
+    std::string paths = cs.paths;
+    if (paths.size() >= sizeof out->peer_paths) {
+      paths.resize(sizeof out->peer_paths - 4);
+      paths += "...";
+    }
+    std::snprintf(out->peer_paths, sizeof out->peer_paths, "%s", paths.c_str());
   }
   out->staging_bytes = staging_bytes_;
   if (ring_) out->staging_high_water_bytes = ring_->high_water_bytes();

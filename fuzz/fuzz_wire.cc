@@ -1,6 +1,7 @@
 // libFuzzer target for the transport's framing (transport/wire_format.h): any bytes as a whole
 // message (header and body), and as a handshake frame (its 12-byte header, then its body as each
-// kind's), which a stranger sends before it has proved it holds the job token. What decodes must
+// kind's), which a stranger sends before it has proved it holds the job token, and as a one-sided
+// window's descriptor (transport/rma.h), which a peer sends after it has. What decodes must
 // encode back to the very same bytes, every refusal is Corrupt, and nothing may read past the
 // input or trip a sanitizer.
 #include <cstddef>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "transport/rma.h"
 #include "transport/wire_format.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -63,6 +65,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         !std::equal(again.begin() + kHandshakeHeaderBytes, again.end(), data)) {
       std::abort();
     }
+  }
+  // Any bytes as a window descriptor.
+  RmaDescriptor d;
+  st = DecodeRmaDescriptor(in, "fuzz", &d);
+  if (st.ok()) {
+    if (d.bytes == 0 || d.bytes > kMaxRmaWindowBytes || d.rkey.size() > kMaxRmaKeyBytes ||
+        d.worker_address.size() > kMaxRmaWorkerAddressBytes) {
+      std::abort();
+    }
+    const std::vector<uint8_t> again = EncodeRmaDescriptor(d);
+    if (again.size() != size || !std::equal(again.begin(), again.end(), data)) std::abort();
+  } else if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_EINVAL) {
+    std::abort();
   }
   return 0;
 }

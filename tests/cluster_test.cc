@@ -51,6 +51,7 @@ struct Job {
   bool shared_tier = false;  // a disk tier per rank in a directory no node loss touches
   std::string node_disk;     // a disk tier's options on each node (lost with it); empty: none
   int ram_keep = 2;
+  std::string tls = "tcp";  // CKPTDB_UCX_TLS: "shm" gives ranks one-sided windows (shared memory)
   std::string coordinator_host = "127.0.0.1";
   std::vector<std::string> listen;              // per rank (CKPTDB_LISTEN); empty: the default
   std::map<uint32_t, std::string> ram_options;  // appended to a rank's ram tier spec
@@ -100,7 +101,7 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   setenv("CKPTDB_HEARTBEAT_MS", "100", 1);
   setenv("CKPTDB_DEAD_AFTER_MS", std::to_string(job.dead_after_ms).c_str(), 1);
   setenv("CKPTDB_JOIN_TIMEOUT_MS", "20000", 0);
-  setenv("CKPTDB_UCX_TLS", "tcp", 1);
+  setenv("CKPTDB_UCX_TLS", job.tls.c_str(), 1);
   return ckptdb_open(&o, db);
 }
 
@@ -218,11 +219,21 @@ class ClusterTest : public ::testing::Test {
 // Saves v1-v3 on every rank, loses node `lost` (its processes and all its directories: memory,
 // disks, catalog), restarts the job, and checks that every rank agrees latest = 3 and restores
 // it bit for bit: the lost node's rank from a peer's memory, the rest from their own ram.
-void LoseANodeAndRestore(Job& job, uint32_t lost) {
+// `path`: how every rank must say its replicas travelled to its placement peer, and the lost
+// rank its fetches (ckptdb_stats' peer_paths), when not empty.
+void LoseANodeAndRestore(Job& job, uint32_t lost, const std::string& path = "") {
   auto codes = RunRanks([&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job, rank, 3, &db) != 0) return 1;
     if (CheckLatest(db, rank, 3) != 0) return 1;
+    if (!path.empty()) {
+      ckptdb_stats_t st;
+      ckptdb_stats(db, &st);
+      RANK_CHECK(std::string(st.peer_paths).find(path) != std::string::npos &&
+                     st.replica_bytes_sent >= 2 * kTensorBytes,
+                 "replicas travelled by '%s' (%llu bytes), not %s", st.peer_paths,
+                 (unsigned long long)st.replica_bytes_sent, path.c_str());
+    }
     Done(job, rank, "save");
     ckptdb_close(db);
     return 0;
@@ -240,6 +251,12 @@ void LoseANodeAndRestore(Job& job, uint32_t lost) {
     if (rank == lost) {
       RANK_CHECK(source.rfind("peer:", 0) == 0, "rank %u restored from %s, not a peer", rank,
                  source.c_str());
+      ckptdb_stats_t st;
+      ckptdb_stats(db, &st);
+      RANK_CHECK(path.empty() || (std::string(st.peer_paths).find(path) != std::string::npos &&
+                                  st.peer_fetch_bytes >= 2 * kTensorBytes),
+                 "the lost rank fetched %llu bytes by '%s', not %s",
+                 (unsigned long long)st.peer_fetch_bytes, st.peer_paths, path.c_str());
     } else {
       RANK_CHECK(source == "ram", "rank %u restored from %s", rank, source.c_str());
     }
@@ -250,7 +267,16 @@ void LoseANodeAndRestore(Job& job, uint32_t lost) {
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
-TEST_F(ClusterTest, ALostNodeRestoresFromPeersAndEveryRankAgrees) { LoseANodeAndRestore(job_, 1); }
+TEST_F(ClusterTest, ALostNodeRestoresFromPeersAndEveryRankAgrees) {
+  LoseANodeAndRestore(job_, 1, "socket");
+}
+
+// The same over shared memory: replicas are put into the holders' windows and the lost rank gets
+// its segment out of its holder's window (transport/rma.h), bit for bit.
+TEST_F(ClusterTest, OneSidedWindowsCarryReplicasAndTheLostNodesRestore) {
+  job_.tls = "shm";
+  LoseANodeAndRestore(job_, 1, "rma:posix");
+}
 
 // Node 0 holds the coordinator's decision log: the new rank 0 starts a coordinator on an empty
 // catalog, which learns the committed versions back from the other ranks' catalogs as they
@@ -355,7 +381,7 @@ TEST_F(ClusterTest, ARankOfAnotherProtocolIsRefused) {
       RANK_CHECK(rc == CKPTDB_EINVAL, "open of another protocol returned %d", rc);
       RANK_CHECK(std::strstr(ckptdb_last_error(),
                              "speaks ckptdb protocol 1; this coordinator "
-                             "speaks 3") != nullptr,
+                             "speaks 4") != nullptr,
                  "the error does not name both protocols: %s", ckptdb_last_error());
       return 0;
     }

@@ -58,6 +58,7 @@ struct Report {
   double restore_ms = 0;
   char source[64] = {};    // the fastest source of any byte (ckptdb_stats' last_restore_tier)
   char sources[160] = {};  // where every byte came from, over all the rank's tensors
+  char paths[96] = {};     // how replicas travelled to each peer (ckptdb_stats' peer_paths)
   int32_t bit_exact = 0;
 };
 
@@ -294,6 +295,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
       r.backpressure_ns = st.backpressure_wait_ns;
       r.epoch = st.epoch;
       std::snprintf(r.source, sizeof r.source, "%s", st.last_restore_tier);
+      std::snprintf(r.paths, sizeof r.paths, "%s", st.peer_paths);
     }
   }
   if (write(report_fd, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) return 3;
@@ -801,9 +803,9 @@ int RunClusterDemo(const ClusterArgs& a) {
     std::fprintf(stderr, "ckptdb demo: FAILED during training\n");
     return kExitProblem;
   }
-  std::printf("%4s %6s %6s %12s %9s %8s %14s %10s %10s %11s %6s\n", "rank", "node", "ckpts",
+  std::printf("%4s %6s %6s %12s %9s %8s %14s %10s %10s %11s %6s  %s\n", "rank", "node", "ckpts",
               "blocked_ms", "max_ms", "full_ms", "replicate_ms", "sent_MiB", "recv_MiB",
-              "repl_GB/s", "epoch");
+              "repl_GB/s", "epoch", "path");
   std::map<int, std::pair<uint64_t, uint64_t>> per_node;
   double blocked_all = 0, replicate_all = 0;
   for (int r = 0; r < a.ranks; ++r) {
@@ -812,11 +814,12 @@ int RunClusterDemo(const ClusterArgs& a) {
     double repl = p.checkpoints ? p.replica_ns / 1e6 / p.checkpoints : 0;
     blocked_all += mean;
     replicate_all += repl;
-    std::printf("%4d %6s %6u %12.2f %9.2f %8.2f %14.1f %10.1f %10.1f %11.2f %6" PRIu64 "\n", r,
+    std::printf("%4d %6s %6u %12.2f %9.2f %8.2f %14.1f %10.1f %10.1f %11.2f %6" PRIu64 "  %s\n", r,
                 ("node" + std::to_string(job.NodeOf(r))).c_str(), p.checkpoints, mean,
                 p.blocked_max_ms, p.checkpoints ? p.backpressure_ns / 1e6 / p.checkpoints : 0.0,
                 repl, MiB(p.replica_sent), MiB(p.replica_received),
-                p.replica_ns ? static_cast<double>(p.replica_sent) / p.replica_ns : 0.0, p.epoch);
+                p.replica_ns ? static_cast<double>(p.replica_sent) / p.replica_ns : 0.0, p.epoch,
+                p.paths[0] != 0 ? p.paths : "-");
     per_node[job.NodeOf(r)].first += p.replica_sent;
     per_node[job.NodeOf(r)].second += p.replica_received;
   }
@@ -824,7 +827,9 @@ int RunClusterDemo(const ClusterArgs& a) {
       "blocked_ms: put + wait_capture + commit per checkpoint, what the trainer waited (mean; "
       "max_ms the worst); full_ms: of capture's time per checkpoint, waiting for arena space "
       "(versions not yet replicated cannot be evicted); replicate_ms: the push of a version to a "
-      "peer's memory, in the background\n");
+      "peer's memory, in the background; path: how it travelled to each peer (socket: ckptdb's "
+      "authenticated connection; rma:posix: UCX one-sided puts into the peer's window over "
+      "shared memory)\n");
   std::printf("mean over ranks: blocked %.2f ms, replication %.1f ms per version (%.1f%%)\n",
               blocked_all / a.ranks, replicate_all / a.ranks,
               replicate_all > 0 ? 100 * blocked_all / replicate_all : 0.0);

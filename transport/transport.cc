@@ -912,11 +912,11 @@ void TransportImpl::OnFrame(Conn* c, const HandshakeFrame& f) {
 // proved in its MAC; on the socket, nothing more to make.
 Status TransportImpl::OpenConn(Conn* c, DataPath path, std::span<const uint8_t> address) {
   if (path == DataPath::kSocket) {
-    c->path = DataPath::kSocket;
     by_key_[c->my_key] = c;
     c->state = ConnState::kOpen;
     c->handshake_deadline_ms = 0;
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);  // PathName reads it from other threads
+    c->path = DataPath::kSocket;
     stats_.socket_connections++;
     return Status::Ok();
   }
@@ -933,12 +933,12 @@ Status TransportImpl::OpenConn(Conn* c, DataPath path, std::span<const uint8_t> 
     c->ep = nullptr;
     return Status::Peer("cannot reach " + c->peer + "'s UCX worker: " + UcsText(s));
   }
-  c->path = DataPath::kUcx;
   by_ep_[c->ep] = c;
   by_key_[c->my_key] = c;
   c->state = ConnState::kOpen;
   c->handshake_deadline_ms = 0;
   std::lock_guard<std::mutex> lock(mu_);
+  c->path = DataPath::kUcx;
   stats_.ucx_connections++;
   return Status::Ok();
 }
@@ -1759,6 +1759,13 @@ Status Transport::Connect(const std::string& address, int timeout_ms, PeerId* ou
 void Transport::Disconnect(PeerId peer) { impl_->Disconnect(peer); }
 
 std::string Transport::PeerName(PeerId peer) const { return impl_->PeerName(peer); }
+
+std::string Transport::PathName(PeerId peer) const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  auto it = impl_->conns_.find(peer);
+  if (it == impl_->conns_.end()) return "closed";
+  return it->second->path == DataPath::kUcx ? "ucx-am" : "socket";
+}
 
 Status Transport::Start(PeerId peer, uint16_t type, std::vector<uint8_t> body, const void* payload,
                         size_t payload_bytes, void* reply_buffer, size_t reply_capacity,

@@ -175,6 +175,9 @@ class Transport {
   void Disconnect(PeerId peer);
   // The peer's "name (address)", for messages.
   std::string PeerName(PeerId peer) const;
+  // How the connection's messages travel: "socket" (ckptdb's own), "ucx-am" (UCX active
+  // messages), "closed".
+  std::string PathName(PeerId peer) const;
 
   // Starts a call: `type` (>= 16; lower ones are the transport's own), `body` (at most
   // kMaxBodyBytes), a payload, and where a reply's payload may go (up to reply_capacity bytes; a

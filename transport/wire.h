@@ -76,6 +76,7 @@ class WireReader {
     pos_ += n;
   }
   bool ok() const { return error_.empty(); }
+  size_t remaining() const { return in_.size() - pos_; }  // bytes not read yet
   // Ok when every field was read and nothing is left over.
   Status Finish() const {
     if (!ok()) return Status::Corrupt(error_);

@@ -544,6 +544,10 @@ typedef struct ckptdb_stats_t {
   char last_restore_sources[512];  /* where each byte of the last restore came from, fastest
                                       first: "SOURCE BYTES" pairs joined by "; ", a source
                                       being a tier name, "peer:rankN" or "serve:NODE" */
+  char peer_paths[256];            /* how replicas and fetches travel to each peer this rank
+                                      used: "rank 1 rma:posix; rank 2 socket" (rma: UCX one-sided
+                                      puts and gets over shared memory; socket: ckptdb's own
+                                      connection; ucx-am: UCX active messages, RDMA) */
 } ckptdb_stats_t;
 
 /* Idle-window hints from the trainer (GEMINI's traffic interleaving): NET_BUSY while the job's
