@@ -1947,7 +1947,6 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
       if (st.ok()) st = in_range();
       if (!st.ok()) return Fail(reply, st.WithContext(mine));
     }
-    map->Populate(offset, bytes);
     return ServeMapped(std::move(map), offset, bytes, in_window, reply);
   }
   // From the replica's mapping: the reply's payload is sent from it, nothing is copied.
@@ -1956,7 +1955,7 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
     map = replicas_->Find(owner, version);
   } else if (std::string path = FindReplica(owner, version); !path.empty()) {
     // Mapped per request (a daemon's replicas are few and read rarely), only the range populated.
-    if (MappedFile::OpenReadOnly(path, &map).ok()) map->Populate(offset, bytes);  // else: gone
+    if (!MappedFile::OpenReadOnly(path, &map).ok()) map.reset();  // gone
   }
   if (map == nullptr) {
     return Fail(reply, Status::NotFound(
@@ -1981,12 +1980,12 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
 void Cluster::ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint64_t bytes,
                           uint8_t* in_window, Reply* reply) {
   if (in_window != nullptr) {
-    // The asker gets it from there. The range's pages into the page table first: a replica
-    // mapped since this process opened faults at each page otherwise (0.9 GB/s on these VMs,
-    // LIMITS.md), where the socket's send took them from the kernel's side.
-    map->Populate(offset, bytes);
-    std::memcpy(in_window, map->data() + offset, bytes);
+    // The asker gets it from there. Read, not copied from the mapping: a replica mapped since
+    // this process opened would fault at each page (0.9 GB/s on these VMs, LIMITS.md).
+    Status st = map->ReadAt(offset, in_window, bytes, "a fetch into a window");
+    if (!st.ok()) return Fail(reply, st);
   } else {
+    map->Populate(offset, bytes);  // the send then walks mapped pages, not faults
     reply->payload = map->data() + offset;
     reply->payload_bytes = bytes;
     reply->keep = std::move(map);

@@ -117,6 +117,25 @@ void MappedFile::Populate(uint64_t offset, uint64_t bytes) const {
   }
 }
 
+Status MappedFile::ReadAt(uint64_t offset, void* dst, uint64_t bytes,
+                          const std::string& what) const {
+  if (offset > bytes_ || bytes > bytes_ - offset) {
+    return Status::Invalid(what + ": a read of [" + std::to_string(offset) + ", +" +
+                           std::to_string(bytes) + ") past its " + std::to_string(bytes_) +
+                           " bytes");
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  uint64_t done = 0;
+  while (done < bytes) {
+    ssize_t n = pread(fd_, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, what + ": pread");
+    if (n == 0) return Status::IoError(what + ": the file ends before its mapping does");
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
 Status MappedFile::Reserve(const std::string& what) const {
   if (populated_ || data_ == nullptr) return Status::Ok();
   if (writable_) {
@@ -635,10 +654,9 @@ std::shared_ptr<MappedFile> ReplicaStore::Find(uint32_t owner, uint64_t version)
     it->second.file_bytes = static_cast<uint64_t>(sb.st_size);
     it->second.map = map;
   }
-  // Fetches send from it next. Off the lock, as in Begin: Place, on the progress thread, never
-  // waits for a populate. Its pages exist (it was received whole), so nothing can fail here
-  // that a fetch would not meet anyway.
-  (void)map->Reserve(SealedPath(owner, version));
+  // Not populated here: a fetch populates the range it sends from (Cluster::ServeMapped) or
+  // reads it with pread (into a one-sided window), so a restarted holder's first answer (often
+  // the replica's size) does not wait for every page of it to be mapped (55 ms for 256 MiB).
   return map;
 }
 

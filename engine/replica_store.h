@@ -68,6 +68,10 @@ class MappedFile {
   // into). The allocation (fallocate) makes a full file system say ENOSPC here, not kill the
   // process with SIGBUS when a byte lands in a page it cannot have.
   Status Reserve(const std::string& what) const;
+  // Copies [offset, offset + bytes) of the file into dst with pread: from the page cache, without
+  // mapping a page into this process (a fetch into a one-sided window: no page-table work for a
+  // replica mapped since this process opened). EIO naming `what`; EINVAL outside the file.
+  Status ReadAt(uint64_t offset, void* dst, uint64_t bytes, const std::string& what) const;
 
  private:
   MappedFile() = default;

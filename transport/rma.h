@@ -38,36 +38,16 @@
 #include <string>
 #include <vector>
 
+#include "transport/wire_format.h"
 #include "util/status.h"
 
 namespace ckpt::transport {
-
-inline constexpr uint64_t kMaxRmaWindowBytes = uint64_t{1} << 32;
-inline constexpr size_t kMaxRmaWorkerAddressBytes = 2048;
-inline constexpr size_t kMaxRmaKeyBytes = 1024;
-inline constexpr size_t kMaxRmaDescriptorBytes =
-    4 + 1 + 8 + 8 + 8 + 4 + kMaxRmaWorkerAddressBytes + 4 + kMaxRmaKeyBytes;
-inline constexpr uint32_t kRmaDescriptorMagic = 0x52504B43;  // "CKPR" on the wire
-inline constexpr uint8_t kRmaDescriptorVersion = 1;
 
 // The UCX transports one-sided access may use, from a UCX_TLS-style list ("tcp", "shm,tcp",
 // "^sysv", ""; empty reads UCX_TLS from the environment): "posix" where the list allows it
 // ("", "all", "shm", "sm", "mm", "posix", or a "^" list not naming one of those), else "sysv"
 // where it allows that; empty otherwise (a job that asked for tcp only gets no one-sided path).
 std::string RmaTransports(const std::string& tls);
-
-// A window's descriptor, decoded (what travels between the processes).
-struct RmaDescriptor {
-  uint64_t id = 0;       // the exposing process's random name for the window
-  uint64_t bytes = 0;    // its size
-  uint64_t address = 0;  // its address in the exposing process
-  std::vector<uint8_t> worker_address;
-  std::vector<uint8_t> rkey;
-};
-std::vector<uint8_t> EncodeRmaDescriptor(const RmaDescriptor& d);
-// Refuses anything but an exact descriptor within the bounds; `what` names it in the error.
-Status DecodeRmaDescriptor(std::span<const uint8_t> bytes, const std::string& what,
-                           RmaDescriptor* out);
 
 class RmaDomain;
 

@@ -203,4 +203,49 @@ std::array<uint8_t, 32> HandshakeKey(const std::string& job_token) {
   return key;
 }
 
+std::vector<uint8_t> EncodeRmaDescriptor(const RmaDescriptor& d) {
+  WireWriter w;
+  w.U32(kRmaDescriptorMagic);
+  w.U8(kRmaDescriptorVersion);
+  w.U64(d.id);
+  w.U64(d.bytes);
+  w.U64(d.address);
+  w.Bytes(d.worker_address);
+  w.Bytes(d.rkey);
+  return w.Take();
+}
+
+Status DecodeRmaDescriptor(std::span<const uint8_t> bytes, const std::string& what,
+                           RmaDescriptor* out) {
+  if (bytes.size() > kMaxRmaDescriptorBytes) {
+    return Status::Invalid(what + ": a window descriptor of " + std::to_string(bytes.size()) +
+                           " bytes, more than " + std::to_string(kMaxRmaDescriptorBytes));
+  }
+  WireReader r(bytes, what + ": window descriptor");
+  const uint32_t magic = r.U32("magic");
+  const uint8_t version = r.U8("version");
+  RmaDescriptor d;
+  d.id = r.U64("id");
+  d.bytes = r.U64("bytes");
+  d.address = r.U64("address");
+  auto worker = r.Bytes("worker address", kMaxRmaWorkerAddressBytes);
+  auto rkey = r.Bytes("remote key", kMaxRmaKeyBytes);
+  CKPTDB_RETURN_IF_ERROR(r.Finish());
+  if (magic != kRmaDescriptorMagic || version != kRmaDescriptorVersion) {
+    return Status::Invalid(what + ": not a window descriptor of version " +
+                           std::to_string(kRmaDescriptorVersion));
+  }
+  if (d.bytes == 0 || d.bytes > kMaxRmaWindowBytes || d.address == 0 ||
+      d.address > UINT64_MAX - d.bytes || worker.empty() || rkey.empty()) {
+    return Status::Invalid(what + ": a window descriptor of " + std::to_string(d.bytes) +
+                           " bytes at " + std::to_string(d.address) + " with a " +
+                           std::to_string(worker.size()) + "-byte worker address and a " +
+                           std::to_string(rkey.size()) + "-byte key");
+  }
+  d.worker_address.assign(worker.begin(), worker.end());
+  d.rkey.assign(rkey.begin(), rkey.end());
+  *out = std::move(d);
+  return Status::Ok();
+}
+
 }  // namespace ckpt::transport

@@ -1,7 +1,7 @@
 // The transport's own framing (docs/transport.md): the 34-byte header every message starts
 // with, and the handshake frames that travel on ckptdb's own TCP socket before anything reaches
 // UCX (a peer proves it holds the job token, then the two sides swap connection keys, UCX worker
-// addresses and the data path). Pure encoding, kept apart from UCX and sockets so that
+// addresses and the data path), and the descriptor of a one-sided window. Pure encoding, kept apart from UCX and sockets so that
 // fuzz/fuzz_wire.cc can feed it any bytes: a decoder accepts exactly what its encoder writes.
 #pragma once
 
@@ -111,5 +111,29 @@ std::array<uint8_t, kMacBytes> HandshakeMac(const uint8_t* key, MacRole role,
                                             uint8_t path, std::span<const uint8_t> address);
 // The key from a job token.
 std::array<uint8_t, 32> HandshakeKey(const std::string& job_token);
+
+// ---- One-sided windows (transport/rma.h), sent over an authenticated connection ----
+
+inline constexpr uint64_t kMaxRmaWindowBytes = uint64_t{1} << 32;
+inline constexpr size_t kMaxRmaWorkerAddressBytes = 2048;
+inline constexpr size_t kMaxRmaKeyBytes = 1024;
+inline constexpr size_t kMaxRmaDescriptorBytes =
+    4 + 1 + 8 + 8 + 8 + 4 + kMaxRmaWorkerAddressBytes + 4 + kMaxRmaKeyBytes;
+inline constexpr uint32_t kRmaDescriptorMagic = 0x52504B43;  // "CKPR" on the wire
+inline constexpr uint8_t kRmaDescriptorVersion = 1;
+
+// A window's descriptor, decoded (what travels between the processes).
+struct RmaDescriptor {
+  uint64_t id = 0;       // the exposing process's random name for the window
+  uint64_t bytes = 0;    // its size
+  uint64_t address = 0;  // its address in the exposing process
+  std::vector<uint8_t> worker_address;
+  std::vector<uint8_t> rkey;
+};
+std::vector<uint8_t> EncodeRmaDescriptor(const RmaDescriptor& d);
+// Refuses anything but an exact descriptor within the bounds; `what` names it in the error.
+Status DecodeRmaDescriptor(std::span<const uint8_t> bytes, const std::string& what,
+                           RmaDescriptor* out);
+
 
 }  // namespace ckpt::transport
