@@ -1947,7 +1947,7 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
       if (st.ok()) st = in_range();
       if (!st.ok()) return Fail(reply, st.WithContext(mine));
     }
-    return ServeMapped(std::move(map), offset, bytes, in_window, reply);
+    return ServeMapped(std::move(map), offset, bytes, in_window, request.from, reply);
   }
   // From the replica's mapping: the reply's payload is sent from it, nothing is copied.
   std::shared_ptr<MappedFile> map;
@@ -1974,18 +1974,25 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
     reply->body = w.Take();
     return;
   }
-  ServeMapped(std::move(map), offset, bytes, in_window, reply);
+  ServeMapped(std::move(map), offset, bytes, in_window, request.from, reply);
 }
 
 void Cluster::ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint64_t bytes,
-                          uint8_t* in_window, Reply* reply) {
+                          uint8_t* in_window, transport::PeerId to, Reply* reply) {
   if (in_window != nullptr) {
     // The asker gets it from there. Read, not copied from the mapping: a replica mapped since
     // this process opened would fault at each page (0.9 GB/s on these VMs, LIMITS.md).
     Status st = map->ReadAt(offset, in_window, bytes, "a fetch into a window");
     if (!st.ok()) return Fail(reply, st);
   } else {
-    map->Populate(offset, bytes);  // the send then walks mapped pages, not faults
+    // On the socket the bytes go from the file (sendfile: no page of the mapping is touched);
+    // UCX sends from the mapping, whose range is mapped first so that it walks mapped pages.
+    if (transport_->PathName(to) == "socket") {
+      reply->payload_fd = map->fd();
+      reply->payload_file_offset = offset;
+    } else {
+      map->Populate(offset, bytes);
+    }
     reply->payload = map->data() + offset;
     reply->payload_bytes = bytes;
     reply->keep = std::move(map);

@@ -307,10 +307,10 @@ class Cluster {
                                         uint32_t rank);
   void DropWindow(const std::string& address);
   void WindowMakerLoop();
-  // Sends [offset, offset + bytes) of `map` as the reply's payload, or copies it into a window's
-  // slot (in_window) for the asker to get.
+  // Sends [offset, offset + bytes) of `map` to `to` as the reply's payload (from the file, on the
+  // socket path), or copies it into a window's slot (in_window) for the asker to get.
   void ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint64_t bytes,
-                   uint8_t* in_window, transport::Reply* reply);
+                   uint8_t* in_window, transport::PeerId to, transport::Reply* reply);
   // Coding groups (engine/cluster_coding.cc).
   Status ComputeGroupLocked();
   Status BuildParity(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);

@@ -348,7 +348,7 @@ void Cluster::HandleParity(const Request& request, Reply* reply) {
                              " bytes");
         break;
       }
-      ServeMapped(std::move(map), offset, bytes, nullptr, reply);
+      ServeMapped(std::move(map), offset, bytes, nullptr, request.from, reply);
       break;
     }
     default:

@@ -55,6 +55,7 @@ class MappedFile {
 
   uint8_t* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
+  int fd() const { return fd_; }  // open while this object lives
   // Resizes the file and its mapping (a no-op at the same size: the mapping, and so the
   // page-table entries, stay).
   Status Resize(uint64_t bytes, const std::string& what);

@@ -4,7 +4,9 @@
 // memory and UCX's own choice.
 #include "transport/transport.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +22,9 @@ namespace {
 constexpr uint16_t kEcho = 100;   // reply: body and payload back
 constexpr uint16_t kSleep = 101;  // sleeps body[0] * 100 ms, replies empty
 constexpr uint16_t kFail = 102;   // replies CKPTDB_ENOTFOUND
+// Replies with Server::file's bytes as the payload, also named by payload_fd; body[0] 'S': the
+// reply claims 1 MiB more than the file holds (a file cut short under a send).
+constexpr uint16_t kFile = 103;
 
 // A test parameter: a UCX_TLS list, or "ucx-shm": UCX over shared memory without peer-failure
 // handling (TransportOptions::ucx_without_peer_failure), the only way to run the UCX path on a
@@ -33,6 +38,8 @@ struct Server {
   std::atomic<int> delivered{0};
   std::atomic<int> placed{0};  // requests whose payload the handler found in `arena`
   std::vector<uint8_t> arena;  // with a placer: where echo payloads whose body starts 'P' go
+  int file_fd = -1;            // kFile's file, and a copy of its bytes
+  std::vector<uint8_t> file_bytes;
   std::unique_ptr<Transport> t;
   Status Start(const std::string& token, const std::string& tls, bool with_placer = false) {
     TransportOptions o;
@@ -63,6 +70,17 @@ struct Server {
             reply->payload = copy->data();
             reply->payload_bytes = copy->size();
             reply->keep = copy;
+          } else if (r.type == kFile) {
+            const bool short_file = !r.body.empty() && r.body[0] == 'S';
+            reply->payload = file_bytes.data();
+            reply->payload_bytes = file_bytes.size() + (short_file ? 1 << 20 : 0);
+            if (short_file) {  // a payload pointer that covers it, for a path that reads it
+              auto big = std::make_shared<std::vector<uint8_t>>(reply->payload_bytes);
+              reply->payload = big->data();
+              reply->keep = big;
+            }
+            reply->payload_fd = file_fd;
+            reply->payload_file_offset = 0;
           } else if (r.type == kSleep) {
             std::this_thread::sleep_for(std::chrono::milliseconds(100 * r.body.at(0)));
           } else {
@@ -274,6 +292,44 @@ TEST(TransportOptionsTest, PeersWithAndWithoutUcxMeetOnTheSocket) {
                         back.size(), &got);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(back, data);
+}
+
+// A reply whose payload names a file goes out with sendfile on the socket path: the bytes arrive
+// whole; a file cut short under the send closes the connection (the call fails with EPEER) and
+// neither process is hurt (SIGPIPE and all).
+TEST(TransportFileTest, APayloadFromAFileArrivesWholeAndAShortFileClosesTheConnection) {
+  test::TempDir dir("/dev/shm");
+  Server server;
+  server.file_bytes = test::RandomBytes((5 << 20) + 123, 77);
+  const std::string path = dir.Sub("payload");
+  test::WriteWholeFile(path, std::string(server.file_bytes.begin(), server.file_bytes.end()));
+  server.file_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(server.file_fd, 0);
+  ASSERT_TRUE(server.Start("secret", "tcp").ok());
+  auto client = Client("secret", "tcp");
+  PeerId peer = 0;
+  ASSERT_TRUE(client->Connect(server.t->address(), 10000, &peer).ok());
+  std::vector<uint8_t> got(server.file_bytes.size() + (2 << 20));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<uint8_t> body;
+    size_t n = 0;
+    Status st = client->CallSync(peer, kFile, {'W'}, nullptr, 0, 10000, &body, got.data(),
+                                 got.size(), &n);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_EQ(n, server.file_bytes.size());
+    EXPECT_TRUE(std::equal(server.file_bytes.begin(), server.file_bytes.end(), got.begin()));
+  }
+  std::vector<uint8_t> body;
+  Status st = client->CallSync(peer, kFile, {'S'}, nullptr, 0, 10000, &body, got.data(),
+                               got.size());
+  EXPECT_EQ(st.code(), CKPTDB_EPEER) << st.ToString();
+  // Both ends go on: a new connection works.
+  ASSERT_TRUE(client->Connect(server.t->address(), 10000, &peer).ok());
+  size_t n = 0;
+  st = client->CallSync(peer, kFile, {'W'}, nullptr, 0, 10000, &body, got.data(), got.size(), &n);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(n, server.file_bytes.size());
+  close(server.file_fd);
 }
 
 TEST(WireTest, ReaderRejectsShortAndOverlongInput) {

@@ -11,6 +11,8 @@
 #include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <signal.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <ucp/api/ucp.h>
@@ -155,6 +157,8 @@ class TransportImpl {
     size_t sent = 0;  // of head.size() + payload_bytes
     std::shared_ptr<const void> keep;
     std::shared_ptr<Call::State> call;  // a request's call: its send_done
+    int file_fd = -1;  // >= 0: the payload is sent from this file (sendfile), not `payload`
+    uint64_t file_offset = 0;
   };
   // The message being read on the socket path: its prefix and body in `head`, then its payload
   // straight into where it goes (the Placer's memory, a vector, the caller's reply buffer) or,
@@ -301,7 +305,8 @@ class TransportImpl {
   Status ReplyStatus(const WireHeader& h, std::span<const uint8_t> body);
   void Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, int32_t status,
             std::span<const uint8_t> body, const void* payload, size_t payload_bytes,
-            std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call);
+            std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call,
+            int file_fd = -1, uint64_t file_offset = 0);
   void CloseConn(uint64_t id, const std::string& why, bool graceful);
   void FailConnect(Conn* c, Status st);
   void HandshakeFailed(Conn* c, Status st);
@@ -543,6 +548,13 @@ void TransportImpl::Stop() {
 }
 
 void TransportImpl::Loop() {
+  // sendfile has no MSG_NOSIGNAL: a peer that closed its end would raise SIGPIPE, whose default
+  // ends the process. Blocked in this thread only (a library does not change the process's
+  // dispositions); FlushSock takes back a SIGPIPE it raised.
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   epoll_event events[64];
   while (true) {
     while (worker_ != nullptr && ucp_worker_progress(worker_) != 0) {
@@ -1015,15 +1027,40 @@ void TransportImpl::FlushSock(Conn* c) {
       iov[n++] = {m.head.data() + m.sent, m.head.size() - m.sent};
     }
     const size_t from = m.sent > m.head.size() ? m.sent - m.head.size() : 0;
-    if (m.payload_bytes > from) {
+    if (m.payload_bytes > from && m.file_fd < 0) {
       iov[n++] = {const_cast<uint8_t*>(m.payload) + from, m.payload_bytes - from};
     }
     ssize_t w = 0;
-    if (n > 0) {
+    if (n == 0 && m.file_fd >= 0) {
+      // The payload from its file: the kernel copies from the page cache into the socket.
+      off_t off = static_cast<off_t>(m.file_offset + from);
+      w = sendfile(c->fd, m.file_fd, &off, m.payload_bytes - from);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EAGAIN) {
+        WantOut(c, true);
+        return;
+      }
+      if (w < 0 && errno == EPIPE) {  // the signal it raised, pending on this thread: taken back
+        sigset_t pipe;
+        sigemptyset(&pipe);
+        sigaddset(&pipe, SIGPIPE);
+        const timespec now{0, 0};
+        (void)sigtimedwait(&pipe, nullptr, &now);
+        errno = EPIPE;
+      }
+      if (w <= 0) {  // 0: the file ends before the payload does (it was cut short under us)
+        CloseConn(c->id,
+                  w == 0 ? std::string("a payload's file ended before its last byte was sent")
+                         : std::string("sending a payload's file failed: ") + std::strerror(errno),
+                  false);
+        return;
+      }
+    } else if (n > 0) {
       msghdr mh{};
       mh.msg_iov = iov;
       mh.msg_iovlen = n;
-      w = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+      // A header before a payload sent from a file: held back until the payload follows.
+      w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | (m.file_fd >= 0 ? MSG_MORE : 0));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0 && errno == EAGAIN) {
         WantOut(c, true);
@@ -1418,7 +1455,8 @@ void TransportImpl::ServiceLoop() {
              nullptr, 0, nullptr, nullptr);
       } else {
         Send(c.get(), Kind::kReply, type, call_id, 0, reply->body, reply->payload,
-             reply->payload_bytes, std::shared_ptr<const void>(reply, nullptr), nullptr);
+             reply->payload_bytes, std::shared_ptr<const void>(reply, nullptr), nullptr,
+             reply->payload_fd, reply->payload_file_offset);
       }
     });
   }
@@ -1426,7 +1464,8 @@ void TransportImpl::ServiceLoop() {
 
 void TransportImpl::Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, int32_t status,
                          std::span<const uint8_t> body, const void* payload, size_t payload_bytes,
-                         std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call) {
+                         std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call,
+                         int file_fd, uint64_t file_offset) {
   CKPTDB_ASSERT(c->state == ConnState::kOpen);
   CKPTDB_ASSERT((c->path == DataPath::kUcx) == (c->ep != nullptr));
   WireWriter w;
@@ -1452,6 +1491,8 @@ void TransportImpl::Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, in
     m.payload_bytes = payload_bytes;
     m.keep = std::move(keep);
     m.call = std::move(call);
+    m.file_fd = payload_bytes > 0 ? file_fd : -1;
+    m.file_offset = file_offset;
     c->sendq.push_back(std::move(m));
     if (!c->want_out) FlushSock(c);  // else the socket is full: EPOLLOUT resumes the queue
     return;

@@ -113,6 +113,12 @@ struct Reply {
   const void* payload = nullptr;
   size_t payload_bytes = 0;
   std::shared_ptr<const void> keep;
+  // Optional: the same payload_bytes are also at payload_file_offset of this file, which `keep`
+  // keeps open. On the socket path they are then sent with sendfile, from the page cache, and the
+  // pages at `payload` are never touched (a replica mapped since this process opened would fault
+  // in or have to be populated page by page first). -1: none.
+  int payload_fd = -1;
+  uint64_t payload_file_offset = 0;
 };
 
 // Runs on a service thread; may block (it delays only this request and its connection's slot).
