@@ -20,8 +20,9 @@ echo
 echo "== commit/restore of 1 GiB on a disk tier (O_DIRECT) =="
 "$build/bench_commit_restore" --dir /var/tmp/ckptdb-bench --gib 1 --tensor-mib 64 --repeats 3
 echo
-echo "== issue 4: replication to a peer's memory against ucx_perftest (2 ranks, 512 MiB each) =="
-"$build/bench_cluster" --mode replicate --mib 512 --tls tcp --tls shm,tcp
+echo "== issues 4, 21: replication to a peer's memory against ucx_perftest (2 ranks, 512 MiB each):"
+echo "   tcp: ckptdb's socket against ucp_am_bw; shm: one-sided windows against ucp_put_bw =="
+"$build/bench_cluster" --mode replicate --mib 512 --tls tcp --tls shm
 echo
 echo "== issue 4: commit latency on 1, 2, 4, 8 ranks (4 MiB a rank, replicate:2 and none) =="
 "$build/bench_cluster" --mode commit --commit-kib 4096 --versions 20 --ranks 2,4,8 --tls tcp
@@ -29,8 +30,9 @@ echo
 echo "== the machine: tcp receive into memory the kernel never wrote, and into memory it did =="
 "$build/bench_tcp_first_receive" 512
 echo
-echo "== issue 4: restore of 256 MiB from a peer's memory, a disk tier and a throttled one =="
-"$build/bench_cluster" --mode restore --mib 256 --repeats 4 --tls tcp
+echo "== issues 4, 21: restore of 512 MiB from a peer's memory, a disk tier and a throttled one =="
+"$build/bench_cluster" --mode restore --mib 512 --repeats 5 --tls tcp
+"$build/bench_cluster" --mode restore --mib 512 --repeats 5 --tls shm
 echo
 echo "== issue 21: commit latency of 2 ranks with strangers hammering the coordinator's port =="
 "$build/bench_cluster" --mode hostile --versions 60 --repeats 4 --tls tcp
