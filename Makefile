@@ -45,7 +45,8 @@ test-asan: deps
 	  "-DCMAKE_CXX_FLAGS=$(SANITIZE)" "-DCMAKE_C_FLAGS=$(SANITIZE)" \
 	  "-DCMAKE_EXE_LINKER_FLAGS=$(SANITIZE)" "-DCMAKE_SHARED_LINKER_FLAGS=$(SANITIZE)"
 	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS) --target ckptdb_test_programs
-	ctest --test-dir $(ASAN_BUILD_DIR) --output-on-failure -j$(JOBS) \
+	LSAN_OPTIONS="suppressions=$(CURDIR)/tests/lsan.supp" \
+	  ctest --test-dir $(ASAN_BUILD_DIR) --output-on-failure -j$(JOBS) \
 	  -E '^(install_package|python_package)$$'
 
 # The tests whose threads share state (capture workers, the tier manager, readers, the

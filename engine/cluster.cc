@@ -251,7 +251,6 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
                  rma.message().c_str());
     c->rma_.reset();
   }
-  if (c->rma_ != nullptr) c->window_maker_ = std::thread([self] { self->WindowMakerLoop(); });
   if (c->replicas_ != nullptr) {
     to.placer = [self](uint16_t type, std::span<const uint8_t> body, size_t payload_bytes) {
       return self->PlaceReplicaPiece(type, body, payload_bytes);
@@ -259,6 +258,11 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   }
   CKPTDB_RETURN_IF_ERROR(transport::Transport::Start(
       to, [self](const Request& r, Reply* reply) { self->Handle(r, reply); }, &c->transport_));
+  // Listening on loopback, every peer that can connect is on this host: the spare window is made
+  // now, while the job assembles, not when a restarted peer's first restore asks for it.
+  if (c->rma_ != nullptr && !options.serve_only && c->ListensOnLoopback()) {
+    c->window_maker_ = std::thread([self] { self->WindowMakerLoop(); });
+  }
   if (options.serve_only) {
     c->serve_ = std::thread([self] { self->ServeLoop(); });
     *out = std::move(c);
@@ -279,6 +283,11 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   }
   if (!st.ok()) return st;
   c->heartbeat_ = std::thread([self] { self->HeartbeatLoop(); });
+  // A spare window only where a peer listens on this rank's host (engine/cluster_rma.h): on a
+  // cluster whose placement peers are all on other nodes, no one would ever ask for it.
+  if (c->rma_ != nullptr && !c->window_maker_.joinable() && c->PeerOnThisHost()) {
+    c->window_maker_ = std::thread([self] { self->WindowMakerLoop(); });
+  }
   *out = std::move(c);
   return Status::Ok();
 }

@@ -307,6 +307,8 @@ class Cluster {
                                         uint32_t rank);
   void DropWindow(const std::string& address);
   void WindowMakerLoop();
+  bool PeerOnThisHost() const;  // another member's address names this rank's listening host
+  bool ListensOnLoopback() const;  // its listener is on 127.0.0.0/8 or ::1
   // Sends [offset, offset + bytes) of `map` to `to` as the reply's payload (from the file, on the
   // socket path), or copies it into a window's slot (in_window) for the asker to get.
   void ServeMapped(std::shared_ptr<MappedFile> map, uint64_t offset, uint64_t bytes,
@@ -373,7 +375,8 @@ class Cluster {
   std::map<std::string, std::shared_ptr<PeerWindow>> remote_windows_;  // attached, by address
   std::set<std::string> no_window_;        // addresses without a one-sided path
   std::map<uint32_t, std::string> paths_;  // by peer rank (rma_mu_)
-  std::shared_ptr<transport::RmaWindow> spare_window_;  // made ahead by window_maker_ (rma_mu_)
+  // Made ahead by window_maker_ (rma_mu_), which runs where a peer listens on this host.
+  std::shared_ptr<transport::RmaWindow> spare_window_;
   std::condition_variable rma_cv_;                      // a spare was taken, or stop
   std::thread window_maker_;
   std::atomic<uint64_t> epoch_{0};

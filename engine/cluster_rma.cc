@@ -140,6 +140,22 @@ void Cluster::WindowMakerLoop() {
   }
 }
 
+bool Cluster::ListensOnLoopback() const {
+  const std::string& address = transport_->address();
+  const std::string host = address.substr(0, address.rfind(':'));
+  return host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]" || host == "localhost";
+}
+
+bool Cluster::PeerOnThisHost() const {
+  auto host = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
+  const std::string mine = host(transport_->address());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t r = 0; r < table_.size(); ++r) {
+    if (r != options_.rank && host(table_[r].address) == mine) return true;
+  }
+  return false;
+}
+
 void Cluster::DropWindow(const std::string& address) {
   std::lock_guard<std::mutex> lock(rma_mu_);
   remote_windows_.erase(address);
