@@ -59,8 +59,6 @@
 #include <unistd.h>
 #include <xxh_x86dispatch.h>
 
-#include "transport/rma.h"
-
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -77,6 +75,7 @@
 
 #include "bench/bench_util.h"
 #include "ckptdb/ckptdb.h"
+#include "transport/rma.h"
 
 namespace {
 
@@ -149,9 +148,9 @@ std::string ApplyTls(const std::string& entry) {
 // one-sided (windows over shared memory, transport/rma.h), ucx_perftest's one-sided test over
 // that transport in ckptdb's slot size; else ucp_am_bw (the socket path stands in for UCX's tcp).
 struct BulkLimit {
-  std::string test;   // ucx_perftest -t
-  std::string tls;    // its UCX_TLS
-  size_t piece = 0;   // its -s: ckptdb's piece
+  std::string test;  // ucx_perftest -t
+  std::string tls;   // its UCX_TLS
+  size_t piece = 0;  // its -s: ckptdb's piece
 };
 BulkLimit LimitFor(const std::string& tls, bool put) {
   const std::string rma = ckpt::transport::RmaTransports(tls);
@@ -1227,8 +1226,9 @@ void Restore(const Args& a) {
       "%.2f GB/s: %.0f%%)\n",
       peer, peer_source.c_str(), bulk.test.c_str(), bulk.tls.c_str(), bulk.piece >> 20, perf,
       perf > 0 ? 100 * peer / perf : 0);
-  std::printf("  one memcpy of %zu MiB             %8.2f GB/s  (the peer restore is %.0f%% of it)\n",
-              bytes >> 20, copy_gbs, copy_gbs > 0 ? 100 * peer / copy_gbs : 0);
+  std::printf(
+      "  one memcpy of %zu MiB             %8.2f GB/s  (the peer restore is %.0f%% of it)\n",
+      bytes >> 20, copy_gbs, copy_gbs > 0 ? 100 * peer / copy_gbs : 0);
   if (lat.ok) {
     const double one = kChunkBytes / lat.typical_us / 1e3;
     std::printf(

@@ -43,7 +43,8 @@ constexpr size_t kMaxTable = 1 << 20;
 
 // A kReplica call is one of: the begin (no payload; the receiver makes room for the replica, off
 // its progress thread), a piece (payload), the seal (no payload; the receiver checks the image),
-// or a piece the sender put into a slot of the receiver's window (no payload: engine/cluster_rma.h).
+// or a piece the sender put into a slot of the receiver's window (no payload:
+// engine/cluster_rma.h).
 constexpr uint8_t kPhasePiece = 0;
 constexpr uint8_t kPhaseBegin = 1;
 constexpr uint8_t kPhaseSeal = 2;
@@ -1762,18 +1763,17 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
           if (Status s = drain_one(); !s.ok()) return fail(s);
         }
         if (slot == kNoSlot) slot = window->Acquire();
-        st = window->window->Put(uint64_t{slot} * kWindowSlotBytes, pieces[i].data,
-                                 pieces[i].bytes);
+        st =
+            window->window->Put(uint64_t{slot} * kWindowSlotBytes, pieces[i].data, pieces[i].bytes);
         if (!st.ok()) {
           window->Release(slot);
           return fail(st);
         }
       }
       std::vector<uint8_t> body =
-          last ? header(file_bytes, kPhaseSeal)
-          : window != nullptr
-              ? header(pieces[i].offset, kPhaseLanded, slot, pieces[i].bytes)
-              : header(pieces[i].offset, kPhasePiece);
+          last                ? header(file_bytes, kPhaseSeal)
+          : window != nullptr ? header(pieces[i].offset, kPhaseLanded, slot, pieces[i].bytes)
+                              : header(pieces[i].offset, kPhasePiece);
       const bool with_payload = !last && window == nullptr;
       std::unique_ptr<transport::Call> call;
       st = transport_->Start(peer, kReplica, std::move(body),

@@ -307,7 +307,7 @@ class Cluster {
                                         uint32_t rank);
   void DropWindow(const std::string& address);
   void WindowMakerLoop();
-  bool PeerOnThisHost() const;  // another member's address names this rank's listening host
+  bool PeerOnThisHost() const;     // another member's address names this rank's listening host
   bool ListensOnLoopback() const;  // its listener is on 127.0.0.0/8 or ::1
   // Sends [offset, offset + bytes) of `map` to `to` as the reply's payload (from the file, on the
   // socket path), or copies it into a window's slot (in_window) for the asker to get.
@@ -371,13 +371,13 @@ class Cluster {
   std::shared_ptr<transport::RmaDomain> rma_;  // nullptr: no one-sided path (UCX_TLS)
   mutable std::mutex rma_mu_;                  // the windows below
   std::map<transport::PeerId, std::shared_ptr<transport::RmaWindow>> windows_;  // granted
-  std::deque<transport::PeerId> window_order_;                                 // oldest first
+  std::deque<transport::PeerId> window_order_;                                  // oldest first
   std::map<std::string, std::shared_ptr<PeerWindow>> remote_windows_;  // attached, by address
   std::set<std::string> no_window_;        // addresses without a one-sided path
   std::map<uint32_t, std::string> paths_;  // by peer rank (rma_mu_)
   // Made ahead by window_maker_ (rma_mu_), which runs where a peer listens on this host.
   std::shared_ptr<transport::RmaWindow> spare_window_;
-  std::condition_variable rma_cv_;                      // a spare was taken, or stop
+  std::condition_variable rma_cv_;  // a spare was taken, or stop
   std::thread window_maker_;
   std::atomic<uint64_t> epoch_{0};
   std::atomic<bool> stop_{false};

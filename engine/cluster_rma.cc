@@ -1,10 +1,11 @@
 // Cluster's one-sided windows: granting one to a peer that asks, attaching a peer's (see
 // engine/cluster_rma.h; the puts and gets themselves are in Replicate, HandleReplica, FetchRanges
 // and HandleFetch in engine/cluster.cc).
+#include "engine/cluster_rma.h"
+
 #include <cstdio>
 
 #include "engine/cluster.h"
-#include "engine/cluster_rma.h"
 #include "engine/cluster_wire.h"
 #include "transport/rma.h"
 #include "transport/wire.h"
@@ -89,8 +90,8 @@ std::shared_ptr<PeerWindow> Cluster::WindowFor(const std::string& address, trans
   }
   // Asked and attached off the lock: a call, and UCX's endpoint creation.
   std::vector<uint8_t> descriptor;
-  Status st = transport_->CallSync(peer, kWindow, {}, nullptr, 0, options_.call_timeout_ms,
-                                   &descriptor);
+  Status st =
+      transport_->CallSync(peer, kWindow, {}, nullptr, 0, options_.call_timeout_ms, &descriptor);
   std::shared_ptr<transport::RemoteWindow> remote;
   if (st.ok()) {
     st = rma_->Attach(descriptor, who + "'s window (" + address + ")", &remote);

@@ -77,9 +77,9 @@ TEST(RmaDescriptor, RoundTripsAndRefusesEveryTruncationAndBadField) {
   EXPECT_FALSE(bad([](RmaDescriptor& d) { d.worker_address.clear(); }).ok());
   EXPECT_FALSE(bad([](RmaDescriptor& d) { d.rkey.clear(); }).ok());
   EXPECT_FALSE(bad([](RmaDescriptor& d) { d.rkey.assign(kMaxRmaKeyBytes + 1, 1); }).ok());
-  EXPECT_FALSE(
-      bad([](RmaDescriptor& d) { d.worker_address.assign(kMaxRmaWorkerAddressBytes + 1, 1); })
-          .ok());
+  EXPECT_FALSE(bad([](RmaDescriptor& d) {
+                 d.worker_address.assign(kMaxRmaWorkerAddressBytes + 1, 1);
+               }).ok());
   std::vector<uint8_t> magic = good;
   magic[0] ^= 1;
   EXPECT_FALSE(DecodeRmaDescriptor(magic, "peer", &back).ok());

@@ -313,15 +313,15 @@ TEST(TransportFileTest, APayloadFromAFileArrivesWholeAndAShortFileClosesTheConne
   for (int round = 0; round < 3; ++round) {
     std::vector<uint8_t> body;
     size_t n = 0;
-    Status st = client->CallSync(peer, kFile, {'W'}, nullptr, 0, 10000, &body, got.data(),
-                                 got.size(), &n);
+    Status st =
+        client->CallSync(peer, kFile, {'W'}, nullptr, 0, 10000, &body, got.data(), got.size(), &n);
     ASSERT_TRUE(st.ok()) << st.ToString();
     ASSERT_EQ(n, server.file_bytes.size());
     EXPECT_TRUE(std::equal(server.file_bytes.begin(), server.file_bytes.end(), got.begin()));
   }
   std::vector<uint8_t> body;
-  Status st = client->CallSync(peer, kFile, {'S'}, nullptr, 0, 10000, &body, got.data(),
-                               got.size());
+  Status st =
+      client->CallSync(peer, kFile, {'S'}, nullptr, 0, 10000, &body, got.data(), got.size());
   EXPECT_EQ(st.code(), CKPTDB_EPEER) << st.ToString();
   // Both ends go on: a new connection works.
   ASSERT_TRUE(client->Connect(server.t->address(), 10000, &peer).ok());

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "transport/transport.h"
 #include "util/assert.h"
 
 namespace ckpt::transport {
@@ -20,19 +21,6 @@ constexpr int64_t kRmaWaitMs = 30000;
 
 std::string Ucs(ucs_status_t s) { return ucs_status_string(s); }
 
-// The items of a UCX_TLS-style list.
-std::vector<std::string> Items(const std::string& spec) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= spec.size()) {
-    size_t comma = spec.find(',', at);
-    if (comma == std::string::npos) comma = spec.size();
-    if (comma > at) out.push_back(spec.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 std::string RmaTransports(const std::string& tls) {
@@ -42,7 +30,7 @@ std::string RmaTransports(const std::string& tls) {
     spec = env != nullptr ? env : "";
   }
   const bool negated = !spec.empty() && spec[0] == '^';
-  const std::vector<std::string> items = Items(negated ? spec.substr(1) : spec);
+  const std::vector<std::string> items = TlsItems(spec);
   auto named = [&](const char* tl) {
     for (const std::string& item : items) {
       if (item == tl || item == "shm" || item == "sm" || item == "mm" || item == "all") {
@@ -273,10 +261,10 @@ Status RemoteWindow::Put(uint64_t offset, const void* src, uint64_t bytes) {
   if (bytes == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(domain_->mu_);
   ucp_request_param_t param{};
-  CKPTDB_RETURN_IF_ERROR(domain_->WaitLocked(
-      ucp_put_nbx(static_cast<ucp_ep_h>(ep_), src, bytes, address_ + offset,
-                  static_cast<ucp_rkey_h>(rkey_), &param),
-      what_ + ": put"));
+  CKPTDB_RETURN_IF_ERROR(
+      domain_->WaitLocked(ucp_put_nbx(static_cast<ucp_ep_h>(ep_), src, bytes, address_ + offset,
+                                      static_cast<ucp_rkey_h>(rkey_), &param),
+                          what_ + ": put"));
   // A put's completion frees the source; the flush makes the bytes the window's.
   ucp_request_param_t flush{};
   return domain_->WaitLocked(ucp_ep_flush_nbx(static_cast<ucp_ep_h>(ep_), &flush),

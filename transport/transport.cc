@@ -8,10 +8,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <sodium.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <signal.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -305,8 +305,8 @@ class TransportImpl {
   Status ReplyStatus(const WireHeader& h, std::span<const uint8_t> body);
   void Send(Conn* c, Kind kind, uint16_t type, uint64_t call_id, int32_t status,
             std::span<const uint8_t> body, const void* payload, size_t payload_bytes,
-            std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call,
-            int file_fd = -1, uint64_t file_offset = 0);
+            std::shared_ptr<const void> keep, std::shared_ptr<Call::State> call, int file_fd = -1,
+            uint64_t file_offset = 0);
   void CloseConn(uint64_t id, const std::string& why, bool graceful);
   void FailConnect(Conn* c, Status st);
   void HandshakeFailed(Conn* c, Status st);
@@ -394,6 +394,18 @@ Status TransportImpl::Init() {
 // "^rc" or "" (UCX_TLS from the environment, else everything): the same list without tcp;
 // empty when nothing is left (every connection then takes the socket path and no UCX worker
 // runs).
+std::vector<std::string> TlsItems(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = !list.empty() && list[0] == '^' ? 1 : 0;
+  while (at <= list.size()) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::string UcxTransports(const std::string& tls) {
   std::string spec = tls;
   if (spec.empty()) {
@@ -404,13 +416,7 @@ std::string UcxTransports(const std::string& tls) {
   const bool negated = spec[0] == '^';
   std::string out = negated ? "^" : "";
   bool has_tcp = false;
-  size_t at = negated ? 1 : 0;
-  while (at <= spec.size()) {
-    size_t comma = spec.find(',', at);
-    if (comma == std::string::npos) comma = spec.size();
-    std::string item = spec.substr(at, comma - at);
-    at = comma + 1;
-    if (item.empty()) continue;
+  for (const std::string& item : TlsItems(spec)) {
     if (item == "tcp") {
       has_tcp = true;
       if (!negated) continue;

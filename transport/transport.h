@@ -140,6 +140,8 @@ struct TransportStats {
 // tcp, whose listeners parse strangers' bytes (docs/transport.md, "Who owns which socket");
 // empty when nothing is left.
 std::string UcxTransports(const std::string& tls);
+// The items of a UCX_TLS-style list, in order, without its leading '^' and empty items.
+std::vector<std::string> TlsItems(const std::string& list);
 
 class Transport;
 class TransportImpl;

@@ -1,8 +1,9 @@
 // The transport's own framing (docs/transport.md): the 34-byte header every message starts
 // with, and the handshake frames that travel on ckptdb's own TCP socket before anything reaches
 // UCX (a peer proves it holds the job token, then the two sides swap connection keys, UCX worker
-// addresses and the data path), and the descriptor of a one-sided window. Pure encoding, kept apart from UCX and sockets so that
-// fuzz/fuzz_wire.cc can feed it any bytes: a decoder accepts exactly what its encoder writes.
+// addresses and the data path), and the descriptor of a one-sided window. Pure encoding, kept apart
+// from UCX and sockets so that fuzz/fuzz_wire.cc can feed it any bytes: a decoder accepts exactly
+// what its encoder writes.
 #pragma once
 
 #include <array>
@@ -134,6 +135,5 @@ std::vector<uint8_t> EncodeRmaDescriptor(const RmaDescriptor& d);
 // Refuses anything but an exact descriptor within the bounds; `what` names it in the error.
 Status DecodeRmaDescriptor(std::span<const uint8_t> bytes, const std::string& what,
                            RmaDescriptor* out);
-
 
 }  // namespace ckpt::transport
