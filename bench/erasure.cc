@@ -7,9 +7,8 @@
 //               M rows, as blocks arrive) against the same bare encode.
 //   decode      ErasureCode::Decode of M lost data blocks from K survivors (matrix inversion
 //               included) against bare ISA-L: gf_invert_matrix, ec_init_tables, ec_encode_data.
-//   memory      the parity segments a coding group's holders keep for one version, built through
-//               ParityStore exactly as Cluster builds them, over the group's data: (K + M) / K
-//               expected (plus each segment's header, record headers and manifest).
+// (The memory a scheme costs is a size, not a rate: tests/parity_store_test.cc prints and checks
+// it, EverySchemesParityMemoryIsAboutKPlusMOverK.)
 // Rates are data bytes (K blocks) per second; blocks are pre-faulted and incompressible; each
 // figure is the median of --repeats rounds, the two sides alternating.
 //
@@ -19,19 +18,16 @@
 
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "bench/bench_util.h"
-#include "engine/erasure_code.h"
-#include "engine/parity_store.h"
-#include "engine/stripe_layout.h"
+#include "redundancy/erasure_code.h"
 
 namespace {
 
 using namespace ckpt;
-using namespace ckpt::engine;
+using namespace ckpt::redundancy;
 using bench::Allocate;
 using bench::Clock;
 using bench::Median;
@@ -83,48 +79,6 @@ double BareDecode(const CodeSpec& spec, const std::vector<uint8_t>& matrix, size
   ec_encode_data(static_cast<int>(bytes), static_cast<int>(k), static_cast<int>(m), tables.data(),
                  present.data(), b.out.data());
   return Since(t0);
-}
-
-// The parity memory of one version of a group of K + M members with `segment` bytes each.
-double ParityOverhead(const CodeSpec& spec, uint64_t segment) {
-  const std::string dir = "/dev/shm/ckptdb-bench-erasure";
-  std::filesystem::remove_all(dir);
-  const uint32_t n = spec.k + spec.m;
-  CodingGroup shape{spec, 0, uint64_t{4} << 20, {}};
-  for (uint32_t p = 0; p < n; ++p) shape.members.push_back(p);
-  std::vector<std::unique_ptr<ParityStore>> stores(n);
-  std::vector<uint8_t*> images(n);
-  for (uint32_t p = 0; p < n; ++p) {
-    ParityStore::Writer w{1, p, n, "node" + std::to_string(p)};
-    if (!ParityStore::Open(dir + "/m" + std::to_string(p), w, 2, 0, &stores[p]).ok()) return 0;
-    images[p] = Allocate(segment);
-    bench::Fill(images[p], segment, p);
-  }
-  StripeLayout layout(spec.k, spec.m, shape.unit_bytes, 1);
-  for (uint32_t q = 0; q < n; ++q) {
-    for (uint32_t p = 0; p < n; ++p) (void)stores[q]->Announce(shape, 1, p, segment, "a");
-    if (!stores[q]->Layout(0, 1, "layout").ok()) return 0;
-  }
-  for (uint32_t p = 0; p < n; ++p) {
-    for (uint64_t j = 0; j < layout.Units(segment); ++j) {
-      const uint64_t s = layout.DataSlot(p, j).stripe;
-      for (uint32_t r = 0; r < spec.m; ++r) {
-        Status st = stores[layout.ParityMember(s, r)]->Accumulate(
-            0, 1, p, j, 0, {images[p] + j * shape.unit_bytes, layout.UnitBytes(segment, j)}, "d");
-        if (!st.ok()) return 0;
-      }
-    }
-  }
-  uint64_t parity = 0;
-  for (uint32_t q = 0; q < n; ++q) {
-    for (uint32_t p = 0; p < n; ++p) (void)stores[q]->Done(0, 1, p, "done");
-    if (!stores[q]->Sealed(0, 1, "sealed").ok()) return 0;
-    parity += std::filesystem::file_size(stores[q]->SealedPath(0, 1));
-  }
-  stores.clear();
-  for (uint8_t* p : images) munmap(p, segment);
-  std::filesystem::remove_all(dir);
-  return static_cast<double>(n * segment + parity) / static_cast<double>(n * segment);
 }
 
 }  // namespace
@@ -221,16 +175,5 @@ int main(int argc, char** argv) {
     for (uint8_t* p : b.parity) munmap(p, bytes);
     for (uint8_t* p : b.out) munmap(p, bytes);
   }
-  std::printf(
-      "\n  memory of one version, data and parity over data (a group's members with 64 "
-      "MiB segments, 4 MiB units, through ParityStore):\n");
-  for (const char* name : {"ec:2+2", "xor:3", "ec:4+2", "ec:8+2", "ec:6+3"}) {
-    CodeSpec spec;
-    (void)ParseCodeSpec(name, &spec);
-    const double measured = ParityOverhead(spec, uint64_t{64} << 20);
-    std::printf("  %-8s measured %.4f, (K+M)/K = %.4f\n", name, measured,
-                static_cast<double>(spec.k + spec.m) / spec.k);
-  }
-  std::printf("  replicate:2 keeps a whole copy: 2.0000 by construction\n");
   return 0;
 }

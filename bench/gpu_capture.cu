@@ -2,6 +2,7 @@
 // Built in a CUDA build only (bench_gpu_capture); needs a GPU to run:
 //
 //   build-cuda/bench_gpu_capture [--gib 2] [--shard-mib 64] [--repeats 5] [--compute-ms 200]
+//                                [--capture-threads N (default: the library's, 2)]
 //
 // In one run, on one device buffer of --gib GiB (filled by a kernel):
 //   - raw: cudaMemcpyAsync of the whole buffer into pinned host memory (cudaHostAlloc) in
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   uint64_t shard_mib = 64;
   int repeats = 5;
   int compute_ms = 200;
+  uint32_t capture_threads = 0;  // 0: the library's default
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--gib")
@@ -90,6 +92,8 @@ int main(int argc, char** argv) {
       repeats = std::atoi(argv[i + 1]);
     else if (a == "--compute-ms")
       compute_ms = std::atoi(argv[i + 1]);
+    else if (a == "--capture-threads")
+      capture_threads = static_cast<uint32_t>(std::strtoul(argv[i + 1], nullptr, 10));
     else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
       return 2;
@@ -112,8 +116,9 @@ int main(int argc, char** argv) {
   void* pinned = nullptr;
   CudaCheck(cudaHostAlloc(&pinned, bytes, cudaHostAllocPortable), "cudaHostAlloc");
   std::memset(pinned, 0, bytes);
-  std::printf("device: %s; state %.2f GiB in %zu shards of %zu MiB\n", prop.name,
-              bytes / double(1ull << 30), bytes / shard, shard_mib);
+  std::printf("device: %s; state %.2f GiB in %zu shards of %zu MiB; capture threads %s\n",
+              prop.name, bytes / double(1ull << 30), bytes / shard, shard_mib,
+              capture_threads == 0 ? "2 (default)" : std::to_string(capture_threads).c_str());
 
   std::vector<double> raw1, raw2, raw_h2d;
   for (int r = 0; r < repeats; ++r) {
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
   o.tiers = tiers.c_str();
   o.rank = 0;
   o.world_size = 1;
+  o.capture_threads = capture_threads;
   ckptdb* db = nullptr;
   bench::Check(ckptdb_open(&o, &db), "open");
   auto put_all = [&](uint64_t v) {

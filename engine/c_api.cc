@@ -161,6 +161,8 @@ const char* ckptdb_state_name(int state) {
 
 const char* ckptdb_last_error(void) { return t_last_error.c_str(); }
 
+const char* ckptdb_status_name(int status) { return ckpt::StatusCodeName(status); }
+
 void ckptdb_options_init(ckptdb_options* o) {
   if (o == nullptr) return;
   std::memset(o, 0, sizeof *o);

@@ -11,6 +11,7 @@
 #include "engine/internal.h"
 #include "format/checksum.h"
 #include "format/segment_format.h"
+#include "format/segment_writer.h"
 #include "util/assert.h"
 
 namespace ckpt::engine {
@@ -79,25 +80,6 @@ Status ValidateTensorInfo(const ckptdb_tensor_info* info, const std::string& wha
 // checks for CKPTDB_ESKIPPED and reads why), anything else in the words of the call.
 Status FailureFor(const Status& st, const std::string& what) {
   return st.code() == CKPTDB_ESKIPPED ? st : st.WithContext(what);
-}
-
-// The record header of chunk `sequence`; the caller sets payload_xxh3 once it has it.
-format::RecordHeader ChunkRecordHeader(uint64_t version, uint32_t rank, uint32_t sequence,
-                                       uint64_t payload_bytes, uint64_t record_offset) {
-  format::RecordHeader rh;
-  rh.type = format::RecordType::kChunk;
-  rh.payload_bytes = payload_bytes;
-  rh.record_offset = record_offset;
-  rh.version = version;
-  rh.rank = rank;
-  rh.sequence = sequence;
-  return rh;
-}
-
-// The whole 4096-byte header block: the 64-byte header, then zeros.
-void EncodeHeaderBlock(const format::RecordHeader& rh, uint8_t* block) {
-  format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(block, 64));
-  std::memset(block + 64, 0, kBlockBytes - 64);
 }
 
 }  // namespace
@@ -179,7 +161,7 @@ Status Db::LiveVersionFor(uint64_t version, LiveVersion** out) {
   LiveVersion& v = live_[version];
   v.version = version;
   v.generation = next_generation_++;
-  v.created_unix_ns = NowNs();
+  v.created_unix_ns = WallNs();
   v.first_put_mono_ns = MonoNs();
   v.ram = tiers_[0].is_ram();
   v.next_offset = kBlockBytes;  // after the segment header block
@@ -583,8 +565,8 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   const uint64_t record_bytes = format::RecordBytes(c.payload_bytes);
   if (!AcquireStaging(lock, v, index, record_bytes, &c.region)) return;  // dropped or direct
   uint8_t* record = (v->ram ? tiers_[0].ram->base() : staging_) + c.region.offset;
-  format::RecordHeader rh =
-      ChunkRecordHeader(v->version, identity_.rank, index, c.payload_bytes, c.record_offset);
+  format::RecordHeader rh = format::ChunkRecordHeader(v->version, identity_.rank, index,
+                                                      c.payload_bytes, c.record_offset);
   const uint8_t* src = c.src;
   lock.unlock();
   if (c.device >= 0) {
@@ -605,7 +587,7 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   }
   uint64_t padded = format::AlignUp(c.payload_bytes);
   std::memset(record + kBlockBytes + c.payload_bytes, 0, padded - c.payload_bytes);
-  EncodeHeaderBlock(rh, record);
+  format::EncodeRecordHeaderBlock(rh, record);
   lock.lock();
   c.xxh3 = rh.payload_xxh3;
   stats_.capture_bytes += c.payload_bytes;
@@ -713,10 +695,10 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     const uint8_t* src = c.src;
     const uint64_t payload = c.payload_bytes;
     format::RecordHeader rh =
-        ChunkRecordHeader(v->version, identity_.rank, index, payload, c.record_offset);
+        format::ChunkRecordHeader(v->version, identity_.rank, index, payload, c.record_offset);
     lock.unlock();
     rh.payload_xxh3 = format::Xxh3(src, payload);
-    EncodeHeaderBlock(rh, header);
+    format::EncodeRecordHeaderBlock(rh, header);
     lock.lock();
     c.xxh3 = rh.payload_xxh3;
     stats_.direct_chunks++;

@@ -9,7 +9,7 @@
 // it writes to its catalog (synced) before telling anyone. A rank that is silent for
 // dead_after_ms is declared dead: undecided versions are aborted and the epoch moves on.
 //
-// Placement is GEMINI's Algorithm 1 over nodes (engine/placement.h): node i's ranks send their
+// Placement is GEMINI's Algorithm 1 over nodes (redundancy/placement.h): node i's ranks send their
 // segment to one rank on each other node of i's holder set. A replica is stored in the receiving
 // node's memory (the ram tier's directory, a tmpfs) as a segment file, every chunk checked against
 // its xxh3 before it is acknowledged. The receiving rank's process (or `ckptdb serve` after the
@@ -33,11 +33,11 @@
 #include <vector>
 
 #include "engine/catalog.h"
-#include "engine/erasure_code.h"
 #include "engine/holdings.h"
 #include "engine/parity_store.h"
-#include "engine/placement.h"
 #include "engine/replica_store.h"
+#include "redundancy/erasure_code.h"
+#include "redundancy/placement.h"
 #include "transport/transport.h"
 #include "util/status.h"
 
@@ -68,8 +68,8 @@ struct ClusterOptions {
   int join_timeout_ms = 60000;
   int call_timeout_ms = 30000;
   // ec:K+M or xor:K instead of replicas: the rank's coding group (K + M ranks on distinct nodes)
-  // keeps parity of each member's segment in the others' memory (engine/stripe_layout.h).
-  std::optional<CodeSpec> code;
+  // keeps parity of each member's segment in the others' memory (redundancy/stripe_layout.h).
+  std::optional<redundancy::CodeSpec> code;
   uint64_t code_unit_bytes = uint64_t{4} << 20;  // the unit segments are cut into for coding
   std::string parity_dir;                        // where this rank keeps the parity it holds
   uint64_t job_id = 0;                           // written into the parity segments
@@ -236,7 +236,7 @@ class Cluster {
   void Hint(bool net_busy);
   ClusterStats stats() const;
   // The placement over this job's nodes (valid after Start).
-  const Placement& placement() const { return placement_; }
+  const redundancy::Placement& placement() const { return placement_; }
   std::vector<uint32_t> ReplicaTargets() const;  // the ranks this rank's segment goes to
   // Rank `rank`'s node and address, from the membership table (to read its own segment with
   // ReplicaBytes and FetchRanges, owner == rank: a replica group's member gathering slices).
@@ -356,7 +356,6 @@ class Cluster {
   void AbortUndecidedLocked(const std::string& why);
   // Keeps why `version` was aborted (the newest 256), for late replica checks of it.
   void NoteAbortCauseLocked(uint64_t version, const std::string& why);
-  void Decide(uint64_t version, bool committed);
   Status ComputePlacementLocked();
 
   const ClusterOptions options_;
@@ -392,7 +391,7 @@ class Cluster {
   std::condition_variable cv_;
   std::map<std::string, transport::PeerId> peers_;  // by address
   std::vector<Member> table_;                       // the membership as last received
-  Placement placement_;
+  redundancy::Placement placement_;
   ClusterStats stats_;
 
   // Coordinator state (rank 0), under mu_.
@@ -434,7 +433,8 @@ void SetProtocolVersionForTesting(uint32_t version);
 
 // Parses "none", "replicate:M" (M copies in memory on M distinct nodes, 1 <= M <= 8), "ec:K+M"
 // and "xor:K" (a coding group of K + M ranks on distinct nodes; *code set, *replicas 1).
-Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optional<CodeSpec>* code);
+Status ParseRedundancy(const std::string& text, uint32_t* replicas,
+                       std::optional<redundancy::CodeSpec>* code);
 
 class Cluster::Rebuild {
  public:

@@ -1,6 +1,6 @@
 // Cluster's coding groups (DESIGN.md section 7; ECHECK, ../shared/papers/echeck.txt): building a
 // version's parity across a group's members (engine/parity_store.h) and rebuilding a lost
-// member's segment from the others (engine/stripe_layout.h, engine/erasure_code.h).
+// member's segment from the others (redundancy/stripe_layout.h, redundancy/erasure_code.h).
 //
 // A kParity call's body: op (u8), group (u32), version (u64), then by op:
 //   announce  scheme (u8), k (u32), m (u32), unit bytes (u64), members (u32 count, u32 each),
@@ -21,14 +21,20 @@
 
 #include "engine/cluster.h"
 #include "engine/cluster_wire.h"
-#include "engine/placement.h"
+#include "engine/internal.h"
 #include "format/checksum.h"
 #include "format/segment_format.h"
 #include "format/segment_reader.h"
+#include "redundancy/placement.h"
 #include "transport/wire.h"
 #include "util/assert.h"
 
 namespace ckpt::engine {
+using redundancy::CodeScheme;
+using redundancy::ComputeCodingGroups;
+using redundancy::ErasureCode;
+using redundancy::kMaxCodeBlocks;
+using redundancy::StripeLayout;
 namespace {
 
 using namespace cluster_wire;
@@ -88,7 +94,7 @@ Status Cluster::CallParity(uint32_t position, const std::vector<uint8_t>& body, 
                            size_t payload_bytes, int timeout_ms, std::vector<uint8_t>* reply_body,
                            void* reply_buffer, size_t reply_capacity) {
   const uint32_t rank = group_->members[position];
-  const int64_t deadline = NowMs() + timeout_ms;
+  const int64_t deadline = MonoMs() + timeout_ms;
   for (int64_t pause_ms = 1;; pause_ms = std::min<int64_t>(pause_ms * 2, 20)) {
     Status st;
     if (rank == options_.rank) {
@@ -125,7 +131,7 @@ Status Cluster::CallParity(uint32_t position, const std::vector<uint8_t>& body, 
       }
       DropIfGone(st, address);
     }
-    if (st.code() != CKPTDB_EBUSY || NowMs() >= deadline || stop_) {
+    if (st.code() != CKPTDB_EBUSY || MonoMs() >= deadline || stop_) {
       return st.WithContext(R(rank) + " (member " + std::to_string(position) + ")");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
@@ -144,7 +150,7 @@ Status Cluster::BuildParity(uint64_t version, uint64_t file_bytes,
   const uint32_t me = group_position_;
   const std::string what =
       "protecting v" + std::to_string(version) + " of " + R(options_.rank) + " in " + GroupName(g);
-  const int64_t start = NowMs();
+  const int64_t start = MonoMs();
   const auto start_clock = std::chrono::steady_clock::now();
   // A member arrives at its commit when its trainer does: allow the slowest one the call timeout.
   const int wait_ms = options_.call_timeout_ms;

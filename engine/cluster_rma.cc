@@ -7,6 +7,7 @@
 
 #include "engine/cluster.h"
 #include "engine/cluster_wire.h"
+#include "engine/internal.h"
 #include "transport/rma.h"
 #include "transport/wire.h"
 

@@ -1,5 +1,5 @@
 // One-sided windows between the ranks of one host (issue 21; docs/transport.md, "One-sided puts
-// and gets"). Internal to Cluster: engine/cluster.cc (replication, fetches) and
+// and gets"). Internal to Cluster: engine/cluster_replication.cc (replication, fetches) and
 // engine/cluster_rma.cc (granting windows, attaching them).
 //
 // A rank that replicates to, or fetches from, a peer asks the peer once for a window (kWindow):

@@ -1,4 +1,4 @@
-// What engine/cluster.cc and engine/cluster_coding.cc share: the message types of ckptdb's own
+// What the parts of Cluster (engine/cluster*.cc) share: the message types of ckptdb's own
 // channel and the helpers every handler uses. Internal to Cluster.
 #pragma once
 
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "transport/transport.h"
+#include "util/clock.h"
 #include "util/status.h"
 
 namespace ckpt::engine::cluster_wire {
@@ -31,12 +32,6 @@ enum MessageType : uint16_t {
 // One fetch call's payload at most (restores read chunks, rebuilds read units in such pieces).
 inline constexpr uint64_t kMaxFetchBytes = uint64_t{8} << 20;
 
-inline int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // The messages' field layout, checked when a rank registers and when `ckptdb serve` announces
 // itself: a job runs one build. 2: holdings list the versions in memory, decisions carry a cause.
 // 3: holdings list "arc" replica groups' versions, replica checks compare the protection.
@@ -54,7 +49,5 @@ inline void Fail(transport::Reply* reply, const Status& st) {
     reply->message += " ...";
   }
 }
-
-inline std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
 
 }  // namespace ckpt::engine::cluster_wire

@@ -106,7 +106,7 @@ Status Db::OpenImpl() {
                            std::to_string(o.world_size));
   }
   uint32_t replicas = 1;
-  std::optional<CodeSpec> code;
+  std::optional<redundancy::CodeSpec> code;
   CKPTDB_RETURN_IF_ERROR(ParseRedundancy(o.redundancy, &replicas, &code).WithContext("options"));
   if ((replicas > 1 || code) && o.world_size == 1) {
     return Status::Invalid("options: redundancy \"" + o.redundancy +
@@ -259,7 +259,7 @@ Status Db::OpenImpl() {
     if (!in_job && getrandom(&job_id, sizeof job_id, 0) != sizeof job_id) {
       return Status::FromErrno(errno, "getrandom for the store's job id");
     }
-    identity_ = Identity{job_id, o.rank, o.world_size, o.chunk_bytes, NowNs()};
+    identity_ = Identity{job_id, o.rank, o.world_size, o.chunk_bytes, WallNs()};
     CKPTDB_RETURN_IF_ERROR(catalog_->PutIdentity(identity_));
   } else if (!st.ok()) {
     return st;

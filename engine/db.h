@@ -287,7 +287,7 @@ class Db {
     std::unique_ptr<format::SegmentReader> reader;
   };
 
-  // ---- The restore planner's state for one tensor (read.cc, distributed.cc) ------------------
+  // ---- The restore planner's state for one tensor (read.cc, peer_restore.cc) ------------------
   // Sources are tried fastest first (DESIGN.md section 7: local ram, a peer's memory, then the
   // slower tiers); each reads only the chunks still pending and keeps those that fail its checks
   // pending for the next.
@@ -427,7 +427,6 @@ class Db {
   void RefreshResidencyLocked(CatalogBatch* batch);
   Status CheckNotClosed() const;
   void StartThreads();
-  void StopThreads();
 
   // capture.cc
   void WorkerLoop();
@@ -450,7 +449,8 @@ class Db {
   Status Outcome(uint64_t version, const std::string& what) const;
   void RememberOutcome(uint64_t version, const Status& st, bool may_put_again);
 
-  // manager.cc
+  // The tier manager: manager.cc (the loop, opening, writing), commit.cc (commits, aborts),
+  // demotion.cc (demotions, evictions, retention).
   void ManagerLoop();
   void WakeManager();
   // Staging space back to the ring or the arena; every free goes through these (manager.cc).
@@ -465,10 +465,32 @@ class Db {
   void DropUnwrittenLocked(LiveVersion* v);
   void HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r);
   bool RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  // What a round of RunCommit started from, to tell whether the round changed anything.
+  struct CommitRound {
+    CommitPhase phase;
+    size_t copies;  // the version's residency entries
+    bool demoting;  // a demotion was under way
+  };
+  bool CommitRoundChanged(uint64_t version, const CommitRound& round) const;
+  // RunCommit's phases (commit.cc): nullopt goes on to the next phase in the same round; a
+  // value is what RunCommit returns.
+  std::optional<bool> CommitManifest(std::unique_lock<std::mutex>& lock, LiveVersion* v,
+                                     const CommitRound& round);
+  std::optional<bool> CommitTailInArena(std::unique_lock<std::mutex>& lock, LiveVersion* v,
+                                        const CommitRound& round);
+  std::optional<bool> CommitTailToFile(std::unique_lock<std::mutex>& lock, LiveVersion* v,
+                                       const CommitRound& round);
+  std::optional<bool> CommitPublishFile(std::unique_lock<std::mutex>& lock, LiveVersion* v,
+                                        const CommitRound& round);
+  std::optional<bool> CommitStartReplication(std::unique_lock<std::mutex>& lock, LiveVersion* v,
+                                             const CommitRound& round);
+  std::optional<bool> CommitVote(std::unique_lock<std::mutex>& lock, LiveVersion* v,
+                                 const CommitRound& round);
   Status DecideCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   Status WritePrepared(std::unique_lock<std::mutex>& lock, LiveVersion* v, VersionRecord* rec);
   Status WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, VersionRecord rec);
-  // cluster.cc hooks and the cluster worker (engine/distributed.cc).
+  // cluster.cc hooks and the cluster worker (engine/distributed.cc); restoring from the job's
+  // memory (engine/peer_restore.cc).
   Status StartCluster();
   Status ResolveInDoubt();
   // A rank whose catalog was lost (a replacement node) finds its committed segments on tiers
@@ -486,10 +508,10 @@ class Db {
   Status RestoreFromPeers(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
                           RestorePlan* plan);
   // The restore planner's rebuild step (a coding group: the other members' units and parity,
-  // decoded; distributed.cc).
+  // decoded; peer_restore.cc).
   Status RestoreFromRebuild(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
                             RestorePlan* plan);
-  // The restore planner's last step for a deduplicated shard (REFT's ARC, distributed.cc): the
+  // The restore planner's last step for a deduplicated shard (REFT's ARC, peer_restore.cc): the
   // pieces this rank does not keep, from each slice's owner and then from the member keeping its
   // ARC copy, each checked against this rank's own xxh3 of it. What none supplies stays !have.
   void GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan);
@@ -536,7 +558,7 @@ class Db {
   Status ResolveTier(const std::string& name_or_kind, size_t* index) const;
   uint64_t PendingBytes(size_t tier) const;
 
-  // read.cc
+  // read.cc (restore, list) and verify.cc (verify, the group check's copies, figures)
   Status ReadSegment(uint64_t version, size_t tier, OpenSegment** out);
   Status CheckCommittedLocked(uint64_t version, const std::string& what) const;
   Status CommittedCopies(uint64_t version, const std::string& what,

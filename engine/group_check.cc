@@ -14,17 +14,19 @@
 #include <optional>
 #include <set>
 
-#include "engine/erasure_code.h"
-#include "engine/stripe_layout.h"
+#include "engine/internal.h"
 #include "format/manifest.h"
 #include "format/segment_format.h"
 #include "format/segment_reader.h"
+#include "redundancy/erasure_code.h"
+#include "redundancy/stripe_layout.h"
 #include "util/assert.h"
 
 namespace ckpt::engine {
+using redundancy::CodeScheme;
+using redundancy::ErasureCode;
+using redundancy::StripeLayout;
 namespace {
-
-std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
 
 // A member's segment longer than this is a damaged record, not a segment (ParityStore's bound).
 constexpr uint64_t kMaxMemberBytes = uint64_t{1} << 40;

@@ -1,5 +1,4 @@
-// Helpers shared by the engine's source files (db.cc, capture.cc, manager.cc, policy.cc,
-// read.cc). Not part of any interface.
+// Helpers shared by the engine's source files. Not part of any interface.
 #pragma once
 
 #include <chrono>
@@ -7,23 +6,19 @@
 #include <string>
 #include <vector>
 
+#include "util/clock.h"
 #include "util/status.h"
 
 namespace ckpt::engine {
 
-inline uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
-
-inline uint64_t MonoNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
-
 inline std::string V(uint64_t version) { return "version " + std::to_string(version); }
+inline std::string R(uint32_t rank) { return "rank " + std::to_string(rank); }
+
+// Requests the tier manager may still put in flight: the wake read keeps one slot, and the
+// manager never lets Submit wait for a slot (it would wait with completions unhandled).
+inline size_t FreeRequestSlots(size_t in_flight, uint32_t queue_depth) {
+  return in_flight + 1 >= queue_depth ? 0 : queue_depth - 1 - in_flight;
+}
 
 // "0, 2, 5": ranks as messages list them.
 inline std::string JoinRanks(const std::vector<uint32_t>& ranks) {

@@ -14,9 +14,15 @@
 #include "format/checksum.h"
 #include "format/manifest.h"
 #include "format/segment_format.h"
+#include "format/segment_writer.h"
 #include "util/assert.h"
+#include "util/clock.h"
 
 namespace ckpt::engine {
+using redundancy::CodeScheme;
+using redundancy::CodeSpec;
+using redundancy::ErasureCode;
+using redundancy::StripeLayout;
 namespace {
 
 constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 40;
@@ -24,12 +30,6 @@ constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 40;
 // the holder's bookkeeping without bound. Cluster sends a unit in one piece per arena extent.
 constexpr size_t kMaxClaims = size_t{1} << 22;
 constexpr size_t kMaxStripeLocks = 64;
-
-uint64_t NowNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
 
 }  // namespace
 
@@ -330,7 +330,7 @@ Status ParityStore::Allocate(Building* b, const std::string& what) {
   x.version = b->version;
   x.position = b->position;
   x.member_bytes = b->member_bytes;
-  x.created_unix_ns = NowNs();
+  x.created_unix_ns = WallNs();
   x.tail_offset = offset;
   x.manifest_bytes =
       format::BuildManifest(x.Manifest(writer_, std::vector<uint64_t>(x.stripes.size(), 0))).size();
@@ -519,16 +519,11 @@ Status ParityStore::Seal(Key key, Building* b, const std::string& what) {
   for (size_t i = 0; i < b->stripes.size(); ++i) {
     uint8_t* record = image + b->record_offsets[i];
     xxh3[i] = format::Xxh3(record + format::kBlockBytes, b->stripe_bytes[i]);
-    format::RecordHeader rh;
-    rh.type = format::RecordType::kChunk;
-    rh.payload_bytes = b->stripe_bytes[i];
+    format::RecordHeader rh =
+        format::ChunkRecordHeader(b->version, writer_.rank, static_cast<uint32_t>(i),
+                                  b->stripe_bytes[i], b->record_offsets[i]);
     rh.payload_xxh3 = xxh3[i];
-    rh.record_offset = b->record_offsets[i];
-    rh.version = b->version;
-    rh.rank = writer_.rank;
-    rh.sequence = static_cast<uint32_t>(i);
-    std::memset(record, 0, format::kBlockBytes);
-    format::EncodeRecordHeader(rh, std::span<uint8_t, 64>(record, 64));
+    format::EncodeRecordHeaderBlock(rh, record);
   }
   format::SegmentHeader h;
   h.job_id = writer_.job_id;
@@ -537,8 +532,7 @@ Status ParityStore::Seal(Key key, Building* b, const std::string& what) {
   h.world_size = writer_.world_size;
   h.chunk_bytes = b->shape.unit_bytes;
   h.created_unix_ns = b->created_unix_ns;
-  std::memset(image, 0, format::kBlockBytes);
-  format::EncodeSegmentHeader(h, std::span<uint8_t, 64>(image, 64));
+  format::EncodeSegmentHeaderBlock(h, image);
   const std::vector<uint8_t> manifest = format::BuildManifest(b->Manifest(writer_, xxh3));
   CKPTDB_ASSERT(manifest.size() == b->manifest_bytes);  // struct fields: the size is fixed
   const uint64_t tail_bytes = b->file_bytes - b->tail_offset;

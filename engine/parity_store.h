@@ -2,7 +2,7 @@
 // parity segment per (group, version) in a directory on its node's memory file system, so that
 // it outlives the process as replicas do (engine/replica_store.h).
 //
-// A version's parity is built by every member of the group at once (engine/stripe_layout.h):
+// A version's parity is built by every member of the group at once (redundancy/stripe_layout.h):
 //   1. Announce: each member says how long its segment is. Once all K + M have, the holder
 //      knows the stripes and which it holds parity for, lays out its parity segment, and
 //      allocates and maps all of its memory (Layout answers Busy until then; a sender that
@@ -31,16 +31,16 @@
 #include <utility>
 #include <vector>
 
-#include "engine/erasure_code.h"
 #include "engine/replica_store.h"
-#include "engine/stripe_layout.h"
+#include "redundancy/erasure_code.h"
+#include "redundancy/stripe_layout.h"
 #include "util/status.h"
 
 namespace ckpt::engine {
 
 // What every member of a coding group agrees on for a version.
 struct CodingGroup {
-  CodeSpec code;
+  redundancy::CodeSpec code;
   uint32_t group = 0;
   uint64_t unit_bytes = 0;
   std::vector<uint32_t> members;  // ranks, in position order (K + M of them)

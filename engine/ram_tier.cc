@@ -214,7 +214,7 @@ Status RamTier::CreateArena(uint64_t job_id, uint32_t rank, const std::string& r
   header_.rank = rank;
   header_.job_id = job_id;
   header_.generation = generation_;
-  header_.created_unix_ns = NowNs();
+  header_.created_unix_ns = WallNs();
   header_.root_path = root_path;
   std::memset(memory_->data(), 0, kHeaderBytes);
   WriteHeader(memory_->bytes());

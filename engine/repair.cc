@@ -231,7 +231,7 @@ Status Repair::OpenArena(const io::TierSpec& spec, std::unique_ptr<RamTier>* out
   }
   ram.reset();  // unmapped before the rename
   if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_EINVAL) return st;
-  const std::string aside = path + ".damaged-" + std::to_string(static_cast<uint64_t>(NowNs()));
+  const std::string aside = path + ".damaged-" + std::to_string(static_cast<uint64_t>(WallNs()));
   CKPTDB_RETURN_IF_ERROR(io_->Rename(path, aside));
   ++out_->files_moved_aside;
   Say("tier " + spec.name + ": the arena " + path + " cannot be used (" + st.message() +
@@ -430,7 +430,7 @@ Status Repair::FindCopies() {
 // Step 4: the new catalog, built beside the old and swapped in by two renames.
 Status Repair::WriteCatalog() {
   const std::string fresh =
-      root_ + "/catalog.repair-" + std::to_string(static_cast<uint64_t>(NowNs()));
+      root_ + "/catalog.repair-" + std::to_string(static_cast<uint64_t>(WallNs()));
   std::unique_ptr<Catalog> catalog;
   CKPTDB_RETURN_IF_ERROR(Catalog::Open(fresh, /*read_only=*/false, /*create=*/true, &catalog)
                              .WithContext("repair: creating the new catalog"));
@@ -453,7 +453,7 @@ Status Repair::WriteCatalog() {
   std::error_code ec;
   if (std::filesystem::exists(catalog_dir_, ec)) {
     const std::string aside =
-        root_ + "/catalog.damaged-" + std::to_string(static_cast<uint64_t>(NowNs()));
+        root_ + "/catalog.damaged-" + std::to_string(static_cast<uint64_t>(WallNs()));
     CKPTDB_RETURN_IF_ERROR(io_->Rename(catalog_dir_, aside));
     Say("old catalog kept as " + aside);
   }

@@ -452,9 +452,9 @@ Status ReplicaStore::HashRecords(uint32_t owner, uint64_t version, const uint8_t
     }
     const uint64_t xxh3 = format::Xxh3(block + format::kBlockBytes, h.payload_bytes);
     if (xxh3 != h.payload_xxh3) {
-      return Status::Corrupt(what + ": chunk " + std::to_string(h.sequence) + " at offset " +
-                             std::to_string(at) + " fails xxh3 (expected " +
-                             format::Hex64(h.payload_xxh3) + ", got " + format::Hex64(xxh3) + ")");
+      return format::Xxh3Corrupt(
+          what + ": chunk " + std::to_string(h.sequence) + " at offset " + std::to_string(at),
+          h.payload_xxh3, xxh3);
     }
     out->emplace_back(at, LandedRecord{h.payload_bytes, xxh3});
     // Bounded: each step advances at least one block.

@@ -26,11 +26,18 @@ std::string Hex64(uint64_t v) {
   return b;
 }
 
+std::string Xxh3Mismatch(uint64_t expected, uint64_t actual) {
+  return " fails xxh3 (expected " + Hex64(expected) + ", got " + Hex64(actual) + ")";
+}
+
+Status Xxh3Corrupt(const std::string& what, uint64_t expected, uint64_t actual) {
+  return Status::Corrupt(what + Xxh3Mismatch(expected, actual));
+}
+
 Status CheckXxh3(const void* data, size_t bytes, uint64_t expected, const std::string& what) {
   const uint64_t actual = Xxh3(data, bytes);
   if (actual == expected) return Status::Ok();
-  return Status::Corrupt(what + " fails xxh3 (expected " + Hex64(expected) + ", got " +
-                         Hex64(actual) + ")");
+  return Xxh3Corrupt(what, expected, actual);
 }
 
 void EncodeSegmentHeader(const SegmentHeader& h, std::span<uint8_t, 64> out) {
@@ -172,30 +179,6 @@ Status DecodeFooter(std::span<const uint8_t, 64> in, const std::string& what, Se
                            std::to_string(f->file_bytes) + " bytes)");
   }
   return Status::Ok();
-}
-
-void EncodeSegmentTail(uint8_t* out, uint64_t tail_bytes, const std::vector<uint8_t>& manifest,
-                       uint64_t manifest_xxh3, uint64_t manifest_offset, uint64_t version,
-                       uint32_t rank, uint32_t chunk_count) {
-  RecordHeader rh;
-  rh.type = RecordType::kManifest;
-  rh.payload_bytes = manifest.size();
-  rh.payload_xxh3 = manifest_xxh3;
-  rh.record_offset = manifest_offset;
-  rh.version = version;
-  rh.rank = rank;
-  rh.sequence = chunk_count;
-  EncodeRecordHeader(rh, std::span<uint8_t, 64>(out, 64));
-  std::memcpy(out + kBlockBytes, manifest.data(), manifest.size());
-  SegmentFooter f;
-  f.manifest_offset = manifest_offset;
-  f.manifest_bytes = manifest.size();
-  f.manifest_xxh3 = manifest_xxh3;
-  f.version = version;
-  f.rank = rank;
-  f.chunk_count = chunk_count;
-  f.file_bytes = manifest_offset + tail_bytes;
-  EncodeFooter(f, std::span<uint8_t, 64>(out + tail_bytes - 64, 64));
 }
 
 }  // namespace ckpt::format

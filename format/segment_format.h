@@ -91,17 +91,19 @@ Status DecodeFooter(std::span<const uint8_t, 64> in, const std::string& what, Se
 inline constexpr uint64_t TailBytes(uint64_t manifest_bytes) {
   return RecordBytes(manifest_bytes) + kBlockBytes;
 }
-// Writes the tail of a segment whose manifest record starts at manifest_offset into out, which
-// holds exactly tail_bytes zeroed bytes.
-void EncodeSegmentTail(uint8_t* out, uint64_t tail_bytes, const std::vector<uint8_t>& manifest,
-                       uint64_t manifest_xxh3, uint64_t manifest_offset, uint64_t version,
-                       uint32_t rank, uint32_t chunk_count);
+// (Writing whole blocks and the tail: segment_writer.h.)
 
 // "0x0123456789abcdef"
 std::string Hex64(uint64_t v);
 
-// Corrupt("<what> fails xxh3 (expected X, got Y)") unless the xxh3 of [data, data + bytes) is
-// `expected`: the one form a checksummed structure's error takes.
+// " fails xxh3 (expected X, got Y)": the one form a checksum mismatch takes in every error and
+// report, after the name of what failed.
+std::string Xxh3Mismatch(uint64_t expected, uint64_t actual);
+
+// Corrupt(what + Xxh3Mismatch(expected, actual)).
+Status Xxh3Corrupt(const std::string& what, uint64_t expected, uint64_t actual);
+
+// Xxh3Corrupt(what, ...) unless the xxh3 of [data, data + bytes) is `expected`.
 Status CheckXxh3(const void* data, size_t bytes, uint64_t expected, const std::string& what);
 
 }  // namespace ckpt::format

@@ -48,9 +48,8 @@ Status SegmentReader::Open(const std::string& what, uint64_t file_bytes, ReadAtF
           .WithContext(what + ": reading manifest"));
   uint64_t actual = Xxh3(r->manifest_bytes_.data(), r->manifest_bytes_.size());
   if (actual != f.manifest_xxh3) {
-    return Status::Corrupt(what + ": manifest at offset " + std::to_string(f.manifest_offset) +
-                           " fails xxh3 (expected " + Hex64(f.manifest_xxh3) + ", got " +
-                           Hex64(actual) + ")");
+    return Xxh3Corrupt(what + ": manifest at offset " + std::to_string(f.manifest_offset),
+                       f.manifest_xxh3, actual);
   }
   CKPTDB_RETURN_IF_ERROR(
       ManifestView::Open(r->manifest_bytes_, f.manifest_offset, what, &r->manifest_));
@@ -115,8 +114,7 @@ Status SegmentReader::CheckRecord(uint32_t index, const uint8_t* record, ChunkPr
   problem->actual_xxh3 =
       payload_xxh3 ? *payload_xxh3 : Xxh3(record + kBlockBytes, c.payload_bytes());
   if (problem->actual_xxh3 != c.xxh3()) {
-    return Status::Corrupt(at + " fails xxh3 (expected " + Hex64(c.xxh3()) + ", got " +
-                           Hex64(problem->actual_xxh3) + ")");
+    return Xxh3Corrupt(at, c.xxh3(), problem->actual_xxh3);
   }
   return Status::Ok();
 }

@@ -19,8 +19,6 @@
 #include <filesystem>
 #include <string>
 
-#include "ckptdb/ckptdb.h"
-
 namespace ckpt::io {
 namespace {
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "util/assert.h"
+#include "util/clock.h"
 
 namespace ckpt::io {
 namespace {
@@ -61,12 +62,6 @@ const char* OpName(IoRequest::Op op) {
       return "fsync";
   }
   return "unknown op";
-}
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 class UringQueue final : public IoQueue {
@@ -184,10 +179,10 @@ UringQueue::~UringQueue() {
       io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
       io_uring_sqe_set_data64(sqe, kCancelUserData);
     }
-    const int64_t deadline_ns = NowNs() + kCloseWaitMs * 1'000'000;
+    const int64_t deadline_ns = static_cast<int64_t>(MonoNs()) + kCloseWaitMs * 1'000'000;
     int interrupts = 0;
     while (in_flight_ > 0) {
-      const int64_t left_ns = deadline_ns - NowNs();
+      const int64_t left_ns = deadline_ns - static_cast<int64_t>(MonoNs());
       if (left_ns <= 0) break;
       const int rc = WaitForCqe(left_ns);
       if (rc == 0) {
@@ -531,7 +526,8 @@ Status UringQueue::Reap(size_t min_completions, std::vector<IoCompletion>* out, 
   // no system call and frees slots.
   if (in_flight_ > 0) HandleReadyCqes();
 
-  const int64_t deadline_ns = timeout_ms < 0 ? 0 : NowNs() + int64_t{timeout_ms} * 1'000'000;
+  const int64_t deadline_ns =
+      timeout_ms < 0 ? 0 : static_cast<int64_t>(MonoNs()) + int64_t{timeout_ms} * 1'000'000;
   Status status;
   int interrupts = 0;
   // Bounded: each round handles at least one CQE, times out, or counts an interruption; a
@@ -539,7 +535,8 @@ Status UringQueue::Reap(size_t min_completions, std::vector<IoCompletion>* out, 
   while (backlog_.size() < wanted) {
     CKPTDB_ASSERT(in_flight_ > 0);
     int64_t left_ns = -1;
-    if (timeout_ms >= 0) left_ns = std::max<int64_t>(0, deadline_ns - NowNs());
+    if (timeout_ms >= 0)
+      left_ns = std::max<int64_t>(0, deadline_ns - static_cast<int64_t>(MonoNs()));
     const int rc = WaitForCqe(left_ns);
     if (rc == 0) {
       interrupts = 0;

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/cluster.h"
+#include "redundancy/placement.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 CodeSpec Code(const std::string& text) {
@@ -122,4 +122,4 @@ TEST(CodingGroupsTest, RefusalsNameTheNumbers) {
 }
 
 }  // namespace
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

@@ -1,8 +1,8 @@
-// The code of coding groups (engine/erasure_code.h) against an oracle of its own: GF(2^8) with
+// The code of coding groups (redundancy/erasure_code.h) against an oracle of its own: GF(2^8) with
 // the polynomial x^8 + x^4 + x^3 + x^2 + 1 (0x11d) and the Cauchy generator written out here
 // byte by byte, not through ISA-L. Every erasure of up to M blocks of every K + M up to 8 decodes
 // to the original bytes; M + 1 erasures cannot be decoded.
-#include "engine/erasure_code.h"
+#include "redundancy/erasure_code.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 
 #include "ckptdb/ckptdb.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 // GF(2^8) by log and exp tables over the generator 2.
@@ -266,4 +266,4 @@ TEST(ErasureCodeTest, ASampleOfErasuresOfLargeCodesDecodes) {
 }
 
 }  // namespace
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

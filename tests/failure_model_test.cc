@@ -1,8 +1,8 @@
-// engine/failure_model.h: joint decoding over stacked protections and exact enumeration of
-// failure sets. Held against engine/placement.h's independent counting for coding groups, and
+// redundancy/failure_model.h: joint decoding over stacked protections and exact enumeration of
+// failure sets. Held against redundancy/placement.h's independent counting for coding groups, and
 // against what can be worked out by hand for REFT's schemes; REFT's stacking claim (section 4.2:
 // N schemes tolerate N failures in a sharding group) is checked where it holds and where not.
-#include "engine/failure_model.h"
+#include "redundancy/failure_model.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 std::vector<ReftScheme> Schemes(const std::vector<std::string>& names) {
@@ -136,4 +136,4 @@ TEST(FailureModelTest, BadLayoutsAreRefused) {
 }
 
 }  // namespace
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

@@ -19,6 +19,7 @@
 #include "format/manifest.h"
 #include "format/segment_format.h"
 #include "format/segment_reader.h"
+#include "format/segment_writer.h"
 #include "tests/test_util.h"
 
 namespace ckpt::format {
@@ -83,6 +84,18 @@ struct BuiltSegment {
   uint64_t manifest_offset = 0;
 };
 
+// The segment header a spec describes.
+SegmentHeader HeaderFor(const SegmentSpec& s) {
+  SegmentHeader h;
+  h.job_id = s.job_id;
+  h.version = s.version;
+  h.rank = s.rank;
+  h.world_size = s.world_size;
+  h.chunk_bytes = s.chunk_bytes;
+  h.created_unix_ns = s.created_unix_ns;
+  return h;
+}
+
 // Assembles a segment exactly as Db::OpenVersionFor, Db::WriteChunk and Db::FinishSegments write
 // one: header block, one record per chunk of at most chunk_bytes (header block, payload, zeros to
 // the next 4096), the manifest record, the footer block. Kept independent of engine/ so that the
@@ -91,14 +104,7 @@ BuiltSegment BuildSegment(const SegmentSpec& s) {
   BuiltSegment out;
   std::vector<uint8_t>& f = out.file;
   f.assign(kBlockBytes, 0);
-  SegmentHeader h;
-  h.job_id = s.job_id;
-  h.version = s.version;
-  h.rank = s.rank;
-  h.world_size = s.world_size;
-  h.chunk_bytes = s.chunk_bytes;
-  h.created_unix_ns = s.created_unix_ns;
-  EncodeSegmentHeader(h, Block64(f.data(), 64));
+  EncodeSegmentHeader(HeaderFor(s), Block64(f.data(), 64));
 
   ManifestContents mc;
   mc.job_id = s.job_id;
@@ -484,6 +490,44 @@ SegmentFooter SampleFooter() {
   f.chunk_count = 4;
   f.file_bytes = 4096 * 10 + 4096 + 8192 + 4096;
   return f;
+}
+
+// The writer (segment_writer.h) against the segment built field by field above: the same bytes,
+// and SegmentReader opens them and passes every record.
+TEST(SegmentWriter, WritesTheBytesTheFormatSpecifiesAndTheReaderAccepts) {
+  const SegmentSpec s = SmallSpec();
+  const BuiltSegment expected = BuildSegment(s);
+  std::vector<uint8_t> f(kBlockBytes, 0xee);  // the writer zeroes the block's rest
+  EncodeSegmentHeaderBlock(HeaderFor(s), f.data());
+  uint32_t sequence = 0;
+  for (const TensorSpec& t : s.tensors) {
+    const std::vector<uint8_t> data = RandomBytes(t.bytes, t.seed);
+    for (uint64_t off = 0; off < t.bytes; off += s.chunk_bytes) {
+      const uint64_t n = std::min(s.chunk_bytes, t.bytes - off);
+      const uint64_t at = f.size();
+      RecordHeader rh = ChunkRecordHeader(s.version, s.rank, sequence++, n, at);
+      rh.payload_xxh3 = Xxh3(data.data() + off, n);
+      f.resize(at + RecordBytes(n), 0xee);  // the writer zeroes the header block's rest
+      EncodeRecordHeaderBlock(rh, f.data() + at);
+      std::memcpy(f.data() + at + kBlockBytes, data.data() + off, n);
+      std::memset(f.data() + at + kBlockBytes + n, 0, RecordBytes(n) - kBlockBytes - n);
+    }
+  }
+  const uint64_t manifest_offset = f.size();
+  ASSERT_EQ(manifest_offset, expected.manifest_offset);
+  const uint64_t tail = TailBytes(expected.manifest.size());
+  f.resize(manifest_offset + tail, 0);
+  EncodeSegmentTail(f.data() + manifest_offset, tail, expected.manifest,
+                    Xxh3(expected.manifest.data(), expected.manifest.size()), manifest_offset,
+                    s.version, s.rank, sequence);
+  EXPECT_EQ(f, expected.file);
+  std::unique_ptr<SegmentReader> r = OpenOk(f);
+  ASSERT_NE(r, nullptr);
+  for (uint32_t i = 0; i < r->manifest().chunk_count(); ++i) {
+    ChunkProblem problem;
+    const auto& c = r->manifest().chunk(i);
+    EXPECT_TRUE(r->CheckRecord(i, f.data() + c.record_offset(), &problem).ok()) << i;
+  }
 }
 
 TEST(FooterCodec, RoundTrip) {

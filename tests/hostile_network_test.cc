@@ -43,6 +43,7 @@
 #include "test_util.h"
 #include "transport/transport.h"
 #include "transport/wire_format.h"
+#include "util/clock.h"
 
 namespace ckpt {
 namespace {
@@ -54,12 +55,6 @@ constexpr uint64_t kDefaultConnections = 10000;
 #endif
 constexpr size_t kTensorBytes = 256 << 10;
 constexpr int kIdleFlood = 1000;
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // ---- The job ------------------------------------------------------------------------------
 
@@ -269,10 +264,10 @@ void SendAll(int fd, const uint8_t* p, size_t n) {
 // Reads until `n` bytes, EOF or `ms`; returns what it read.
 std::vector<uint8_t> ReadSome(int fd, size_t n, int ms) {
   std::vector<uint8_t> out;
-  const int64_t until = NowMs() + ms;
+  const int64_t until = MonoMs() + ms;
   while (out.size() < n) {
     pollfd p{fd, POLLIN, 0};
-    int left = static_cast<int>(until - NowMs());
+    int left = static_cast<int>(until - MonoMs());
     if (left <= 0 || poll(&p, 1, left) <= 0) break;
     uint8_t b[4096];
     ssize_t r = recv(fd, b, std::min(sizeof b, n - out.size()), 0);
@@ -284,10 +279,10 @@ std::vector<uint8_t> ReadSome(int fd, size_t n, int ms) {
 
 // True once the peer closed the connection (EOF or reset) within `ms`.
 bool ClosedWithin(int fd, int ms) {
-  const int64_t until = NowMs() + ms;
+  const int64_t until = MonoMs() + ms;
   while (true) {
     pollfd p{fd, POLLIN, 0};
-    int left = std::max(0, static_cast<int>(until - NowMs()));
+    int left = std::max(0, static_cast<int>(until - MonoMs()));
     if (poll(&p, 1, left) <= 0) return false;
     uint8_t b[256];
     ssize_t r = recv(fd, b, sizeof b, MSG_DONTWAIT);
@@ -443,8 +438,8 @@ struct Recorder {
       int client = accept(listen_fd, nullptr, nullptr);
       int server = Dial(target);
       if (client < 0 || server < 0) return;
-      const int64_t until = NowMs() + 5000;
-      while (NowMs() < until) {
+      const int64_t until = MonoMs() + 5000;
+      while (MonoMs() < until) {
         pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
         if (poll(p, 2, 100) <= 0) continue;
         uint8_t b[16384];
@@ -503,7 +498,7 @@ TEST(HostileNetworkTest, NoAttackKillsAProcessOrLosesACommittedVersion) {
 
   Campaign campaign;
   const uint64_t budget = test::EnvCount("CKPTDB_HOSTILE_CONNECTIONS", kDefaultConnections);
-  const int64_t started = NowMs();
+  const int64_t started = MonoMs();
 
   // 1. The idle flood on the coordinator: beyond kMaxPendingHandshakes the oldest are closed; a
   //    legitimate peer connects and the serve daemon joins while the flood holds.
@@ -544,14 +539,14 @@ TEST(HostileNetworkTest, NoAttackKillsAProcessOrLosesACommittedVersion) {
   std::atomic<bool> slow_done{false};
   std::vector<int64_t> slow_closed_ms(slow.size(), 0);
   std::thread slow_thread([&] {
-    const int64_t t0 = NowMs();
+    const int64_t t0 = MonoMs();
     for (int tick = 0; tick < 30 && !slow_done; ++tick) {
       if (std::count(slow_closed_ms.begin(), slow_closed_ms.end(), 0) == 0) break;
       for (size_t i = 0; i < slow.size(); ++i) {
         if (slow_closed_ms[i] != 0) continue;
         uint8_t b = slow_hello[tick % slow_hello.size()];
         if (send(slow[i], &b, 1, MSG_NOSIGNAL) != 1 || ClosedWithin(slow[i], 0)) {
-          slow_closed_ms[i] = NowMs() - t0;
+          slow_closed_ms[i] = MonoMs() - t0;
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -660,7 +655,7 @@ TEST(HostileNetworkTest, NoAttackKillsAProcessOrLosesACommittedVersion) {
     }
     round++;
   }
-  const int64_t attack_ms = NowMs() - started;
+  const int64_t attack_ms = MonoMs() - started;
   std::printf("campaign: %llu hostile connections on %zu ports in %lld ms\n",
               (unsigned long long)campaign.connections, targets.size(), (long long)attack_ms);
 

@@ -1,9 +1,9 @@
-// Checkpoint placement (engine/placement.h) and `ckptdb plan`: GEMINI Algorithm 1 layouts, never
-// two copies on one node, the exact recovery probability against a brute-force oracle that
+// Checkpoint placement (redundancy/placement.h) and `ckptdb plan`: GEMINI Algorithm 1 layouts,
+// never two copies on one node, the exact recovery probability against a brute-force oracle that
 // enumerates every failure set, GEMINI Corollary 1 and the paper's 93.3% / 80.0% figures, ring
 // against group, erasure-coded groups, REFT's Weibull survival (eqs. 5-6) against hand-computed
 // values and the paper's Figure 8, every error, and the command's output and exit codes.
-#include "engine/placement.h"
+#include "redundancy/placement.h"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 
 #include "tests/test_util.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 using test::RunCommand;
@@ -621,4 +621,4 @@ TEST(PlanCliTest, BadArgumentsExitTwo) {
 }
 
 }  // namespace
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

@@ -1,8 +1,8 @@
-// Where a coding group's units and parity go (engine/stripe_layout.h): every unit of every member
-// has exactly one place and the place names it back, each stripe has K distinct data members and
-// M other members holding its parity, parity load is even, and losing any M members leaves K
+// Where a coding group's units and parity go (redundancy/stripe_layout.h): every unit of every
+// member has exactly one place and the place names it back, each stripe has K distinct data members
+// and M other members holding its parity, parity load is even, and losing any M members leaves K
 // blocks of every stripe.
-#include "engine/stripe_layout.h"
+#include "redundancy/stripe_layout.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <set>
 #include <vector>
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 TEST(StripeLayoutTest, EveryUnitHasOnePlaceThatNamesItBack) {
@@ -129,4 +129,4 @@ TEST(StripeLayoutTest, ParityStripesListsWhereAMemberHoldsParity) {
 }
 
 }  // namespace
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

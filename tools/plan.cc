@@ -4,7 +4,7 @@
 // a restart from memory is when K nodes fail at once (exact, beside GEMINI's Corollary 1), or over
 // D days of Weibull node lifetimes (REFT section 5); REFT's sharding groups with stacked schemes,
 // and a check of REFT's claim that N stacked schemes tolerate N failures. Opens no store: the
-// arithmetic is engine/placement.h's and engine/failure_model.h's. Exit 0, or 2 for bad
+// arithmetic is redundancy/placement.h's and redundancy/failure_model.h's. Exit 0, or 2 for bad
 // arguments. The JSON schema ("format": "ckptdb-plan", "format_version": 1) is in docs/cli.md.
 #include <cerrno>
 #include <cstdio>
@@ -14,17 +14,17 @@
 #include <string>
 #include <vector>
 
-#include "engine/failure_model.h"
-#include "engine/placement.h"
+#include "redundancy/failure_model.h"
+#include "redundancy/placement.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
 namespace ckpt::tools {
 namespace {
 
-using engine::CodingPlacement;
-using engine::Placement;
-using engine::PlacementStrategy;
+using redundancy::CodingPlacement;
+using redundancy::Placement;
+using redundancy::PlacementStrategy;
 
 struct PlanArgs {
   int nodes = 0;
@@ -87,7 +87,7 @@ bool ParseNumber(const std::string& text, double* out) {
 
 // "93.3%"; ">99.9%" and "<0.1%" where one decimal would round a possible outcome to a certain
 // one. `complement` is 1 - value, passed in when it is known more precisely than 1 - value
-// (engine/placement.h counts both sides, so a certain outcome is exactly 0 on the other).
+// (redundancy/placement.h counts both sides, so a certain outcome is exactly 0 on the other).
 std::string Percent(double value, double complement) {
   char text[32];
   std::snprintf(text, sizeof text, "%.1f%%", 100.0 * value);
@@ -193,11 +193,11 @@ nlohmann::ordered_json WeibullJson(const PlanArgs& args, const Weibull& w,
   return j;
 }
 
-// Layouts that engine/failure_model.h enumerates: REFT sharding groups with their schemes
+// Layouts that redundancy/failure_model.h enumerates: REFT sharding groups with their schemes
 // (stacked, and optionally under replicas or coding across nodes), and coding groups of several
 // ranks per node. The REFT stacking claim is checked on sharding group 0.
 int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
-  engine::FailureModel model(args.nodes);
+  redundancy::FailureModel model(args.nodes);
   nlohmann::ordered_json json;
   json["format"] = "ckptdb-plan";
   json["format_version"] = 1;
@@ -206,11 +206,11 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
   std::vector<int> claim_nodes;
   int schemes_stacked = 0;
   if (args.dp > 0) {
-    std::vector<engine::ReftScheme> schemes;
+    std::vector<redundancy::ReftScheme> schemes;
     std::vector<std::string> names;
     for (const std::string& text : args.reft) {
-      engine::ReftScheme scheme;
-      if (Status st = engine::ParseReftScheme(text, &scheme); !st.ok()) {
+      redundancy::ReftScheme scheme;
+      if (Status st = redundancy::ParseReftScheme(text, &scheme); !st.ok()) {
         return Usage("--reft " + st.message());
       }
       schemes.push_back(scheme);
@@ -226,7 +226,7 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
       int parity = 0;
       if (std::string error; !ParseEc(args.ec, &data, &parity, &error)) return Usage(error);
       CodingPlacement c;
-      if (Status st = engine::ComputeCodingPlacement(args.nodes, data, parity, &c); !st.ok()) {
+      if (Status st = redundancy::ComputeCodingPlacement(args.nodes, data, parity, &c); !st.ok()) {
         return Usage(options + " --ec " + args.ec + ": " + st.message());
       }
       coding = c;
@@ -237,19 +237,19 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
       PlacementStrategy requested = args.strategy == "group"  ? PlacementStrategy::kGroup
                                     : args.strategy == "ring" ? PlacementStrategy::kRing
                                                               : PlacementStrategy::kMixed;
-      if (Status st = engine::ComputePlacement(args.nodes, args.replicas, requested, &r);
+      if (Status st = redundancy::ComputePlacement(args.nodes, args.replicas, requested, &r);
           !st.ok()) {
         return Usage(options + " --replicas " + std::to_string(args.replicas) + ": " +
                      st.message());
       }
       replicas = r;
       across = "replicate:" + std::to_string(args.replicas) + " (" +
-               engine::PlacementStrategyName(r.strategy) + ")";
+               redundancy::PlacementStrategyName(r.strategy) + ")";
       options += " --replicas " + std::to_string(args.replicas);
     }
-    if (Status st =
-            engine::BuildReftModel(args.nodes, args.dp, schemes, replicas ? &*replicas : nullptr,
-                                   coding ? &*coding : nullptr, &model);
+    if (Status st = redundancy::BuildReftModel(args.nodes, args.dp, schemes,
+                                               replicas ? &*replicas : nullptr,
+                                               coding ? &*coding : nullptr, &model);
         !st.ok()) {
       return Usage(options + ": " + st.message());
     }
@@ -279,8 +279,8 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
     if (std::string error; !ParseEc(args.ec, &data, &parity, &error)) return Usage(error);
     options += " --ec " + args.ec + " --ranks-per-node " + std::to_string(args.ranks_per_node);
     std::vector<std::vector<int>> groups;
-    if (Status st = engine::BuildCodingModel(args.nodes, args.ranks_per_node, data, parity, &model,
-                                             &groups);
+    if (Status st = redundancy::BuildCodingModel(args.nodes, args.ranks_per_node, data, parity,
+                                                 &model, &groups);
         !st.ok()) {
       return Usage(options + ": " + st.message());
     }
@@ -374,8 +374,8 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
 
 int RunPlan(const PlanArgs& args) {
   const std::string nodes_text = "--nodes " + std::to_string(args.nodes);
-  if (args.nodes < 1 || args.nodes > engine::kMaxPlacementNodes) {
-    return Usage(nodes_text + " is outside 1.." + std::to_string(engine::kMaxPlacementNodes));
+  if (args.nodes < 1 || args.nodes > redundancy::kMaxPlacementNodes) {
+    return Usage(nodes_text + " is outside 1.." + std::to_string(redundancy::kMaxPlacementNodes));
   }
   if (args.failures_given && (args.failures < 0 || args.failures > args.nodes)) {
     return Usage("--failures " + std::to_string(args.failures) + " is outside 0.." +
@@ -403,7 +403,8 @@ int RunPlan(const PlanArgs& args) {
                    "0.0001,1.3)");
     }
     double check = 0;
-    if (Status st = engine::WeibullNodeSurvival(w.lambda, w.shape, args.days, &check); !st.ok()) {
+    if (Status st = redundancy::WeibullNodeSurvival(w.lambda, w.shape, args.days, &check);
+        !st.ok()) {
       return Usage("--weibull " + args.weibull + " --days " + Number(args.days) + ": " +
                    st.message());
     }
@@ -422,14 +423,15 @@ int RunPlan(const PlanArgs& args) {
     int parity = 0;
     if (std::string error; !ParseEc(args.ec, &data, &parity, &error)) return Usage(error);
     CodingPlacement coding;
-    if (Status st = engine::ComputeCodingPlacement(args.nodes, data, parity, &coding); !st.ok()) {
+    if (Status st = redundancy::ComputeCodingPlacement(args.nodes, data, parity, &coding);
+        !st.ok()) {
       return Usage(nodes_text + " --ec " + args.ec + ": " + st.message());
     }
     for (int k : FailureCounts(args, parity + 1)) {
       Row r;
       r.failures = k;
-      Status st = engine::RecoveryProbabilityExact(coding, k, &r.recovery);
-      if (st.ok()) st = engine::LossProbabilityExact(coding, k, &r.loss);
+      Status st = redundancy::RecoveryProbabilityExact(coding, k, &r.recovery);
+      if (st.ok()) st = redundancy::LossProbabilityExact(coding, k, &r.loss);
       if (!st.ok()) {
         return Usage(nodes_text + " --ec " + args.ec + " --failures " + std::to_string(k) + ": " +
                      st.message());
@@ -438,12 +440,13 @@ int RunPlan(const PlanArgs& args) {
     }
     if (weibull) {
       WeibullFigures f;
-      (void)engine::WeibullNodeSurvival(weibull->lambda, weibull->shape, args.days,
-                                        &f.node_survival);
-      if (Status st = engine::InMemorySurvival(coding, f.node_survival, &f.survival); !st.ok()) {
+      (void)redundancy::WeibullNodeSurvival(weibull->lambda, weibull->shape, args.days,
+                                            &f.node_survival);
+      if (Status st = redundancy::InMemorySurvival(coding, f.node_survival, &f.survival);
+          !st.ok()) {
         return Usage(st.message());
       }
-      f.survival_without_copies = engine::ReftEquation6(args.nodes, f.node_survival, 1.0);
+      f.survival_without_copies = redundancy::ReftEquation6(args.nodes, f.node_survival, 1.0);
       figures = f;
     }
     if (args.json) {
@@ -468,7 +471,7 @@ int RunPlan(const PlanArgs& args) {
     const std::string options = nodes_text + " --replicas " + std::to_string(args.replicas) +
                                 " --strategy " + args.strategy;
     Placement placement;
-    if (Status st = engine::ComputePlacement(args.nodes, args.replicas, requested, &placement);
+    if (Status st = redundancy::ComputePlacement(args.nodes, args.replicas, requested, &placement);
         !st.ok()) {
       return Usage(options + ": " + st.message());
     }
@@ -477,28 +480,29 @@ int RunPlan(const PlanArgs& args) {
     for (int k : FailureCounts(args, args.replicas)) {
       Row r;
       r.failures = k;
-      Status st = engine::RecoveryProbabilityExact(placement, k, &r.recovery);
-      if (st.ok()) st = engine::LossProbabilityExact(placement, k, &r.loss);
+      Status st = redundancy::RecoveryProbabilityExact(placement, k, &r.recovery);
+      if (st.ok()) st = redundancy::LossProbabilityExact(placement, k, &r.loss);
       if (!st.ok()) {
         return Usage(options + " --failures " + std::to_string(k) + ": " + st.message());
       }
       if (corollary_applies) {
-        r.corollary1 = engine::GeminiCorollary1(args.nodes, args.replicas, k);
-        r.corollary1_exact = engine::Corollary1IsExact(args.replicas, k);
+        r.corollary1 = redundancy::GeminiCorollary1(args.nodes, args.replicas, k);
+        r.corollary1_exact = redundancy::Corollary1IsExact(args.replicas, k);
       }
       rows.push_back(r);
     }
     if (weibull) {
       WeibullFigures f;
-      (void)engine::WeibullNodeSurvival(weibull->lambda, weibull->shape, args.days,
-                                        &f.node_survival);
-      if (Status st = engine::InMemorySurvival(placement, f.node_survival, &f.survival); !st.ok()) {
+      (void)redundancy::WeibullNodeSurvival(weibull->lambda, weibull->shape, args.days,
+                                            &f.node_survival);
+      if (Status st = redundancy::InMemorySurvival(placement, f.node_survival, &f.survival);
+          !st.ok()) {
         return Usage(options + ": " + st.message());
       }
-      f.survival_without_copies = engine::ReftEquation6(args.nodes, f.node_survival, 1.0);
+      f.survival_without_copies = redundancy::ReftEquation6(args.nodes, f.node_survival, 1.0);
       figures = f;
     }
-    const char* strategy = engine::PlacementStrategyName(placement.strategy);
+    const char* strategy = redundancy::PlacementStrategyName(placement.strategy);
     if (args.json) {
       json["scheme"] = "replicas";
       json["replicas"] = args.replicas;

@@ -35,7 +35,7 @@ Status Status::FromErrno(int err, const std::string& what) {
 
 std::string Status::ToString() const {
   if (ok()) return "CKPTDB_OK";
-  return std::string(ckptdb_status_name(code_)) + ": " + message_;
+  return std::string(StatusCodeName(code_)) + ": " + message_;
 }
 
 Status Status::WithContext(const std::string& context) const {
@@ -43,10 +43,7 @@ Status Status::WithContext(const std::string& context) const {
   return Status(code_, context + ": " + message_);
 }
 
-}  // namespace ckpt
-
-// Part of the C API, defined here so every layer (and the fuzzers) can name a status.
-extern "C" const char* ckptdb_status_name(int status) {
+const char* StatusCodeName(int status) {
   switch (status) {
     case CKPTDB_OK:
       return "CKPTDB_OK";
@@ -86,3 +83,5 @@ extern "C" const char* ckptdb_status_name(int status) {
       return "CKPTDB_E?";
   }
 }
+
+}  // namespace ckpt

@@ -9,6 +9,10 @@
 
 namespace ckpt {
 
+// "CKPTDB_EINVAL" for CKPTDB_EINVAL, "CKPTDB_E?" for a code the header does not define. The C
+// API's ckptdb_status_name (engine/c_api.cc) returns this; layers below the engine call it here.
+const char* StatusCodeName(int status);
+
 class [[nodiscard]] Status {
  public:
   Status() = default;

@@ -118,8 +118,11 @@ typedef struct ckptdb_options {
   const char* node_id;      /* Env: CKPTDB_NODE_ID. Default: the host name. */
   const char* coordinator;  /* host:port where rank 0 listens. Env: CKPTDB_COORDINATOR. Used
                                when world_size > 1. */
-  const char* redundancy;   /* "none" (default) or "replicate:M": M copies in memory on M distinct
-                               nodes (GEMINI placement). Env: CKPTDB_REDUNDANCY. */
+  const char* redundancy;   /* "none" (default); "replicate:M": M copies in memory on M distinct
+                               nodes (GEMINI placement); "ec:K+M" (Reed-Solomon) or "xor:K"
+                               (M = 1): coding groups of K + M ranks on distinct nodes keep
+                               parity of each other's segments in memory (ECHECK, REFT).
+                               Env: CKPTDB_REDUNDANCY. */
   const char* job_token;    /* Env: CKPTDB_JOB_TOKEN. Every connection between ranks proves it
                                holds this secret; required when world_size > 1. */
   uint64_t staging_bytes;   /* Staging memory, allocated once at open. 0: 64 MiB. */

@@ -1,4 +1,4 @@
-// GEMINI Algorithm 1 placement and the exact recovery probabilities of engine/placement.h.
+// GEMINI Algorithm 1 placement and the exact recovery probabilities of redundancy/placement.h.
 //
 // How the exact probability is counted. Every placement here splits the nodes into disjoint
 // groups, and a group's checkpoints live only on its own members, so whether a failure set loses
@@ -13,7 +13,7 @@
 // Both sides are carried, each a sum of positive terms, rather than one taken from 1 minus the
 // other: an impossible outcome then stays exactly 0 and a tiny one keeps its digits (1 - 1e-20
 // is 1 in a double).
-#include "engine/placement.h"
+#include "redundancy/placement.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,7 @@
 
 #include "util/assert.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 std::string Str(int value) { return std::to_string(value); }
@@ -616,4 +616,4 @@ Status ComputeCodingGroups(const std::vector<std::string>& node_of_rank, const C
   return Status::Ok();
 }
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

@@ -1,4 +1,4 @@
-#include "engine/erasure_code.h"
+#include "redundancy/erasure_code.h"
 
 #include <isa-l/erasure_code.h>
 #include <isa-l/raid.h>
@@ -8,7 +8,7 @@
 
 #include "util/assert.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 bool Aligned32(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 31) == 0; }
@@ -223,4 +223,4 @@ Status ErasureCode::Decode(size_t bytes, std::span<const uint32_t> present_index
   return Status::Ok();
 }
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

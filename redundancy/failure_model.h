@@ -1,7 +1,7 @@
 // FailureModel: which pieces of a job's in-memory checkpoint survive a set of failed nodes, for
 // layouts that stack several protections, decoded jointly, and the exact odds over every failure
-// set (`ckptdb plan`). Pure arithmetic, like engine/placement.h, whose replica and coding layouts
-// it also expresses, so that they can be mixed with REFT's replica-group schemes:
+// set (`ckptdb plan`). Pure arithmetic, like redundancy/placement.h, whose replica and coding
+// layouts it also expresses, so that they can be mixed with REFT's replica-group schemes:
 //
 //   - REFT (reft-paper.txt section 4.1): data-parallel replicas form a sharding group (SG) of m
 //     nodes that all hold the same state W_n; node j of the SG saves only slice j (1/m of it).
@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/placement.h"
+#include "redundancy/placement.h"
 #include "util/status.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 
 class FailureModel {
  public:
@@ -98,9 +98,9 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
                       const Placement* replicas, const CodingPlacement* coding, FailureModel* out);
 
 // ec:K+M groups of ranks over N nodes with `ranks_per_node` ranks each, as Cluster forms them
-// (engine/cluster.h, ComputeCodingGroups: ranks dealt round the nodes, runs of K + M): each
+// (ComputeCodingGroups in placement.h: ranks dealt round the nodes, runs of K + M): each
 // rank's checkpoint a target. Invalid as ComputeCodingGroups refuses.
 Status BuildCodingModel(int nodes, int ranks_per_node, int data_shards, int parity_shards,
                         FailureModel* out, std::vector<std::vector<int>>* group_nodes);
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

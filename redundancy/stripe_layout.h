@@ -19,7 +19,7 @@
 // it, and a stripe's parity is as long as its longest data unit.
 //
 // Losing any M members loses at most M blocks of every stripe, and the K left decode it
-// (engine/erasure_code.h). Memory: a member's parity is M/K of the group's mean segment (more
+// (redundancy/erasure_code.h). Memory: a member's parity is M/K of the group's mean segment (more
 // where segments differ in length: stripes run as far as the longest member needs).
 #pragma once
 
@@ -28,7 +28,7 @@
 #include <span>
 #include <vector>
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 
 class StripeLayout {
  public:
@@ -71,4 +71,4 @@ class StripeLayout {
   const uint64_t unit_bytes_, version_;
 };
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

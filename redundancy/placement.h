@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/erasure_code.h"
+#include "redundancy/erasure_code.h"
 #include "util/status.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 
 // Bounds on the inputs: an absurd size is a typo, and the exact computations below are
 // polynomial in these.
@@ -153,4 +153,4 @@ Status InMemorySurvival(const CodingPlacement& placement, double node_survival, 
 Status ComputeCodingGroups(const std::vector<std::string>& node_of_rank, const CodeSpec& code,
                            std::vector<std::vector<uint32_t>>* groups);
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

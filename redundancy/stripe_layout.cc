@@ -1,10 +1,10 @@
-#include "engine/stripe_layout.h"
+#include "redundancy/stripe_layout.h"
 
 #include <algorithm>
 
 #include "util/assert.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 
 StripeLayout::StripeLayout(uint32_t k, uint32_t m, uint64_t unit_bytes, uint64_t version)
     : k_(k), m_(m), unit_bytes_(unit_bytes), version_(version) {
@@ -98,4 +98,4 @@ std::vector<uint64_t> StripeLayout::ParityStripes(uint32_t member, uint64_t stri
   return out;
 }
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

@@ -1,4 +1,4 @@
-#include "engine/failure_model.h"
+#include "redundancy/failure_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "util/assert.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 namespace {
 
 std::string Str(int v) { return std::to_string(v); }
@@ -333,4 +333,4 @@ Status BuildCodingModel(int nodes, int ranks_per_node, int data_shards, int pari
   return Status::Ok();
 }
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

@@ -9,7 +9,7 @@
 //     does not guarantee for every K, M), encoded with ec_encode_data;
 //   - xor:K: one parity block, the XOR of the K data blocks (ISA-L xor_gen), M = 1.
 // Blocks are plain byte ranges: the code knows nothing of segments, stripes or ranks
-// (engine/stripe_layout.h places blocks, the cluster moves them).
+// (redundancy/stripe_layout.h places blocks, the cluster moves them).
 #pragma once
 
 #include <cstddef>
@@ -21,7 +21,7 @@
 
 #include "util/status.h"
 
-namespace ckpt::engine {
+namespace ckpt::redundancy {
 
 enum class CodeScheme : uint8_t { kReedSolomon, kXor };
 
@@ -76,4 +76,4 @@ class ErasureCode {
   std::vector<uint8_t> tables_;  // ec_init_tables of the M parity rows
 };
 
-}  // namespace ckpt::engine
+}  // namespace ckpt::redundancy

@@ -1,0 +1,685 @@
+// Rank 0's coordinator (Cluster, cluster.h): registrations and epochs, votes and decisions and
+// their causes, failure detection, latest, holders, recoverability, and ckptdb serve's
+// announcements.
+#include <fcntl.h>
+#include <sodium.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/cluster.h"
+#include "engine/cluster_internal.h"
+#include "engine/cluster_rma.h"
+#include "engine/cluster_wire.h"
+#include "engine/internal.h"
+#include "format/checksum.h"
+#include "format/manifest.h"
+#include "format/segment_format.h"
+#include "format/segment_reader.h"
+#include "transport/rma.h"
+#include "transport/wire.h"
+#include "util/assert.h"
+
+namespace ckpt::engine {
+
+using namespace cluster_internal;
+
+// ---- Coordinator ----------------------------------------------------------------------------
+
+Status Cluster::BumpEpochLocked(const std::string& why) {
+  uint64_t next = epoch_ + 1;
+  CKPTDB_RETURN_IF_ERROR(catalog_->PutMeta("coord/epoch", std::to_string(next), true));
+  epoch_ = next;
+  stats_.epoch = next;
+  std::fprintf(stderr, "ckptdb[coordinator]: epoch %" PRIu64 ": %s\n", next, why.c_str());
+  return Status::Ok();
+}
+
+void Cluster::NoteAbortCauseLocked(uint64_t version, const std::string& why) {
+  abort_causes_[version] = why;
+  while (abort_causes_.size() > 256) abort_causes_.erase(abort_causes_.begin());
+}
+
+// Presumed abort: a version without a durable COMMITTED decision is aborted.
+void Cluster::AbortUndecidedLocked(const std::string& why) {
+  for (auto& [version, voters] : votes_) {
+    if (committed_.count(version) || aborted_.count(version)) continue;
+    aborted_.insert(version);
+    to_announce_.push_back({version, false, why});
+    NoteAbortCauseLocked(version, why);
+    std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s\n", version, why.c_str());
+  }
+  votes_.clear();
+  cv_.notify_all();
+}
+
+void Cluster::HandleRegister(const Request& request, Reply* reply) {
+  WireReader r(request.body, "register from " + request.peer);
+  uint32_t rank = r.U32("rank");
+  uint32_t world = r.U32("world_size");
+  uint64_t incarnation = r.U64("incarnation");
+  std::string node = r.Str("node_id", 256);
+  std::string address = r.Str("address", 256);
+  Status st = CheckProtocol(&r, request.peer + " (" + R(rank) + ")");
+  if (!st.ok()) return Fail(reply, st);
+  st = r.Finish();
+  HoldingsReport held;
+  if (st.ok()) st = ParseHoldings(request.payload, "holdings from " + request.peer, &held);
+  if (st.ok() && (world != options_.world_size || rank >= world)) {
+    st =
+        Status::Invalid(request.peer + " registers as " + R(rank) + " of " + std::to_string(world) +
+                        "; this job has " + std::to_string(options_.world_size) + " ranks");
+  }
+  if (st.ok() && node.empty()) st = Status::Invalid(request.peer + ": an empty node_id");
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!assembled_) {
+    st = LearnDecisionsLocked(rank, held.local);
+    if (!st.ok()) return Fail(reply, st);
+  }
+  if (assembled_ && options_.code) {
+    // A rank rejoining an assembled job on a node that breaks its coding groups is refused
+    // before anything of it is recorded (the groups of everyone else stay computable).
+    std::vector<std::string> node_of_rank;
+    for (const Member& x : members_) node_of_rank.push_back(x.node_id);
+    node_of_rank[rank] = node;
+    std::vector<std::vector<uint32_t>> groups;
+    st = ComputeCodingGroups(node_of_rank, *options_.code, &groups);
+    if (!st.ok()) return Fail(reply, st.WithContext(R(rank) + " rejoining on node " + node));
+  }
+  Member& m = members_[rank];
+  if (m.registered && m.incarnation != incarnation) {
+    // A restarted rank: its old incarnation is fenced, and what it left undecided is aborted.
+    AbortUndecidedLocked(R(rank) + " restarted");
+    if (complete_) {
+      st = BumpEpochLocked(R(rank) + " rejoined as a new incarnation");
+      if (!st.ok()) return Fail(reply, st);
+    }
+  }
+  if (!m.registered || m.incarnation != incarnation) {
+    m.registered = true;
+    m.dead = false;
+    m.ready = false;
+    m.incarnation = incarnation;
+    m.voted.clear();
+    m.node_id = node;
+    m.address = address;
+  }
+  m.Take(std::move(held));
+  m.last_seen_ms = MonoMs();
+  complete_ = std::all_of(members_.begin(), members_.end(),
+                          [](const Member& x) { return x.registered && !x.dead; });
+  assembled_ = assembled_ || complete_;
+  if (complete_ && options_.code) {
+    // A job whose nodes do not form coding groups is refused to every rank at once, each with
+    // the reason (a rank would otherwise wait its join timeout for a coordinator that quit).
+    std::vector<std::string> node_of_rank;
+    for (const Member& x : members_) node_of_rank.push_back(x.node_id);
+    std::vector<std::vector<uint32_t>> groups;
+    st = ComputeCodingGroups(node_of_rank, *options_.code, &groups);
+    if (!st.ok()) {
+      refused_.insert(rank);
+      return Fail(reply, st);
+    }
+  }
+  WireWriter w;
+  w.U64(epoch_);
+  w.U8(complete_ ? 1 : 0);
+  reply->body = w.Take();
+  if (complete_) {
+    WireWriter t;
+    t.U32(static_cast<uint32_t>(members_.size()));
+    for (const Member& x : members_) {
+      t.Str(x.node_id);
+      t.Str(x.address);
+    }
+    auto table = std::make_shared<std::vector<uint8_t>>(t.Take());
+    reply->payload = table->data();
+    reply->payload_bytes = table->size();
+    reply->keep = table;
+  }
+}
+
+void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
+  WireReader r(request.body, "heartbeat from " + request.peer);
+  uint32_t rank = r.U32("rank");
+  uint64_t incarnation = r.U64("incarnation");
+  (void)r.U64("epoch");
+  bool ready = r.U8("ready") != 0;
+  Status st = r.Finish();
+  HoldingsReport held;
+  if (st.ok()) st = ParseHoldings(request.payload, "holdings from " + request.peer, &held);
+  if (st.ok() && rank >= options_.world_size)
+    st = Status::Invalid("heartbeat from rank " + std::to_string(rank));
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  Member& m = members_[rank];
+  if (!m.registered || m.incarnation != incarnation || m.dead) {
+    return Fail(reply, Status::State(R(rank) + " (" + request.peer +
+                                     ") is not a member of this epoch: it was declared dead or "
+                                     "replaced; restart it"));
+  }
+  m.last_seen_ms = MonoMs();
+  m.Take(std::move(held));
+  if (ready && !m.ready) {
+    m.ready = true;
+    cv_.notify_all();
+  }
+  WireWriter w;
+  w.U64(epoch_);
+  reply->body = w.Take();
+}
+
+// A vote: yes once the rank's segment and its replicas are safe (PREPARED), or no when the rank
+// cannot prepare the version (its capture, its commit tier or its replication failed, it was
+// skipped, or the trainer aborted it). A no aborts the version for every rank at once: without
+// it the others, having voted, would wait until the rank is declared dead, which a live rank
+// never is. Only a current member's vote counts, either way.
+void Cluster::HandleVote(const Request& request, Reply* reply) {
+  WireReader r(request.body, "vote from " + request.peer);
+  uint32_t rank = r.U32("rank");
+  uint64_t incarnation = r.U64("incarnation");
+  uint64_t epoch = r.U64("epoch");
+  uint64_t version = r.U64("version");
+  const bool yes = r.U8("yes") != 0;
+  std::string why = r.Str("why", 1024);
+  Status st = r.Finish();
+  if (st.ok() && rank >= options_.world_size)
+    st = Status::Invalid("vote from rank " + std::to_string(rank));
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  const Member& m = members_[rank];
+  if (!m.registered || m.dead || m.incarnation != incarnation || epoch != epoch_) {
+    return Fail(reply, Status::State("fenced: the vote of " + R(rank) + " for v" +
+                                     std::to_string(version) + " was cast in epoch " +
+                                     std::to_string(epoch) + "; the job is in epoch " +
+                                     std::to_string(epoch_.load()) + " and has " +
+                                     (m.incarnation == incarnation ? "declared that rank dead"
+                                                                   : "a newer incarnation of it")));
+  }
+  if (!yes) {
+    if (committed_.count(version)) {
+      // Every rank's yes made it so: this rank gave up what it had voted for.
+      return Fail(reply, Status::State("v" + std::to_string(version) + " is already committed; " +
+                                       R(rank) + " voted for it"));
+    }
+    if (aborted_.insert(version).second) {
+      votes_.erase(version);
+      to_announce_.push_back({version, false, R(rank) + " could not prepare it: " + why});
+      NoteAbortCauseLocked(version, to_announce_.back().why);
+      std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s cannot prepare it: %s\n",
+                   version, R(rank).c_str(), why.c_str());
+      cv_.notify_all();
+    }
+    return;
+  }
+  if (aborted_.count(version)) {
+    auto cause = abort_causes_.find(version);
+    return Fail(reply, Status::State("v" + std::to_string(version) + " was already aborted" +
+                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
+  }
+  if (committed_.count(version)) return;  // a repeated vote
+  auto& voters = votes_[version];
+  voters.insert(rank);
+  if (voters.size() == options_.world_size) {
+    // Every vote is in: the decision is durable before anyone hears of it.
+    CrashPoint("coordinator:before_committed_written");
+    Status w = catalog_->PutMeta("coord/committed/" + format::Hex64(version).substr(2), "1", true);
+    if (!w.ok()) {
+      aborted_.insert(version);
+      to_announce_.push_back(
+          {version, false, "the coordinator could not record it: " + w.message()});
+      NoteAbortCauseLocked(version, to_announce_.back().why);
+      votes_.erase(version);
+      cv_.notify_all();
+      return Fail(reply, w.WithContext("recording the decision for v" + std::to_string(version)));
+    }
+    committed_.insert(version);
+    for (uint32_t voter : votes_[version]) {
+      members_[voter].voted.insert(version);
+      if (members_[voter].voted.size() > 64)
+        members_[voter].voted.erase(members_[voter].voted.begin());
+    }
+    votes_.erase(version);
+    CrashPoint("coordinator:after_committed_written");
+    to_announce_.push_back({version, true, ""});
+    cv_.notify_all();
+  }
+}
+
+// A rank records COMMITTED only once a coordinator of the job decided it and wrote that decision
+// down, so every committed version a rank reports stands, whether or not this coordinator's log
+// has it: a coordinator that lost its log with its node (rank 0 replaced, on an empty catalog)
+// learns the job's decisions back from the ranks that heard them (the newest 256 each can
+// restore from its own tiers; a store of another job or of a rank alone cannot join, Db::Open).
+// It learns while the job first assembles, before any vote, and no rank asks for decisions
+// (Decisions, at open) before the job is complete, that is before every rank has registered.
+// A decision nobody outside rank 0's node recorded is lost with the log, and that is safe: the
+// coordinator tells the other nodes first (CoordinatorLoop), so no rank's commit of it returned
+// but on the node that was lost, and presumed abort decides it.
+Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed) {
+  for (uint64_t v : committed) {
+    if (committed_.count(v)) continue;
+    if (aborted_.count(v)) {
+      return Status::Corrupt(R(rank) + " holds v" + std::to_string(v) +
+                             " COMMITTED, which this coordinator aborted: is its catalog from "
+                             "another job with the same token?");
+    }
+    CKPTDB_RETURN_IF_ERROR(
+        catalog_->PutMeta("coord/committed/" + format::Hex64(v).substr(2), "1", true)
+            .WithContext("recording the decision for v" + std::to_string(v) + " learned from " +
+                         R(rank)));
+    committed_.insert(v);
+    std::fprintf(stderr,
+                 "ckptdb[coordinator]: v%" PRIu64
+                 " is COMMITTED in %s's catalog and was not "
+                 "in the decision log (lost with rank 0's node?): recorded\n",
+                 v, R(rank).c_str());
+  }
+  return Status::Ok();
+}
+
+// Tells every rank each decision, in order, retrying until the rank acknowledges, is declared
+// dead, or the cluster stops. Rank 0's own decision goes straight to its hook.
+void Cluster::CoordinatorLoop() {
+  while (!stop_) {
+    Announcement d;
+    std::vector<Member> members;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_ms),
+                   [this] { return stop_ || !to_announce_.empty(); });
+      if (stop_) return;
+      // Failure detection.
+      int64_t now = MonoMs();
+      for (uint32_t rank = 1; rank < members_.size(); ++rank) {
+        Member& m = members_[rank];
+        if (complete_ && m.registered && !m.dead && now - m.last_seen_ms > options_.dead_after_ms) {
+          m.dead = true;
+          complete_ = false;
+          std::string why = R(rank) + " (node " + m.node_id + ") sent no heartbeat for " +
+                            std::to_string(now - m.last_seen_ms) + " ms";
+          AbortUndecidedLocked(why);
+          (void)BumpEpochLocked(why + ": declared dead");
+        }
+      }
+      if (to_announce_.empty()) continue;
+      d = to_announce_.front();
+      to_announce_.pop_front();
+      members = members_;
+    }
+    // Ranks on other nodes than the coordinator's first, rank 0 itself last: by the time a rank
+    // on the coordinator's node has returned from its commit, the rest of the job has the
+    // decision in its catalogs, where a coordinator that lost this node's log learns it back.
+    std::vector<uint32_t> order;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (uint32_t rank = members.size(); rank-- > 0;) {
+        if ((members[rank].node_id != members[0].node_id) == (pass == 0)) order.push_back(rank);
+      }
+    }
+    for (uint32_t rank : order) {
+      if (!members[rank].registered || members[rank].dead) continue;
+      if (rank == 0) {
+        if (hooks_.decided) (void)hooks_.decided(d.version, d.committed, d.why);
+        continue;
+      }
+      WireWriter w;
+      w.U64(d.version);
+      w.U8(d.committed ? 1 : 0);
+      w.Str(d.why.size() > 2048 ? d.why.substr(0, 2048) : d.why);
+      transport::PeerId peer = 0;
+      Status st = PeerFor(members[rank].address, &peer);
+      if (st.ok()) {
+        std::vector<uint8_t> reply;
+        st = transport_->CallSync(peer, kDecision, w.Take(), nullptr, 0, options_.call_timeout_ms,
+                                  &reply);
+      }
+      if (!st.ok()) {
+        // The rank learns it when it next asks (at its next open, Decisions()).
+        DropPeer(members[rank].address);
+        std::fprintf(stderr, "ckptdb[coordinator]: telling %s about v%" PRIu64 " failed: %s\n",
+                     R(rank).c_str(), d.version, st.message().c_str());
+      }
+    }
+  }
+}
+
+void Cluster::HandleDecisions(const Request&, Reply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  WireWriter w;
+  std::vector<uint64_t> newest(committed_.rbegin(), committed_.rend());
+  if (newest.size() > 256) newest.resize(256);
+  w.U32(static_cast<uint32_t>(newest.size()));
+  for (uint64_t v : newest) w.U64(v);
+  reply->body = w.Take();
+}
+
+// The newest committed version every rank can restore: from its own tiers, or from a live
+// peer holding its replica.
+void Cluster::HandleLatest(const Request&, Reply* reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
+  const int64_t now = MonoMs();
+  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
+    uint64_t v = *it;
+    bool all = true;
+    const std::map<uint32_t, int32_t> arc = ArcSparesLocked(v);
+    for (uint32_t rank = 0; rank < members_.size() && all; ++rank) {
+      const Member& m = members_[rank];
+      bool ok = m.registered && !m.dead &&
+                (m.voted.count(v) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                               v) != m.local_versions.end());
+      for (uint32_t other = 0; other < members_.size() && !ok; ++other) {
+        const Member& o = members_[other];
+        if (!o.registered || o.dead) continue;
+        ok = Holds(o.replicas, rank, v);
+      }
+      for (auto s = servers_.begin(); s != servers_.end() && !ok; ++s) {
+        ok = now - s->second.last_seen_ms <= options_.dead_after_ms &&
+             Holds(s->second.replicas, rank, v);
+      }
+      if (!ok && options_.code) ok = RebuildableLocked(rank, v);
+      // A member of an "arc" group whose segments hold replicated shards only: every slice of
+      // its shards must have a keeper, its own copy or not.
+      if (auto a = arc.find(rank); a != arc.end()) ok = a->second >= 0;
+      all = ok;
+    }
+    if (all) {
+      WireWriter w;
+      w.U64(v);
+      reply->body = w.Take();
+      return;
+    }
+  }
+  Fail(reply, Status::NotFound(committed_.empty()
+                                   ? "the job has no committed version"
+                                   : std::to_string(committed_.size()) +
+                                         " committed versions, but none that every rank can "
+                                         "still restore from its tiers or a peer's memory"));
+}
+
+void Cluster::HandleHolders(const Request& request, Reply* reply) {
+  WireReader r(request.body, "holders query from " + request.peer);
+  uint32_t owner = r.U32("owner");
+  uint64_t version = r.U64("version");
+  Status st = r.Finish();
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
+  WireWriter w;
+  std::vector<uint32_t> holders;
+  for (uint32_t rank = 0; rank < members_.size(); ++rank) {
+    const Member& m = members_[rank];
+    if (!m.registered || m.dead) continue;
+    if (Holds(m.replicas, owner, version)) {
+      holders.push_back(rank);
+    }
+  }
+  // Then the serving daemons, after the ranks: a live rank serves from memory it also uses.
+  std::vector<const std::pair<const std::string, Server>*> serving;
+  const int64_t now = MonoMs();
+  for (const auto& entry : servers_) {
+    const Server& s = entry.second;
+    if (now - s.last_seen_ms <= options_.dead_after_ms && Holds(s.replicas, owner, version)) {
+      serving.push_back(&entry);
+    }
+  }
+  w.U32(static_cast<uint32_t>(holders.size() + serving.size()));
+  for (uint32_t h : holders) {
+    w.U32(h);
+    w.Str(members_[h].node_id);
+    w.Str(members_[h].address);
+  }
+  for (const auto* entry : serving) {
+    w.U32(kServeRank);
+    w.Str(entry->second.node_id);
+    w.Str(entry->first);
+  }
+  reply->body = w.Take();
+}
+
+// Per rank: its own copy, else the distinct nodes holding a replica of it (live ranks and serve
+// daemons), else its coding group; the spare losses are the fewest any rank has.
+void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
+  WireReader r(request.body, "recoverable query from " + request.peer);
+  const uint64_t version = r.U64("version");
+  Status st = r.Finish();
+  if (!st.ok()) return Fail(reply, st);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
+  const std::string v = "v" + std::to_string(version);
+  if (!committed_.count(version)) {
+    return Fail(reply, Status::State(v + " is not committed by the job"));
+  }
+  auto has = [&](const Member& m) {
+    return m.registered && !m.dead &&
+           (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                                version) != m.local_versions.end());
+  };
+  std::vector<std::vector<uint32_t>> groups;
+  if (options_.code) {
+    std::vector<std::string> node_of_rank;
+    for (const Member& m : members_) node_of_rank.push_back(m.node_id);
+    if (!ComputeCodingGroups(node_of_rank, *options_.code, &groups).ok()) groups.clear();
+  }
+  const int64_t now = MonoMs();
+  const std::map<uint32_t, int32_t> arc = ArcSparesLocked(version);
+  RecoverableInfo info;
+  int32_t spare = INT32_MAX;
+  std::string peers, lost, tightest;
+  for (uint32_t rank = 0; rank < members_.size(); ++rank) {
+    const bool own = has(members_[rank]);
+    int32_t mine = own ? 0 : -1;  // without a group to count on (none computed): its own copy
+    std::string how = "its own copy only";
+    if (options_.code) {
+      for (uint32_t g = 0; g < groups.size(); ++g) {
+        if (std::find(groups[g].begin(), groups[g].end(), rank) == groups[g].end()) continue;
+        int32_t missing = 0;
+        for (uint32_t q : groups[g]) {
+          // A member whose yes vote committed it had its group's parity sealed (its holdings
+          // say so only from its next heartbeat).
+          const Member& mq = members_[q];
+          missing += has(mq) && InMemory(mq, version) && HoldsParity(mq, g, version) ? 0 : 1;
+        }
+        const int32_t m = static_cast<int32_t>(options_.code->m);
+        mine = missing <= m ? m - missing : (own ? 0 : -1);
+        how = "a rebuild from coding group " + std::to_string(g) + " (" + std::to_string(missing) +
+              " of " + std::to_string(groups[g].size()) +
+              " members lack it in memory or its parity)";
+      }
+    } else {
+      std::set<std::string> nodes;
+      if (own) nodes.insert(members_[rank].node_id);
+      for (const Member& o : members_) {
+        if (o.registered && !o.dead && Holds(o.replicas, rank, version)) nodes.insert(o.node_id);
+      }
+      for (const auto& [address, s] : servers_) {
+        if (now - s.last_seen_ms <= options_.dead_after_ms && Holds(s.replicas, rank, version)) {
+          nodes.insert(s.node_id);
+        }
+      }
+      mine = static_cast<int32_t>(nodes.size()) - 1;
+      how = "replicas on " + std::to_string(own ? nodes.size() - 1 : nodes.size()) + " node(s)";
+    }
+    if (auto a = arc.find(rank); a != arc.end()) {
+      mine = a->second;
+      how = "its replica group's slices, each kept by two members";
+    }
+    if (mine < 0) {
+      ++info.ranks_lost;
+      if (lost.size() < 200) lost += " " + std::to_string(rank);
+    } else if (own) {
+      ++info.ranks_local;
+    } else {
+      ++info.ranks_from_peers;
+      if (peers.size() < 300) peers += "; rank " + std::to_string(rank) + " from " + how;
+    }
+    if (mine < spare) {
+      spare = mine;
+      tightest = "rank " + std::to_string(rank) + (own ? " (its own copy and " : " (") + how + ")";
+    }
+  }
+  info.recoverable = info.ranks_lost == 0;
+  info.spare_losses = info.recoverable ? spare : -1;
+  info.detail = v + ": " + std::to_string(info.ranks_local) + " rank(s) from their own copies" +
+                peers + (lost.empty() ? "" : "; no source for rank(s)" + lost) +
+                (info.recoverable ? "; " + std::to_string(spare) +
+                                        " more node loss(es) to spare, the tightest " + tightest
+                                  : "");
+  WireWriter w;
+  w.U8(info.recoverable ? 1 : 0);
+  w.U32(static_cast<uint32_t>(info.spare_losses));
+  w.U32(info.ranks_local);
+  w.U32(info.ranks_from_peers);
+  w.U32(info.ranks_lost);
+  w.Str(info.detail);
+  reply->body = w.Take();
+}
+
+Status Cluster::Recoverable(uint64_t version, RecoverableInfo* out) {
+  WireWriter w;
+  w.U64(version);
+  std::vector<uint8_t> reply;
+  CKPTDB_RETURN_IF_ERROR(AskCoordinator(kRecoverable, w.Take(), &reply));
+  WireReader r(reply, "the coordinator's recoverable answer");
+  out->recoverable = r.U8("recoverable") != 0;
+  out->spare_losses = static_cast<int32_t>(r.U32("spare"));
+  out->ranks_local = r.U32("local");
+  out->ranks_from_peers = r.U32("from peers");
+  out->ranks_lost = r.U32("lost");
+  out->detail = r.Str("detail", 4096);
+  return r.Finish();
+}
+
+// Whether `rank`'s segment of `version` can be rebuilt from its coding group: at most M of the
+// group's members lack either their own copy of the version in memory (a member serves a rebuild
+// from its ram tier only) or their parity of it (any M lost members leave K blocks of every
+// stripe, redundancy/stripe_layout.h).
+bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
+  std::vector<std::string> node_of_rank;
+  for (const Member& m : members_) node_of_rank.push_back(m.node_id);
+  std::vector<std::vector<uint32_t>> groups;
+  if (!ComputeCodingGroups(node_of_rank, *options_.code, &groups).ok()) return false;
+  for (uint32_t g = 0; g < groups.size(); ++g) {
+    if (std::find(groups[g].begin(), groups[g].end(), rank) == groups[g].end()) continue;
+    uint32_t missing = 0;
+    for (uint32_t member : groups[g]) {
+      const Member& m = members_[member];
+      const bool has =
+          m.registered && !m.dead &&
+          (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                               version) != m.local_versions.end()) &&
+          InMemory(m, version) && HoldsParity(m, g, version);
+      missing += has ? 0 : 1;
+    }
+    return missing <= options_.code->m;
+  }
+  return false;
+}
+
+std::map<uint32_t, int32_t> Cluster::ArcSparesLocked(uint64_t version) const {
+  std::map<uint32_t, int32_t> spares;
+  // The groups whose every member's segment holds only replicated shards: from this
+  // coordinator's own comparisons of the version (until the members' holdings list it; a group
+  // compared in a job without redundancy), or from live members' holdings.
+  std::set<std::vector<uint32_t>> groups;
+  if (!options_.code && options_.replicas <= 1) {
+    for (auto it = replica_checks_.lower_bound({version, 0});
+         it != replica_checks_.end() && it->first.first == version; ++it) {
+      const ReplicaCheckState& c = it->second;
+      if (c.arc && c.result && c.result->ok()) groups.insert(c.members);
+    }
+  }
+  for (const Member& m : members_) {
+    if (!m.registered || m.dead) continue;
+    for (const ArcReport& a : m.arc) {
+      if (a.version == version && a.replicated_only) groups.insert(a.members);
+    }
+  }
+  // Slice s is kept by member s and, as its ARC copy, by member s - 1, each on its own node
+  // (declare_replicas refuses two on one), from any of its tiers.
+  for (const std::vector<uint32_t>& g : groups) {
+    const auto count = static_cast<uint32_t>(g.size());
+    auto keeps = [&](uint32_t q) {
+      if (g[q] >= members_.size()) return false;
+      const Member& m = members_[g[q]];
+      return m.registered && !m.dead &&
+             (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
+                                                  version) != m.local_versions.end());
+    };
+    int32_t spare = INT32_MAX;
+    for (uint32_t s = 0; s < count; ++s) {
+      const int32_t keepers = (keeps(s) ? 1 : 0) + (keeps((s + count - 1) % count) ? 1 : 0);
+      spare = std::min(spare, keepers - 1);
+    }
+    for (uint32_t rank : g) spares[rank] = spare;
+  }
+  return spares;
+}
+
+// Busy (the asker retries) while a restarted coordinator gives serving daemons two heartbeats to
+// announce themselves, or while a live rank has not yet recovered: no answer about where data
+// lives is computed from holdings that are about to change. Never blocks a service thread.
+Status Cluster::SettledLocked() const {
+  if (MonoMs() < started_ms_ + 2 * options_.heartbeat_ms) {
+    return Status::Busy("the coordinator just started; serving daemons are still announcing");
+  }
+  for (uint32_t rank = 0; rank < members_.size(); ++rank) {
+    const Member& m = members_[rank];
+    if (!m.dead && !(m.registered && m.ready)) {
+      return Status::Busy(R(rank) + " has not finished recovering");
+    }
+  }
+  return Status::Ok();
+}
+
+// Calls the coordinator, again while it answers Busy, until call_timeout_ms.
+Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
+                               std::vector<uint8_t>* reply) {
+  const int64_t deadline = MonoMs() + options_.call_timeout_ms;
+  while (true) {
+    transport::PeerId coord = 0;
+    CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+    reply->clear();
+    Status st =
+        transport_->CallSync(coord, type, body, nullptr, 0, options_.call_timeout_ms, reply);
+    DropIfGone(st, options_.coordinator);
+    if (st.code() != CKPTDB_EBUSY || MonoMs() >= deadline || stop_) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// A `ckptdb serve` daemon announces (again) what it serves. Kept for dead_after_ms.
+void Cluster::HandleServe(const Request& request, Reply* reply) {
+  WireReader r(request.body, "serve announcement from " + request.peer);
+  std::string node = r.Str("node_id", 256);
+  std::string address = r.Str("address", 256);
+  Status st = CheckProtocol(&r, "ckptdb serve at " + request.peer);
+  if (!st.ok()) return Fail(reply, st);
+  st = r.Finish();
+  HoldingsReport held;
+  if (st.ok()) st = ParseHoldings(request.payload, "holdings from " + request.peer, &held);
+  if (st.ok() && (node.empty() || address.empty()))
+    st = Status::Invalid(request.peer + ": a serve announcement without node_id or address");
+  if (!st.ok()) return Fail(reply, st);
+  std::erase_if(held.replicas, [this](const auto& p) { return p.first >= options_.world_size; });
+  std::lock_guard<std::mutex> lock(mu_);
+  Server& s = servers_[address];
+  if (s.node_id.empty()) {
+    std::fprintf(stderr, "ckptdb[coordinator]: ckptdb serve on node %s (%s) holds %zu replicas\n",
+                 node.c_str(), address.c_str(), held.replicas.size());
+  }
+  s.node_id = node;
+  s.replicas = std::move(held.replicas);
+  s.last_seen_ms = MonoMs();
+  WireWriter w;
+  w.U64(epoch_);
+  reply->body = w.Take();
+}
+
+}  // namespace ckpt::engine

@@ -1,0 +1,262 @@
+// Replica groups (ckptdb_declare_replicas, Cluster in cluster.h): each member's digests compared
+// by the coordinator at every commit; a mismatch fails the version, naming the members.
+#include <fcntl.h>
+#include <sodium.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstring>
+#include <filesystem>
+
+#include "engine/cluster.h"
+#include "engine/cluster_internal.h"
+#include "engine/cluster_rma.h"
+#include "engine/cluster_wire.h"
+#include "engine/internal.h"
+#include "format/checksum.h"
+#include "format/manifest.h"
+#include "format/segment_format.h"
+#include "format/segment_reader.h"
+#include "transport/rma.h"
+#include "transport/wire.h"
+#include "util/assert.h"
+
+namespace ckpt::engine {
+
+using namespace cluster_internal;
+
+// ---- Replica groups (ckptdb_declare_replicas) ---------------------------------------------------
+
+namespace {
+
+constexpr size_t kMaxReplicaChecks = 256;
+constexpr uint32_t kMaxReplicaDigests = uint32_t{1} << 24;
+
+// "0 1 2 3", or "0 1 2 3 4 5 6 7 ... (1024 ranks)": error replies must fit a message body.
+std::string Members(const std::vector<uint32_t>& members) {
+  std::string text;
+  for (size_t i = 0; i < members.size() && i < 8; ++i) {
+    text += (text.empty() ? "" : " ") + std::to_string(members[i]);
+  }
+  if (members.size() > 8) text += " ... (" + std::to_string(members.size()) + " ranks)";
+  return text;
+}
+
+}  // namespace
+
+Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
+                              const std::vector<uint32_t>& members, bool arc, uint64_t chunk_bytes,
+                              const std::vector<ReplicaDigest>& digests) {
+  const std::string what = "v" + std::to_string(version) + ": comparing replica group " +
+                           std::to_string(group) + " (ranks " + Members(members) + ")";
+  auto body = [&](bool poll) {
+    WireWriter w;
+    w.U64(version);
+    w.U32(group);
+    w.U32(options_.rank);
+    w.U8(poll ? 1 : 0);  // 1: only asking for the answer; the list was sent before
+    return w.Take();
+  };
+  WireWriter list;
+  list.U64(chunk_bytes);
+  list.U8(arc ? 1 : 0);
+  list.U32(static_cast<uint32_t>(members.size()));
+  for (uint32_t r : members) list.U32(r);
+  list.U32(static_cast<uint32_t>(digests.size()));
+  for (const ReplicaDigest& d : digests) {
+    list.Str(d.name);
+    list.U64(d.bytes);
+    list.U64(d.digest);
+  }
+  const std::vector<uint8_t> payload = list.Take();
+  bool sent = false;  // the coordinator has this member's list (until it says otherwise)
+  const int64_t deadline = MonoMs() + options_.call_timeout_ms;
+  // Bounded by the deadline: the coordinator answers Busy until every member has sent its own.
+  // Members reach their commits together (a training step's barrier), so the first asks again
+  // after 1 ms, backing off to 20 ms while a late member is awaited.
+  int pause_us = 1000;
+  while (true) {
+    transport::PeerId coord = 0;
+    CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord).WithContext(what));
+    std::vector<uint8_t> reply;
+    Status st =
+        transport_->CallSync(coord, kReplicaCheck, body(sent), sent ? nullptr : payload.data(),
+                             sent ? 0 : payload.size(), options_.call_timeout_ms, &reply);
+    DropIfGone(st, options_.coordinator);
+    if (sent && st.code() == CKPTDB_ENOTFOUND) {
+      sent = false;  // a restarted coordinator (or an evicted comparison): send the list again
+      continue;
+    }
+    if (st.code() != CKPTDB_EBUSY) return st;
+    sent = true;
+    if (MonoMs() >= deadline || stop_) {
+      return Status::TimedOut(what + ": " + st.message() + " after " +
+                              std::to_string(options_.call_timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    pause_us = std::min(2 * pause_us, 20000);
+  }
+}
+
+void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
+  WireReader r(request.body, "replica check from " + request.peer);
+  const uint64_t version = r.U64("version");
+  const uint32_t group = r.U32("group");
+  const uint32_t rank = r.U32("rank");
+  const bool poll = r.U8("poll") != 0;
+  Status st = r.Finish();
+  if (!st.ok()) return Fail(reply, st);
+  if (poll) {
+    // Only the answer: from the comparison this member's list went into.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = replica_checks_.find(std::make_pair(version, group));
+    const bool known = it != replica_checks_.end() &&
+                       std::find(it->second.members.begin(), it->second.members.end(), rank) !=
+                           it->second.members.end() &&
+                       (it->second.result || it->second.posted.count(rank));
+    if (!known) {
+      return Fail(reply, Status::NotFound("v" + std::to_string(version) + ": replica group " +
+                                          std::to_string(group) + ": no list of " + R(rank) +
+                                          " here; send it again"));
+    }
+    return AnswerReplicaCheckLocked(version, group, &it->second, reply);
+  }
+  WireReader p(request.payload, "replica digests from " + R(rank));
+  const uint64_t chunk_bytes = p.U64("chunk_bytes");
+  const bool arc = p.U8("protection") != 0;
+  const uint32_t n = p.U32("members");
+  if (n < 2 || n > format::kMaxReplicaMembers) {
+    return Fail(reply, Status::Invalid(R(rank) + ": a replica group of " + std::to_string(n)));
+  }
+  std::vector<uint32_t> members;
+  for (uint32_t i = 0; i < n && p.ok(); ++i) members.push_back(p.U32("member"));
+  const uint32_t count = p.U32("digests");
+  if (count > kMaxReplicaDigests) {
+    return Fail(reply, Status::Invalid(R(rank) + ": " + std::to_string(count) + " digests"));
+  }
+  std::vector<ReplicaDigest> digests;
+  for (uint32_t i = 0; i < count && p.ok(); ++i) {
+    ReplicaDigest d;
+    d.name = p.Str("name", CKPTDB_MAX_NAME_BYTES);
+    d.bytes = p.U64("bytes");
+    d.digest = p.U64("digest");
+    digests.push_back(std::move(d));
+  }
+  st = p.Finish();
+  if (st.ok() && (rank >= options_.world_size ||
+                  std::find(members.begin(), members.end(), rank) == members.end())) {
+    st = Status::Invalid(R(rank) + " is not a member of the replica group it reports for");
+  }
+  if (!st.ok()) return Fail(reply, st);
+  const std::string what = "v" + std::to_string(version) + ": replica group " +
+                           std::to_string(group) + " (ranks " + Members(members) + ")";
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key = std::make_pair(version, group);
+  auto it = replica_checks_.find(key);
+  if (aborted_.count(version)) return AnswerReplicaCheckLocked(version, group, nullptr, reply);
+  if (it == replica_checks_.end()) {
+    // Bounded: decided comparisons go first, oldest first; an undecided one only past the cap
+    // (one per group for many versions in flight).
+    const size_t cap = std::max<size_t>(kMaxReplicaChecks, 4 * size_t{options_.world_size});
+    for (auto old = replica_checks_.begin();
+         replica_checks_.size() >= cap && old != replica_checks_.end();) {
+      old = old->second.result ? replica_checks_.erase(old) : std::next(old);
+    }
+    while (replica_checks_.size() >= cap) replica_checks_.erase(replica_checks_.begin());
+    it =
+        replica_checks_.emplace(key, ReplicaCheckState{members, arc, chunk_bytes, {}, std::nullopt})
+            .first;
+  }
+  ReplicaCheckState& c = it->second;
+  // Every post is held against the group as first reported, decided or not.
+  if (c.members != members) {
+    Status mismatch =
+        Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " + Members(members) +
+                        ", another member as ranks " + Members(c.members));
+    if (!c.result) c.result = mismatch;
+    c.posted.clear();
+    return Fail(reply, mismatch);
+  }
+  if (!c.result) {
+    if (c.arc != arc) {
+      c.result = Status::Corrupt(what + ": " + R(rank) + " declared protection '" +
+                                 (arc ? "arc" : "none") + "', another member '" +
+                                 (c.arc ? "arc" : "none") + "' (every member must declare one)");
+      c.posted.clear();
+    } else if (c.chunk_bytes != chunk_bytes) {
+      c.result = Status::Corrupt(what + ": " + R(rank) + " cuts its shards in chunks of " +
+                                 std::to_string(chunk_bytes) + " bytes, another member in " +
+                                 std::to_string(c.chunk_bytes) + " (the digests need one size)");
+      c.posted.clear();
+    } else {
+      c.posted[rank] = std::move(digests);
+    }
+  }
+  AnswerReplicaCheckLocked(version, group, &c, reply);
+}
+
+void Cluster::AnswerReplicaCheckLocked(uint64_t version, uint32_t group, ReplicaCheckState* check,
+                                       Reply* reply) {
+  const std::string what = "v" + std::to_string(version) + ": replica group " +
+                           std::to_string(group) +
+                           (check != nullptr ? " (ranks " + Members(check->members) + ")" : "");
+  if (aborted_.count(version) && (check == nullptr || !check->result || check->result->ok())) {
+    // A member that learned of the abort first never reports: the others stop waiting for it.
+    // A comparison that failed keeps its answer (the abort's cause); one that passed does not
+    // send a member on to protect a version the job has given up.
+    auto cause = abort_causes_.find(version);
+    return Fail(reply, Status::State(what + ": the version was aborted" +
+                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
+  }
+  ReplicaCheckState& c = *check;
+  if (!c.result) {
+    // A member declared dead will never report: the others are told now, not at their timeout.
+    for (uint32_t m : c.members) {
+      if (members_[m].dead) {
+        c.result = Status::State(what + ": " + R(m) + " was declared dead");
+        c.posted.clear();
+        break;
+      }
+    }
+  }
+  if (!c.result && c.posted.size() == c.members.size()) {
+    // Every member is in: each one's list against the first member's, shard by shard.
+    const uint32_t first = c.members.front();
+    const std::vector<ReplicaDigest>& want = c.posted.at(first);
+    Status result;
+    for (uint32_t other : c.members) {
+      const std::vector<ReplicaDigest>& have = c.posted.at(other);
+      if (have == want) continue;
+      size_t i = 0;
+      while (i < want.size() && i < have.size() && want[i] == have[i]) ++i;
+      std::string why;
+      if (i < want.size() && i < have.size() && want[i].name == have[i].name) {
+        why = "shard '" + want[i].name + "' differs: " + R(first) + " has " +
+              std::to_string(want[i].bytes) + " bytes of digest " + format::Hex64(want[i].digest) +
+              ", " + R(other) + " " + std::to_string(have[i].bytes) + " bytes of digest " +
+              format::Hex64(have[i].digest);
+      } else {
+        // A name one of them lacks: the smaller name at the first difference.
+        const bool first_has = i < want.size() && (i >= have.size() || want[i].name < have[i].name);
+        const std::string& name = first_has ? want[i].name : have[i].name;
+        why = "shard '" + name + "' was put as replicated by " + R(first_has ? first : other) +
+              " and not by " + R(first_has ? other : first);
+      }
+      result = Status::Corrupt(what + ": the replicas are not identical: " + why +
+                               "; the version is not committed");
+      break;
+    }
+    c.result = result;
+    c.posted.clear();  // decided: the lists are no longer needed
+  }
+  if (!c.result) {
+    return Fail(reply, Status::Busy(what + ": " + std::to_string(c.posted.size()) + " of " +
+                                    std::to_string(c.members.size()) + " members have reported"));
+  }
+  if (!c.result->ok()) return Fail(reply, *c.result);
+}
+
+}  // namespace ckpt::engine
