@@ -24,6 +24,7 @@
 //                    [--compute-ratio R] [--threads T] [--repeats R]
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -501,44 +502,19 @@ void Sweep(const Args& a, State& s) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--mode") {
-      a.mode = next();
-    } else if (k == "--gib") {
-      a.gib = std::stod(next());
-    } else if (k == "--shards") {
-      a.shards = std::stoul(next());
-    } else if (k == "--disk") {
-      a.disk = next();
-    } else if (k == "--shm") {
-      a.shm = next();
-    } else if (k == "--iterations") {
-      a.iterations = std::stoi(next());
-    } else if (k == "--compute") {
-      a.compute = next();
-    } else if (k == "--compute-ratio") {
-      a.compute_ratio = std::stod(next());
-    } else if (k == "--threads") {
-      a.threads = static_cast<uint32_t>(std::stoul(next()));
-    } else if (k == "--repeats") {
-      a.repeats = std::stoi(next());
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--mode blocked|capture|drain|restore|sweep|all] [--gib G] "
-                   "[--shards N] [--disk DIR] [--shm DIR] [--iterations I] [--compute spin|sleep] "
-                   "[--compute-ratio R] [--threads T] [--repeats R]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  CLI::App app{"ckptdb's asynchronous checkpoint benchmarks (docs/performance.md)"};
+  app.add_option("--mode", a.mode)
+      ->check(CLI::IsMember({"blocked", "capture", "drain", "restore", "sweep", "all"}));
+  app.add_option("--gib", a.gib, "state per round, GiB")->check(CLI::PositiveNumber);
+  app.add_option("--shards", a.shards)->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--disk", a.disk, "directory of the disk tier");
+  app.add_option("--shm", a.shm, "directory of the ram tier and tmpfs runs");
+  app.add_option("--iterations", a.iterations)->check(CLI::Range(1, 1000000));
+  app.add_option("--compute", a.compute)->check(CLI::IsMember({"spin", "sleep"}));
+  app.add_option("--compute-ratio", a.compute_ratio)->check(CLI::PositiveNumber);
+  app.add_option("--threads", a.threads, "capture threads")->check(CLI::Range(1, 64));
+  app.add_option("--repeats", a.repeats)->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
   State s = MakeState(a);
   uint8_t* scratch = Allocate(s.bytes);
   bool all = a.mode == "all";

@@ -59,6 +59,7 @@
 #include <unistd.h>
 #include <xxh_x86dispatch.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -1495,52 +1496,31 @@ void Coding(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  bool tls_given = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "--mode") {
-      a.mode = next();
-    } else if (k == "--mib") {
-      a.mib = std::stoul(next());
-    } else if (k == "--versions") {
-      a.versions = std::stoi(next());
-    } else if (k == "--tls") {  // repeatable: one UCX_TLS value each
-      if (!tls_given) a.tls.clear();
-      tls_given = true;
-      a.tls.push_back(next());
-    } else if (k == "--ranks") {
-      a.ranks.clear();
-      for (const std::string& r : Split(next(), ',')) {
-        a.ranks.push_back(std::min<uint32_t>(kMaxRanks, std::stoul(r)));
-      }
-    } else if (k == "--commit-kib") {
-      a.commit_kib = std::stoul(next());
-    } else if (k == "--repeats") {
-      a.repeats = std::stoi(next());
-    } else if (k == "--shm") {
-      a.shm = next();
-    } else if (k == "--disk") {
-      a.disk = next();
-    } else if (k == "--only") {
-      a.only = next();
-    } else if (k == "--timeout") {
-      a.timeout_s = std::stoi(next());
-    } else {
-      std::fprintf(stderr,
-                   "usage: %s [--mode replicate|commit|restore|coding|arc|hostile|all] [--mib M] "
-                   "[--versions V] "
-                   "[--tls UCX_TLS]... [--ranks 2,4,8] [--commit-kib K] [--repeats R] [--shm DIR] "
-                   "[--disk DIR] [--timeout S] [--only NODESxPER:REDUNDANCY]\n",
-                   argv[0]);
-      return 2;
-    }
+  std::vector<std::string> tls;
+  std::vector<uint32_t> ranks;
+  CLI::App app{"ckptdb's job benchmarks: ranks as processes on loopback (docs/performance.md)"};
+  app.add_option("--mode", a.mode)
+      ->check(CLI::IsMember({"replicate", "commit", "restore", "coding", "arc", "hostile", "all"}));
+  app.add_option("--mib", a.mib, "state per rank, MiB (0: the mode's own)");
+  app.add_option("--versions", a.versions, "versions per run (0: the mode's own)");
+  app.add_option("--tls", tls, "\"UCX_TLS [NAME=VALUE]...\", repeatable: one run each")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--ranks", ranks, "job sizes, comma separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1u, 1u << 16));
+  app.add_option("--commit-kib", a.commit_kib);
+  app.add_option("--repeats", a.repeats)->check(CLI::Range(1, 1000));
+  app.add_option("--shm", a.shm);
+  app.add_option("--disk", a.disk);
+  app.add_option("--only", a.only, "--mode coding: the configs whose NODESxPER:REDUNDANCY has it");
+  app.add_option("--timeout", a.timeout_s, "seconds a rank process may live")
+      ->check(CLI::Range(1, 86400));
+  CLI11_PARSE(app, argc, argv);
+  if (!tls.empty()) a.tls = tls;
+  if (!ranks.empty()) {
+    a.ranks.clear();
+    for (uint32_t r : ranks) a.ranks.push_back(std::min<uint32_t>(kMaxRanks, r));
   }
   if (a.tls.empty()) a.tls = {"tcp"};
   void* p =

@@ -18,6 +18,7 @@
 // median of each is reported.
 //
 // Usage: bench_commit_restore [--dir D] [--gib G] [--tensor-mib M] [--repeats R]
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -55,29 +56,12 @@ int main(int argc, char** argv) {
   double gib = 2.0;
   size_t tensor_mib = 64;
   int repeats = 3;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--dir")
-      dir = next();
-    else if (a == "--gib")
-      gib = std::stod(next());
-    else if (a == "--tensor-mib")
-      tensor_mib = std::stoul(next());
-    else if (a == "--repeats")
-      repeats = std::stoi(next());
-    else {
-      std::fprintf(stderr, "usage: %s [--dir D] [--gib G] [--tensor-mib M] [--repeats R]\n",
-                   argv[0]);
-      return 2;
-    }
-  }
+  CLI::App app{"ckptdb's commit and restore against the file system (docs/performance.md)"};
+  app.add_option("--dir", dir, "the store's directory");
+  app.add_option("--gib", gib)->check(CLI::PositiveNumber);
+  app.add_option("--tensor-mib", tensor_mib)->check(CLI::Range(size_t{1}, size_t{1} << 20));
+  app.add_option("--repeats", repeats)->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
   const size_t tensor_bytes = tensor_mib << 20;
   const size_t count = std::max<size_t>(1, static_cast<size_t>(gib * 1073741824.0) / tensor_bytes);
   const size_t bytes = count * tensor_bytes;

@@ -5,6 +5,7 @@
 // same run. engine/capture.cc's kCopyPieceBytes is chosen from this.
 //
 // Usage: bench_copy_hash [--gib G] [--repeats R]
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -39,17 +40,10 @@ uint64_t CopyHashRange(uint8_t* dst, const uint8_t* src, size_t begin, size_t en
 int main(int argc, char** argv) {
   double gib = 2;
   int repeats = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k == "--gib") {
-      gib = std::stod(argv[i + 1]);
-    } else if (k == "--repeats") {
-      repeats = std::stoi(argv[i + 1]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--gib G] [--repeats R]\n", argv[0]);
-      return 2;
-    }
-  }
+  CLI::App app{"copy and xxh3 against memcpy (docs/performance.md)"};
+  app.add_option("--gib", gib)->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats)->check(CLI::Range(1, 1000));
+  CLI11_PARSE(app, argc, argv);
   const size_t bytes = static_cast<size_t>(gib * 1073741824.0) / kChunkBytes * kChunkBytes;
   uint8_t* src = bench::Allocate(bytes);
   uint8_t* dst = bench::Allocate(bytes);

@@ -16,6 +16,7 @@
 #include <isa-l/erasure_code.h>
 #include <sys/mman.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -87,25 +88,15 @@ int main(int argc, char** argv) {
   size_t block_mib = 16;
   int repeats = 7;
   std::vector<std::string> codes = {"ec:4+2", "ec:8+2", "ec:6+3"};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--block-mib" && i + 1 < argc) {
-      block_mib = std::stoul(argv[++i]);
-    } else if (arg == "--repeats" && i + 1 < argc) {
-      repeats = std::stoi(argv[++i]);
-    } else if (arg == "--codes" && i + 1 < argc) {
-      codes.clear();
-      std::string list = argv[++i];
-      for (size_t at = 0; at <= list.size();) {
-        size_t comma = std::min(list.find(',', at), list.size());
-        codes.push_back("ec:" + list.substr(at, comma - at));
-        at = comma + 1;
-      }
-    } else {
-      std::fprintf(stderr, "usage: %s [--block-mib B] [--repeats R] [--codes 4+2,8+2,6+3]\n",
-                   argv[0]);
-      return 2;
-    }
+  std::vector<std::string> shapes;
+  CLI::App app{"ckptdb's erasure code against bare ISA-L (docs/performance.md)"};
+  app.add_option("--block-mib", block_mib)->check(CLI::Range(size_t{1}, size_t{1024}));
+  app.add_option("--repeats", repeats)->check(CLI::Range(1, 1000));
+  app.add_option("--codes", shapes, "K+M shapes, comma separated (4+2,8+2,6+3)")->delimiter(',');
+  CLI11_PARSE(app, argc, argv);
+  if (!shapes.empty()) {
+    codes.clear();
+    for (const std::string& shape : shapes) codes.push_back("ec:" + shape);
   }
   const size_t bytes = block_mib << 20;
   std::printf(

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -41,11 +42,11 @@ uint8_t* Populated(size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t bytes = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 512) << 20;
-  if (bytes == 0 || bytes > (size_t{4} << 30)) {
-    std::fprintf(stderr, "usage: %s [MiB per round, 1..4096]\n", argv[0]);
-    return 2;
-  }
+  size_t mib = 512;
+  CLI::App app{"the first receive into new memory over tcp (docs/performance.md)"};
+  app.add_option("mib", mib, "MiB per round")->check(CLI::Range(size_t{1}, size_t{4096}));
+  CLI11_PARSE(app, argc, argv);
+  const size_t bytes = mib << 20;
   // Rounds: the region each is received into, and whether user space wrote it first.
   struct Round {
     int region;
