@@ -189,39 +189,9 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   }
   std::unique_lock<std::mutex> lock(mu_);
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
-  // Under the same lock as the put itself: a declaration cannot slip in between.
-  if ((flags & CKPTDB_PUT_REPLICATED) && !replica_group_) {
-    return Status::Invalid(what +
-                           ": CKPTDB_PUT_REPLICATED without a replica group "
-                           "(ckptdb_declare_replicas)");
-  }
-  if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->arc &&
-      cluster_->options().replicas <= 1 && !cluster_->options().code) {
-    // A member that loses its node restores from its group alone: nothing of it may exist
-    // only on its own node.
-    return Status::Invalid(what +
-                           ": a member of an \"arc\" replica group in a job without "
-                           "redundancy puts only replicated shards (CKPTDB_PUT_REPLICATED); "
-                           "this one would have no copy on another node (use redundancy "
-                           "replicate:M to keep private shards)");
-  }
-  auto existing = live_.find(version);
-  if (existing != live_.end() && existing->second.names.count(t.name)) {
-    return Status::Exists(what + ": the name was already put in this version");
-  }
-  // Limits the reader enforces are checked before anything is queued, so a put that would make
-  // the version unreadable is refused and changes nothing.
+  CKPTDB_RETURN_IF_ERROR(CheckPutLocked(version, t.name, nbytes, flags, what));
   const uint64_t chunk_bytes = options_.chunk_bytes;
   const uint64_t chunks_needed = (nbytes + chunk_bytes - 1) / chunk_bytes;
-  const uint64_t chunks_before = existing != live_.end() ? existing->second.chunks.size() : 0;
-  const uint64_t tensors_before = existing != live_.end() ? existing->second.tensors.size() : 0;
-  if (chunks_before + chunks_needed > format::kMaxChunksPerSegment ||
-      tensors_before + 1 > format::kMaxTensorsPerSegment) {
-    return Status::Invalid(what + ": the version would exceed " +
-                           std::to_string(format::kMaxChunksPerSegment) + " chunks or " +
-                           std::to_string(format::kMaxTensorsPerSegment) +
-                           " tensors; use a larger chunk_bytes or fewer shards");
-  }
   LiveVersion* v = nullptr;
   CKPTDB_RETURN_IF_ERROR(LiveVersionFor(version, &v).WithContext(what));
   // REFT's ARC: a replicated shard of an "arc" replica group is cut into chunk-sized pieces and
@@ -301,32 +271,7 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   if (!v->opened) WakeManager();
   Status result;
   if (copy_now) {
-    const uint64_t generation = v->generation;
-    for (uint32_t index : own_pieces) {
-      auto live = live_.find(version);
-      CKPTDB_ASSERT(live != live_.end());  // its unhashed pieces keep it live
-      HashPiece(lock, &live->second, index);
-    }
-    for (uint32_t index : own_chunks) {
-      auto live = live_.find(version);
-      CKPTDB_ASSERT(live != live_.end());  // its uncaptured chunks keep it live
-      CaptureChunk(lock, &live->second, index);
-    }
-    // A chunk back-pressure sent direct still reads `data` until its write completes: wait for
-    // it (in this very version: the number may have been aborted and put again meanwhile).
-    state_cv_.wait(lock, [&] {
-      auto live = live_.find(version);
-      if (live == live_.end() || live->second.generation != generation) return true;
-      for (uint32_t i : own_chunks) {
-        Home h = live->second.chunks[i].home;
-        if (h == Home::kQueued || h == Home::kCopying || h == Home::kDirect) return false;
-      }
-      return true;
-    });
-    auto live = live_.find(version);
-    if (live != live_.end() && live->second.generation == generation && !live->second.error.ok()) {
-      result = live->second.error;
-    }
+    result = CaptureOnCallerLocked(lock, version, v->generation, own_pieces, own_chunks);
   } else {
     work_cv_.notify_all();
   }
@@ -336,6 +281,80 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
     live->second.stats.put_blocked_ns += blocked;
   }
   return result;
+}
+
+// A put's refusals that need the lock (docs/api.md, ckptdb_put_shard): a replicated shard without
+// a replica group, a private shard of an "arc" member in a job without redundancy, a name put
+// twice, and the limits the reader enforces, so a put that would make the version unreadable is
+// refused and changes nothing. Under the same lock as the put itself: a declaration cannot slip
+// in between.
+Status Db::CheckPutLocked(uint64_t version, const std::string& name, size_t nbytes, unsigned flags,
+                          const std::string& what) {
+  if ((flags & CKPTDB_PUT_REPLICATED) && !replica_group_) {
+    return Status::Invalid(what +
+                           ": CKPTDB_PUT_REPLICATED without a replica group "
+                           "(ckptdb_declare_replicas)");
+  }
+  if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->arc &&
+      cluster_->options().replicas <= 1 && !cluster_->options().code) {
+    // A member that loses its node restores from its group alone: nothing of it may exist
+    // only on its own node.
+    return Status::Invalid(what +
+                           ": a member of an \"arc\" replica group in a job without "
+                           "redundancy puts only replicated shards (CKPTDB_PUT_REPLICATED); "
+                           "this one would have no copy on another node (use redundancy "
+                           "replicate:M to keep private shards)");
+  }
+  auto existing = live_.find(version);
+  if (existing != live_.end() && existing->second.names.count(name)) {
+    return Status::Exists(what + ": the name was already put in this version");
+  }
+  const uint64_t chunk_bytes = options_.chunk_bytes;
+  const uint64_t chunks_needed = (nbytes + chunk_bytes - 1) / chunk_bytes;
+  const uint64_t chunks_before = existing != live_.end() ? existing->second.chunks.size() : 0;
+  const uint64_t tensors_before = existing != live_.end() ? existing->second.tensors.size() : 0;
+  if (chunks_before + chunks_needed > format::kMaxChunksPerSegment ||
+      tensors_before + 1 > format::kMaxTensorsPerSegment) {
+    return Status::Invalid(what + ": the version would exceed " +
+                           std::to_string(format::kMaxChunksPerSegment) + " chunks or " +
+                           std::to_string(format::kMaxTensorsPerSegment) +
+                           " tensors; use a larger chunk_bytes or fewer shards");
+  }
+  return Status::Ok();
+}
+
+// COPY_NOW: the caller's thread captures its own chunks and hashes its own pieces, not waiting
+// behind the queue, then waits for any chunk back-pressure sent direct. The version's error,
+// if it failed meanwhile.
+Status Db::CaptureOnCallerLocked(std::unique_lock<std::mutex>& lock, uint64_t version,
+                                 uint64_t generation, const std::vector<uint32_t>& own_pieces,
+                                 const std::vector<uint32_t>& own_chunks) {
+  for (uint32_t index : own_pieces) {
+    auto live = live_.find(version);
+    CKPTDB_ASSERT(live != live_.end());  // its unhashed pieces keep it live
+    HashPiece(lock, &live->second, index);
+  }
+  for (uint32_t index : own_chunks) {
+    auto live = live_.find(version);
+    CKPTDB_ASSERT(live != live_.end());  // its uncaptured chunks keep it live
+    CaptureChunk(lock, &live->second, index);
+  }
+  // A chunk back-pressure sent direct still reads `data` until its write completes: wait for
+  // it (in this very version: the number may have been aborted and put again meanwhile).
+  state_cv_.wait(lock, [&] {
+    auto live = live_.find(version);
+    if (live == live_.end() || live->second.generation != generation) return true;
+    for (uint32_t i : own_chunks) {
+      Home h = live->second.chunks[i].home;
+      if (h == Home::kQueued || h == Home::kCopying || h == Home::kDirect) return false;
+    }
+    return true;
+  });
+  auto live = live_.find(version);
+  if (live != live_.end() && live->second.generation == generation && !live->second.error.ok()) {
+    return live->second.error;
+  }
+  return Status::Ok();
 }
 
 Status Db::WaitCapture(uint64_t version, int timeout_ms) {

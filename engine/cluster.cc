@@ -103,11 +103,10 @@ Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optiona
 Cluster::Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog)
     : options_(std::move(options)), hooks_(std::move(hooks)), catalog_(catalog) {}
 
-Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catalog,
-                      std::unique_ptr<Cluster>* out) {
-  const std::string who = options.serve_only
-                              ? "ckptdb serve on node " + options.node_id
-                              : R(options.rank) + " of " + std::to_string(options.world_size);
+namespace {
+
+// What Cluster::Start refuses before it makes anything: Invalid or NotFound, naming `who`.
+Status CheckClusterOptions(const ClusterOptions& options, const std::string& who) {
   if (!options.serve_only && (options.world_size < 2 || options.world_size > 65536 ||
                               options.rank >= options.world_size)) {
     return Status::Invalid(who + ": rank must be below world_size (2..65536)");
@@ -136,6 +135,17 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
                               "keep their peers' replicas)");
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catalog,
+                      std::unique_ptr<Cluster>* out) {
+  const std::string who = options.serve_only
+                              ? "ckptdb serve on node " + options.node_id
+                              : R(options.rank) + " of " + std::to_string(options.world_size);
+  CKPTDB_RETURN_IF_ERROR(CheckClusterOptions(options, who));
   std::unique_ptr<Cluster> c(new Cluster(options, std::move(hooks), catalog));
   c->started_ms_ = MonoMs();
   randombytes_buf(&c->incarnation_, sizeof c->incarnation_);

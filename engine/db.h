@@ -429,6 +429,11 @@ class Db {
   void StartThreads();
 
   // capture.cc
+  Status CheckPutLocked(uint64_t version, const std::string& name, size_t nbytes, unsigned flags,
+                        const std::string& what);
+  Status CaptureOnCallerLocked(std::unique_lock<std::mutex>& lock, uint64_t version,
+                               uint64_t generation, const std::vector<uint32_t>& own_pieces,
+                               const std::vector<uint32_t>& own_chunks);
   void WorkerLoop();
   void CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index);
   bool AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
@@ -464,6 +469,8 @@ class Db {
   void SubmitWrites(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   void DropUnwrittenLocked(LiveVersion* v);
   void HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r);
+  void DemotionCompletedLocked(const Request& r);
+  bool WriteReadRecordsLocked(std::unique_lock<std::mutex>& lock);
   bool RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   // What a round of RunCommit started from, to tell whether the round changed anything.
   struct CommitRound {
@@ -491,6 +498,7 @@ class Db {
   Status WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, VersionRecord rec);
   // cluster.cc hooks and the cluster worker (engine/distributed.cc); restoring from the job's
   // memory (engine/peer_restore.cc).
+  Status ClusterOptionsFor(ClusterOptions* co) const;
   Status StartCluster();
   Status ResolveInDoubt();
   // A rank whose catalog was lost (a replacement node) finds its committed segments on tiers
@@ -515,6 +523,8 @@ class Db {
   // pieces this rank does not keep, from each slice's owner and then from the member keeping its
   // ARC copy, each checked against this rank's own xxh3 of it. What none supplies stays !have.
   void GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan);
+  void GatherSlice(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan,
+                   uint32_t s, uint32_t q, const ReplicaHolder& holder);
   // Opens member `owner`'s segment of `version` (its framing and manifest, fetched) on `holder`:
   // the member itself (any of its tiers), or a holder of its replica. Its manifest must record
   // the group `members` (ascending) cut in `piece_bytes`, or with members empty any group that
@@ -559,6 +569,42 @@ class Db {
   uint64_t PendingBytes(size_t tier) const;
 
   // read.cc (restore, list) and verify.cc (verify, the group check's copies, figures)
+  // Where the restore planner reads from, in order (RestoreOrder): a tier of this rank, the
+  // peers' replicas, or a coding group's rebuild.
+  struct RestoreSource {
+    enum class Kind : uint8_t { kTier, kPeers, kRebuild };
+    Kind kind = Kind::kTier;
+    size_t tier = 0;  // kTier: the index in tiers_
+  };
+  std::vector<RestoreSource> RestoreOrder(const std::vector<size_t>& candidates) const;
+  Status RestoreViaHost(uint64_t version, const char* name, void* dst, size_t nbytes, int device,
+                        const ByteRanges* wanted, const std::string& what);
+  uint64_t GatherDedupPieces(uint64_t version, const char* name, uint8_t* out, RestorePlan* plan);
+  void RecordRestoreLocked(const RestorePlan& plan, const std::vector<RestoreSource>& order,
+                           size_t nbytes, const ByteRanges* wanted, uint64_t start);
+  // A copy Verify checks, and one Verify call's running account (its report, its progress, the
+  // caller's callback).
+  struct VerifyTarget {
+    uint64_t version;
+    ResidencyRecord res;
+    uint64_t manifest_xxh3;
+    int tier;  // index, -1 when the tier is not configured
+  };
+  struct VerifyRun {
+    ckptdb_verify_fn fn = nullptr;
+    void* arg = nullptr;
+    ckptdb_verify_report rep{};
+    uint64_t done_bytes = 0;
+    uint64_t total = 0;
+    std::vector<uint8_t> scratch;
+    void Emit(int kind, const VerifyTarget& t, int64_t chunk, uint64_t offset, uint64_t expected,
+              uint64_t actual, const std::string& message);
+  };
+  Status VerifyTargetsLocked(uint64_t version, const char* tier, std::vector<VerifyTarget>* out,
+                             uint64_t* total);
+  void VerifyCopy(const VerifyTarget& t, VerifyRun* run);
+  void VerifySegment(const VerifyTarget& t, const std::string& what, uint64_t size,
+                     const format::ReadAtFn& read, Status st, VerifyRun* run);
   Status ReadSegment(uint64_t version, size_t tier, OpenSegment** out);
   Status CheckCommittedLocked(uint64_t version, const std::string& what) const;
   Status CommittedCopies(uint64_t version, const std::string& what,

@@ -205,22 +205,7 @@ void Db::PumpDemotion(std::unique_lock<std::mutex>& lock) {
   // Records read from a directory tier whose read completed: check and write them. Records
   // before d.unwritten are all written; at most the records in flight lie between it and next.
   while (d.unwritten < d.next && d.records[d.unwritten].written) d.unwritten++;
-  for (size_t i = d.unwritten; !ram_source && i < d.next && d.error.ok(); ++i) {
-    Demotion::Record& rec = d.records[i];
-    if (!rec.read_done || rec.written) continue;
-    if (FreeRequestSlots(requests_.size(), options_.queue_depth) == 0) return;
-    rec.written = true;
-    uint8_t* p = staging_ + rec.ring.offset;
-    lock.unlock();
-    Status st = CheckAndWriteDemoted(d, i, p, fixed_buffers_ ? 0 : -1);
-    lock.lock();
-    if (st.ok()) {
-      d.in_flight++;
-    } else {
-      d.error = st.WithContext(what());
-      FreeRingLocked(&rec.ring);
-    }
-  }
+  if (!ram_source && !WriteReadRecordsLocked(lock)) return;
   while (d.error.ok() && d.next < d.records.size() && d.in_flight < kDemotionRecordsInFlight &&
          FreeRequestSlots(requests_.size(), options_.queue_depth) > 0) {
     const size_t i = d.next;
@@ -588,6 +573,72 @@ void Db::DetectStagingDeadlockLocked() {
                             ") and nothing can free any: give the ram tier more bytes, lower "
                             "chunk_bytes, or use backpressure=skip"));
   }
+}
+
+// A demotion's read, write or fsync completed (HandleCompletion): its accounting, the first
+// error kept (naming the source copy or the target's file), and what the record's region does
+// next (PumpDemotion checks and writes what was read; what was written is freed).
+void Db::DemotionCompletedLocked(const Request& r) {
+  CKPTDB_ASSERT(demotion_ && demotion_->version == r.version);
+  Demotion& d = *demotion_;
+  d.in_flight--;
+  if (r.result < 0 ||
+      (r.kind != RequestKind::kDemoteSync && static_cast<uint64_t>(r.result) != r.bytes)) {
+    if (d.error.ok()) {
+      // A failed read names the source copy; a failed write or fsync, the target's file.
+      std::string where =
+          "demoting " + V(d.version) + " from tier " + tiers_[d.source].name() + " to tier " +
+          tiers_[d.target].name() +
+          (r.kind == RequestKind::kDemoteRead
+               ? " (reading the source copy)"
+               : " (" + tiers_[d.target].dir->TempPath(d.version, identity_.rank) + ")");
+      d.error = r.result < 0
+                    ? Status::FromErrno(static_cast<int>(-r.result), where)
+                    : Status::IoError(where + ": a transfer of record at offset " +
+                                      std::to_string(d.records[r.chunk].offset) + " came up short");
+    }
+  } else if (r.kind == RequestKind::kDemoteWrite) {
+    tiers_[d.target].bytes_written += r.bytes;
+  } else if (r.kind == RequestKind::kDemoteRead) {
+    tiers_[d.source].bytes_read += r.bytes;
+  } else {
+    tiers_[d.target].fsyncs++;
+    stats_.fsyncs++;
+  }
+  if (r.kind == RequestKind::kDemoteSync) {
+    d.synced = d.error.ok();
+    return;
+  }
+  Demotion::Record& rec = d.records[r.chunk];
+  if (r.kind == RequestKind::kDemoteRead && d.error.ok()) {
+    rec.read_done = true;  // PumpDemotion checks it and writes it
+  } else {
+    FreeRingLocked(&rec.ring);  // written, or the demotion failed: the region is done
+  }
+}
+
+// Records of a directory-tier demotion whose reads completed, from d.unwritten on: each checked
+// against its xxh3 and written. False when the queue has no slot left (PumpDemotion goes on at
+// its next round).
+bool Db::WriteReadRecordsLocked(std::unique_lock<std::mutex>& lock) {
+  Demotion& d = *demotion_;
+  for (size_t i = d.unwritten; i < d.next && d.error.ok(); ++i) {
+    Demotion::Record& rec = d.records[i];
+    if (!rec.read_done || rec.written) continue;
+    if (FreeRequestSlots(requests_.size(), options_.queue_depth) == 0) return false;
+    rec.written = true;
+    uint8_t* p = staging_ + rec.ring.offset;
+    lock.unlock();
+    Status st = CheckAndWriteDemoted(d, i, p, fixed_buffers_ ? 0 : -1);
+    lock.lock();
+    if (st.ok()) {
+      d.in_flight++;
+    } else {
+      d.error = st.WithContext("demoting " + V(d.version) + " to tier " + tiers_[d.target].name());
+      FreeRingLocked(&rec.ring);
+    }
+  }
+  return true;
 }
 
 }  // namespace ckpt::engine

@@ -18,30 +18,31 @@
 
 namespace ckpt::engine {
 
-Status Db::StartCluster() {
-  ClusterOptions co;
-  co.rank = options_.rank;
-  co.world_size = options_.world_size;
-  co.node_id = options_.node_id;
-  co.coordinator = options_.coordinator;
-  co.listen = options_.listen;
-  co.job_token = options_.job_token;
-  co.tls = options_.ucx_tls;
-  co.heartbeat_ms = options_.heartbeat_ms;
-  co.dead_after_ms = options_.dead_after_ms;
-  co.join_timeout_ms = options_.join_timeout_ms;
-  co.bandwidth_bytes_per_s = options_.replicate_bytes_per_s;
-  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(options_.redundancy, &co.replicas, &co.code));
+// The Cluster's options from the handle's (and CKPTDB_EC_UNIT_BYTES), checked: Invalid naming
+// what a job of world_size > 1 needs and lacks.
+Status Db::ClusterOptionsFor(ClusterOptions* co) const {
+  co->rank = options_.rank;
+  co->world_size = options_.world_size;
+  co->node_id = options_.node_id;
+  co->coordinator = options_.coordinator;
+  co->listen = options_.listen;
+  co->job_token = options_.job_token;
+  co->tls = options_.ucx_tls;
+  co->heartbeat_ms = options_.heartbeat_ms;
+  co->dead_after_ms = options_.dead_after_ms;
+  co->join_timeout_ms = options_.join_timeout_ms;
+  co->bandwidth_bytes_per_s = options_.replicate_bytes_per_s;
+  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(options_.redundancy, &co->replicas, &co->code));
   if (!tiers_[0].is_ram()) {
     return Status::Invalid("options: world_size " + std::to_string(options_.world_size) +
                            " needs a ram first tier (checkpoints live in host memory and are "
                            "replicated to peers' memory), e.g. \"ram:8G;disk:/nvme/ck\"");
   }
-  co.replica_dir = tiers_[0].spec.path + "/ckptdb-replicas-r" + std::to_string(options_.rank);
-  co.replica_keep = std::max<uint32_t>(2, tiers_[0].spec.keep);
-  co.replica_budget_bytes = tiers_[0].spec.replica_bytes;
-  co.parity_dir = tiers_[0].spec.path + "/ckptdb-parity-r" + std::to_string(options_.rank);
-  co.job_id = identity_.job_id;
+  co->replica_dir = tiers_[0].spec.path + "/ckptdb-replicas-r" + std::to_string(options_.rank);
+  co->replica_keep = std::max<uint32_t>(2, tiers_[0].spec.keep);
+  co->replica_budget_bytes = tiers_[0].spec.replica_bytes;
+  co->parity_dir = tiers_[0].spec.path + "/ckptdb-parity-r" + std::to_string(options_.rank);
+  co->job_id = identity_.job_id;
   if (const char* unit = std::getenv("CKPTDB_EC_UNIT_BYTES"); unit != nullptr && *unit != '\0') {
     // The unit segments are cut into for coding (tests use small ones to get many stripes).
     char* end = nullptr;
@@ -51,8 +52,14 @@ Status Db::StartCluster() {
       return Status::Invalid(std::string("CKPTDB_EC_UNIT_BYTES=") + unit +
                              ": a multiple of 4096 from 4096 to 64 MiB");
     }
-    co.code_unit_bytes = bytes;
+    co->code_unit_bytes = bytes;
   }
+  return Status::Ok();
+}
+
+Status Db::StartCluster() {
+  ClusterOptions co;
+  CKPTDB_RETURN_IF_ERROR(ClusterOptionsFor(&co));
   Cluster::Hooks hooks;
   hooks.decided = [this](uint64_t version, bool committed, const std::string& why) {
     return OnDecision(version, committed, why);

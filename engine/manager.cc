@@ -427,42 +427,7 @@ void Db::HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r) 
   }
   if (r.kind == RequestKind::kDemoteRead || r.kind == RequestKind::kDemoteWrite ||
       r.kind == RequestKind::kDemoteSync) {
-    CKPTDB_ASSERT(demotion_ && demotion_->version == r.version);
-    Demotion& d = *demotion_;
-    d.in_flight--;
-    if (r.result < 0 ||
-        (r.kind != RequestKind::kDemoteSync && static_cast<uint64_t>(r.result) != r.bytes)) {
-      if (d.error.ok()) {
-        // A failed read names the source copy; a failed write or fsync, the target's file.
-        std::string where =
-            "demoting " + V(d.version) + " from tier " + tiers_[d.source].name() + " to tier " +
-            tiers_[d.target].name() +
-            (r.kind == RequestKind::kDemoteRead
-                 ? " (reading the source copy)"
-                 : " (" + tiers_[d.target].dir->TempPath(d.version, identity_.rank) + ")");
-        d.error = r.result < 0 ? Status::FromErrno(static_cast<int>(-r.result), where)
-                               : Status::IoError(where + ": a transfer of record at offset " +
-                                                 std::to_string(d.records[r.chunk].offset) +
-                                                 " came up short");
-      }
-    } else if (r.kind == RequestKind::kDemoteWrite) {
-      tiers_[d.target].bytes_written += r.bytes;
-    } else if (r.kind == RequestKind::kDemoteRead) {
-      tiers_[d.source].bytes_read += r.bytes;
-    } else {
-      tiers_[d.target].fsyncs++;
-      stats_.fsyncs++;
-    }
-    if (r.kind == RequestKind::kDemoteSync) {
-      d.synced = d.error.ok();
-      return;
-    }
-    Demotion::Record& rec = d.records[r.chunk];
-    if (r.kind == RequestKind::kDemoteRead && d.error.ok()) {
-      rec.read_done = true;  // PumpDemotion checks it and writes it
-    } else {
-      FreeRingLocked(&rec.ring);  // written, or the demotion failed: the region is done
-    }
+    DemotionCompletedLocked(r);
     return;
   }
   auto it = live_.find(r.version);

@@ -311,13 +311,78 @@ void Db::RetryArcMembers() {
   arc_holders_.clear();  // replicas may have moved
 }
 
+// Slice s's missing pieces of a deduplicated shard from member q's segment on `holder` (the
+// member itself or a holder of its replica), each checked against this rank's xxh3 of it.
+void Db::GatherSlice(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan,
+                     uint32_t s, uint32_t q, const ReplicaHolder& holder) {
+  RestorePlan::Dedup& d = *plan->dedup;
+  const std::string& what = plan->what;
+  const auto count = static_cast<uint32_t>(d.members.size());
+  const uint64_t n = d.piece_xxh3.size();
+  ArcMember* member = nullptr;
+  Status st = OpenArcMember(version, d.members[q], holder, d.members, d.piece_bytes, what, &member);
+  if (!st.ok()) {
+    plan->Note(st.message());
+    return;
+  }
+  const std::string src = "slice " + std::to_string(s) + " of " + R(d.members[q]) +
+                          (holder.rank == d.members[q] ? "" : " (a replica)");
+  const format::ManifestView& m = member->reader->manifest();
+  const fb::Tensor* t = m.Find(name);
+  std::vector<uint64_t> xxh3;
+  std::map<uint64_t, uint32_t> chunk_of;
+  if (t == nullptr || format::ShardBytes(*t) != d.full_bytes ||
+      !PiecesOf(m, *t, d.piece_bytes, &xxh3, &chunk_of) || xxh3 != d.piece_xxh3) {
+    plan->Note(src + ": its shard '" + name + "' is not this rank's replica of it");
+    return;
+  }
+  std::vector<Cluster::FetchRange> ranges;
+  std::vector<uint64_t> pieces;
+  const auto [first, end] = format::SlicePieces(n, count, s);
+  for (uint64_t p = first; p < end; ++p) {
+    auto it = chunk_of.find(p);
+    if (d.have[p] || it == chunk_of.end()) continue;
+    const fb::Chunk& chunk = m.chunk(it->second);
+    ranges.push_back({chunk.record_offset() + format::kBlockBytes, out + p * d.piece_bytes,
+                      chunk.payload_bytes()});
+    pieces.push_back(p);
+  }
+  std::vector<Status> results;
+  Status gone = cluster_->FetchRanges(member->holder, d.members[q], version, ranges, &results,
+                                      holder.rank == d.members[q]);
+  uint64_t served = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    Status cs = results[i];
+    if (cs.ok()) {
+      cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, d.piece_xxh3[pieces[i]],
+                             "piece " + std::to_string(pieces[i]) + " of " + src);
+    }
+    if (cs.ok()) {
+      d.have[pieces[i]] = true;
+      served += ranges[i].bytes;
+    } else if (cs.code() == CKPTDB_ECORRUPT) {
+      plan->chunk_failures++;
+      if (last_problem_.empty()) last_problem_ = cs.message();
+    }
+  }
+  if (!gone.ok()) {
+    member->failed = true;  // vanished or timed out: not asked again for this version
+    plan->Note(gone.message());
+  }
+  // "arc:rank2", or "arc:rank2@rank3" for rank 2's segment read from a replica on rank 3.
+  plan->Served("arc:rank" + std::to_string(d.members[q]) +
+                   (holder.rank == d.members[q] ? ""
+                    : holder.rank == kServeRank ? "@serve:" + holder.node_id
+                                                : "@rank" + std::to_string(holder.rank)),
+               served);
+}
+
 // Every slice from the member that owns it (the load spread over the group), then what is still
 // missing from the member before it, which keeps its ARC copy, then (a job with replicas) from
 // holders of either one's replica. A piece is used only when it matches this rank's own xxh3 of
 // it (taken from its own replica at capture; from a member's manifest when its own is lost).
 void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan) {
   RestorePlan::Dedup& d = *plan->dedup;
-  const std::string& what = plan->what;
   if (cluster_ == nullptr) {
     plan->Note(
         "the other members' slices of this deduplicated shard are read from their "
@@ -334,66 +399,6 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
     }
     return false;
   };
-  // Slice s's missing pieces from member q's segment on `holder`.
-  auto gather = [&](uint32_t s, uint32_t q, const ReplicaHolder& holder) {
-    ArcMember* member = nullptr;
-    Status st =
-        OpenArcMember(version, d.members[q], holder, d.members, d.piece_bytes, what, &member);
-    if (!st.ok()) {
-      plan->Note(st.message());
-      return;
-    }
-    const std::string src = "slice " + std::to_string(s) + " of " + R(d.members[q]) +
-                            (holder.rank == d.members[q] ? "" : " (a replica)");
-    const format::ManifestView& m = member->reader->manifest();
-    const fb::Tensor* t = m.Find(name);
-    std::vector<uint64_t> xxh3;
-    std::map<uint64_t, uint32_t> chunk_of;
-    if (t == nullptr || format::ShardBytes(*t) != d.full_bytes ||
-        !PiecesOf(m, *t, d.piece_bytes, &xxh3, &chunk_of) || xxh3 != d.piece_xxh3) {
-      plan->Note(src + ": its shard '" + name + "' is not this rank's replica of it");
-      return;
-    }
-    std::vector<Cluster::FetchRange> ranges;
-    std::vector<uint64_t> pieces;
-    const auto [first, end] = format::SlicePieces(n, count, s);
-    for (uint64_t p = first; p < end; ++p) {
-      auto it = chunk_of.find(p);
-      if (d.have[p] || it == chunk_of.end()) continue;
-      const fb::Chunk& chunk = m.chunk(it->second);
-      ranges.push_back({chunk.record_offset() + format::kBlockBytes, out + p * d.piece_bytes,
-                        chunk.payload_bytes()});
-      pieces.push_back(p);
-    }
-    std::vector<Status> results;
-    Status gone = cluster_->FetchRanges(member->holder, d.members[q], version, ranges, &results,
-                                        holder.rank == d.members[q]);
-    uint64_t served = 0;
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      Status cs = results[i];
-      if (cs.ok()) {
-        cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, d.piece_xxh3[pieces[i]],
-                               "piece " + std::to_string(pieces[i]) + " of " + src);
-      }
-      if (cs.ok()) {
-        d.have[pieces[i]] = true;
-        served += ranges[i].bytes;
-      } else if (cs.code() == CKPTDB_ECORRUPT) {
-        plan->chunk_failures++;
-        if (last_problem_.empty()) last_problem_ = cs.message();
-      }
-    }
-    if (!gone.ok()) {
-      member->failed = true;  // vanished or timed out: not asked again for this version
-      plan->Note(gone.message());
-    }
-    // "arc:rank2", or "arc:rank2@rank3" for rank 2's segment read from a replica on rank 3.
-    plan->Served("arc:rank" + std::to_string(d.members[q]) +
-                     (holder.rank == d.members[q] ? ""
-                      : holder.rank == kServeRank ? "@serve:" + holder.node_id
-                                                  : "@rank" + std::to_string(holder.rank)),
-                 served);
-  };
   for (int pass = 0; pass < 2; ++pass) {
     for (uint32_t s = 0; s < count; ++s) {
       const uint32_t q = pass == 0 ? s : (s + count - 1) % count;
@@ -401,7 +406,7 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
       ReplicaHolder holder;
       Status st = cluster_->MemberAt(d.members[q], &holder);
       if (st.ok()) {
-        gather(s, q, holder);
+        GatherSlice(version, name, out, plan, s, q, holder);
       } else {
         plan->Note(st.message());
       }
@@ -423,7 +428,7 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
           known = arc_holders_.emplace(d.members[q], std::move(holders)).first;
         }
         for (const ReplicaHolder& h : known->second) {
-          if (missing(s)) gather(s, q, h);
+          if (missing(s)) GatherSlice(version, name, out, plan, s, q, h);
         }
       }
     }

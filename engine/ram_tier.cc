@@ -56,6 +56,57 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, const std::string& root_pat
   return Status::Ok();
 }
 
+// A read-only open changes nothing and fails on nothing: an arena it cannot trust is one it
+// does not have, and every copy the catalog places there reads as missing. Read-write: `why`.
+Status RamTier::Unreadable(const Status& why) {
+  if (!read_only_) return why;
+  std::fprintf(stderr, "ckptdb: %s; read-only, its copies read as missing\n",
+               why.message().c_str());
+  memory_.reset();
+  return Status::Ok();
+}
+
+// OpenExisting where neither header copy is a header of this format (h and st: what each copy
+// decoded to): another format's arena, one whose creation was cut short, or damage.
+Status RamTier::OpenWithoutHeader(uint64_t job_id, uint32_t rank, const std::string& root_path,
+                                  const format::ArenaHeader h[2], const Status st[2],
+                                  const std::string& what) {
+  const format::ArenaHeader& older = st[0].code() == CKPTDB_ENOTSUP ? h[0] : h[1];
+  const bool other_format = st[0].code() == CKPTDB_ENOTSUP || st[1].code() == CKPTDB_ENOTSUP;
+  if (read_only_ && other_format) {
+    memory_.reset();  // not an arena this build reads: every copy there reads as missing
+    return Status::Ok();
+  }
+  if (other_format && older.format_version < format::kRamFormatVersion) {
+    // Written by an older ckptdb: this build does not read its layout (docs/format.md).
+    return ReplaceArena(job_id, rank, root_path,
+                        what + ": arena format version " + std::to_string(older.format_version) +
+                            ", written by an older ckptdb, is not read by this one");
+  }
+  if (other_format) {
+    return Status::NotSupported(
+        what + ": arena format version " + std::to_string(older.format_version) +
+        ", this build reads " + std::to_string(format::kRamFormatVersion) +
+        ": open the store with the newer ckptdb, or delete " + path_ + " to drop the copies in it");
+  }
+  const uint8_t* p = memory_->data();
+  if (!read_only_ && std::all_of(p, p + memory_->bytes(), [](uint8_t b) { return b == 0; })) {
+    // Zeros from end to end: an arena whose creation was cut short before its header was
+    // written (the file is made and touched first). It holds nothing; finish it.
+    std::fprintf(stderr,
+                 "ckptdb: %s holds only zeros (its creation was cut short); "
+                 "writing its header\n",
+                 what.c_str());
+    return CreateArena(job_id, rank, root_path);
+  }
+  // Each record in the arena carries its own checksum and each copy's index names it: they
+  // may all be intact. Nothing here is removed or rewritten.
+  return Unreadable(Status::Corrupt(
+      what + ": both header copies are damaged (" + st[0].message() + "; " + st[1].message() +
+      "); the arena is left as it is: `ckptdb repair " + root_path +
+      "` can rebuild its header from its copies' indexes (or delete " + path_ + " to drop them)"));
+}
+
 Status RamTier::OpenExisting(uint64_t job_id, uint32_t rank, const std::string& root_path) {
   const std::string what = "ram tier arena " + path_;
   const char* kCopyName[2] = {"A", "B"};
@@ -76,15 +127,6 @@ Status RamTier::OpenExisting(uint64_t job_id, uint32_t rank, const std::string& 
                           memory_->data() + at, format::kArenaHeaderCopyBytes),
                       copy, &h[c]);
   }
-  // A read-only open changes nothing and fails on nothing: an arena it cannot trust is one it
-  // does not have, and every copy the catalog places there reads as missing.
-  auto unreadable = [&](const Status& why) {
-    if (!read_only_) return why;
-    std::fprintf(stderr, "ckptdb: %s; read-only, its copies read as missing\n",
-                 why.message().c_str());
-    memory_.reset();
-    return Status::Ok();
-  };
   int use = -1;
   if (st[0].ok() && st[1].ok()) {
     // Copies are only ever written whole from one header_, whose identity never changes: two
@@ -97,7 +139,7 @@ Status RamTier::OpenExisting(uint64_t job_id, uint32_t rank, const std::string& 
     const bool same_write = a.sequence != b.sequence ||
                             (a.capacity_bytes == b.capacity_bytes && a.root_path == b.root_path);
     if (!same_arena || !same_write) {
-      return unreadable(Status::Corrupt(
+      return Unreadable(Status::Corrupt(
           what + ": header copies A and B both pass their checksums but disagree (generation " +
           format::Hex64(a.generation) + " sequence " + std::to_string(a.sequence) + " vs " +
           format::Hex64(b.generation) + " sequence " + std::to_string(b.sequence) +
@@ -108,45 +150,7 @@ Status RamTier::OpenExisting(uint64_t job_id, uint32_t rank, const std::string& 
   } else if (st[0].ok() || st[1].ok()) {
     use = st[0].ok() ? 0 : 1;
   }
-  if (use < 0) {
-    // Neither copy is a header of this format.
-    const format::ArenaHeader& older = st[0].code() == CKPTDB_ENOTSUP ? h[0] : h[1];
-    const bool other_format = st[0].code() == CKPTDB_ENOTSUP || st[1].code() == CKPTDB_ENOTSUP;
-    if (read_only_ && other_format) {
-      memory_.reset();  // not an arena this build reads: every copy there reads as missing
-      return Status::Ok();
-    }
-    if (other_format && older.format_version < format::kRamFormatVersion) {
-      // Written by an older ckptdb: this build does not read its layout (docs/format.md).
-      return ReplaceArena(job_id, rank, root_path,
-                          what + ": arena format version " + std::to_string(older.format_version) +
-                              ", written by an older ckptdb, is not read by this one");
-    }
-    if (other_format) {
-      return Status::NotSupported(what + ": arena format version " +
-                                  std::to_string(older.format_version) + ", this build reads " +
-                                  std::to_string(format::kRamFormatVersion) +
-                                  ": open the store with the newer ckptdb, or delete " + path_ +
-                                  " to drop the copies in it");
-    }
-    const uint8_t* p = memory_->data();
-    if (!read_only_ && std::all_of(p, p + memory_->bytes(), [](uint8_t b) { return b == 0; })) {
-      // Zeros from end to end: an arena whose creation was cut short before its header was
-      // written (the file is made and touched first). It holds nothing; finish it.
-      std::fprintf(stderr,
-                   "ckptdb: %s holds only zeros (its creation was cut short); "
-                   "writing its header\n",
-                   what.c_str());
-      return CreateArena(job_id, rank, root_path);
-    }
-    // Each record in the arena carries its own checksum and each copy's index names it: they
-    // may all be intact. Nothing here is removed or rewritten.
-    return unreadable(Status::Corrupt(
-        what + ": both header copies are damaged (" + st[0].message() + "; " + st[1].message() +
-        "); the arena is left as it is: `ckptdb repair " + root_path +
-        "` can rebuild its header from its copies' indexes (or delete " + path_ +
-        " to drop them)"));
-  }
+  if (use < 0) return OpenWithoutHeader(job_id, rank, root_path, h, st, what);
   const format::ArenaHeader& chosen = h[use];
   if (chosen.job_id != job_id || chosen.rank != rank) {
     // The name is this store's alone (job id and rank), so an arena there that names another
@@ -161,7 +165,7 @@ Status RamTier::OpenExisting(uint64_t job_id, uint32_t rank, const std::string& 
   }
   if (memory_->bytes() < kHeaderBytes + kBlockBytes) {
     // No ckptdb makes one (Db's options check asks for more): the header is not to be believed.
-    return unreadable(Status::Corrupt(what + " is " + std::to_string(memory_->bytes()) +
+    return Unreadable(Status::Corrupt(what + " is " + std::to_string(memory_->bytes()) +
                                       " bytes, too short for its header area and a region"));
   }
   // capacity_bytes may differ from the file's size after a crash inside ResizeToSpec: the

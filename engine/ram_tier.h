@@ -121,6 +121,10 @@ class RamTier {
  private:
   // Open's choice between the two header copies of an existing arena (read-write or read-only).
   Status OpenExisting(uint64_t job_id, uint32_t rank, const std::string& root_path);
+  Status OpenWithoutHeader(uint64_t job_id, uint32_t rank, const std::string& root_path,
+                           const format::ArenaHeader h[2], const Status st[2],
+                           const std::string& what);
+  Status Unreadable(const Status& why);
   Status CreateArena(uint64_t job_id, uint32_t rank, const std::string& root_path);
   Status ReplaceArena(uint64_t job_id, uint32_t rank, const std::string& root_path,
                       const std::string& why);

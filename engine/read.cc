@@ -383,36 +383,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   } else if ((flags & CKPTDB_RESTORE_DEVICE) && !io::DeviceBuild()) {
     return Status::NotSupported(what + ": device memory needs a CUDA or HIP build");
   }
-  if (device >= 0) {
-    // Restored and verified in pinned host memory, then copied to the device on this thread's
-    // stream. What failed verification is zeroed there first, as in host memory. The size is
-    // checked before any memory is mapped.
-    uint64_t stored = 0;
-    CKPTDB_RETURN_IF_ERROR(WithManifest(version, what, [&](const format::ManifestView& m, size_t) {
-      const fb::Tensor* t = m.Find(name);
-      if (t == nullptr) return Status::NotFound(what + ": the version has no tensor by that name");
-      stored = format::ShardBytes(*t);
-      return Status::Ok();
-    }));
-    if (stored != nbytes) {
-      return Status::Size(what + ": the tensor is " + std::to_string(stored) +
-                          " bytes, the buffer is " + std::to_string(nbytes));
-    }
-    void* host = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (host == MAP_FAILED) {
-      return Status::FromErrno(errno, what + ": mapping " + std::to_string(nbytes) +
-                                          " bytes of host memory to stage it");
-    }
-    Status pinned = device_->Pin(host, nbytes);  // without it, the copy is slower, not wrong
-    Status st = Restore(version, name, host, nbytes, 0, wanted);
-    if (st.ok() || st.code() == CKPTDB_ECORRUPT) {
-      Status copied = device_->CopyToDevice(device, dst, host, nbytes);
-      if (!copied.ok()) st = copied.WithContext(what);
-    }
-    if (pinned.ok()) device_->Unpin(host);
-    munmap(host, nbytes);
-    return st;
-  }
+  if (device >= 0) return RestoreViaHost(version, name, dst, nbytes, device, wanted, what);
   std::lock_guard<std::mutex> read_lock(read_mu_);
   std::vector<size_t> candidates;
   Status copies = CommittedCopies(version, what, &candidates);
@@ -423,30 +394,20 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     if (!job_committed_.count(version)) return copies;  // not a version the job committed
     plan.Note(copies.message());
   }
-  // The order: ram tiers, then peers (kPeers: replicas; kRebuild: a coding group's parity),
-  // then the slower tiers.
-  constexpr size_t kPeers = SIZE_MAX;
-  constexpr size_t kRebuild = SIZE_MAX - 1;
-  std::vector<size_t> order;
-  for (size_t ti : candidates) {
-    if (tiers_[ti].is_ram()) order.push_back(ti);
-  }
-  if (cluster_ != nullptr) order.push_back(cluster_->Group() ? kRebuild : kPeers);
-  for (size_t ti : candidates) {
-    if (!tiers_[ti].is_ram()) order.push_back(ti);
-  }
+  const std::vector<RestoreSource> order = RestoreOrder(candidates);
   last_problem_.clear();
   uint64_t read_by_tier[CKPTDB_MAX_TIERS] = {};
   auto* out = static_cast<uint8_t*>(dst);
-  for (size_t step : order) {
+  for (const RestoreSource& source : order) {
     if (plan.laid_out && plan.pending.empty()) break;
-    if (step == kPeers || step == kRebuild) {
-      Status ps = step == kPeers ? RestoreFromPeers(version, name, nbytes, out, &plan)
-                                 : RestoreFromRebuild(version, name, nbytes, out, &plan);
+    if (source.kind != RestoreSource::Kind::kTier) {
+      Status ps = source.kind == RestoreSource::Kind::kPeers
+                      ? RestoreFromPeers(version, name, nbytes, out, &plan)
+                      : RestoreFromRebuild(version, name, nbytes, out, &plan);
       if (ps.code() == CKPTDB_ENOTFOUND || ps.code() == CKPTDB_ESIZE) return ps;
       continue;
     }
-    const size_t ti = step;
+    const size_t ti = source.tier;
     OpenSegment* seg = nullptr;
     Status st = ReadSegment(version, ti, &seg);
     if (!st.ok()) {
@@ -481,24 +442,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     if (!ls.ok()) return ls;
   }
   // A deduplicated shard: the slices other members keep, once this rank's own are in.
-  uint64_t pieces_missing = 0;
-  if (plan.dedup) {
-    RestorePlan::Dedup& d = *plan.dedup;
-    // Its own pieces no tier could supply are kept by another member too (slice p by member
-    // p - 1, slice p + 1 by member p + 1): they are gathered like the rest.
-    for (uint32_t c : plan.pending) d.have[plan.dst_offset[c - plan.first] / d.piece_bytes] = false;
-    GatherSlices(version, name, out, &plan);
-    std::erase_if(plan.pending, [&](uint32_t c) {
-      return d.have[plan.dst_offset[c - plan.first] / d.piece_bytes];
-    });
-    for (size_t p = 0; p < d.have.size(); ++p) {
-      if (d.have[p]) continue;  // kept here (pending says whether it was read) or gathered
-      // Never wrong bytes: a piece no member supplied is zeroed.
-      const uint64_t off = p * d.piece_bytes;
-      std::memset(out + off, 0, std::min(d.piece_bytes, d.full_bytes - off));
-      ++pieces_missing;
-    }
-  }
+  const uint64_t pieces_missing = plan.dedup ? GatherDedupPieces(version, name, out, &plan) : 0;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
   stats_.checksum_failures += plan.chunk_failures;
@@ -528,10 +472,90 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
         (last_problem_.empty() ? plan.errors : last_problem_ + "; " + plan.errors) +
         "); their bytes in the buffer are zeroed");
   }
-  // Where the bytes came from: the first source that served any (the fastest), and all of them.
+  RecordRestoreLocked(plan, order, nbytes, wanted, start);
+  return Status::Ok();
+}
+
+// Restore into device memory: restored and verified in pinned host memory, then copied to the
+// device on this thread's stream. What failed verification is zeroed there first, as in host
+// memory. The size is checked before any memory is mapped.
+Status Db::RestoreViaHost(uint64_t version, const char* name, void* dst, size_t nbytes, int device,
+                          const ByteRanges* wanted, const std::string& what) {
+  uint64_t stored = 0;
+  CKPTDB_RETURN_IF_ERROR(WithManifest(version, what, [&](const format::ManifestView& m, size_t) {
+    const fb::Tensor* t = m.Find(name);
+    if (t == nullptr) return Status::NotFound(what + ": the version has no tensor by that name");
+    stored = format::ShardBytes(*t);
+    return Status::Ok();
+  }));
+  if (stored != nbytes) {
+    return Status::Size(what + ": the tensor is " + std::to_string(stored) +
+                        " bytes, the buffer is " + std::to_string(nbytes));
+  }
+  void* host = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (host == MAP_FAILED) {
+    return Status::FromErrno(
+        errno, what + ": mapping " + std::to_string(nbytes) + " bytes of host memory to stage it");
+  }
+  Status pinned = device_->Pin(host, nbytes);  // without it, the copy is slower, not wrong
+  Status st = Restore(version, name, host, nbytes, 0, wanted);
+  if (st.ok() || st.code() == CKPTDB_ECORRUPT) {
+    Status copied = device_->CopyToDevice(device, dst, host, nbytes);
+    if (!copied.ok()) st = copied.WithContext(what);
+  }
+  if (pinned.ok()) device_->Unpin(host);
+  munmap(host, nbytes);
+  return st;
+}
+
+// The restore planner's order of sources (DESIGN.md section 7): the ram tiers holding a copy,
+// then the job's memory (peers' replicas, or a coding group's rebuild), then the slower tiers.
+std::vector<Db::RestoreSource> Db::RestoreOrder(const std::vector<size_t>& candidates) const {
+  std::vector<RestoreSource> order;
+  for (size_t ti : candidates) {
+    if (tiers_[ti].is_ram()) order.push_back({RestoreSource::Kind::kTier, ti});
+  }
+  if (cluster_ != nullptr) {
+    order.push_back(
+        {cluster_->Group() ? RestoreSource::Kind::kRebuild : RestoreSource::Kind::kPeers, 0});
+  }
+  for (size_t ti : candidates) {
+    if (!tiers_[ti].is_ram()) order.push_back({RestoreSource::Kind::kTier, ti});
+  }
+  return order;
+}
+
+// A deduplicated shard's pieces other members keep, gathered once this rank's own are in.
+// Returns how many pieces no member supplied (zeroed in out: never wrong bytes).
+uint64_t Db::GatherDedupPieces(uint64_t version, const char* name, uint8_t* out,
+                               RestorePlan* plan_ptr) {
+  RestorePlan& plan = *plan_ptr;
+  uint64_t pieces_missing = 0;
+  RestorePlan::Dedup& d = *plan.dedup;
+  // Its own pieces no tier could supply are kept by another member too (slice p by member
+  // p - 1, slice p + 1 by member p + 1): they are gathered like the rest.
+  for (uint32_t c : plan.pending) d.have[plan.dst_offset[c - plan.first] / d.piece_bytes] = false;
+  GatherSlices(version, name, out, &plan);
+  std::erase_if(plan.pending, [&](uint32_t c) {
+    return d.have[plan.dst_offset[c - plan.first] / d.piece_bytes];
+  });
+  for (size_t p = 0; p < d.have.size(); ++p) {
+    if (d.have[p]) continue;  // kept here (pending says whether it was read) or gathered
+    // Never wrong bytes: a piece no member supplied is zeroed.
+    const uint64_t off = p * d.piece_bytes;
+    std::memset(out + off, 0, std::min(d.piece_bytes, d.full_bytes - off));
+    ++pieces_missing;
+  }
+  return pieces_missing;
+}
+
+// What a successful restore leaves in the figures (ckptdb_stats): where its bytes came from, the
+// first source that served any (the fastest) and all of them; the call, its bytes and its time.
+void Db::RecordRestoreLocked(const RestorePlan& plan, const std::vector<RestoreSource>& order,
+                             size_t nbytes, const ByteRanges* wanted, uint64_t start) {
   std::string first_source = plan.served.empty() ? "" : plan.served[0].first;
-  if (first_source.empty() && !order.empty() && order[0] != kPeers && order[0] != kRebuild) {
-    first_source = tiers_[order[0]].name();  // an empty tensor
+  if (first_source.empty() && !order.empty() && order[0].kind == RestoreSource::Kind::kTier) {
+    first_source = tiers_[order[0].tier].name();  // an empty tensor
   }
   std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "%s",
                 first_source.c_str());
@@ -553,7 +577,6 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   }
   stats_.restore_bytes += wanted_bytes;
   stats_.restore_ns += MonoNs() - start;
-  return Status::Ok();
 }
 
 // A box of a global tensor (resharding, docs/api.md): the part of it that this store's shard

@@ -21,215 +21,231 @@ using format::kBlockBytes;
 Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                   ckptdb_verify_report* report) {
   std::lock_guard<std::mutex> read_lock(read_mu_);
-  ckptdb_verify_report rep{};
-  std::string tier_name;
-  struct Target {
-    uint64_t version;
-    ResidencyRecord res;
-    uint64_t manifest_xxh3;
-    int tier;  // index, -1 when the tier is not configured
-  };
-  std::vector<Target> targets;
-  uint64_t total = 0;
+  VerifyRun run;
+  run.fn = fn;
+  run.arg = arg;
+  std::vector<VerifyTarget> targets;
   {
     std::lock_guard<std::mutex> lock(mu_);
     CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
-    if (tier != nullptr) {
-      // Any spelling of a tier that names it ("disk:/x/" is "disk:/x", "disk" the first disk
-      // tier, "ram"); options such as keep= are ignored for matching.
-      size_t index = 0;
-      if (ResolveTier(tier, &index).ok()) {
-        tier_name = tiers_[index].name();
-      } else {
-        tier_name = tier;
-        std::vector<io::TierSpec> parsed;
-        if (io::ParseTierSpecs(tier, "", &parsed).ok() && parsed.size() == 1) {
-          tier_name = parsed[0].name;
-        }
-        bool known = false;
-        for (const auto& [v, e] : versions_) {
-          for (const ResidencyRecord& r : e.residency) known |= r.tier == tier_name;
-        }
-        if (!known) {
-          std::string names;
-          for (const TierState& t : tiers_) names += (names.empty() ? "" : ", ") + t.name();
-          return Status::NotFound(std::string("verify: no tier named '") + tier +
-                                  "' (tiers: " + names + ")");
-        }
-      }
-    }
-    if (version != CKPTDB_ALL_VERSIONS) {
-      CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, "verify " + V(version)));
-    }
-    for (const auto& [v, e] : versions_) {
-      if (version != CKPTDB_ALL_VERSIONS && v != version) continue;
-      if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
-      for (const ResidencyRecord& r : e.residency) {
-        if (tier != nullptr && r.tier != tier_name) continue;
-        if (r.state != CKPTDB_RESIDENT_DURABLE && r.state != CKPTDB_RESIDENT_MISSING) continue;
-        targets.push_back({v, r, e.record.manifest_xxh3, TierIndex(r.tier)});
-        total += r.file_bytes;
-      }
-    }
+    CKPTDB_RETURN_IF_ERROR(VerifyTargetsLocked(version, tier, &targets, &run.total));
   }
-  uint64_t done_bytes = 0;
-  auto emit = [&](int kind, const Target& t, int64_t chunk, uint64_t offset, uint64_t expected,
-                  uint64_t actual, const std::string& message) {
-    if (kind == CKPTDB_VERIFY_PROBLEM) rep.problems++;
-    if (fn == nullptr) return;
-    ckptdb_verify_event ev{};
-    ev.kind = kind;
-    ev.version = t.version;
-    ev.tier = t.res.tier.c_str();
-    ev.path = t.res.path.c_str();
-    ev.chunk_index = chunk;
-    ev.file_offset = offset;
-    ev.expected_xxh3 = expected;
-    ev.actual_xxh3 = actual;
-    ev.message = message.c_str();
-    ev.bytes_done = done_bytes;
-    ev.bytes_total = total;
-    fn(arg, &ev);
-  };
   if (version == CKPTDB_ALL_VERSIONS && tier == nullptr) {
     // The store's own metadata: a damaged commit witness of a committed version (Open noted it;
     // ckptdb repair rewrites it).
-    const Target store{0, ResidencyRecord{}, 0, -1};
+    const VerifyTarget store{0, ResidencyRecord{}, 0, -1};
     for (const std::string& problem : witness_problems_) {
-      emit(CKPTDB_VERIFY_PROBLEM, store, -1, 0, 0, 0, problem);
+      run.Emit(CKPTDB_VERIFY_PROBLEM, store, -1, 0, 0, 0, problem);
     }
   }
-  std::vector<uint8_t> scratch;
-  for (const Target& t : targets) {
-    const bool ram = t.tier >= 0 && tiers_[t.tier].is_ram();
-    std::string what = "tier " + t.res.tier + ", " + V(t.version) + ", " +
-                       (ram ? "arena " : "segment ") + t.res.path;
-    uint64_t before = rep.problems;
-    int fd = -1;
-    uint64_t size = 0;
-    format::ReadAtFn read;
-    RamImage image;
-    Status st;
-    // A copy evicted since the list was made (the manager runs beside this call) is not a
-    // problem: it is simply no longer there to check.
-    auto still_listed = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = versions_.find(t.version);
-      if (it == versions_.end()) return false;
-      return std::any_of(
-          it->second.residency.begin(), it->second.residency.end(), [&](const ResidencyRecord& r) {
-            return r.tier == t.res.tier &&
-                   (r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING);
-          });
-    };
-    if (!still_listed()) {
-      done_bytes += t.res.file_bytes;
-      continue;
-    }
-    if (ram) {
-      // Checked and pinned under one lock: the manager marks a copy evicted before it frees it.
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = ram_images_.find(t.version);
-      auto entry = versions_.find(t.version);
-      if (entry != versions_.end() && !Durable(entry->second, static_cast<size_t>(t.tier))) {
-        it = ram_images_.end();
-      }
-      if (it == ram_images_.end()) {
-        st = Status::NotFound(
-            "the arena no longer holds it (a new arena, after a reboot, or "
-            "evicted since this handle opened)");
-      } else {
-        image = it->second;
-        Pin(t.version);
-      }
-    } else if (IsRamName(t.res.tier)) {
-      st = Status::NotFound("the ram tier is not configured in this handle");
-    } else {
-      bool direct = false;
-      st = io_->Open(t.res.path, io::OpenOptions{}, &fd, &direct);
-    }
-    if (!st.ok()) {
-      if (still_listed()) {
-        emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, what + ": cannot be opened: " + st.message());
-      }
-      done_bytes += t.res.file_bytes;
-      continue;
-    }
-    RamPin pin(this, t.version, ram);  // pinned above when ram
-    if (ram) {
-      const RamTier* r = tiers_[t.tier].ram.get();
-      size = image.file_bytes;
-      read = [r, &image, what](uint64_t off, void* buf, size_t len) {
-        return r->ReadAt(image, off, buf, len, what);
-      };
-    } else {
-      st = io_->FileSize(fd, &size);
-      io::IoQueue* q = read_queue_.get();
-      read = [q, fd, what](uint64_t off, void* buf, size_t len) {
-        return io::ReadAt(*q, fd, off, buf, len, what);
-      };
-      if (st.ok() && size != t.res.file_bytes) {
-        emit(CKPTDB_VERIFY_PROBLEM, t, -1, size, 0, 0,
-             what + ": the file is " + std::to_string(size) + " bytes, the catalog recorded " +
-                 std::to_string(t.res.file_bytes));
-      }
-    }
-    std::unique_ptr<format::SegmentReader> reader;
-    if (st.ok()) st = format::SegmentReader::Open(what, size, read, &reader);
-    if (!st.ok()) {
-      emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, st.message());
-      // Without a manifest, framing still tells which chunks are intact (DESIGN.md section 4).
-      Status scan = format::ScanSegment(
-          what, size, read,
-          [&](const format::ScannedRecord& r) {
-            bool chunk = r.header.type == format::RecordType::kChunk;
-            if (chunk) {
-              rep.chunks_checked++;
-              rep.bytes_checked += r.header.payload_bytes;
-            }
-            if (r.actual_xxh3 != r.header.payload_xxh3) {
-              std::string label = chunk ? "chunk " + std::to_string(r.header.sequence)
-                                        : std::string("manifest record");
-              emit(CKPTDB_VERIFY_PROBLEM, t, chunk ? r.header.sequence : -1, r.offset,
-                   r.header.payload_xxh3, r.actual_xxh3,
-                   what + ": " + label + " at offset " + std::to_string(r.offset) +
-                       format::Xxh3Mismatch(r.header.payload_xxh3, r.actual_xxh3));
-            }
-          },
-          &scratch);
-      if (!scan.ok()) emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, scan.message());
-    } else {
-      if (reader->footer().manifest_xxh3 != t.manifest_xxh3) {
-        emit(CKPTDB_VERIFY_PROBLEM, t, -1, reader->footer().manifest_offset, t.manifest_xxh3,
-             reader->footer().manifest_xxh3,
-             what + ": the manifest's xxh3 differs from the one the catalog recorded at commit");
-      }
-      for (uint32_t c = 0; c < reader->manifest().chunk_count(); ++c) {
-        format::ChunkProblem p;
-        Status cs = reader->CheckChunk(c, &scratch, &p);
-        rep.chunks_checked++;
-        rep.bytes_checked += reader->manifest().chunk(c).payload_bytes();
-        done_bytes += format::RecordBytes(reader->manifest().chunk(c).payload_bytes());
-        if (!cs.ok()) {
-          emit(CKPTDB_VERIFY_PROBLEM, t, c, p.file_offset, p.expected_xxh3, p.actual_xxh3,
-               cs.message());
-        } else {
-          emit(CKPTDB_VERIFY_PROGRESS, t, c, p.file_offset, 0, 0, "");
-        }
-      }
-    }
-    if (fd >= 0) (void)io_->Close(fd);
-    pin.Release();
-    done_bytes = std::min(total, done_bytes);
-    rep.segments_checked++;
-    if (rep.problems == before) emit(CKPTDB_VERIFY_OK, t, -1, 0, 0, 0, what + ": clean");
-  }
-  if (report != nullptr) *report = rep;
-  if (rep.problems > 0) {
-    return Status::Corrupt("verify found " + std::to_string(rep.problems) + " problem(s) in " +
-                           std::to_string(rep.segments_checked) + " segment(s)");
+  for (const VerifyTarget& t : targets) VerifyCopy(t, &run);
+  if (report != nullptr) *report = run.rep;
+  if (run.rep.problems > 0) {
+    return Status::Corrupt("verify found " + std::to_string(run.rep.problems) + " problem(s) in " +
+                           std::to_string(run.rep.segments_checked) + " segment(s)");
   }
   return Status::Ok();
+}
+
+void Db::VerifyRun::Emit(int kind, const VerifyTarget& t, int64_t chunk, uint64_t offset,
+                         uint64_t expected, uint64_t actual, const std::string& message) {
+  if (kind == CKPTDB_VERIFY_PROBLEM) rep.problems++;
+  if (fn == nullptr) return;
+  ckptdb_verify_event ev{};
+  ev.kind = kind;
+  ev.version = t.version;
+  ev.tier = t.res.tier.c_str();
+  ev.path = t.res.path.c_str();
+  ev.chunk_index = chunk;
+  ev.file_offset = offset;
+  ev.expected_xxh3 = expected;
+  ev.actual_xxh3 = actual;
+  ev.message = message.c_str();
+  ev.bytes_done = done_bytes;
+  ev.bytes_total = total;
+  fn(arg, &ev);
+}
+
+// The copies Verify checks: every durable (or missing) copy of `version` (or of every committed
+// version), on `tier` only when it names one (any spelling of it; a tier no longer configured
+// is found by the name its copies were recorded under). NotFound naming the tiers otherwise.
+Status Db::VerifyTargetsLocked(uint64_t version, const char* tier, std::vector<VerifyTarget>* out,
+                               uint64_t* total) {
+  std::string tier_name;
+  if (tier != nullptr) {
+    // Any spelling of a tier that names it ("disk:/x/" is "disk:/x", "disk" the first disk
+    // tier, "ram"); options such as keep= are ignored for matching.
+    size_t index = 0;
+    if (ResolveTier(tier, &index).ok()) {
+      tier_name = tiers_[index].name();
+    } else {
+      tier_name = tier;
+      std::vector<io::TierSpec> parsed;
+      if (io::ParseTierSpecs(tier, "", &parsed).ok() && parsed.size() == 1) {
+        tier_name = parsed[0].name;
+      }
+      bool known = false;
+      for (const auto& [v, e] : versions_) {
+        for (const ResidencyRecord& r : e.residency) known |= r.tier == tier_name;
+      }
+      if (!known) {
+        std::string names;
+        for (const TierState& t : tiers_) names += (names.empty() ? "" : ", ") + t.name();
+        return Status::NotFound(std::string("verify: no tier named '") + tier +
+                                "' (tiers: " + names + ")");
+      }
+    }
+  }
+  if (version != CKPTDB_ALL_VERSIONS) {
+    CKPTDB_RETURN_IF_ERROR(CheckCommittedLocked(version, "verify " + V(version)));
+  }
+  for (const auto& [v, e] : versions_) {
+    if (version != CKPTDB_ALL_VERSIONS && v != version) continue;
+    if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    for (const ResidencyRecord& r : e.residency) {
+      if (tier != nullptr && r.tier != tier_name) continue;
+      if (r.state != CKPTDB_RESIDENT_DURABLE && r.state != CKPTDB_RESIDENT_MISSING) continue;
+      out->push_back({v, r, e.record.manifest_xxh3, TierIndex(r.tier)});
+      *total += r.file_bytes;
+    }
+  }
+  return Status::Ok();
+}
+
+// Checks one copy: opened (a ram copy pinned), then VerifySegment; a copy evicted since the
+// list was made is skipped.
+void Db::VerifyCopy(const VerifyTarget& t, VerifyRun* run) {
+  const bool ram = t.tier >= 0 && tiers_[t.tier].is_ram();
+  std::string what = "tier " + t.res.tier + ", " + V(t.version) + ", " +
+                     (ram ? "arena " : "segment ") + t.res.path;
+  uint64_t before = run->rep.problems;
+  int fd = -1;
+  uint64_t size = 0;
+  format::ReadAtFn read;
+  RamImage image;
+  Status st;
+  // A copy evicted since the list was made (the manager runs beside this call) is not a
+  // problem: it is simply no longer there to check.
+  auto still_listed = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = versions_.find(t.version);
+    if (it == versions_.end()) return false;
+    return std::any_of(
+        it->second.residency.begin(), it->second.residency.end(), [&](const ResidencyRecord& r) {
+          return r.tier == t.res.tier &&
+                 (r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING);
+        });
+  };
+  if (!still_listed()) {
+    run->done_bytes += t.res.file_bytes;
+    return;
+  }
+  if (ram) {
+    // Checked and pinned under one lock: the manager marks a copy evicted before it frees it.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ram_images_.find(t.version);
+    auto entry = versions_.find(t.version);
+    if (entry != versions_.end() && !Durable(entry->second, static_cast<size_t>(t.tier))) {
+      it = ram_images_.end();
+    }
+    if (it == ram_images_.end()) {
+      st = Status::NotFound(
+          "the arena no longer holds it (a new arena, after a reboot, or "
+          "evicted since this handle opened)");
+    } else {
+      image = it->second;
+      Pin(t.version);
+    }
+  } else if (IsRamName(t.res.tier)) {
+    st = Status::NotFound("the ram tier is not configured in this handle");
+  } else {
+    bool direct = false;
+    st = io_->Open(t.res.path, io::OpenOptions{}, &fd, &direct);
+  }
+  if (!st.ok()) {
+    if (still_listed()) {
+      run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0,
+                what + ": cannot be opened: " + st.message());
+    }
+    run->done_bytes += t.res.file_bytes;
+    return;
+  }
+  RamPin pin(this, t.version, ram);  // pinned above when ram
+  if (ram) {
+    const RamTier* r = tiers_[t.tier].ram.get();
+    size = image.file_bytes;
+    read = [r, &image, what](uint64_t off, void* buf, size_t len) {
+      return r->ReadAt(image, off, buf, len, what);
+    };
+  } else {
+    st = io_->FileSize(fd, &size);
+    io::IoQueue* q = read_queue_.get();
+    read = [q, fd, what](uint64_t off, void* buf, size_t len) {
+      return io::ReadAt(*q, fd, off, buf, len, what);
+    };
+    if (st.ok() && size != t.res.file_bytes) {
+      run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, size, 0, 0,
+                what + ": the file is " + std::to_string(size) + " bytes, the catalog recorded " +
+                    std::to_string(t.res.file_bytes));
+    }
+  }
+  VerifySegment(t, what, size, read, st, run);
+  if (fd >= 0) (void)io_->Close(fd);
+  pin.Release();
+  run->done_bytes = std::min(run->total, run->done_bytes);
+  run->rep.segments_checked++;
+  if (run->rep.problems == before) run->Emit(CKPTDB_VERIFY_OK, t, -1, 0, 0, 0, what + ": clean");
+}
+
+// The segment of one copy, read through `read`: with its manifest, every chunk against its xxh3;
+// without one, what the framing still tells (DESIGN.md section 4). `st`: the copy's state so far
+// (a failed size read is reported as the segment's).
+void Db::VerifySegment(const VerifyTarget& t, const std::string& what, uint64_t size,
+                       const format::ReadAtFn& read, Status st, VerifyRun* run) {
+  std::unique_ptr<format::SegmentReader> reader;
+  if (st.ok()) st = format::SegmentReader::Open(what, size, read, &reader);
+  if (!st.ok()) {
+    run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, st.message());
+    // Without a manifest, framing still tells which chunks are intact (DESIGN.md section 4).
+    Status scan = format::ScanSegment(
+        what, size, read,
+        [&](const format::ScannedRecord& r) {
+          bool chunk = r.header.type == format::RecordType::kChunk;
+          if (chunk) {
+            run->rep.chunks_checked++;
+            run->rep.bytes_checked += r.header.payload_bytes;
+          }
+          if (r.actual_xxh3 != r.header.payload_xxh3) {
+            std::string label = chunk ? "chunk " + std::to_string(r.header.sequence)
+                                      : std::string("manifest record");
+            run->Emit(CKPTDB_VERIFY_PROBLEM, t, chunk ? r.header.sequence : -1, r.offset,
+                      r.header.payload_xxh3, r.actual_xxh3,
+                      what + ": " + label + " at offset " + std::to_string(r.offset) +
+                          format::Xxh3Mismatch(r.header.payload_xxh3, r.actual_xxh3));
+          }
+        },
+        &run->scratch);
+    if (!scan.ok()) run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, scan.message());
+  } else {
+    if (reader->footer().manifest_xxh3 != t.manifest_xxh3) {
+      run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, reader->footer().manifest_offset, t.manifest_xxh3,
+                reader->footer().manifest_xxh3,
+                what + ": the manifest's xxh3 differs from the one the catalog recorded at commit");
+    }
+    for (uint32_t c = 0; c < reader->manifest().chunk_count(); ++c) {
+      format::ChunkProblem p;
+      Status cs = reader->CheckChunk(c, &run->scratch, &p);
+      run->rep.chunks_checked++;
+      run->rep.bytes_checked += reader->manifest().chunk(c).payload_bytes();
+      run->done_bytes += format::RecordBytes(reader->manifest().chunk(c).payload_bytes());
+      if (!cs.ok()) {
+        run->Emit(CKPTDB_VERIFY_PROBLEM, t, c, p.file_offset, p.expected_xxh3, p.actual_xxh3,
+                  cs.message());
+      } else {
+        run->Emit(CKPTDB_VERIFY_PROGRESS, t, c, p.file_offset, 0, 0, "");
+      }
+    }
+  }
 }
 
 // ---- A coding group's check across stores (engine/group_check.h) ------------------------------
