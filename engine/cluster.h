@@ -315,6 +315,8 @@ class Cluster {
                    uint8_t* in_window, transport::PeerId to, transport::Reply* reply);
   // Coding groups (engine/cluster_coding.cc).
   Status ComputeGroupLocked();
+  Status AnnounceToGroup(uint64_t version, uint64_t file_bytes, int wait_ms,
+                         const std::string& what);
   Status BuildParity(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
   void HandleParity(const transport::Request& request, transport::Reply* reply);
   // Sends a kParity call to member `position` of this rank's group (to the local store when it

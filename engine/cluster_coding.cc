@@ -138,6 +138,33 @@ Status Cluster::CallParity(uint32_t position, const std::vector<uint8_t>& body, 
   }
 }
 
+// The first step of building a version's parity: this member's segment (its size and the
+// group's code) announced to every member of the group, itself included.
+Status Cluster::AnnounceToGroup(uint64_t version, uint64_t file_bytes, int wait_ms,
+                                const std::string& what) {
+  const CodingGroup& g = *group_;
+  const uint32_t n = g.code.k + g.code.m;
+  const uint32_t me = group_position_;
+  std::vector<uint8_t> ignored;
+  std::vector<uint8_t> body = ParityHeader(kAnnounce, g.group, version);
+  WireWriter w;
+  w.U8(static_cast<uint8_t>(g.code.scheme));
+  w.U32(g.code.k);
+  w.U32(g.code.m);
+  w.U64(g.unit_bytes);
+  w.U32(n);
+  for (uint32_t rank : g.members) w.U32(rank);
+  w.U32(me);
+  w.U64(file_bytes);
+  Append(&body, w.Take());
+  for (uint32_t q = 0; q < n; ++q) {
+    CKPTDB_RETURN_IF_ERROR(CallParity(q, body, nullptr, 0, wait_ms, &ignored)
+                               .WithContext(what + ": announcing its segment"));
+  }
+
+  return Status::Ok();
+}
+
 // Every member at once: announce the segment's length to every member, wait until each has laid
 // out its parity, send each unit to the holders of its stripe's parity, say done, wait until
 // each has sealed. A member waits here for the slowest of its group: the parity of a stripe
@@ -154,24 +181,8 @@ Status Cluster::BuildParity(uint64_t version, uint64_t file_bytes,
   const auto start_clock = std::chrono::steady_clock::now();
   // A member arrives at its commit when its trainer does: allow the slowest one the call timeout.
   const int wait_ms = options_.call_timeout_ms;
+  CKPTDB_RETURN_IF_ERROR(AnnounceToGroup(version, file_bytes, wait_ms, what));
   std::vector<uint8_t> ignored;
-  {
-    std::vector<uint8_t> body = ParityHeader(kAnnounce, g.group, version);
-    WireWriter w;
-    w.U8(static_cast<uint8_t>(g.code.scheme));
-    w.U32(g.code.k);
-    w.U32(g.code.m);
-    w.U64(g.unit_bytes);
-    w.U32(n);
-    for (uint32_t rank : g.members) w.U32(rank);
-    w.U32(me);
-    w.U64(file_bytes);
-    Append(&body, w.Take());
-    for (uint32_t q = 0; q < n; ++q) {
-      CKPTDB_RETURN_IF_ERROR(CallParity(q, body, nullptr, 0, wait_ms, &ignored)
-                                 .WithContext(what + ": announcing its segment"));
-    }
-  }
   // The holder allocates its parity's memory before answering (seconds for new pages on a VM).
   const int layout_ms =
       static_cast<int>(std::min<uint64_t>(wait_ms + file_bytes / (16 << 10), 24ull * 3600 * 1000));

@@ -127,6 +127,58 @@ void Cluster::Pace(uint64_t sent, int64_t start_ms) {
   }
 }
 
+namespace {
+
+// A piece of a replica on its way: where it goes in the segment, its bytes in the arena.
+struct SendPiece {
+  uint64_t offset;
+  const uint8_t* data;
+  uint64_t bytes;
+};
+
+// A replica's extents cut into pieces of at most `limit` bytes. An extent is one record of the
+// arena (a chunk's, about chunk_bytes); records the capture laid out next to each other, in the
+// image and in the arena, travel together, so a version of 4 MiB chunks crosses in a few large
+// calls, not one per chunk. A piece holds whole records (only a record larger than a piece is
+// cut): the receiver hashes the records of each piece as it lands, while later pieces are on the
+// wire, and leaves only records cut across pieces to the seal, which the vote waits for.
+std::vector<SendPiece> CutPieces(const std::vector<SendExtent>& extents, uint64_t limit) {
+  std::vector<SendPiece> pieces;
+  bool mergeable = false;  // the last piece starts at a record (not inside a record cut up)
+  for (const SendExtent& e : extents) {
+    SendPiece* last = pieces.empty() ? nullptr : &pieces.back();
+    if (mergeable && last->offset + last->bytes == e.logical_offset &&
+        last->data + last->bytes == e.data && last->bytes + e.bytes <= limit) {
+      last->bytes += e.bytes;
+      continue;
+    }
+    for (uint64_t off = 0; off < e.bytes; off += limit) {
+      pieces.push_back({e.logical_offset + off, e.data + off, std::min(limit, e.bytes - off)});
+    }
+    mergeable = e.bytes <= limit;
+  }
+  return pieces;
+}
+
+// The body of a kReplica call (DecodeReplicaPiece reads it); `epoch` is the sender's.
+std::vector<uint8_t> ReplicaCallBody(const ReplicaPiece& p, uint64_t epoch) {
+  WireWriter w;
+  w.U32(p.owner);
+  w.U64(p.version);
+  w.U64(epoch);
+  w.U64(p.file_bytes);
+  w.U64(p.offset);
+  w.U8(p.phase);
+  if (p.phase == kPhaseLanded) {
+    w.U64(p.window);
+    w.U32(p.slot);
+    w.U64(p.bytes);
+  }
+  return w.Take();
+}
+
+}  // namespace
+
 Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
                           const std::vector<SendExtent>& extents) {
   std::vector<uint32_t> targets = ReplicaTargets();
@@ -138,35 +190,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     std::lock_guard<std::mutex> lock(mu_);
     table = table_;
   }
-  // Pieces of at most `limit` bytes. An extent is one record of the arena (a chunk's, about
-  // chunk_bytes); records the capture laid out next to each other, in the image and in the arena,
-  // travel together, so a version of 4 MiB chunks crosses in a few large calls, not one per chunk.
-  // A piece holds whole records (only a record larger than a piece is cut): the receiver hashes
-  // the records of each piece as it lands, while later pieces are on the wire, and leaves only
-  // records cut across pieces to the seal, which the vote waits for.
-  struct Piece {
-    uint64_t offset;
-    const uint8_t* data;
-    uint64_t bytes;
-  };
-  auto cut = [&](uint64_t limit) {
-    std::vector<Piece> pieces;
-    bool mergeable = false;  // the last piece starts at a record (not inside a record cut up)
-    for (const SendExtent& e : extents) {
-      Piece* last = pieces.empty() ? nullptr : &pieces.back();
-      if (mergeable && last->offset + last->bytes == e.logical_offset &&
-          last->data + last->bytes == e.data && last->bytes + e.bytes <= limit) {
-        last->bytes += e.bytes;
-        continue;
-      }
-      for (uint64_t off = 0; off < e.bytes; off += limit) {
-        pieces.push_back({e.logical_offset + off, e.data + off, std::min(limit, e.bytes - off)});
-      }
-      mergeable = e.bytes <= limit;
-    }
-    return pieces;
-  };
-  std::vector<Piece> message_pieces, window_pieces;  // each cut when first needed
+  std::vector<SendPiece> message_pieces, window_pieces;  // each cut when first needed
   uint64_t sent = 0;
   for (uint32_t target : targets) {
     const std::string what = "replicating v" + std::to_string(version) + " of " + R(options_.rank) +
@@ -178,22 +202,14 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     // into a slot of it, in slot-sized pieces, and a call names the slot; else the pieces travel
     // as the calls' payloads.
     const std::shared_ptr<PeerWindow> window = WindowFor(table[target].address, peer, target);
-    std::vector<Piece>& pieces = window != nullptr ? window_pieces : message_pieces;
-    if (pieces.empty()) pieces = cut(window != nullptr ? kWindowSlotBytes : kMaxPieceBytes);
+    std::vector<SendPiece>& pieces = window != nullptr ? window_pieces : message_pieces;
+    if (pieces.empty()) {
+      pieces = CutPieces(extents, window != nullptr ? kWindowSlotBytes : kMaxPieceBytes);
+    }
     auto header = [&](uint64_t offset, uint8_t phase, uint32_t slot = 0, uint64_t bytes = 0) {
-      WireWriter w;
-      w.U32(options_.rank);
-      w.U64(version);
-      w.U64(epoch_);
-      w.U64(file_bytes);
-      w.U64(offset);
-      w.U8(phase);
-      if (phase == kPhaseLanded) {
-        w.U64(window->window->id());
-        w.U32(slot);
-        w.U64(bytes);
-      }
-      return w.Take();
+      return ReplicaCallBody({options_.rank, version, file_bytes, offset, phase,
+                              window != nullptr ? window->window->id() : 0, slot, bytes},
+                             epoch_);
     };
     {
       // The receiver maps the replica's memory first (on a new node, every page new: seconds on
