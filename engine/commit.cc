@@ -31,10 +31,6 @@ using redundancy::CodeScheme;
 bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   const uint64_t version = v->version;
   const CommitRound round{v->phase, v->residency.size(), demotion_.has_value()};
-  auto fail = [&](const Status& st) {
-    FailLocked(v, st);
-    return true;
-  };
   Status st;
   if (v->phase == CommitPhase::kNone) {
     if (std::optional<bool> done = CommitManifest(lock, v, round)) return *done;
@@ -54,7 +50,7 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
       size_t target = v->demote_to.front();
       v->demote_to.erase(v->demote_to.begin());
       st = StartDemotion(lock, version, 0, target, /*for_commit=*/true);
-      if (!st.ok()) return fail(st);
+      if (!st.ok()) return FailCommitLocked(v, st);
       return true;
     }
     v->phase = CommitPhase::kDecide;
@@ -73,10 +69,10 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   if (v->phase == CommitPhase::kVoting) {
     if (v->decision == 0) return false;
     if (v->decision < 0) {
-      return fail(
-          Status::State(V(version) + " was aborted by the coordinator" +
-                        (v->abort_why.empty() ? " (a rank failed, was fenced, or did not vote)"
-                                              : ": " + v->abort_why)));
+      return FailCommitLocked(
+          v, Status::State(V(version) + " was aborted by the coordinator" +
+                           (v->abort_why.empty() ? " (a rank failed, was fenced, or did not vote)"
+                                                 : ": " + v->abort_why)));
     }
     VersionRecord rec = versions_[version].record;
     rec.state = CKPTDB_STATE_PREPARED;
@@ -86,6 +82,12 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     return true;
   }
   return CommitRoundChanged(version, round);
+}
+
+// Fails v's commit with st (FailLocked); true, for RunCommit's "something changed".
+bool Db::FailCommitLocked(LiveVersion* v, const Status& st) {
+  FailLocked(v, st);
+  return true;
 }
 
 bool Db::CommitRoundChanged(uint64_t version, const CommitRound& round) const {
@@ -99,10 +101,6 @@ bool Db::CommitRoundChanged(uint64_t version, const CommitRound& round) const {
 std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveVersion* v,
                                        const CommitRound& round) {
   const uint64_t version = v->version;
-  auto fail = [&](const Status& st) {
-    FailLocked(v, st);
-    return true;
-  };
   Status st;
   // Capture is complete: every byte is out of the caller's buffers and on the first tier.
   VersionRecord rec = versions_[version].record;
@@ -168,10 +166,11 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
   st = catalog_->Apply(captured, /*sync=*/false);
   std::vector<uint8_t> manifest = format::BuildManifest(std::move(mc));
   lock.lock();
-  if (!st.ok()) return fail(st.WithContext("commit " + V(version)));
+  if (!st.ok()) return FailCommitLocked(v, st.WithContext("commit " + V(version)));
   if (manifest.size() > format::kMaxManifestBytes) {
-    return fail(Status::Invalid(V(version) + ": the manifest would be " +
-                                std::to_string(manifest.size()) + " bytes, over the 1 GiB limit"));
+    return FailCommitLocked(
+        v, Status::Invalid(V(version) + ": the manifest would be " +
+                           std::to_string(manifest.size()) + " bytes, over the 1 GiB limit"));
   }
   v->manifest_xxh3 = format::Xxh3(manifest.data(), manifest.size());
   v->manifest = std::move(manifest);
@@ -252,10 +251,6 @@ std::optional<bool> Db::CommitTailInArena(std::unique_lock<std::mutex>& lock, Li
 std::optional<bool> Db::CommitTailToFile(std::unique_lock<std::mutex>& lock, LiveVersion* v,
                                          const CommitRound& round) {
   const uint64_t version = v->version;
-  auto fail = [&](const Status& st) {
-    FailLocked(v, st);
-    return true;
-  };
   Status st;
   if (v->tail) return CommitRoundChanged(version, round);  // the tail write is in flight
   const uint64_t manifest_offset = v->next_offset;
@@ -269,7 +264,8 @@ std::optional<bool> Db::CommitTailToFile(std::unique_lock<std::mutex>& lock, Liv
                               static_cast<uint32_t>(v->chunks.size()));
   }
   lock.lock();
-  if (block == nullptr) return fail(Status::NoMemory("allocating the manifest of " + V(version)));
+  if (block == nullptr)
+    return FailCommitLocked(v, Status::NoMemory("allocating the manifest of " + V(version)));
   v->tail.reset(static_cast<uint8_t*>(block));
   io::IoRequest r;
   r.op = io::IoRequest::Op::kWrite;
@@ -283,20 +279,15 @@ std::optional<bool> Db::CommitTailToFile(std::unique_lock<std::mutex>& lock, Liv
   lock.lock();
   if (!st.ok()) {
     v->writes_in_flight--;
-    return fail(st.WithContext("writing the manifest of " + V(version)));
+    return FailCommitLocked(v, st.WithContext("writing the manifest of " + V(version)));
   }
   return true;  // kTail completes into kSync, kSync into kDemote
-  return std::nullopt;
 }
 
 // kDemote on a directory first tier, once synced: the rename that publishes the segment.
 std::optional<bool> Db::CommitPublishFile(std::unique_lock<std::mutex>& lock, LiveVersion* v,
                                           const CommitRound& round) {
   const uint64_t version = v->version;
-  auto fail = [&](const Status& st) {
-    FailLocked(v, st);
-    return true;
-  };
   Status st;
   // Chunk durable before manifest is visible: the fsync is done; now the rename.
   int fd = v->fd;
@@ -308,7 +299,7 @@ std::optional<bool> Db::CommitPublishFile(std::unique_lock<std::mutex>& lock, Li
   if (buffered >= 0) (void)io_->Close(buffered);
   st = tier.Publish(version, identity_.rank, fd);
   lock.lock();
-  if (!st.ok()) return fail(st.WithContext("publishing " + V(version)));
+  if (!st.ok()) return FailCommitLocked(v, st.WithContext("publishing " + V(version)));
   ResidencyRecord res;
   res.tier = tiers_[0].name();
   res.state = CKPTDB_RESIDENT_DURABLE;
@@ -326,14 +317,11 @@ std::optional<bool> Db::CommitPublishFile(std::unique_lock<std::mutex>& lock, Li
 std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& lock, LiveVersion* v,
                                                const CommitRound& round) {
   const uint64_t version = v->version;
-  auto fail = [&](const Status& st) {
-    FailLocked(v, st);
-    return true;
-  };
   // world_size > 1: the rank's redundancy must be safe too before it may vote (GEMINI's
   // replicas in peers' memory), pushed by the cluster worker straight from the arena.
   if (!v->ram)
-    return fail(Status::NotSupported(V(version) + ": world_size > 1 needs a ram first tier"));
+    return FailCommitLocked(
+        v, Status::NotSupported(V(version) + ": world_size > 1 needs a ram first tier"));
   std::vector<SendExtent> extents;
   for (const RamExtent& e : v->image.extents) {
     extents.push_back({e.logical_offset, tiers_[0].ram->base() + e.arena_offset, e.bytes});
@@ -397,17 +385,13 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
 std::optional<bool> Db::CommitVote(std::unique_lock<std::mutex>& lock, LiveVersion* v,
                                    const CommitRound& round) {
   const uint64_t version = v->version;
-  auto fail = [&](const Status& st) {
-    FailLocked(v, st);
-    return true;
-  };
   Status st;
   if (v->replicated == 0) return false;
-  if (v->replicated < 0) return fail(v->replicate_error);
+  if (v->replicated < 0) return FailCommitLocked(v, v->replicate_error);
   VersionRecord rec;
   st = WritePrepared(lock, v, &rec);
   if (!live_.count(version)) return true;
-  if (!st.ok()) return fail(st);
+  if (!st.ok()) return FailCommitLocked(v, st);
   v->phase = CommitPhase::kVoting;
   PostClusterJob([this, version] {
     {

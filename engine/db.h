@@ -479,6 +479,7 @@ class Db {
     bool demoting;  // a demotion was under way
   };
   bool CommitRoundChanged(uint64_t version, const CommitRound& round) const;
+  bool FailCommitLocked(LiveVersion* v, const Status& st);
   // RunCommit's phases (commit.cc): nullopt goes on to the next phase in the same round; a
   // value is what RunCommit returns.
   std::optional<bool> CommitManifest(std::unique_lock<std::mutex>& lock, LiveVersion* v,
