@@ -94,7 +94,8 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
   return Status::Ok();
 }
 
-Status Db::OpenImpl() {
+// Every option is checked before anything is touched: a bad value changes nothing.
+Status Db::ValidateOptions() const {
   const DbOptions& o = options_;
   if (o.root.empty()) return Status::Invalid("options: root is empty; name the store's directory");
   if (o.world_size == 0 || o.world_size > 65536) {
@@ -131,26 +132,31 @@ Status Db::OpenImpl() {
                            " holds fewer than 2 chunks of " + std::to_string(o.chunk_bytes) +
                            " bytes plus their 4096-byte record headers");
   }
+  return Status::Ok();
+}
 
-  std::error_code ec;
-  std::string cwd = std::filesystem::current_path(ec).string();
-  std::vector<io::TierSpec> specs;
-  if (!o.read_only) {
-    // Bad input changes nothing: the spec and the commit tier are checked before the store is
-    // created.
-    std::string spec = o.tiers.empty() ? "disk:" + o.root + "/segments" : o.tiers;
-    CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, &specs));
-    for (const io::TierSpec& s : specs) tiers_.emplace_back(s);
-    CKPTDB_RETURN_IF_ERROR(ResolveTier(o.commit_tier, &commit_tier_));
-    if (specs[0].kind == io::TierKind::kRam) {
-      if (specs[0].capacity_bytes < 2 * record_bytes + RamTier::kHeaderBytes + 2 * kBlockBytes) {
-        return Status::Invalid(
-            "options: the ram tier's " + std::to_string(specs[0].capacity_bytes) +
-            " bytes hold fewer than 2 chunks of chunk_bytes " + std::to_string(o.chunk_bytes));
-      }
+// A writer's tiers come from its options (or the default disk tier under the root). Bad input
+// changes nothing: the spec and the commit tier are checked before the store is created.
+Status Db::ParseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* specs) {
+  const DbOptions& o = options_;
+  const uint64_t record_bytes = format::RecordBytes(o.chunk_bytes);
+  std::vector<io::TierSpec>& out = *specs;
+  std::string spec = o.tiers.empty() ? "disk:" + o.root + "/segments" : o.tiers;
+  CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, specs));
+  for (const io::TierSpec& s : out) tiers_.emplace_back(s);
+  CKPTDB_RETURN_IF_ERROR(ResolveTier(o.commit_tier, &commit_tier_));
+  if (out[0].kind == io::TierKind::kRam) {
+    if (out[0].capacity_bytes < 2 * record_bytes + RamTier::kHeaderBytes + 2 * kBlockBytes) {
+      return Status::Invalid("options: the ram tier's " + std::to_string(out[0].capacity_bytes) +
+                             " bytes hold fewer than 2 chunks of chunk_bytes " +
+                             std::to_string(o.chunk_bytes));
     }
   }
+  return Status::Ok();
+}
 
+void Db::ChooseIo() {
+  const DbOptions& o = options_;
   if (o.io != nullptr) {
     io_ = o.io;
   } else if (io::Io* testing = g_testing_io.load(); testing != nullptr) {
@@ -159,6 +165,12 @@ Status Db::OpenImpl() {
     owned_io_ = io::NewPosixIo();
     io_ = owned_io_.get();
   }
+}
+
+// The root exists (or is created, where the options allow) and is a store; a writer holds its
+// LOCK from here on.
+Status Db::OpenRoot() {
+  const DbOptions& o = options_;
   const std::string& root = o.root;
   uint64_t ignored;
   Status exists = io_->PathSize(root, &ignored);
@@ -203,6 +215,14 @@ Status Db::OpenImpl() {
       return Status::FromErrno(err, "locking " + lock_path);
     }
   }
+  return Status::Ok();
+}
+
+// Opens the catalog, checked whole against the commit witnesses; *reopen_read_write says it
+// was opened read-only for now and becomes writable once the tiers are checked too.
+Status Db::OpenCatalog(bool* reopen_read_write_out) {
+  const DbOptions& o = options_;
+  const std::string& root = o.root;
   // A new catalog only where the root holds none at all: commit witnesses without a catalog
   // mean it was lost, and starting a new one over them would orphan (and the sweep then
   // delete) every committed segment.
@@ -238,6 +258,14 @@ Status Db::OpenImpl() {
       [this, &root](Catalog& c) { return CheckWitnesses(c, root); }, &catalog_));
   created_catalog_ = !had_catalog && !o.read_only;
   Status st = catalog_->GetIdentity(&identity_);
+  *reopen_read_write_out = reopen_read_write;
+  return CheckIdentity(st, reopen_read_write);
+}
+
+// The store's identity record: written on a first open, else it must name this rank and job.
+Status Db::CheckIdentity(Status st, bool reopen_read_write) {
+  const DbOptions& o = options_;
+  const std::string& root = o.root;
   if (st.code() == CKPTDB_ENOTFOUND && reopen_read_write) {
     // A catalog without identity: a first open stopped before writing it, so nothing else is in
     // it either. Written now, which needs the catalog read-write.
@@ -277,35 +305,27 @@ Status Db::OpenImpl() {
                            ", not this job of " + std::to_string(o.world_size) +
                            " ranks: give this rank an empty root, or the one it had in this job");
   }
+  return Status::Ok();
+}
 
-  if (o.read_only) {
-    // Tools open with the tiers of the last read-write open unless told otherwise.
-    std::string spec = o.tiers;
-    if (spec.empty()) {
-      Status ts = catalog_->GetTiers(&spec);
-      if (!ts.ok() && ts.code() != CKPTDB_ENOTFOUND) return ts;
-    }
-    if (spec.empty()) spec = "disk:" + root + "/segments";
-    CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, &specs));
-    for (const io::TierSpec& s : specs) tiers_.emplace_back(s);
+// A read-only handle opens with the tiers of the last read-write open unless told otherwise.
+Status Db::ParseReaderTiers(const std::string& cwd, std::vector<io::TierSpec>* specs) {
+  const DbOptions& o = options_;
+  const std::string& root = o.root;
+  std::string spec = o.tiers;
+  if (spec.empty()) {
+    Status ts = catalog_->GetTiers(&spec);
+    if (!ts.ok() && ts.code() != CKPTDB_ENOTFOUND) return ts;
   }
-  CKPTDB_RETURN_IF_ERROR(OpenTiers(specs));
-  if (reopen_read_write && catalog_->read_only()) {
-    CKPTDB_RETURN_IF_ERROR(Catalog::ReopenReadWrite(&catalog_));
-  }
+  if (spec.empty()) spec = "disk:" + root + "/segments";
+  CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, specs));
+  for (const io::TierSpec& s : *specs) tiers_.emplace_back(s);
+  return Status::Ok();
+}
 
-  io::QueueOptions qo;
-  qo.queue_depth = o.queue_depth;
-  CKPTDB_RETURN_IF_ERROR(io_->NewQueue(qo, &read_queue_));
-  CKPTDB_RETURN_IF_ERROR(catalog_->LoadAll(&versions_));
-  if (o.read_only) {
-    // What a read-only handle cannot write it still sees: copies whose file or arena is gone
-    // read as missing.
-    RefreshResidencyLocked(nullptr);
-    StartThreads();  // workers only: they help restores copy and check ram copies
-    return Status::Ok();
-  }
-
+// The writer's queues and memory: allocated and faulted in once, never per checkpoint.
+Status Db::AllocateWriteBuffers(const io::QueueOptions& qo) {
+  const DbOptions& o = options_;
   io::QueueOptions wqo = qo;
   wqo.offload_writes = true;  // the kernel copies into tmpfs while capture stages the next chunk
   CKPTDB_RETURN_IF_ERROR(io_->NewQueue(wqo, &queue_));
@@ -337,27 +357,13 @@ Status Db::OpenImpl() {
   if (h == MAP_FAILED) return Status::FromErrno(errno, "allocating direct-write header blocks");
   direct_headers_ = static_cast<uint8_t*>(h);
   for (uint32_t i = kDirectHeaders; i > 0; --i) free_direct_headers_.push_back(i - 1);
+  return Status::Ok();
+}
 
-  if (o.world_size > 1) {
-    // Join the job before recovery: versions this rank PREPARED are decided by the coordinator
-    // (docs/commit-protocol.md, recovery), not presumed aborted locally.
-    CKPTDB_RETURN_IF_ERROR(StartCluster());
-    CKPTDB_RETURN_IF_ERROR(ResolveInDoubt());
-    CKPTDB_RETURN_IF_ERROR(AdoptSegments());
-  }
-  CKPTDB_RETURN_IF_ERROR(Recover());
-  WriteMissingWitnesses(root);
-  if (cluster_ != nullptr) {
-    LearnArcVersions();
-    cluster_->Ready();
-  }
-  // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
-  // copy is refused there).
-  CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(CanonicalTiers()));
-
-  // Fixed buffers: the staging ring (when there is one), then the arena in pieces of at most
-  // 1 GiB (the kernel's limit per registered buffer). Registered after recovery, which may have
-  // resized the arena.
+// Fixed buffers: the staging ring (when there is one), then the arena in pieces of at most
+// 1 GiB (the kernel's limit per registered buffer). Registered after recovery, which may have
+// resized the arena.
+void Db::RegisterFixedBuffers() {
   std::vector<iovec> buffers;
   if (ring_) buffers.push_back({staging_, staging_bytes_});
   const size_t arena_base = buffers.size();
@@ -370,12 +376,60 @@ Status Db::OpenImpl() {
   }
   Status reg = buffers.empty() ? Status::Ok() : queue_->RegisterBuffers(buffers);
   if (!reg.ok() && ring_ && buffers.size() > 1) {
-    buffers.resize(1);  // the arena may be too large to pin: the ring alone, then
+    // The arena may be too large to pin: the ring alone, then.
+    buffers.erase(buffers.begin() + 1, buffers.end());
     reg = queue_->RegisterBuffers(buffers);
   }
   fixed_buffers_ = reg.ok() && ring_ != nullptr;
   if (reg.ok() && buffers.size() > arena_base) fixed_arena_base_ = static_cast<int>(arena_base);
+}
 
+Status Db::OpenImpl() {
+  const DbOptions& o = options_;
+  CKPTDB_RETURN_IF_ERROR(ValidateOptions());
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  std::vector<io::TierSpec> specs;
+  if (!o.read_only) CKPTDB_RETURN_IF_ERROR(ParseWriterTiers(cwd, &specs));
+  ChooseIo();
+  CKPTDB_RETURN_IF_ERROR(OpenRoot());
+  bool reopen_read_write = false;
+  CKPTDB_RETURN_IF_ERROR(OpenCatalog(&reopen_read_write));
+  if (o.read_only) CKPTDB_RETURN_IF_ERROR(ParseReaderTiers(cwd, &specs));
+  CKPTDB_RETURN_IF_ERROR(OpenTiers(specs));
+  if (reopen_read_write && catalog_->read_only()) {
+    CKPTDB_RETURN_IF_ERROR(Catalog::ReopenReadWrite(&catalog_));
+  }
+
+  io::QueueOptions qo;
+  qo.queue_depth = o.queue_depth;
+  CKPTDB_RETURN_IF_ERROR(io_->NewQueue(qo, &read_queue_));
+  CKPTDB_RETURN_IF_ERROR(catalog_->LoadAll(&versions_));
+  if (o.read_only) {
+    // What a read-only handle cannot write it still sees: copies whose file or arena is gone
+    // read as missing.
+    RefreshResidencyLocked(nullptr);
+    StartThreads();  // workers only: they help restores copy and check ram copies
+    return Status::Ok();
+  }
+  CKPTDB_RETURN_IF_ERROR(AllocateWriteBuffers(qo));
+  if (o.world_size > 1) {
+    // Join the job before recovery: versions this rank PREPARED are decided by the coordinator
+    // (docs/commit-protocol.md, recovery), not presumed aborted locally.
+    CKPTDB_RETURN_IF_ERROR(StartCluster());
+    CKPTDB_RETURN_IF_ERROR(ResolveInDoubt());
+    CKPTDB_RETURN_IF_ERROR(AdoptSegments());
+  }
+  CKPTDB_RETURN_IF_ERROR(Recover());
+  WriteMissingWitnesses(o.root);
+  if (cluster_ != nullptr) {
+    LearnArcVersions();
+    cluster_->Ready();
+  }
+  // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
+  // copy is refused there).
+  CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(CanonicalTiers()));
+  RegisterFixedBuffers();
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return Status::FromErrno(errno, "eventfd for the tier manager");
   StartThreads();

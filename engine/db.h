@@ -405,6 +405,16 @@ class Db {
 
   explicit Db(DbOptions options);
   Status OpenImpl();
+  // OpenImpl's steps, in order.
+  Status ValidateOptions() const;
+  Status ParseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
+  void ChooseIo();
+  Status OpenRoot();
+  Status OpenCatalog(bool* reopen_read_write);
+  Status CheckIdentity(Status identity_read, bool reopen_read_write);
+  Status ParseReaderTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
+  Status AllocateWriteBuffers(const io::QueueOptions& qo);
+  void RegisterFixedBuffers();
   Status OpenTiers(const std::vector<io::TierSpec>& specs);
   // Open's check of a catalog opened read-only (Catalog::Open): every commit witness of this
   // rank must be accounted for by a COMMITTED (or RETIRED) record with the same manifest;
