@@ -1,5 +1,6 @@
 // The C API (include/ckptdb/ckptdb.h) over engine::Db: argument checks that need no state,
 // option defaults from the environment, and the thread-local last error.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -90,6 +91,27 @@ ckpt::Status EnvU32(uint32_t value, const char* name, uint32_t fallback, uint32_
   return ckpt::Status::Ok();
 }
 
+// CKPTDB_REPORT_FD: a descriptor open for writing, where a listening rank reports its address.
+ckpt::Status ReportFd(int* out) {
+  const char* e = std::getenv("CKPTDB_REPORT_FD");
+  *out = -1;
+  if (e == nullptr || e[0] == '\0') return ckpt::Status::Ok();
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(e, &end, 10);
+  const std::string what = std::string("environment CKPTDB_REPORT_FD=\"") + e + "\"";
+  if (errno != 0 || *end != '\0' || e[0] == '-' || e[0] == '+' || v > INT_MAX) {
+    return ckpt::Status::Invalid(what + " is not a file descriptor number");
+  }
+  const int flags = ::fcntl(static_cast<int>(v), F_GETFL);
+  if (flags < 0) return ckpt::Status::Invalid(what + " is not an open file descriptor");
+  if ((flags & O_ACCMODE) == O_RDONLY) {
+    return ckpt::Status::Invalid(what + " is not open for writing");
+  }
+  *out = static_cast<int>(v);
+  return ckpt::Status::Ok();
+}
+
 // The options ckptdb_open and ckptdb_serve share: tiers and the job's, from the environment
 // where unset.
 ckpt::Status ResolveJobOptions(const ckptdb_options* o, ckpt::engine::DbOptions* out) {
@@ -111,6 +133,7 @@ ckpt::Status ResolveJobOptions(const ckptdb_options* o, ckpt::engine::DbOptions*
   // Job knobs read from the environment only (docs/api.md, "A job of many ranks").
   if (const char* l = std::getenv("CKPTDB_LISTEN")) d.listen = l;
   if (const char* t = std::getenv("CKPTDB_UCX_TLS")) d.ucx_tls = t;
+  if (st.ok()) st = ReportFd(&d.report_fd);
   uint32_t ms = 0;
   if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_HEARTBEAT_MS", 200, &ms);
   d.heartbeat_ms = static_cast<int>(std::max(ms, 10u));

@@ -105,6 +105,11 @@ Cluster::Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog)
 
 namespace {
 
+// "host:0": whatever port is free.
+bool IsAnyPort(const std::string& address) {
+  return address.substr(address.rfind(':') + 1) == "0";
+}
+
 // What Cluster::Start refuses before it makes anything: Invalid or NotFound, naming `who`.
 Status CheckClusterOptions(const ClusterOptions& options, const std::string& who) {
   if (!options.serve_only && (options.world_size < 2 || options.world_size > 65536 ||
@@ -113,6 +118,19 @@ Status CheckClusterOptions(const ClusterOptions& options, const std::string& who
   }
   if (options.coordinator.empty()) {
     return Status::Invalid(who + ": no coordinator address (set CKPTDB_COORDINATOR=host:port)");
+  }
+  // Port 0: rank 0 binds any free port and reports it (CKPTDB_REPORT_FD); nobody else can bind
+  // the coordinator's port, and without the report no rank could find it.
+  const bool any_port = IsAnyPort(options.coordinator);
+  if (any_port && (options.rank != 0 || options.serve_only)) {
+    return Status::Invalid(who + ": coordinator " + options.coordinator +
+                           " has port 0, which only rank 0 may be given (it binds a free port "
+                           "and reports it); give this one the port rank 0 reported");
+  }
+  if (any_port && options.report_fd < 0) {
+    return Status::Invalid(who + ": coordinator " + options.coordinator +
+                           " has port 0 but CKPTDB_REPORT_FD is not set: no rank could learn "
+                           "the port rank 0 binds");
   }
   if (options.job_token.empty()) {
     return Status::Invalid(who +
@@ -148,6 +166,7 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   CKPTDB_RETURN_IF_ERROR(CheckClusterOptions(options, who));
   std::unique_ptr<Cluster> c(new Cluster(options, std::move(hooks), catalog));
   c->started_ms_ = MonoMs();
+  c->coordinator_address_ = options.coordinator;
   randombytes_buf(&c->incarnation_, sizeof c->incarnation_);
   c->incarnation_ |= 1;
   if (options.replicas > 1 && !options.serve_only) {
@@ -210,6 +229,11 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   }
   CKPTDB_RETURN_IF_ERROR(transport::Transport::Start(
       to, [self](const Request& r, Reply* reply) { self->Handle(r, reply); }, &c->transport_));
+  if (options.rank == 0 && !options.serve_only && IsAnyPort(options.coordinator)) {
+    // Given port 0, rank 0 joins its own coordinator at the port it bound.
+    c->coordinator_address_ = c->transport_->address();
+  }
+  if (options.report_fd >= 0) CKPTDB_RETURN_IF_ERROR(c->ReportAddress());
   // Listening on loopback, every peer that can connect is on this host: the spare window is made
   // now, while the job assembles, not when a restarted peer's first restore asks for it.
   if (c->rma_ != nullptr && !options.serve_only && c->ListensOnLoopback()) {
@@ -241,6 +265,22 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
     c->window_maker_ = std::thread([self] { self->WindowMakerLoop(); });
   }
   *out = std::move(c);
+  return Status::Ok();
+}
+
+// One line, "host:port\n", written whole to CKPTDB_REPORT_FD (a pipe's reader sees it at once).
+Status Cluster::ReportAddress() const {
+  const std::string line = transport_->address() + "\n";
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(options_.report_fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return Status::FromErrno(errno, "reporting the address " + transport_->address() +
+                                          " to CKPTDB_REPORT_FD " +
+                                          std::to_string(options_.report_fd));
+    }
+    done += static_cast<size_t>(n);
+  }
   return Status::Ok();
 }
 
@@ -300,10 +340,10 @@ Status Cluster::Join() {
     // Until the coordinator listens, the connect is refused at once (ckptdb's own socket, not
     // UCX's): try again shortly.
     transport::PeerId coord = 0;
-    last = PeerFor(options_.coordinator, &coord);
+    last = PeerFor(coordinator_address_, &coord);
     if (!last.ok()) {
       if (last.code() == CKPTDB_EAUTH) return last;
-      DropPeer(options_.coordinator);
+      DropPeer(coordinator_address_);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       continue;
     }
@@ -321,11 +361,11 @@ Status Cluster::Join() {
     last = transport_->CallSync(coord, kRegister, w.Take(), holdings.data(), holdings.size(),
                                 options_.call_timeout_ms, &body, table.data(), table.size(), &got);
     if (!last.ok()) {
-      if (DropIfGone(last, options_.coordinator)) {
+      if (DropIfGone(last, coordinator_address_)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       }
-      return last.WithContext(R(options_.rank) + " joining the job at " + options_.coordinator);
+      return last.WithContext(R(options_.rank) + " joining the job at " + coordinator_address_);
     }
     WireReader r(body, "the coordinator's reply to register");
     uint64_t epoch = r.U64("epoch");
@@ -357,7 +397,7 @@ Status Cluster::Join() {
   }
   return Status::TimedOut(R(options_.rank) + ": the job did not assemble within " +
                           std::to_string(options_.join_timeout_ms) + " ms (coordinator " +
-                          options_.coordinator + (last.ok() ? "" : ": " + last.message()) + ")");
+                          coordinator_address_ + (last.ok() ? "" : ": " + last.message()) + ")");
 }
 
 // Nodes in order of their first rank; GEMINI's placement over them.
@@ -457,7 +497,7 @@ void Cluster::RecordRedundancyTraffic(uint64_t sent, std::chrono::steady_clock::
 
 void Cluster::SendHeartbeat() {
   transport::PeerId coord = 0;
-  if (!PeerFor(options_.coordinator, &coord).ok()) return;
+  if (!PeerFor(coordinator_address_, &coord).ok()) return;
   WireWriter w;
   w.U32(options_.rank);
   w.U64(incarnation_);
@@ -467,7 +507,7 @@ void Cluster::SendHeartbeat() {
   std::vector<uint8_t> reply;
   Status st = transport_->CallSync(coord, kHeartbeat, w.Take(), payload.data(), payload.size(),
                                    options_.call_timeout_ms, &reply);
-  if (DropIfGone(st, options_.coordinator)) return;
+  if (DropIfGone(st, coordinator_address_)) return;
   if (st.ok()) {
     WireReader r(reply, "heartbeat reply");
     uint64_t e = r.U64("epoch");
@@ -544,7 +584,7 @@ Status Cluster::VoteAbort(uint64_t version, const std::string& why) {
 
 Status Cluster::CastVote(uint64_t version, bool yes, const std::string& why) {
   transport::PeerId coord = 0;
-  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+  CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord));
   WireWriter w;
   w.U32(options_.rank);
   w.U64(incarnation_);
@@ -555,14 +595,14 @@ Status Cluster::CastVote(uint64_t version, bool yes, const std::string& why) {
   std::vector<uint8_t> reply;
   Status st =
       transport_->CallSync(coord, kVote, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
-  DropIfGone(st, options_.coordinator);
+  DropIfGone(st, coordinator_address_);
   return st.WithContext(R(options_.rank) + (yes ? " voting for v" : " voting no for v") +
                         std::to_string(version));
 }
 
 Status Cluster::Decisions(std::set<uint64_t>* committed) {
   transport::PeerId coord = 0;
-  CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+  CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord));
   std::vector<uint8_t> reply;
   CKPTDB_RETURN_IF_ERROR(
       transport_->CallSync(coord, kDecisions, {}, nullptr, 0, options_.call_timeout_ms, &reply));

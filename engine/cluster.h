@@ -57,6 +57,9 @@ struct ClusterOptions {
   std::string coordinator;  // host:port of rank 0's listener
   std::string listen;       // host:port (port 0: any); empty: the coordinator's host, any port
   std::string job_token;
+  // Once listening, "host:port\n" (the address bound, port 0 resolved) is written here: how a
+  // launcher learns the port of a rank 0 given port 0 (CKPTDB_REPORT_FD). -1: nowhere.
+  int report_fd = -1;
   std::string tls;                     // UCX_TLS; empty: UCX's choice
   uint32_t replicas = 1;               // copies of each rank's segment in memory, its own included
   std::string replica_dir;             // where this node keeps peers' replicas (a tmpfs directory)
@@ -273,6 +276,7 @@ class Cluster {
  private:
   explicit Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog);
   Status Join();
+  Status ReportAddress() const;  // to options_.report_fd
   void Handle(const transport::Request& request, transport::Reply* reply);
   void HeartbeatLoop();
   void SendHeartbeat();
@@ -361,6 +365,9 @@ class Cluster {
   Status ComputePlacementLocked();
 
   const ClusterOptions options_;
+  // Where rank 0's coordinator listens: options_.coordinator, its port resolved when it was 0.
+  // Resolved in Start before anyone can know the port, so before anything reads it.
+  std::string coordinator_address_;
   Hooks hooks_;
   Catalog* catalog_;  // rank 0: decisions and the epoch
   uint64_t incarnation_ = 0;

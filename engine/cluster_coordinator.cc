@@ -644,11 +644,11 @@ Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
   const int64_t deadline = MonoMs() + options_.call_timeout_ms;
   while (true) {
     transport::PeerId coord = 0;
-    CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord));
+    CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord));
     reply->clear();
     Status st =
         transport_->CallSync(coord, type, body, nullptr, 0, options_.call_timeout_ms, reply);
-    DropIfGone(st, options_.coordinator);
+    DropIfGone(st, coordinator_address_);
     if (st.code() != CKPTDB_EBUSY || MonoMs() >= deadline || stop_) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -80,12 +80,12 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
   int pause_us = 1000;
   while (true) {
     transport::PeerId coord = 0;
-    CKPTDB_RETURN_IF_ERROR(PeerFor(options_.coordinator, &coord).WithContext(what));
+    CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord).WithContext(what));
     std::vector<uint8_t> reply;
     Status st =
         transport_->CallSync(coord, kReplicaCheck, body(sent), sent ? nullptr : payload.data(),
                              sent ? 0 : payload.size(), options_.call_timeout_ms, &reply);
-    DropIfGone(st, options_.coordinator);
+    DropIfGone(st, coordinator_address_);
     if (sent && st.code() == CKPTDB_ENOTFOUND) {
       sent = false;  // a restarted coordinator (or an evicted comparison): send the list again
       continue;

@@ -85,7 +85,7 @@ void Cluster::ServeLoop() {
     Status st;
     {
       transport::PeerId coord = 0;
-      st = PeerFor(options_.coordinator, &coord);
+      st = PeerFor(coordinator_address_, &coord);
       if (st.ok()) {
         WireWriter w;
         w.Str(options_.node_id);
@@ -96,7 +96,7 @@ void Cluster::ServeLoop() {
         st = transport_->CallSync(coord, kServe, w.Take(), holdings.data(), holdings.size(),
                                   options_.call_timeout_ms, &reply);
       }
-      DropIfGone(st, options_.coordinator);
+      DropIfGone(st, coordinator_address_);
     }
     if (!st.ok() && st.message() != last_error && st.code() != CKPTDB_EPEER) {
       std::fprintf(stderr, "ckptdb[serve:%s]: %s\n", options_.node_id.c_str(),

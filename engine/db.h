@@ -65,6 +65,7 @@ struct DbOptions {
   std::string job_token;    // authenticates every connection between ranks (world_size > 1)
   std::string listen;       // host:port this rank accepts peers on; empty: coordinator's host
   std::string ucx_tls;      // UCX_TLS for ckptdb's channel; empty: UCX's choice
+  int report_fd = -1;       // where the rank writes the address it listens on; -1: nowhere
   uint64_t replicate_bytes_per_s = 0;  // replication bandwidth cap; 0: none
   int heartbeat_ms = 200;
   int dead_after_ms = 3000;

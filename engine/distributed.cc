@@ -27,6 +27,7 @@ Status Db::ClusterOptionsFor(ClusterOptions* co) const {
   co->coordinator = options_.coordinator;
   co->listen = options_.listen;
   co->job_token = options_.job_token;
+  co->report_fd = options_.report_fd;
   co->tls = options_.ucx_tls;
   co->heartbeat_ms = options_.heartbeat_ms;
   co->dead_after_ms = options_.dead_after_ms;
@@ -171,6 +172,7 @@ Status ServeNodeMemory(const DbOptions& options, std::unique_ptr<Cluster>* out) 
   co.coordinator = options.coordinator;
   co.listen = options.listen;
   co.job_token = options.job_token;
+  co.report_fd = options.report_fd;
   co.tls = options.ucx_tls;
   co.heartbeat_ms = options.heartbeat_ms;
   co.dead_after_ms = options.dead_after_ms;
