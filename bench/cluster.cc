@@ -76,6 +76,7 @@
 
 #include "bench/bench_util.h"
 #include "ckptdb/ckptdb.h"
+#include "harness/job.h"
 #include "transport/rma.h"
 
 namespace {
@@ -85,6 +86,7 @@ using bench::Clock;
 using bench::Median;
 using bench::Since;
 namespace fs = std::filesystem;
+namespace harness = ckpt::harness;
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kShardBytes = 64 * kMiB;         // the ranks' tensors
@@ -167,15 +169,10 @@ void UnapplyTls(const std::string& entry) {
 
 // ---- what the rank processes share with the parent ---------------------------------------------
 
-// One anonymous shared mapping made before any fork: a process-shared barrier and the figures
-// each rank reports (one slot per rank and version).
+// One anonymous shared mapping made before any fork: the figures each rank reports (one slot per
+// rank and version). The ranks' barriers, gates and coordinator port are the job harness's
+// (harness/job.h).
 struct Shared {
-  pthread_barrier_t barrier;
-  // The parent's gate (ReplicateJob): a rank starts version v once gate >= v, after saying it
-  // waits for v in at_gate; `failed` once a rank's function returned an error.
-  std::atomic<int> gate;
-  std::atomic<int> at_gate[kMaxRanks];
-  std::atomic<int> failed;
   double t0[kMaxRanks][kMaxVersions];  // steady clock, seconds: commit called
   double t1[kMaxRanks][kMaxVersions];  // commit returned
   double replica_bytes[kMaxRanks][kMaxVersions];
@@ -187,68 +184,45 @@ struct Shared {
 
 Shared* g_shared = nullptr;
 
-void ResetShared(uint32_t ranks) {
-  static bool initialised = false;
-  if (initialised) pthread_barrier_destroy(&g_shared->barrier);
-  std::memset(static_cast<void*>(g_shared), 0, sizeof *g_shared);
-  pthread_barrierattr_t attr;
-  pthread_barrierattr_init(&attr);
-  pthread_barrierattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  pthread_barrier_init(&g_shared->barrier, &attr, ranks);
-  pthread_barrierattr_destroy(&attr);
-  initialised = true;
+void ResetShared() { std::memset(static_cast<void*>(g_shared), 0, sizeof *g_shared); }
+
+// The job being run (RunRanks): its ranks' coordinator address, barrier and counters.
+harness::Job* g_job = nullptr;
+
+void Barrier() {
+  if (!g_job->Barrier()) _exit(1);  // a rank failed: the harness stops this one too
 }
 
-void Barrier() { pthread_barrier_wait(&g_shared->barrier); }
-
-// Runs fn(rank) in `ranks` child processes, and `parent` (when given) in this one meanwhile;
-// true when every child exits 0. When one fails, the others (which may wait for it at a
-// barrier) are killed.
+// Runs fn(rank) in `ranks` child processes (harness/job.h: rank 0 first, the others once it
+// reported its coordinator port), `before_others` in this one once rank 0 reported, and `parent`
+// (when given) once all are forked; true when every child exits 0. When one fails, the others
+// (which may wait for it at a barrier) are killed.
 bool RunRanks(uint32_t ranks, const std::function<int(uint32_t)>& fn, int timeout_s,
-              const std::function<void()>& parent = {}) {
-  ResetShared(ranks);
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (uint32_t r = 0; r < ranks; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("fork");
-      std::exit(2);
-    }
-    if (pid == 0) {
-      alarm(static_cast<unsigned>(timeout_s));
-      int rc = fn(r);
-      if (rc != 0) g_shared->failed = 1;
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  if (parent) parent();
+              const std::function<void()>& parent = {},
+              const std::function<void()>& before_others = {}) {
+  ResetShared();
+  harness::Job job(ranks);
+  g_job = &job;
+  harness::RunOptions options;
+  options.alarm_s = static_cast<unsigned>(timeout_s);
+  options.kill_all_on_failure = true;
+  options.report_timeout_ms = timeout_s * 1000;
+  options.parent = parent;
+  options.before_others = before_others;
+  const std::vector<int> codes = job.Run(fn, options);
+  g_job = nullptr;
   bool ok = true;
-  size_t left = pids.size();
-  while (left > 0) {
-    int status = 0;
-    pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) break;
-    auto it = std::find(pids.begin(), pids.end(), pid);
-    if (it == pids.end()) continue;
-    uint32_t rank = static_cast<uint32_t>(it - pids.begin());
-    *it = -1;
-    left--;
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    std::fprintf(stderr, "rank %u: %s %d\n", rank, WIFEXITED(status) ? "exited with" : "signal",
-                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-    if (ok) {
-      for (pid_t other : pids) {
-        if (other > 0) kill(other, SIGKILL);
-      }
-    }
+  for (uint32_t r = 0; r < ranks; ++r) {
+    if (codes[r] == 0) continue;
+    std::fprintf(stderr, "rank %u: exit code %d%s\n", r, codes[r],
+                 codes[r] > 128 ? " (a signal: 128 + it)" : "");
     ok = false;
   }
   return ok;
 }
 
+// A port for ucx_perftest's server (-p), which cannot report the one it binds: bound here and
+// closed, then given to it. The job's own ports are bound by the ranks (RunRanks).
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};
@@ -310,7 +284,6 @@ struct Job {
   uint32_t ranks = 2;
   std::string redundancy = "none";
   uint32_t keep = 1;
-  int port = 0;
   uint32_t ranks_per_node = 1;  // node_id "node<rank / ranks_per_node>"
   // > 1: ranks [g * n, g * n + n) are replica group g (ckptdb_declare_replicas), holding the same
   // state (their group's first rank's) and putting every shard as replicated.
@@ -321,14 +294,13 @@ struct Job {
   std::string Node(uint32_t rank) const { return dir + "/node" + std::to_string(rank); }
 };
 
-// A job of `ranks` ranks on fresh directories under --shm, its coordinator on a free port.
+// A job of `ranks` ranks on fresh directories under --shm.
 Job NewJob(const Args& a, uint32_t ranks, const std::string& redundancy, uint32_t keep = 1) {
   Job job;
   job.dir = a.shm + "/job";
   job.ranks = ranks;
   job.redundancy = redundancy;
   job.keep = keep;
-  job.port = FreePort();
   fs::remove_all(job.dir);
   return job;
 }
@@ -349,7 +321,7 @@ int OpenRank(const Job& job, uint32_t rank, size_t bytes, ckptdb** db) {
   std::string root = node + "/root";
   std::string tiers = "ram:" + RamMib(bytes, job.keep) + ",keep=" + std::to_string(job.keep) +
                       ",dir=" + node + "/shm";
-  std::string coordinator = "127.0.0.1:" + std::to_string(job.port);
+  std::string coordinator = g_job->CoordinatorFor(rank);
   std::string node_id = "node" + std::to_string(rank / job.ranks_per_node);
   ckptdb_options o;
   ckptdb_options_init(&o);
@@ -523,8 +495,8 @@ ReplicateResult ReplicateJob(const Args& a, const std::string& redundancy, size_
         RANK_CHECK(ckptdb_stats(db, &st), "stats");
         uint64_t sent = st.replica_bytes_sent, ns = st.replica_ns;
         for (int v = 1; v <= versions; ++v) {
-          g_shared->at_gate[rank] = v;
-          while (g_shared->gate < v) usleep(1000);
+          g_job->Add("at_gate");  // all ranks at v: 2 * v
+          if (!g_job->WaitAtLeast("gate", v, -1)) return 1;
           Step(s, v);
           RANK_CHECK(PutAll(db, s, v), "put");
           Barrier();
@@ -544,18 +516,15 @@ ReplicateResult ReplicateJob(const Args& a, const std::string& redundancy, size_
       },
       a.timeout_s,
       [&] {
-        g_shared->gate = between ? kWarmupVersions : versions;
+        g_job->Set("gate", between ? kWarmupVersions : versions);
         const double deadline = Now() + a.timeout_s;
         for (int v = kWarmupVersions + 1; between && v <= versions; ++v) {
-          while ((g_shared->at_gate[0] < v || g_shared->at_gate[1] < v) && !g_shared->failed &&
-                 Now() < deadline) {
-            usleep(1000);
-          }
-          if (g_shared->failed || Now() >= deadline) break;
+          const int left_ms = static_cast<int>((deadline - Now()) * 1000);
+          if (left_ms <= 0 || !g_job->WaitAtLeast("at_gate", 2 * v, left_ms)) break;
           between(v);
-          g_shared->gate = v;
+          g_job->Set("gate", v);
         }
-        g_shared->gate = versions;
+        g_job->Set("gate", versions);
       });
   fs::remove_all(job.dir);
   if (!res.ok) return res;
@@ -724,7 +693,8 @@ struct CommitResult {
 
 // The job's ranks put and commit versions 1..versions synchronously, all starting each commit
 // at a barrier: t0/t1 (call, return) and commit_ns per rank and version in g_shared.
-bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
+bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions,
+                    const std::function<void()>& before_others = {}) {
   return RunRanks(
       job.ranks,
       [&](uint32_t rank) {
@@ -754,7 +724,7 @@ bool CommitVersions(const Args& a, const Job& job, size_t bytes, int versions) {
         RANK_CHECK(CloseRanks(db, rank, job.ranks), "close");
         return 0;
       },
-      a.timeout_s);
+      a.timeout_s, {}, before_others);
 }
 
 // Strangers on the job's coordinator port, from a thread of this (parent) process, for as long
@@ -829,8 +799,13 @@ CommitResult CommitJob(const Args& a, uint32_t ranks, const std::string& redunda
   job.replica_group = replica_group;
   CommitResult res;
   const int total = warmup + versions;
-  if (attacker != nullptr) attacker->Start(job.port);
-  res.ok = CommitVersions(a, job, bytes, total);
+  // The strangers start once rank 0 listens (its port is known from then), before the others.
+  auto attack = [&] {
+    const std::string at = g_job->coordinator();
+    if (attacker != nullptr && !at.empty())
+      attacker->Start(std::stoi(at.substr(at.rfind(':') + 1)));
+  };
+  res.ok = CommitVersions(a, job, bytes, total, attack);
   if (attacker != nullptr) attacker->Stop();
   fs::remove_all(job.dir);
   if (!res.ok) return res;
@@ -1016,12 +991,11 @@ int RestoreAll(ckptdb* db, const RankState& s, uint8_t* dst, uint64_t version, d
   return CKPTDB_OK;
 }
 
-// The job restarts (on a fresh port) after `lost` lost its directories; `lost` restores its whole
+// The job restarts after `lost` lost its directories; `lost` restores its whole
 // state of `versions` steps, the newest version every rank can restore, and checks it bit for
 // bit; the others serve. g_shared->value[1][0]: its seconds, [1][1]: its peer_fetch_bytes;
 // g_shared->text[1]: where the restore came from.
 bool RestartAndRestoreLostRank(const Args& a, Job& job, uint32_t lost, size_t bytes, int versions) {
-  job.port = FreePort();
   return RunRanks(
       job.ranks,
       [&](uint32_t rank) {

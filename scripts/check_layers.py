@@ -20,8 +20,9 @@ ALLOWED = {
     "transport": {"util", "transport"},
     "redundancy": {"util", "redundancy"},
     "engine": {"util", "format", "io", "transport", "redundancy", "engine"},
-    "tools": {"util", "format", "redundancy", "tools"},
-    "bench": {"util", "format", "redundancy", "transport", "bench"},
+    "harness": {"harness"},
+    "tools": {"util", "format", "redundancy", "harness", "tools"},
+    "bench": {"util", "format", "redundancy", "transport", "harness", "bench"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]*"')
 # The start of a C API function's definition in a .cc file: a return type and "ckptdb_NAME(" at

@@ -36,6 +36,7 @@
 #include "ckptdb/ckptdb.h"
 #include "engine/catalog.h"
 #include "engine/db.h"
+#include "harness/job.h"
 #include "io/crash_model.h"
 #include "tests/test_util.h"
 
@@ -66,7 +67,7 @@ void MarkPoint(const char* point) { g_trace->Mark(point); }
 struct Job {
   test::TempDir disk{"/var/tmp"};
   test::TempDir mem{"/dev/shm"};
-  int port = 0;
+  harness::Job harness{kRanks};  // each run a fresh coordinator port, bound and reported by rank 0
   std::string Node(uint32_t rank) const { return "node" + std::to_string(rank); }
   std::string Root(uint32_t rank) const { return disk.Sub(Node(rank) + "-root"); }
   std::string Disk(uint32_t rank) const { return disk.Sub(Node(rank) + "-disk"); }
@@ -80,16 +81,13 @@ struct Job {
             {Tmpfs(rank), io::Durability::kMemory},
             {Disk(rank), io::Durability::kDisk}};
   }
-  std::string Barrier(const std::string& phase, uint32_t rank) const {
-    return mem.Sub(phase + "-done" + std::to_string(rank));
-  }
 };
 
 int OpenRank(const Job& job, uint32_t rank, ckptdb** db) {
   const std::string root = job.Root(rank);
   const std::string tiers = "ram:8M,keep=1,dir=" + job.Ram(rank) + ";tmpfs:" + job.Tmpfs(rank) +
                             ",keep=2;disk:" + job.Disk(rank);
-  const std::string coordinator = "127.0.0.1:" + std::to_string(job.port);
+  const std::string coordinator = job.harness.CoordinatorFor(rank);
   const std::string node = job.Node(rank);
   ckptdb_options o;
   ckptdb_options_init(&o);
@@ -114,12 +112,8 @@ int OpenRank(const Job& job, uint32_t rank, ckptdb** db) {
 
 // Rank 0 hosts the coordinator: it closes after every rank said it is done.
 void Done(const Job& job, const std::string& phase, uint32_t rank) {
-  test::WriteWholeFile(job.Barrier(phase, rank), "1");
-  if (rank != 0) return;
-  for (uint32_t r = 0; r < kRanks; ++r) {
-    for (int i = 0; i < 60000 && !std::filesystem::exists(job.Barrier(phase, r)); ++i) {
-      usleep(1000);
-    }
+  if (!job.harness.Arrive(phase, rank == 0)) {
+    std::fprintf(stderr, "rank %u: not every rank reached '%s' within 60 s\n", rank, phase.c_str());
   }
 }
 
@@ -140,8 +134,7 @@ class ClusterCrashStatesTest : public ::testing::Test {
   // The job every state is cut from: each rank opens a new store, commits v1..v3 and closes,
   // recording its file changes; the traces merge by their shared clock.
   void Record() {
-    job_.port = test::FreePort();
-    auto codes = test::RunForked(kRanks, [&](uint32_t rank) {
+    auto codes = job_.harness.Run([&](uint32_t rank) {
       io::FsTrace trace(clock_);
       for (const io::CrashDirectory& d : job_.Dirs(rank)) trace.Watch(d.path);
       auto posix = io::NewPosixIo();
@@ -221,9 +214,7 @@ class ClusterCrashStatesTest : public ::testing::Test {
     if (!st.ok()) return false;
     const uint64_t must = Markers(spec.end, "coordinator:after_committed_written");
     const uint64_t may = Markers(spec.end, "coordinator:before_committed_written");
-    for (uint32_t r = 0; r < kRanks; ++r) std::filesystem::remove(job_.Barrier("check", r));
-    job_.port = test::FreePort();
-    auto codes = test::RunForked(kRanks, [&](uint32_t rank) {
+    auto codes = job_.harness.Run([&](uint32_t rank) {
       ckptdb* db = nullptr;
       int rc = OpenRank(job_, rank, &db);
       RANK_CHECK(rc == 0, "reopen: %d", rc);

@@ -30,6 +30,7 @@
 #include "ckptdb/ckptdb.h"
 #include "engine/db.h"
 #include "format/segment_format.h"
+#include "harness/job.h"
 #include "test_util.h"
 
 namespace ckpt {
@@ -44,7 +45,8 @@ std::vector<uint8_t> TensorData(uint32_t rank, uint64_t version, int which) {
 
 struct Job {
   test::TempDir dir{"/dev/shm"};
-  int port = 0;
+  // The job's processes: each run a fresh coordinator port, which rank 0 binds and reports.
+  harness::Job harness{kRanks};
   uint32_t replicas = 2;
   std::string code;  // "ec:K+M" or "xor:K" instead of replicas
   int dead_after_ms = 1500;
@@ -52,7 +54,6 @@ struct Job {
   std::string node_disk;     // a disk tier's options on each node (lost with it); empty: none
   int ram_keep = 2;
   std::string tls = "tcp";  // CKPTDB_UCX_TLS: "shm" gives ranks one-sided windows (shared memory)
-  std::string coordinator_host = "127.0.0.1";
   std::vector<std::string> listen;              // per rank (CKPTDB_LISTEN); empty: the default
   std::map<uint32_t, std::string> ram_options;  // appended to a rank's ram tier spec
   // Where each rank runs; a rank moved to a spare node gets another name (and empty directories).
@@ -62,11 +63,8 @@ struct Job {
   void WipeNode(uint32_t rank) const { std::filesystem::remove_all(Node(rank)); }
 };
 
-// Node `lost` is gone (its directories wiped); the job's next run gets a fresh coordinator port.
-void LoseNode(Job& job, uint32_t lost) {
-  job.WipeNode(lost);
-  job.port = test::FreePort();
-}
+// Node `lost` is gone (its directories wiped).
+void LoseNode(Job& job, uint32_t lost) { job.WipeNode(lost); }
 
 // Opens rank `rank` of the job (its node is node<rank>); returns the status.
 int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
@@ -79,7 +77,7 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
   if (job.shared_tier) {
     tiers += ";disk:" + job.dir.Sub("shared/rank" + std::to_string(rank)) + ",every=2,keep=2";
   }
-  std::string coordinator = job.coordinator_host + ":" + std::to_string(job.port);
+  std::string coordinator = job.harness.CoordinatorFor(rank);
   if (!job.listen.empty()) setenv("CKPTDB_LISTEN", job.listen[rank].c_str(), 1);
   std::string node_id = job.node_of[rank];
   std::string redundancy =
@@ -108,17 +106,18 @@ int OpenRank(const Job& job, uint32_t rank, const char* token, ckptdb** db) {
 // Rank body: returns the process's exit code (0 = all checks passed), reasons on stderr.
 using RankFn = std::function<int(uint32_t rank)>;
 
-// Runs fn in kRanks child processes; returns their exit codes (SIGKILL = 128 + 9).
-std::vector<int> RunRanks(const RankFn& fn) { return test::RunForked(kRanks, fn); }
+// Runs fn in kRanks child processes (rank 0 first: the others once it reported its coordinator
+// port); returns their exit codes (SIGKILL = 128 + 9).
+std::vector<int> RunRanks(Job& job, const RankFn& fn, const harness::RunOptions& options = {}) {
+  return job.harness.Run(fn, options);
+}
 
 // Rank 0 hosts the coordinator: it closes last, after every rank said it is done (a job's ranks
-// close together; docs/api.md).
+// close together; docs/api.md). `rank` arrives at `phase`; rank 0 (every rank, with all_wait)
+// then waits for all kRanks arrivals (a rank may arrive for one that was killed).
 void Done(const Job& job, uint32_t rank, const char* phase, bool all_wait = false) {
-  test::WriteWholeFile(job.dir.Sub(std::string(phase) + "-done" + std::to_string(rank)), "1");
-  if (rank != 0 && !all_wait) return;
-  for (uint32_t r = 0; r < kRanks; ++r) {
-    std::string path = job.dir.Sub(std::string(phase) + "-done" + std::to_string(r));
-    for (int i = 0; i < 60000 && !std::filesystem::exists(path); ++i) usleep(1000);
+  if (!job.harness.Arrive(phase, rank == 0 || all_wait)) {
+    std::fprintf(stderr, "rank %u: not every rank reached '%s' within 60 s\n", rank, phase);
   }
 }
 
@@ -212,7 +211,6 @@ int Reopen(const Job& job, uint32_t rank, uint64_t latest, ckptdb** db) {
 
 class ClusterTest : public ::testing::Test {
  protected:
-  void SetUp() override { job_.port = test::FreePort(); }
   Job job_;
 };
 
@@ -222,7 +220,7 @@ class ClusterTest : public ::testing::Test {
 // `path`: how every rank must say its replicas travelled to its placement peer, and the lost
 // rank its fetches (ckptdb_stats' peer_paths), when not empty.
 void LoseANodeAndRestore(Job& job, uint32_t lost, const std::string& path = "") {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job, rank, 3, &db) != 0) return 1;
     if (CheckLatest(db, rank, 3) != 0) return 1;
@@ -240,7 +238,7 @@ void LoseANodeAndRestore(Job& job, uint32_t lost, const std::string& path = "") 
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
   LoseNode(job, lost);
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job, rank, 3, &db) != 0) return 1;
     // replicate:2 in groups {node0, node1}, {node2, node3}: the lost node's partner keeps one
@@ -291,7 +289,7 @@ void KillAt(const char* point) {
 }
 
 TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (rank == 0) {
@@ -308,8 +306,7 @@ TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits
   });
   EXPECT_EQ(codes[0], 128 + SIGKILL);
   for (uint32_t r = 1; r < kRanks; ++r) EXPECT_EQ(codes[r], 0) << r;
-  job_.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 2, &db) != 0) return 1;
     std::string source;
@@ -323,7 +320,7 @@ TEST_F(ClusterTest, CoordinatorKilledAfterCommittedWrittenBeforeSentStillCommits
 }
 
 TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
@@ -336,8 +333,7 @@ TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
     return 0;
   });
   EXPECT_EQ(codes[2], 128 + SIGKILL);
-  job_.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 1, &db) != 0) return 1;
     std::string source;
@@ -354,7 +350,7 @@ TEST_F(ClusterTest, ARankKilledBeforePreparedAbortsTheVersionEverywhere) {
 }
 
 TEST_F(ClusterTest, ARankWithTheWrongTokenIsRefused) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     setenv("CKPTDB_JOIN_TIMEOUT_MS", "3000", 1);
     int rc = OpenRank(job_, rank, rank == 3 ? "a-guess" : "job-secret", &db);
@@ -372,7 +368,7 @@ TEST_F(ClusterTest, ARankWithTheWrongTokenIsRefused) {
 // A rank of another build (another protocol version) is refused at registration with a clear
 // error naming both versions; the job never assembles with it.
 TEST_F(ClusterTest, ARankOfAnotherProtocolIsRefused) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     setenv("CKPTDB_JOIN_TIMEOUT_MS", "3000", 1);
     if (rank == 3) engine::SetProtocolVersionForTesting(1);
@@ -407,7 +403,7 @@ int StateOf(ckptdb* db, uint64_t version) {
 }
 
 TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhere) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
@@ -424,8 +420,7 @@ TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhe
   });
   EXPECT_EQ(codes[2], 128 + SIGKILL);
   for (uint32_t r : {0u, 1u, 3u}) EXPECT_EQ(codes[r], 0) << r;
-  job_.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
@@ -450,7 +445,7 @@ TEST_F(ClusterTest, ARankKilledAfterPreparedBeforeVotingAbortsTheVersionEverywhe
 // the rank stays alive and heartbeating), and the job goes on with the next version.
 TEST_F(ClusterTest, ARankThatAbortsAVersionAbortsItForEveryRankAtOnce) {
   job_.dead_after_ms = 60000;  // rank 3 is never declared dead: only its no vote ends v2
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
@@ -493,7 +488,7 @@ TEST_F(ClusterTest, ARankThatAbortsAVersionAbortsItForEveryRankAtOnce) {
 // v3 rank 0 puts a replicated shard that rank 1 does not: named too. v4 commits again.
 TEST_F(ClusterTest, DivergedReplicasFailTheCommitOnEveryRank) {
   job_.dead_after_ms = 60000;
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "open: %d", rc);
@@ -666,7 +661,7 @@ int RestoreShared(ckptdb* db, uint32_t rank, uint64_t version, std::string* sour
 
 TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) {
   job_.replicas = 1;
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenArc(job_, rank, &db) != 0) return 1;
     const uint32_t pair[2] = {0, 1};
@@ -743,7 +738,7 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   // rank that reads slice 1 from it take the piece from rank 0's ARC copy instead.
   ASSERT_NO_FATAL_FAILURE(FlipChunkInArena(job_, 1, 2, 0));
   LoseNode(job_, 2);
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenArc(job_, rank, &db) != 0) return 1;
     if (CheckLatest(db, rank, 2) != 0) return 1;
@@ -769,7 +764,7 @@ TEST_F(ClusterTest, ArcMembersKeepTwoSlicesAndRestoreWholeShardsAfterANodeLoss) 
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
 
   LoseNode(job_, 1);
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenArc(job_, rank, &db) != 0) return 1;
     uint64_t latest = 0;
@@ -821,7 +816,7 @@ TEST_F(ClusterTest, ArcMembersServeSlicesFromTheirDiskTiers) {
   job_.replicas = 1;
   job_.ram_keep = 1;
   job_.node_disk = "keep=3";
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenArc(job_, rank, &db) != 0) return 1;
     for (uint64_t v = 1; v <= 2; ++v) {
@@ -850,7 +845,7 @@ TEST_F(ClusterTest, ArcMembersServeSlicesFromTheirDiskTiers) {
 // cannot survive, but their segments' replicas (on nodes 0 and 3) still hold it. latest = 2;
 // every rank restores its private shards and the whole shared shard, slice 2 from a replica.
 TEST_F(ClusterTest, ArcOnReplicasSurvivesLosingBothKeepersOfASlice) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenArc(job_, rank, &db) != 0) return 1;
     for (uint64_t v = 1; v <= 2; ++v) {
@@ -867,7 +862,7 @@ TEST_F(ClusterTest, ArcOnReplicasSurvivesLosingBothKeepersOfASlice) {
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
   job_.WipeNode(1);
   LoseNode(job_, 2);
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenArc(job_, rank, &db) != 0) return 1;
     if (CheckLatest(db, rank, 2) != 0) return 1;
@@ -892,7 +887,7 @@ TEST_F(ClusterTest, AReplicaOverItsHoldersBudgetAbortsTheVersion) {
   // Rank 1 holds rank 0's replicas (GEMINI groups {node0, node1}, {node2, node3}); a version
   // of rank 0 is about 6.1 MiB, so one replica fits in 8M and a second does not.
   job_.ram_options[1] = "replicas=8M";
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
@@ -1005,7 +1000,7 @@ int VerifyGroups(const Job& job, uint64_t version, std::vector<GroupSeen>* out,
 
 void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
   job.code = "ec:2+2";
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job, rank, 3, &db) != 0) return 1;
     if (CheckLatest(db, rank, 3) != 0) return 1;
@@ -1037,8 +1032,7 @@ void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
     EXPECT_EQ(seen[0].sources[rank], was_lost ? "rebuild" : "ram") << "rank " << rank;
     EXPECT_EQ(seen[0].parity[rank], was_lost ? "not given" : "ok") << "rank " << rank;
   }
-  job.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job, rank, 3, &db) != 0) return 1;
     const uint32_t n = static_cast<uint32_t>(lost.size());
@@ -1063,6 +1057,65 @@ TEST_F(ClusterTest, ALostNodeOfACodingGroupIsRebuiltFromTheOthers) {
   LoseNodesOfACodingGroupAndRebuild(job_, {1});
 }
 
+// Port 0 for the coordinator: rank 0 binds a free port and reports it on CKPTDB_REPORT_FD
+// (docs/api.md). Every misuse is refused before anything is made, naming what is wrong.
+TEST_F(ClusterTest, Port0IsRank0sAndNeedsAReportDescriptor) {
+  auto refused = [&](uint32_t rank, const char* want) {
+    ckptdb* db = nullptr;
+    const int rc = OpenRank(job_, rank, "job-secret", &db);
+    EXPECT_EQ(rc, CKPTDB_EINVAL) << want;
+    EXPECT_NE(std::string(ckptdb_last_error()).find(want), std::string::npos)
+        << ckptdb_last_error();
+    EXPECT_EQ(db, nullptr);
+    EXPECT_FALSE(std::filesystem::exists(job_.Node(rank) + "/root")) << "a refused open made it";
+  };
+  unsetenv("CKPTDB_REPORT_FD");
+  refused(0, "has port 0 but CKPTDB_REPORT_FD is not set");
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  setenv("CKPTDB_REPORT_FD", std::to_string(fds[1]).c_str(), 1);
+  refused(1, "has port 0, which only rank 0 may be given");
+  for (const char* bad : {"x", "-1", "+3", "99999999999", "3x"}) {
+    setenv("CKPTDB_REPORT_FD", bad, 1);
+    refused(0, "is not a file descriptor number");
+  }
+  setenv("CKPTDB_REPORT_FD", "1000", 1);  // nothing open there
+  refused(0, "is not an open file descriptor");
+  setenv("CKPTDB_REPORT_FD", std::to_string(fds[0]).c_str(), 1);  // the read end
+  refused(0, "is not open for writing");
+  unsetenv("CKPTDB_REPORT_FD");
+  close(fds[0]);
+  close(fds[1]);
+}
+
+// What rank 0 reports is where it listens: "127.0.0.1:PORT", PORT not 0, where the other ranks
+// join the job; each run binds a free port of its own.
+TEST_F(ClusterTest, Rank0ReportsTheCoordinatorPortItBound) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
+    const std::string at = job_.harness.coordinator();
+    RANK_CHECK(at.rfind("127.0.0.1:", 0) == 0 && harness::PortOf(at) > 0,
+               "rank %u was given coordinator '%s'", rank, at.c_str());
+    Done(job_, rank, "saved");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+  const std::string at = job_.harness.coordinator();
+  EXPECT_GT(harness::PortOf(at), 0) << at;
+  // A second run binds another free port (the first one's rank 0 is gone).
+  codes = RunRanks(job_, [&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (Reopen(job_, rank, 1, &db) != 0) return 1;
+    Done(job_, rank, "reopened");
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+  EXPECT_GT(harness::PortOf(job_.harness.coordinator()), 0);
+}
+
 // verify against an oracle for every loss of every code four nodes can hold: each code's job saves
 // once, then every non-empty set of stores is given to ckptdb_verify_groups (a store not given
 // counts as lost). Oracle: with L lost, the version is recoverable from memory iff L <= M, with
@@ -1072,9 +1125,8 @@ TEST_F(ClusterTest, VerifyAgreesWithAnOracleForEveryLossOfEveryFourNodeCode) {
   for (const std::string code : {"ec:2+2", "ec:3+1", "xor:3", "ec:1+3"}) {
     SCOPED_TRACE(code);
     Job job;
-    job.port = test::FreePort();
     job.code = code;
-    auto codes = RunRanks([&](uint32_t rank) {
+    auto codes = RunRanks(job, [&](uint32_t rank) {
       ckptdb* db = nullptr;
       if (OpenAndSave(job, rank, 2, &db) != 0) return 1;
       Done(job, rank, "save");
@@ -1094,7 +1146,9 @@ TEST_F(ClusterTest, VerifyAgreesWithAnOracleForEveryLossOfEveryFourNodeCode) {
       EXPECT_EQ(g.recoverable, lost <= m) << "given " << given;
       EXPECT_EQ(g.spare, lost <= m ? m - lost : -1) << "given " << given;
       EXPECT_EQ(g.parity_bad, 0u) << "given " << given << ": " << g.problems;
-      if (lost == 0) EXPECT_EQ(g.parity_checked, g.parity_blocks);
+      if (lost == 0) {
+        EXPECT_EQ(g.parity_checked, g.parity_blocks);
+      }
       for (uint32_t r = 0; r < kRanks; ++r) {
         const bool here = (given >> r) & 1;
         EXPECT_EQ(g.sources.at(r), here        ? "ram"
@@ -1117,7 +1171,6 @@ TEST_F(ClusterTest, EveryLossOfUpToTwoNodesOfAnEc22GroupIsRebuilt) {
   }
   for (const auto& lost : losses) {
     Job job;
-    job.port = test::FreePort();
     SCOPED_TRACE("lost nodes " + std::to_string(lost[0]) +
                  (lost.size() > 1 ? " and " + std::to_string(lost[1]) : ""));
     LoseNodesOfACodingGroupAndRebuild(job, lost);
@@ -1134,7 +1187,7 @@ TEST_F(ClusterTest, RecoverableCountsOnlySurvivorsThatHoldTheVersionInMemory) {
   job_.code = "xor:3";
   job_.ram_keep = 1;
   job_.node_disk = "keep=3";
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 3, &db) != 0) return 1;
     Done(job_, rank, "save");
@@ -1149,7 +1202,7 @@ TEST_F(ClusterTest, RecoverableCountsOnlySurvivorsThatHoldTheVersionInMemory) {
         << "v1's parity should have been dropped (retention keeps 2)";
   }
   LoseNode(job_, 1);
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 3, &db) != 0) return 1;
     if (CheckRecoverable(db, rank, 3, 1, 0, kRanks - 1, 1) != 0) return 1;
@@ -1179,7 +1232,7 @@ TEST_F(ClusterTest, RecoverableCountsOnlySurvivorsThatHoldTheVersionInMemory) {
 // quit.
 TEST_F(ClusterTest, NodesThatFitNoCodingGroupsAreRefusedToEveryRank) {
   job_.code = "ec:4+2";
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == CKPTDB_EINVAL, "open returned %d", rc);
@@ -1198,7 +1251,7 @@ TEST_F(ClusterTest, NodesThatFitNoCodingGroupsAreRefusedToEveryRank) {
 // is lost (rebuilt around both). Every rank restores v3 bit for bit.
 TEST_F(ClusterTest, ACorruptUnitACorruptParityBlockAndALostNodeAreAllErasures) {
   job_.code = "ec:2+2";
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 3, &db) != 0) return 1;
     Done(job_, rank, "save");
@@ -1230,8 +1283,7 @@ TEST_F(ClusterTest, ACorruptUnitACorruptParityBlockAndALostNodeAreAllErasures) {
   EXPECT_TRUE(seen[0].recoverable);
   EXPECT_TRUE(seen[0].from_memory);
   EXPECT_NE(seen[0].problems.find("fails xxh3"), std::string::npos) << seen[0].problems;
-  job_.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job_, rank, 3, &db) != 0) return 1;
     std::string source;
@@ -1279,7 +1331,7 @@ void DieAfterVotingOnceAllPrepared(const char* point) {
 TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
   // Rank 2 must not be declared dead (which aborts v2) before the other votes arrive.
   job_.dead_after_ms = 10000;
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     if (Put(db, rank, 2) != 0) return 1;
@@ -1295,8 +1347,7 @@ TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
   });
   EXPECT_EQ(codes[2], 128 + SIGKILL);
   for (uint32_t r : {0u, 1u, 3u}) EXPECT_EQ(codes[r], 0) << r;
-  job_.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
@@ -1317,7 +1368,7 @@ TEST_F(ClusterTest, ARankKilledAfterVotingLeavesTheVersionCommittedEverywhere) {
 // and 3 restart on spare nodes with empty directories, and `ckptdb serve` on nodes 2 and 3 hands
 // out the replicas those nodes held (rank 2's is on node 3, rank 3's on node 2).
 TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 2, &db) != 0) return 1;
     Done(job_, rank, "save");
@@ -1325,61 +1376,70 @@ TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
     return 0;
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-  job_.port = test::FreePort();
-  const std::string coordinator = "127.0.0.1:" + std::to_string(job_.port);
+  // The daemons start once rank 0's coordinator listens (they announce to it at once), before
+  // the other ranks are forked.
   std::vector<pid_t> servers;
-  for (const char* node : {"node2", "node3"}) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      alarm(90);
-      sigset_t stop;
-      sigemptyset(&stop);
-      sigaddset(&stop, SIGTERM);
-      pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-      std::string tiers = "ram:1M,dir=" + job_.NodeDir(node) + "/shm";
-      ckptdb_options o;
-      ckptdb_options_init(&o);
-      o.tiers = tiers.c_str();
-      o.node_id = node;
-      o.coordinator = coordinator.c_str();
-      o.job_token = "job-secret";
-      setenv("CKPTDB_HEARTBEAT_MS", "100", 1);
-      setenv("CKPTDB_UCX_TLS", "tcp", 1);
-      ckptdb_server* server = nullptr;
-      if (ckptdb_serve(&o, &server) != 0) {
-        std::fprintf(stderr, "serve on %s: %s\n", node, ckptdb_last_error());
-        _exit(2);
+  auto start_servers = [&] {
+    const std::string coordinator = job_.harness.coordinator();
+    for (const char* node : {"node2", "node3"}) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        alarm(90);
+        sigset_t stop;
+        sigemptyset(&stop);
+        sigaddset(&stop, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+        std::string tiers = "ram:1M,dir=" + job_.NodeDir(node) + "/shm";
+        ckptdb_options o;
+        ckptdb_options_init(&o);
+        o.tiers = tiers.c_str();
+        o.node_id = node;
+        o.coordinator = coordinator.c_str();
+        o.job_token = "job-secret";
+        setenv("CKPTDB_HEARTBEAT_MS", "100", 1);
+        setenv("CKPTDB_UCX_TLS", "tcp", 1);
+        ckptdb_server* server = nullptr;
+        if (ckptdb_serve(&o, &server) != 0) {
+          std::fprintf(stderr, "serve on %s: %s\n", node, ckptdb_last_error());
+          _exit(2);
+        }
+        ckptdb_server_stats_t st;
+        ckptdb_server_stats(server, &st);
+        if (st.replicas != 2) {  // the two versions of one peer's segment
+          std::fprintf(stderr, "serve on %s holds %llu replicas\n", node,
+                       (unsigned long long)st.replicas);
+          _exit(4);
+        }
+        int sig = 0;
+        sigwait(&stop, &sig);
+        ckptdb_server_stats(server, &st);
+        ckptdb_serve_stop(server);
+        _exit(st.served_bytes > 0 ? 0 : 3);
       }
-      ckptdb_server_stats_t st;
-      ckptdb_server_stats(server, &st);
-      if (st.replicas != 2) {  // the two versions of one peer's segment
-        std::fprintf(stderr, "serve on %s holds %llu replicas\n", node,
-                     (unsigned long long)st.replicas);
-        _exit(4);
-      }
-      int sig = 0;
-      sigwait(&stop, &sig);
-      ckptdb_server_stats(server, &st);
-      ckptdb_serve_stop(server);
-      _exit(st.served_bytes > 0 ? 0 : 3);
+      servers.push_back(pid);
     }
-    servers.push_back(pid);
-  }
+  };
   job_.node_of[2] = "spare2";
   job_.node_of[3] = "spare3";
-  codes = RunRanks([&](uint32_t rank) {
-    ckptdb* db = nullptr;
-    if (Reopen(job_, rank, 2, &db) != 0) return 1;
-    std::string source;
-    int bad = CheckRestore(db, rank, 2, &source);
-    Done(job_, rank, "restore");
-    if (bad != 0) return 1;
-    const char* want = rank == 2 ? "serve:node3" : rank == 3 ? "serve:node2" : "ram";
-    RANK_CHECK(source == want, "rank %u restored from %s, not %s", rank, source.c_str(), want);
-    ckptdb_close(db);
-    return 0;
-  });
+  harness::RunOptions run;
+  run.before_others = start_servers;
+  codes = RunRanks(
+      job_,
+      [&](uint32_t rank) {
+        ckptdb* db = nullptr;
+        if (Reopen(job_, rank, 2, &db) != 0) return 1;
+        std::string source;
+        int bad = CheckRestore(db, rank, 2, &source);
+        Done(job_, rank, "restore");
+        if (bad != 0) return 1;
+        const char* want = rank == 2 ? "serve:node3" : rank == 3 ? "serve:node2" : "ram";
+        RANK_CHECK(source == want, "rank %u restored from %s, not %s", rank, source.c_str(), want);
+        ckptdb_close(db);
+        return 0;
+      },
+      run);
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+  ASSERT_EQ(servers.size(), 2u);
   for (pid_t pid : servers) {
     kill(pid, SIGTERM);
     int status = 0;
@@ -1393,7 +1453,7 @@ TEST_F(ClusterTest, ServeKeepsTheReplicasOfDeadTrainersReachable) {
 // rank's segment has a flipped byte. The restore detects it and takes the other peer's copy.
 TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
   job_.replicas = 3;
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job_, rank, 1, &db) != 0) return 1;
     Done(job_, rank, "save");
@@ -1412,8 +1472,7 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
     bytes[4096 + 12345] ^= 0x20;  // inside the first chunk's payload
     test::WriteWholeFile(replica, bytes);
   }
-  job_.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
     RANK_CHECK(rc == 0, "reopen: %d", rc);
@@ -1462,7 +1521,7 @@ TEST_F(ClusterTest, ACorruptChunkInAReplicaIsServedFromAnotherHolder) {
 // ckptdb_recoverable says v5 is lost and v4 has no loss to spare.
 void FallBackToASharedTier(Job& job, const std::vector<uint32_t>& lost) {
   job.shared_tier = true;
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job, rank, 5, &db) != 0) return 1;
     Done(job, rank, "save");
@@ -1482,8 +1541,7 @@ void FallBackToASharedTier(Job& job, const std::vector<uint32_t>& lost) {
     EXPECT_EQ(seen[0].spare, -1);
     for (uint32_t r : lost) EXPECT_EQ(seen[0].sources[r], "lost") << "rank " << r;
   }
-  job.port = test::FreePort();
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (Reopen(job, rank, 4, &db) != 0) return 1;
     const uint32_t n = static_cast<uint32_t>(lost.size());
@@ -1554,7 +1612,7 @@ class NetnsClusterTest : public ClusterTest {
                   Ip("-n " + ns + " link set " + e + " up") && Ip("-n " + ns + " link set lo up"));
       job_.listen.push_back(Addr(k) + ":0");
     }
-    job_.coordinator_host = Addr(0);
+    job_.harness.set_coordinator_host(Addr(0));
   }
   void TearDown() override {
     for (const std::string& ns : made_) Ip("netns del " + ns);  // takes its veth ends along
@@ -1581,7 +1639,7 @@ class NetnsClusterTest : public ClusterTest {
 };
 
 TEST_F(NetnsClusterTest, RanksAtDistinctAddressesReplicateAndRestoreAcrossABridge) {
-  auto codes = RunRanks([&](uint32_t rank) {
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
     RANK_CHECK(Enter(rank) == 0, "setns into %s: %s", Ns(rank).c_str(), std::strerror(errno));
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);
@@ -1600,7 +1658,7 @@ TEST_F(NetnsClusterTest, RanksAtDistinctAddressesReplicateAndRestoreAcrossABridg
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
   LoseNode(job_, 3);
-  codes = RunRanks([&](uint32_t rank) {
+  codes = RunRanks(job_, [&](uint32_t rank) {
     RANK_CHECK(Enter(rank) == 0, "setns into %s: %s", Ns(rank).c_str(), std::strerror(errno));
     ckptdb* db = nullptr;
     int rc = OpenRank(job_, rank, "job-secret", &db);

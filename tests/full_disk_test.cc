@@ -26,6 +26,7 @@
 
 #include "ckptdb/ckptdb.h"
 #include "engine/catalog.h"
+#include "harness/job.h"
 #include "tests/test_util.h"
 
 namespace ckpt {
@@ -106,7 +107,8 @@ class FullDiskTest : public ::testing::Test {
     int fds[2];
     if (pipe(fds) != 0) return "pipe";
     const ckptdb_options o = o_;
-    std::vector<int> codes = test::RunForked(1, [&](uint32_t) {
+    harness::Job child(1);
+    std::vector<int> codes = child.Run([&](uint32_t) {
       close(fds[0]);
       // A trainer keeps going after a failed checkpoint: every version is tried, and the
       // first failure is what the child reports.

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "harness/job.h"
 #include "test_util.h"
 #include "transport/transport.h"
 #include "transport/wire_format.h"
@@ -78,17 +79,22 @@ void JobEnvironment() {
   unsetenv("UCX_TLS");
 }
 
-// A rank: commits versions until `stop` exists (at least 3), restoring each right after its
-// commit and comparing every byte; then waits for the other rank and closes.
-int RankBody(const test::TempDir& dir, const Ports& ports, uint32_t rank) {
+// A rank: commits versions until the parent sets `stop` (at least 3), restoring each right after
+// its commit and comparing every byte; then waits for the other rank and closes. Rank 1 listens
+// on a free port and reports it down `rank1_pipe` (rank 0's is the harness's).
+int RankBody(const test::TempDir& dir, const harness::Job& job, harness::AddressPipe& rank1_pipe,
+             uint32_t rank) {
   JobEnvironment();
   const std::string node = dir.Sub("node" + std::to_string(rank));
   std::filesystem::create_directories(node + "/shm");
   const std::string root = node + "/root";
   const std::string tiers = "ram:16M,keep=2,dir=" + node + "/shm";
-  const std::string coordinator = "127.0.0.1:" + std::to_string(ports.coordinator);
+  const std::string coordinator = job.CoordinatorFor(rank);
   if (rank == 1) {
-    setenv("CKPTDB_LISTEN", ("127.0.0.1:" + std::to_string(ports.rank1)).c_str(), 1);
+    setenv("CKPTDB_LISTEN", "127.0.0.1:0", 1);
+    rank1_pipe.Give();
+  } else {
+    rank1_pipe.Drop();
   }
   const std::string node_id = "node" + std::to_string(rank);
   ckptdb_options o;
@@ -106,20 +112,19 @@ int RankBody(const test::TempDir& dir, const Ports& ports, uint32_t rank) {
   ckptdb* db = nullptr;
   int rc = ckptdb_open(&o, &db);
   RANK_CHECK(rc == 0, "open: %d", rc);
-  test::WriteWholeFile(dir.Sub("open" + std::to_string(rank)), "1");
+  job.Add("open");
   // The ranks commit in lockstep (a version commits when both voted), so they must agree on
-  // the last one: when rank 0 sees `stop` it names the next version the last ("final", written
-  // whole by a rename). Rank 1 cannot finish that version before rank 0 has voted for it, so it
-  // reads "final" before it could start the one after.
+  // the last one: when rank 0 sees `stop` it names the next version the last ("final"). Rank 1
+  // cannot finish that version before rank 0 has voted for it, so it reads "final" before it
+  // could start the one after.
   uint64_t v = 0;
   uint64_t final = 0;
   while (true) {
-    if (final == 0 && rank == 0 && v >= 3 && std::filesystem::exists(dir.Sub("stop"))) {
+    if (final == 0 && rank == 0 && v >= 3 && job.Get("stop") > 0) {
       final = v + 1;
-      test::WriteWholeFile(dir.Sub("final.tmp"), std::to_string(final));
-      std::filesystem::rename(dir.Sub("final.tmp"), dir.Sub("final"));
-    } else if (final == 0 && std::filesystem::exists(dir.Sub("final"))) {
-      final = std::stoull(test::ReadWholeFile(dir.Sub("final")));
+      job.Set("final", static_cast<int64_t>(final));
+    } else if (final == 0 && job.Get("final") > 0) {
+      final = static_cast<uint64_t>(job.Get("final"));
     }
     if (final != 0 && v >= final) break;
     ++v;
@@ -145,26 +150,26 @@ int RankBody(const test::TempDir& dir, const Ports& ports, uint32_t rank) {
   rc = ckptdb_latest(db, &latest);
   RANK_CHECK(rc == 0 && latest == v, "latest v%llu, committed through v%llu",
              (unsigned long long)latest, (unsigned long long)v);
-  test::WriteWholeFile(dir.Sub("committed" + std::to_string(rank)), std::to_string(v));
+  job.Set("committed/" + std::to_string(rank), static_cast<int64_t>(v));
   // Rank 0 hosts the coordinator: it closes last.
-  if (rank == 0) {
-    for (int i = 0; i < 30000 && !std::filesystem::exists(dir.Sub("closed1")); ++i) usleep(1000);
-  }
+  if (rank == 0) job.WaitAtLeast("closed/1", 1, 30000);
   ckptdb_close(db);
-  test::WriteWholeFile(dir.Sub("closed" + std::to_string(rank)), "1");
+  job.Set("closed/" + std::to_string(rank), 1);
   return 0;
 }
 
-int ServeBody(const test::TempDir& dir, const Ports& ports) {
+// The serve daemon: listens on a free port, reported down `pipe`, until SIGTERM.
+int ServeBody(const test::TempDir& dir, const harness::Job& job, harness::AddressPipe& pipe) {
   JobEnvironment();
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  setenv("CKPTDB_LISTEN", ("127.0.0.1:" + std::to_string(ports.serve)).c_str(), 1);
+  setenv("CKPTDB_LISTEN", "127.0.0.1:0", 1);
+  pipe.Give();
   const std::string tiers = "ram:1M,dir=" + dir.Sub("node2");
   std::filesystem::create_directories(dir.Sub("node2"));
-  const std::string coordinator = "127.0.0.1:" + std::to_string(ports.coordinator);
+  const std::string coordinator = job.coordinator();
   ckptdb_options o;
   ckptdb_options_init(&o);
   o.tiers = tiers.c_str();
@@ -176,7 +181,7 @@ int ServeBody(const test::TempDir& dir, const Ports& ports) {
     std::fprintf(stderr, "serve: %s\n", ckptdb_last_error());
     return 2;
   }
-  test::WriteWholeFile(dir.Sub("serving"), "1");
+  job.Set("serving", 1);
   int sig = 0;
   sigwait(&stop, &sig);
   ckptdb_serve_stop(server);
@@ -190,14 +195,6 @@ pid_t Fork(const std::function<int()>& body) {
     _exit(body());
   }
   return pid;
-}
-
-bool WaitFor(const std::string& path, int ms) {
-  for (int i = 0; i < ms / 10; ++i) {
-    if (std::filesystem::exists(path)) return true;
-    usleep(10000);
-  }
-  return std::filesystem::exists(path);
 }
 
 // ---- Looking at the processes' sockets ----------------------------------------------------
@@ -486,15 +483,20 @@ TEST(HostileNetworkTest, NoAttackKillsAProcessOrLosesACommittedVersion) {
   ASSERT_GE(nofile.rlim_cur, rlim_t{kIdleFlood + 100});
 
   test::TempDir dir("/dev/shm");
+  // Every process listens on a free port it binds and reports (harness/job.h).
+  harness::Job job(2);
+  harness::AddressPipe rank1_pipe;
+  harness::RunOptions run;
+  run.alarm_s = 240;  // never outlive the test
+  job.Start([&](uint32_t rank) { return RankBody(dir, job, rank1_pipe, rank); }, run);
   Ports ports;
-  ports.coordinator = test::FreePort();
-  ports.rank1 = test::FreePort();
-  ports.serve = test::FreePort();
-  ASSERT_TRUE(ports.coordinator > 0 && ports.rank1 > 0 && ports.serve > 0);
+  ports.coordinator = harness::PortOf(job.coordinator());
+  ports.rank1 = harness::PortOf(rank1_pipe.Read(30000));
+  ASSERT_TRUE(ports.coordinator > 0 && ports.rank1 > 0);
   std::map<std::string, pid_t> procs;
-  procs["rank 0"] = Fork([&] { return RankBody(dir, ports, 0); });
-  procs["rank 1"] = Fork([&] { return RankBody(dir, ports, 1); });
-  ASSERT_TRUE(WaitFor(dir.Sub("open0"), 30000) && WaitFor(dir.Sub("open1"), 30000));
+  procs["rank 0"] = job.pid(0);
+  procs["rank 1"] = job.pid(1);
+  ASSERT_TRUE(job.WaitAtLeast("open", 2, 30000)) << "the ranks did not open";
 
   Campaign campaign;
   const uint64_t budget = test::EnvCount("CKPTDB_HOSTILE_CONNECTIONS", kDefaultConnections);
@@ -515,8 +517,11 @@ TEST(HostileNetworkTest, NoAttackKillsAProcessOrLosesACommittedVersion) {
     Status st = peer->Connect("127.0.0.1:" + std::to_string(ports.coordinator), 10000, &id);
     EXPECT_TRUE(st.ok()) << "a legitimate peer during the idle flood: " << st.ToString();
   }
-  procs["serve"] = Fork([&] { return ServeBody(dir, ports); });
-  EXPECT_TRUE(WaitFor(dir.Sub("serving"), 30000)) << "the serve daemon did not join in the flood";
+  harness::AddressPipe serve_pipe;
+  procs["serve"] = Fork([&] { return ServeBody(dir, job, serve_pipe); });
+  ports.serve = harness::PortOf(serve_pipe.Read(30000));
+  ASSERT_GT(ports.serve, 0) << "the serve daemon did not listen in the flood";
+  EXPECT_TRUE(job.WaitAtLeast("serving", 1, 30000)) << "the serve daemon did not join in the flood";
   size_t closed = 0;
   for (int fd : idle) closed += ClosedWithin(fd, 0) ? 1 : 0;
   // Every idle connection but the newest kMaxPendingHandshakes (less those the legitimate
@@ -660,25 +665,21 @@ TEST(HostileNetworkTest, NoAttackKillsAProcessOrLosesACommittedVersion) {
               (unsigned long long)campaign.connections, targets.size(), (long long)attack_ms);
 
   // Every process is alive; the ranks finish their commits and close.
-  for (const auto& [name, pid] : procs) {
-    EXPECT_EQ(waitpid(pid, nullptr, WNOHANG), 0) << name << " died under attack";
-  }
-  test::WriteWholeFile(dir.Sub("stop"), "1");
-  for (const char* name : {"rank 0", "rank 1"}) {
-    int status = 0;
-    waitpid(procs[name], &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << name << " failed: status " << status;
-  }
+  for (uint32_t r = 0; r < 2; ++r)
+    EXPECT_FALSE(job.Exited(r)) << "rank " << r << " died under attack";
+  EXPECT_EQ(waitpid(procs["serve"], nullptr, WNOHANG), 0) << "serve died under attack";
+  job.Set("stop", 1);
+  const std::vector<int> codes = job.Wait();
+  for (uint32_t r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " failed";
   kill(procs["serve"], SIGTERM);
   int status = 0;
   waitpid(procs["serve"], &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "serve: status " << status;
   for (uint32_t r = 0; r < 2; ++r) {
-    const std::string path = dir.Sub("committed" + std::to_string(r));
-    ASSERT_TRUE(std::filesystem::exists(path));
-    std::printf("rank %u committed and restored %s versions under attack\n", r,
-                test::ReadWholeFile(path).c_str());
+    const int64_t committed = job.Get("committed/" + std::to_string(r));
+    EXPECT_GE(committed, 3) << "rank " << r;
+    std::printf("rank %u committed and restored %lld versions under attack\n", r,
+                static_cast<long long>(committed));
   }
 }
 

@@ -1,8 +1,5 @@
 #include "tests/test_util.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,51 +88,9 @@ void FlipByte(const std::string& path, uint64_t offset, uint8_t mask) {
   std::fclose(f);
 }
 
-std::vector<int> RunForked(uint32_t count, const std::function<int(uint32_t)>& fn) {
-  std::vector<pid_t> pids;
-  for (uint32_t r = 0; r < count; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      alarm(90);  // never outlive the test
-      _exit(fn(r));
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
-}
-
 uint64_t EnvCount(const char* name, uint64_t fallback) {
   const char* env = std::getenv(name);
   return env != nullptr ? std::strtoull(env, nullptr, 10) : fallback;
-}
-
-// A port for a coordinator to listen at later. Below the kernel's ephemeral range (32768 and up
-// here), where the job's own outgoing connections take their local ports: a port picked there
-// was seen taken by one of them by the time the restarted coordinator bound it ("Device is
-// busy"). Each candidate must bind now (no SO_REUSEADDR: a port with connections in TIME_WAIT
-// is skipped too); successive calls walk on, so two phases never share a port.
-int FreePort() {
-  static int next = 10000 + static_cast<int>((getpid() * 7919u) % 20000u);
-  for (int tries = 0; tries < 22000; ++tries) {
-    const int port = next++;
-    if (next >= 32000) next = 10000;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool free = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
-    if (fd >= 0) close(fd);
-    if (free) return port;
-  }
-  std::fprintf(stderr, "no free port in 10000..31999\n");
-  return 0;
 }
 
 }  // namespace ckpt::test

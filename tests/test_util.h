@@ -34,10 +34,6 @@ void FillRandom(void* dst, size_t n, uint64_t seed);
 // Runs a shell command, returns its exit status and stdout+stderr.
 int RunCommand(const std::string& command, std::string* output);
 
-// Runs fn(0) .. fn(count - 1), each in a forked child that exits with fn's result (and is killed
-// by an alarm after 90 s); returns their exit codes in order (killed by a signal: 128 + it).
-std::vector<int> RunForked(uint32_t count, const std::function<int(uint32_t)>& fn);
-
 // The unsigned number in environment variable `name` (a test's size, raised by hand), or `fallback`
 // when unset.
 uint64_t EnvCount(const char* name, uint64_t fallback);
@@ -53,11 +49,6 @@ uint64_t EnvCount(const char* name, uint64_t fallback);
       return 1;                                                         \
     }                                                                   \
   } while (0)
-
-// A free TCP port on loopback for a coordinator to listen at later (below the ephemeral range;
-// successive calls walk on, so two phases of a test never share a port). 0 after a test failure
-// when none is free.
-int FreePort();
 
 std::string ReadWholeFile(const std::string& path);
 void WriteWholeFile(const std::string& path, const std::string& contents);

@@ -9,8 +9,10 @@
 // bit against the state it recomputes. The tables show the time the trainer was blocked per
 // checkpoint, the replication traffic per rank and node, and where each rank's restore came from.
 //
-// The parent is the scheduler: it forks the ranks and reads one fixed-size report from each
-// down a pipe; a byte down another pipe tells a rank to close (rank 0, the coordinator, last).
+// The parent is the scheduler: it forks the ranks through the job harness (harness/job.h: rank 0
+// binds a free port for the coordinator and reports it before the others start) and reads one
+// fixed-size report from each down a pipe; a byte down another pipe tells a rank to close (rank
+// 0, the coordinator, last).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -26,12 +28,14 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "harness/job.h"
 #include "tools/common.h"
 #include "tools/demo.h"
 
@@ -65,7 +69,7 @@ struct Report {
 struct Job {
   ClusterArgs args;
   std::string token;
-  std::string coordinator;
+  std::shared_ptr<harness::Job> ranks;  // the processes of the current run
   int NodeOf(int rank) const { return rank * args.nodes / args.ranks; }
   std::string DiskDir(int node) const { return args.root + "/node" + std::to_string(node); }
   std::string RamDir(int node) const { return args.ram_dir + "/node" + std::to_string(node); }
@@ -118,7 +122,8 @@ int OpenRank(const Job& job, int rank, uint64_t version_bytes, ckptdb** db) {
   o.rank = static_cast<uint32_t>(rank);
   o.world_size = static_cast<uint32_t>(job.args.ranks);
   o.node_id = node_id.c_str();
-  o.coordinator = job.coordinator.c_str();
+  const std::string coordinator = job.ranks->CoordinatorFor(static_cast<uint32_t>(rank));
+  o.coordinator = coordinator.c_str();
   o.job_token = job.token.c_str();
   o.redundancy = job.args.redundancy.c_str();
   o.staging_bytes = 16 << 20;
@@ -306,55 +311,70 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
 }
 
 struct Proc {
-  pid_t pid = -1;
+  harness::Job* job = nullptr;  // the run it belongs to, which forked it and reaps it
+  uint32_t rank = 0;
+  bool running = false;  // not reaped yet
   int report_fd = -1;
   int control_fd = -1;
   Report report;
   bool reported = false;
+  void Kill() const {
+    if (running) job->Kill(rank);
+  }
+  int Wait() {  // its exit code, reaping it
+    running = false;
+    return job->Wait(rank);
+  }
 };
 
 std::vector<Proc> Spawn(const Job& job, int phase) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::vector<Proc> procs(job.args.ranks);
-  // Any failure: the ranks started so far are killed and nothing is returned.
-  auto fail = [&](int started) {
-    std::perror("ckptdb demo: starting a rank");
-    for (int k = 0; k < started; ++k) {
-      kill(procs[k].pid, SIGKILL);
-      waitpid(procs[k].pid, nullptr, 0);
-      close(procs[k].report_fd);
-      close(procs[k].control_fd);
-    }
-    return std::vector<Proc>();
-  };
-  for (int rank = 0; rank < job.args.ranks; ++rank) {
-    int report[2], control[2];
-    if (pipe2(report, O_CLOEXEC) != 0) return fail(rank);
-    if (pipe2(control, O_CLOEXEC) != 0) {
-      close(report[0]);
-      close(report[1]);
-      return fail(rank);
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-      for (int fd : {report[0], report[1], control[0], control[1]}) close(fd);
-      return fail(rank);
-    }
-    if (pid == 0) {
-      close(report[0]);
-      close(control[1]);
-      for (int k = 0; k < rank; ++k) {  // the other ranks' pipes stay with the scheduler
-        close(procs[k].report_fd);
-        close(procs[k].control_fd);
+  const int ranks = job.args.ranks;
+  std::vector<Proc> procs(ranks);
+  // Each rank's two pipes, made before any fork: the scheduler keeps the ends in Proc, the rank
+  // those in child_ends (its report's write end, its control's read end) and closes the rest.
+  std::vector<std::pair<int, int>> child_ends(ranks, {-1, -1});
+  auto close_all = [&] {
+    for (int k = 0; k < ranks; ++k) {
+      for (int fd :
+           {procs[k].report_fd, procs[k].control_fd, child_ends[k].first, child_ends[k].second}) {
+        if (fd >= 0) close(fd);
       }
-      _exit(RankMain(job, rank, phase, report[1], control[0]));
     }
-    close(report[1]);
-    close(control[0]);
-    procs[rank].pid = pid;
+  };
+  for (int rank = 0; rank < ranks; ++rank) {
+    int report[2], control[2];
+    if (pipe2(report, O_CLOEXEC) != 0) {
+      std::perror("ckptdb demo: starting a rank");
+      close_all();
+      return {};
+    }
     procs[rank].report_fd = report[0];
+    child_ends[rank].first = report[1];
+    if (pipe2(control, O_CLOEXEC) != 0) {
+      std::perror("ckptdb demo: starting a rank");
+      close_all();
+      return {};
+    }
     procs[rank].control_fd = control[1];
+    child_ends[rank].second = control[0];
+  }
+  harness::RunOptions options;
+  options.alarm_s = 0;  // the scheduler kills what it must
+  options.report_timeout_ms = 120000;
+  job.ranks->Start(
+      [&](uint32_t rank) {
+        const std::pair<int, int> mine = child_ends[rank];
+        child_ends[rank] = {-1, -1};
+        close_all();
+        return RankMain(job, static_cast<int>(rank), phase, mine.first, mine.second);
+      },
+      options);
+  for (int rank = 0; rank < ranks; ++rank) {
+    close(child_ends[rank].first);
+    close(child_ends[rank].second);
+    procs[rank].job = job.ranks.get();
+    procs[rank].rank = static_cast<uint32_t>(rank);
+    procs[rank].running = true;
   }
   return procs;
 }
@@ -392,14 +412,11 @@ bool Collect(std::vector<Proc>& procs, int timeout_s) {
 
 void KillAll(std::vector<Proc>& procs, const std::vector<int>& ranks) {
   if (procs.empty()) return;  // Spawn failed, and cleaned up after itself
+  for (int rank : ranks) procs[rank].Kill();
   for (int rank : ranks) {
-    if (procs[rank].pid > 0) kill(procs[rank].pid, SIGKILL);
-  }
-  for (int rank : ranks) {
-    if (procs[rank].pid > 0) waitpid(procs[rank].pid, nullptr, 0);
+    if (procs[rank].running) procs[rank].Wait();
     close(procs[rank].report_fd);
     close(procs[rank].control_fd);
-    procs[rank].pid = -1;
   }
 }
 
@@ -408,31 +425,13 @@ bool CloseAll(std::vector<Proc>& procs) {
   bool ok = true;
   for (size_t i = 1; i <= procs.size(); ++i) {
     Proc& p = procs[i % procs.size()];
-    if (p.pid <= 0) continue;
+    if (!p.running) continue;
     (void)!write(p.control_fd, "c", 1);
-    int status = 0;
-    waitpid(p.pid, &status, 0);
-    ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    ok &= p.Wait() == 0;
     close(p.report_fd);
     close(p.control_fd);
-    p.pid = -1;
   }
   return ok;
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
 }
 
 // ---- The kill campaign (ckptdb demo --kill-rounds N) ----
@@ -473,13 +472,10 @@ void PollProgress(std::vector<Proc>& procs, std::vector<uint64_t>* confirmed, in
 // SIGKILLs the ranks, then reads what they wrote before they died.
 void KillAndDrain(std::vector<Proc>& procs, const std::vector<int>& ranks,
                   std::vector<uint64_t>* confirmed) {
-  for (int rank : ranks) {
-    if (procs[rank].pid > 0) kill(procs[rank].pid, SIGKILL);
-  }
+  for (int rank : ranks) procs[rank].Kill();
   for (int rank : ranks) {
     Proc& p = procs[rank];
-    if (p.pid > 0) waitpid(p.pid, nullptr, 0);
-    p.pid = -1;
+    if (p.running) p.Wait();
     if (p.control_fd >= 0) close(p.control_fd);
     p.control_fd = -1;
   }
@@ -542,7 +538,6 @@ int RunKillCampaign(const Job& job_in, uint64_t seed) {
   for (int round = 1; round <= a.kill_rounds + 1; ++round) {
     const bool last = round == a.kill_rounds + 1;
     const Fault fault = last ? kFaults : static_cast<Fault>(rng() % kFaults);
-    job.coordinator = "127.0.0.1:" + std::to_string(FreePort());
     std::vector<Proc> procs = Spawn(job, 3);
     std::vector<uint64_t> confirmed(a.ranks, 0);
     if (static_cast<int>(procs.size()) != a.ranks) {
@@ -554,15 +549,15 @@ int RunKillCampaign(const Job& job_in, uint64_t seed) {
       // the others run on a moment (their commits stall on the dead rank), then are killed too.
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1500));
       const int victim = static_cast<int>(rng() % a.ranks);
-      kill(procs[victim].pid, SIGKILL);
+      procs[victim].Kill();
       std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
-      for (Proc& p : procs) kill(p.pid, SIGKILL);
+      for (Proc& p : procs) p.Kill();
       // Then what each wrote: its report, if it got that far, and the versions it committed.
       bool all_reported = true;
       std::vector<uint64_t> told;  // the latest each reporting rank was told
       uint64_t newest = 0, oldest = UINT64_MAX;
       for (Proc& p : procs) {
-        waitpid(p.pid, nullptr, 0);
+        p.Wait();
         close(p.control_fd);
         std::string bytes;
         char buffer[4096];
@@ -729,7 +724,7 @@ int RunKillCampaign(const Job& job_in, uint64_t seed) {
 }  // namespace
 
 int RunClusterDemo(const ClusterArgs& a) {
-  Job job{a, RandomToken(), ""};
+  Job job{a, RandomToken(), nullptr};
   if (a.ranks < 2 || a.nodes < 2 || a.nodes > a.ranks) {
     std::fprintf(stderr,
                  "ckptdb demo: --ranks %d --nodes %d: a job needs 2 <= nodes <= ranks (replicas "
@@ -743,12 +738,10 @@ int RunClusterDemo(const ClusterArgs& a) {
                  job.args.kill_node, a.nodes - 1);
     return kExitUsage;
   }
-  int port = a.port > 0 ? a.port : FreePort();
-  if (port <= 0) {
-    std::fprintf(stderr, "ckptdb demo: no free TCP port on 127.0.0.1 for the coordinator\n");
-    return kExitProblem;
-  }
-  job.coordinator = "127.0.0.1:" + std::to_string(port);
+  job.ranks = std::make_shared<harness::Job>(static_cast<uint32_t>(a.ranks));
+  job.ranks->set_coordinator_port(a.port);
+  const std::string coordinator =
+      a.port > 0 ? "127.0.0.1:" + std::to_string(a.port) : "127.0.0.1 (a free port rank 0 reports)";
   signal(SIGPIPE, SIG_IGN);  // a rank that died must not take the scheduler with it
   std::error_code ec;
   fs::remove_all(a.root, ec);
@@ -773,14 +766,14 @@ int RunClusterDemo(const ClusterArgs& a) {
         "redundancy %s (coding groups of K+M nodes, parity in each other's memory: `ckptdb plan "
         "--nodes %d --ec K+M`), CKPTDB_UCX_TLS=%s (tcp: ckptdb's authenticated socket) on "
         "loopback, coordinator %s\n",
-        a.redundancy.c_str(), a.nodes, a.tls.c_str(), job.coordinator.c_str());
+        a.redundancy.c_str(), a.nodes, a.tls.c_str(), coordinator.c_str());
   } else {
     std::printf(
         "redundancy %s (GEMINI Algorithm 1 placement over nodes: `ckptdb plan --nodes %d "
         "--replicas %s`), CKPTDB_UCX_TLS=%s (tcp: ckptdb's authenticated socket) on loopback, "
         "coordinator %s\n",
         a.redundancy.c_str(), a.nodes, a.redundancy.substr(10).c_str(), a.tls.c_str(),
-        job.coordinator.c_str());
+        coordinator.c_str());
   }
   std::printf("ranks per node:");
   for (int n = 0; n < a.nodes; ++n) {
