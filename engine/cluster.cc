@@ -106,9 +106,7 @@ Cluster::Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog)
 namespace {
 
 // "host:0": whatever port is free.
-bool IsAnyPort(const std::string& address) {
-  return address.substr(address.rfind(':') + 1) == "0";
-}
+bool IsAnyPort(const std::string& address) { return address.substr(address.rfind(':') + 1) == "0"; }
 
 // What Cluster::Start refuses before it makes anything: Invalid or NotFound, naming `who`.
 Status CheckClusterOptions(const ClusterOptions& options, const std::string& who) {
