@@ -190,7 +190,7 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
     std::map<std::string, std::string> decided;
     CKPTDB_RETURN_IF_ERROR(catalog->ListMeta("coord/committed/", &decided));
     for (const auto& [key, v] : decided) {
-      c->committed_.insert(
+      c->decisions_.Commit(
           std::strtoull(key.c_str() + std::strlen("coord/committed/"), nullptr, 16));
     }
     c->members_.resize(options.world_size);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "engine/catalog.h"
+#include "engine/coordinator_decisions.h"
 #include "engine/holdings.h"
 #include "engine/parity_store.h"
 #include "engine/replica_store.h"
@@ -360,8 +361,6 @@ class Cluster {
   Status BumpEpochLocked(const std::string& why);
   Status LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed);
   void AbortUndecidedLocked(const std::string& why);
-  // Keeps why `version` was aborted (the newest 256), for late replica checks of it.
-  void NoteAbortCauseLocked(uint64_t version, const std::string& why);
   Status ComputePlacementLocked();
 
   const ClusterOptions options_;
@@ -408,9 +407,7 @@ class Cluster {
   bool complete_ = false;
   bool assembled_ = false;      // complete_ was true once: decisions are no longer learned
   std::set<uint32_t> refused_;  // ranks told the job cannot run (its nodes fit no coding groups)
-  std::map<uint64_t, std::set<uint32_t>> votes_;
-  std::set<uint64_t> committed_;  // decided COMMITTED (durable in the catalog)
-  std::set<uint64_t> aborted_;
+  DecisionLog decisions_;       // committed (durable in the catalog), aborted, and open votes
   // Replica groups' comparisons (HandleReplicaCheck), by (version, group); the oldest dropped
   // past kMaxReplicaChecks.
   struct ReplicaCheckState {
@@ -421,7 +418,6 @@ class Cluster {
     std::optional<Status> result;
   };
   std::map<std::pair<uint64_t, uint32_t>, ReplicaCheckState> replica_checks_;
-  std::map<uint64_t, std::string> abort_causes_;
   struct Announcement {
     uint64_t version = 0;
     bool committed = false;

@@ -40,21 +40,12 @@ Status Cluster::BumpEpochLocked(const std::string& why) {
   return Status::Ok();
 }
 
-void Cluster::NoteAbortCauseLocked(uint64_t version, const std::string& why) {
-  abort_causes_[version] = why;
-  while (abort_causes_.size() > 256) abort_causes_.erase(abort_causes_.begin());
-}
-
 // Presumed abort: a version without a durable COMMITTED decision is aborted.
 void Cluster::AbortUndecidedLocked(const std::string& why) {
-  for (auto& [version, voters] : votes_) {
-    if (committed_.count(version) || aborted_.count(version)) continue;
-    aborted_.insert(version);
+  for (uint64_t version : decisions_.AbortOpen(why)) {
     to_announce_.push_back({version, false, why});
-    NoteAbortCauseLocked(version, why);
     std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s\n", version, why.c_str());
   }
-  votes_.clear();
   cv_.notify_all();
 }
 
@@ -203,49 +194,42 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
                                                                    : "a newer incarnation of it")));
   }
   if (!yes) {
-    if (committed_.count(version)) {
+    if (decisions_.Committed(version)) {
       // Every rank's yes made it so: this rank gave up what it had voted for.
       return Fail(reply, Status::State("v" + std::to_string(version) + " is already committed; " +
                                        R(rank) + " voted for it"));
     }
-    if (aborted_.insert(version).second) {
-      votes_.erase(version);
-      to_announce_.push_back({version, false, R(rank) + " could not prepare it: " + why});
-      NoteAbortCauseLocked(version, to_announce_.back().why);
+    if (const std::string cause = R(rank) + " could not prepare it: " + why;
+        decisions_.Abort(version, cause)) {
+      to_announce_.push_back({version, false, cause});
       std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s cannot prepare it: %s\n",
                    version, R(rank).c_str(), why.c_str());
       cv_.notify_all();
     }
     return;
   }
-  if (aborted_.count(version)) {
-    auto cause = abort_causes_.find(version);
+  if (decisions_.Aborted(version)) {
+    const std::string* cause = decisions_.AbortCause(version);
     return Fail(reply, Status::State("v" + std::to_string(version) + " was already aborted" +
-                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
+                                     (cause != nullptr ? ": " + *cause : "")));
   }
-  if (committed_.count(version)) return;  // a repeated vote
-  auto& voters = votes_[version];
-  voters.insert(rank);
-  if (voters.size() == options_.world_size) {
+  if (decisions_.Committed(version)) return;  // a repeated vote
+  if (decisions_.Vote(version, rank).size() == options_.world_size) {
     // Every vote is in: the decision is durable before anyone hears of it.
     CrashPoint("coordinator:before_committed_written");
     Status w = catalog_->PutMeta("coord/committed/" + format::Hex64(version).substr(2), "1", true);
     if (!w.ok()) {
-      aborted_.insert(version);
-      to_announce_.push_back(
-          {version, false, "the coordinator could not record it: " + w.message()});
-      NoteAbortCauseLocked(version, to_announce_.back().why);
-      votes_.erase(version);
+      const std::string cause = "the coordinator could not record it: " + w.message();
+      decisions_.Abort(version, cause);
+      to_announce_.push_back({version, false, cause});
       cv_.notify_all();
       return Fail(reply, w.WithContext("recording the decision for v" + std::to_string(version)));
     }
-    committed_.insert(version);
-    for (uint32_t voter : votes_[version]) {
+    for (uint32_t voter : decisions_.Commit(version)) {
       members_[voter].voted.insert(version);
       if (members_[voter].voted.size() > 64)
         members_[voter].voted.erase(members_[voter].voted.begin());
     }
-    votes_.erase(version);
     CrashPoint("coordinator:after_committed_written");
     to_announce_.push_back({version, true, ""});
     cv_.notify_all();
@@ -264,8 +248,8 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
 // but on the node that was lost, and presumed abort decides it.
 Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed) {
   for (uint64_t v : committed) {
-    if (committed_.count(v)) continue;
-    if (aborted_.count(v)) {
+    if (decisions_.Committed(v)) continue;
+    if (decisions_.Aborted(v)) {
       return Status::Corrupt(R(rank) + " holds v" + std::to_string(v) +
                              " COMMITTED, which this coordinator aborted: is its catalog from "
                              "another job with the same token?");
@@ -274,7 +258,7 @@ Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>&
         catalog_->PutMeta("coord/committed/" + format::Hex64(v).substr(2), "1", true)
             .WithContext("recording the decision for v" + std::to_string(v) + " learned from " +
                          R(rank)));
-    committed_.insert(v);
+    decisions_.Commit(v);
     std::fprintf(stderr,
                  "ckptdb[coordinator]: v%" PRIu64
                  " is COMMITTED in %s's catalog and was not "
@@ -352,7 +336,7 @@ void Cluster::CoordinatorLoop() {
 void Cluster::HandleDecisions(const Request&, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   WireWriter w;
-  std::vector<uint64_t> newest(committed_.rbegin(), committed_.rend());
+  std::vector<uint64_t> newest(decisions_.committed().rbegin(), decisions_.committed().rend());
   if (newest.size() > 256) newest.resize(256);
   w.U32(static_cast<uint32_t>(newest.size()));
   for (uint64_t v : newest) w.U64(v);
@@ -365,7 +349,7 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
   const int64_t now = MonoMs();
-  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
+  for (auto it = decisions_.committed().rbegin(); it != decisions_.committed().rend(); ++it) {
     uint64_t v = *it;
     bool all = true;
     const std::map<uint32_t, int32_t> arc = ArcSparesLocked(v);
@@ -396,9 +380,9 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
       return;
     }
   }
-  Fail(reply, Status::NotFound(committed_.empty()
+  Fail(reply, Status::NotFound(decisions_.committed().empty()
                                    ? "the job has no committed version"
-                                   : std::to_string(committed_.size()) +
+                                   : std::to_string(decisions_.committed().size()) +
                                          " committed versions, but none that every rank can "
                                          "still restore from its tiers or a peer's memory"));
 }
@@ -453,7 +437,7 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
   const std::string v = "v" + std::to_string(version);
-  if (!committed_.count(version)) {
+  if (!decisions_.Committed(version)) {
     return Fail(reply, Status::State(v + " is not committed by the job"));
   }
   auto has = [&](const Member& m) {

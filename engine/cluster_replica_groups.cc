@@ -156,7 +156,7 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::make_pair(version, group);
   auto it = replica_checks_.find(key);
-  if (aborted_.count(version)) return AnswerReplicaCheckLocked(version, group, nullptr, reply);
+  if (decisions_.Aborted(version)) return AnswerReplicaCheckLocked(version, group, nullptr, reply);
   if (it == replica_checks_.end()) {
     // Bounded: decided comparisons go first, oldest first; an undecided one only past the cap
     // (one per group for many versions in flight).
@@ -203,13 +203,13 @@ void Cluster::AnswerReplicaCheckLocked(uint64_t version, uint32_t group, Replica
   const std::string what = "v" + std::to_string(version) + ": replica group " +
                            std::to_string(group) +
                            (check != nullptr ? " (ranks " + Members(check->members) + ")" : "");
-  if (aborted_.count(version) && (check == nullptr || !check->result || check->result->ok())) {
+  if (decisions_.Aborted(version) && (check == nullptr || !check->result || check->result->ok())) {
     // A member that learned of the abort first never reports: the others stop waiting for it.
     // A comparison that failed keeps its answer (the abort's cause); one that passed does not
     // send a member on to protect a version the job has given up.
-    auto cause = abort_causes_.find(version);
+    const std::string* cause = decisions_.AbortCause(version);
     return Fail(reply, Status::State(what + ": the version was aborted" +
-                                     (cause != abort_causes_.end() ? ": " + cause->second : "")));
+                                     (cause != nullptr ? ": " + *cause : "")));
   }
   ReplicaCheckState& c = *check;
   if (!c.result) {
