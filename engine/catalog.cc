@@ -16,11 +16,9 @@
 #include <mutex>
 
 #include "engine/catalog_codec.h"
-#include "engine/catalog_trace.h"
 #include "engine/table_ledger.h"
 #include "format/checksum.h"
 #include "format/segment_format.h"
-#include "io/crash_model.h"
 
 namespace ckpt::engine {
 
@@ -134,6 +132,12 @@ Status Catalog::CheckSpace(const std::string& dir, const std::string& what) {
   }
   return Status::Ok();
 }
+
+namespace {
+std::atomic<CatalogEnvMaker> g_env_maker{nullptr};
+}  // namespace
+
+void SetCatalogEnvForTesting(CatalogEnvMaker make) { g_env_maker = make; }
 
 Status Catalog::Open(const std::string& dir, bool read_only, bool create,
                      const std::function<Status(Catalog&)>& check, std::unique_ptr<Catalog>* out) {
@@ -252,7 +256,7 @@ Status Catalog::OpenRocks(const std::string& dir, bool read_only, bool create,
   }
   auto c = std::unique_ptr<Catalog>(new Catalog());
   c->dir_ = dir;
-  c->env_ = RecordingEnvForCatalog(read_only);
+  if (CatalogEnvMaker make = g_env_maker.load(); make != nullptr && !read_only) c->env_ = make();
   if (c->env_ != nullptr) options.env = c->env_.get();
   if (!read_only) {
     std::error_code ec;

@@ -30,10 +30,6 @@ class Logger;
 struct Options;
 }  // namespace rocksdb
 
-namespace ckpt::io {
-class FsTrace;
-}
-
 namespace ckpt::engine {
 
 struct Identity {
@@ -221,9 +217,11 @@ class Catalog {
   std::unique_ptr<rocksdb::DB> db_;    // after env_: closed before it goes
 };
 
-// Tests (io/crash_model.h): the catalogs this process opens from now on record every change
-// RocksDB makes to their files (creates, appends, syncs, renames, removes, directory fsyncs)
-// into trace, which must outlive them; nullptr stops it for later opens.
-void SetCatalogTraceForTesting(io::FsTrace* trace);
+// Tests only: the Env the catalogs this process opens read-write from now on use, made per open
+// by `make` (nullptr, or a `make` that returns nullptr: RocksDB's default). The recording file
+// system of the crash-state enumeration is one (tests/support/catalog_trace.h); it lives with
+// the tests, not in the library.
+using CatalogEnvMaker = std::unique_ptr<rocksdb::Env> (*)();
+void SetCatalogEnvForTesting(CatalogEnvMaker make);
 
 }  // namespace ckpt::engine

@@ -38,6 +38,7 @@
 #include "engine/db.h"
 #include "harness/job.h"
 #include "io/crash_model.h"
+#include "tests/support/catalog_trace.h"
 #include "tests/test_util.h"
 
 namespace ckpt {

@@ -30,6 +30,7 @@
 #include "engine/catalog.h"
 #include "engine/db.h"
 #include "io/crash_model.h"
+#include "tests/support/catalog_trace.h"
 #include "tests/test_util.h"
 
 namespace ckpt {

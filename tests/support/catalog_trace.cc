@@ -1,7 +1,7 @@
-// The catalog's recording file system (tests only, SetCatalogTraceForTesting): RocksDB's file
-// system with every change under the catalog recorded into an io::FsTrace, for the crash-state
-// enumeration (io/crash_model.h).
-#include "engine/catalog_trace.h"
+// The catalog's recording file system (tests only): RocksDB's file system with every change
+// under the catalog recorded into an io::FsTrace, for the crash-state enumeration
+// (io/crash_model.h). The library only takes an Env from the tests (SetCatalogEnvForTesting).
+#include "tests/support/catalog_trace.h"
 
 #include <rocksdb/env.h>
 #include <rocksdb/file_system.h>
@@ -246,15 +246,18 @@ class RecordingFileSystem final : public rocksdb::FileSystemWrapper {
 
 std::atomic<io::FsTrace*> g_catalog_trace{nullptr};
 
-}  // namespace
-
-void SetCatalogTraceForTesting(io::FsTrace* trace) { g_catalog_trace = trace; }
-
-std::unique_ptr<rocksdb::Env> RecordingEnvForCatalog(bool read_only) {
+std::unique_ptr<rocksdb::Env> RecordingEnv() {
   io::FsTrace* trace = g_catalog_trace.load();
-  if (trace == nullptr || read_only) return nullptr;
+  if (trace == nullptr) return nullptr;
   return rocksdb::NewCompositeEnv(
       std::make_shared<RecordingFileSystem>(rocksdb::FileSystem::Default(), trace));
+}
+
+}  // namespace
+
+void SetCatalogTraceForTesting(io::FsTrace* trace) {
+  g_catalog_trace = trace;
+  SetCatalogEnvForTesting(trace != nullptr ? RecordingEnv : nullptr);
 }
 
 }  // namespace ckpt::engine
