@@ -165,17 +165,20 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
   std::unique_ptr<Cluster> c(new Cluster(options, std::move(hooks), catalog));
   c->started_ms_ = MonoMs();
   c->coordinator_address_ = options.coordinator;
+  if (options.io == nullptr) c->owned_io_ = io::NewPosixIo();
+  c->io_ = options.io != nullptr ? options.io : c->owned_io_.get();
   randombytes_buf(&c->incarnation_, sizeof c->incarnation_);
   c->incarnation_ |= 1;
   if (options.replicas > 1 && !options.serve_only) {
-    CKPTDB_RETURN_IF_ERROR(ReplicaStore::Open(options.replica_dir, options.replica_keep,
+    CKPTDB_RETURN_IF_ERROR(ReplicaStore::Open(c->io_, options.replica_dir, options.replica_keep,
                                               options.replica_budget_bytes, &c->replicas_)
                                .WithContext(who));
   }
   if (options.code && !options.serve_only) {
     ParityStore::Writer writer{options.job_id, options.rank, options.world_size, options.node_id};
-    CKPTDB_RETURN_IF_ERROR(ParityStore::Open(options.parity_dir, writer, options.replica_keep,
-                                             options.replica_budget_bytes, &c->parity_)
+    CKPTDB_RETURN_IF_ERROR(ParityStore::Open(c->io_, options.parity_dir, writer,
+                                             options.replica_keep, options.replica_budget_bytes,
+                                             &c->parity_)
                                .WithContext(who));
   }
   if (options.rank == 0 && !options.serve_only) {

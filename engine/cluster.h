@@ -58,6 +58,9 @@ struct ClusterOptions {
   std::string coordinator;  // host:port of rank 0's listener
   std::string listen;       // host:port (port 0: any); empty: the coordinator's host, any port
   std::string job_token;
+  // Every call on the replica and parity files (nullptr: the cluster's own POSIX Io); the Db
+  // passes its own, so that fault injection reaches them. Must outlive the cluster.
+  io::Io* io = nullptr;
   // Once listening, "host:port\n" (the address bound, port 0 resolved) is written here: how a
   // launcher learns the port of a rank 0 given port 0 (CKPTDB_REPORT_FD). -1: nowhere.
   int report_fd = -1;
@@ -364,6 +367,8 @@ class Cluster {
   Status ComputePlacementLocked();
 
   const ClusterOptions options_;
+  std::unique_ptr<io::Io> owned_io_;  // when options_.io is nullptr
+  io::Io* io_ = nullptr;              // set in Start, before anything uses it
   // Where rank 0's coordinator listens: options_.coordinator, its port resolved when it was 0.
   // Resolved in Start before anyone can know the port, so before anything reads it.
   std::string coordinator_address_;

@@ -409,7 +409,7 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
     auto from_file = [&](std::shared_ptr<MappedFile>* map, uint64_t* size) {
       std::string path;
       Status fs = hooks_.own_file(version, &path);
-      if (fs.ok()) fs = MappedFile::OpenReadOnly(path, map);
+      if (fs.ok()) fs = io_->OpenMappedFile(path, io::MappedFileOptions::ReadOnly(), map);
       if (fs.ok()) *size = (*map)->bytes();
       return fs;
     };
@@ -459,7 +459,9 @@ void Cluster::HandleFetch(const Request& request, Reply* reply) {
     map = replicas_->Find(owner, version);
   } else if (std::string path = FindReplica(owner, version); !path.empty()) {
     // Mapped per request (a daemon's replicas are few and read rarely), only the range populated.
-    if (!MappedFile::OpenReadOnly(path, &map).ok()) map.reset();  // gone
+    if (!io_->OpenMappedFile(path, io::MappedFileOptions::ReadOnly(), &map).ok()) {
+      map.reset();  // gone
+    }
   }
   if (map == nullptr) {
     return Fail(reply, Status::NotFound(

@@ -143,6 +143,9 @@ class Db {
   // Where this rank keeps the parity it holds for its coding group (ParityStore); "" when the
   // first tier is not ram.
   std::string ParityDir() const;
+  io::Io* io() const {
+    return io_;
+  }  // every file call of this handle (verify opens parity with it)
   // One copy of a committed version, read and checked chunk by chunk.
   struct CopyCheck {
     std::string tier;

@@ -28,6 +28,7 @@ Status Db::ClusterOptionsFor(ClusterOptions* co) const {
   co->listen = options_.listen;
   co->job_token = options_.job_token;
   co->report_fd = options_.report_fd;
+  co->io = io_;
   co->tls = options_.ucx_tls;
   co->heartbeat_ms = options_.heartbeat_ms;
   co->dead_after_ms = options_.dead_after_ms;

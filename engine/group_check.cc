@@ -1,7 +1,5 @@
 #include "engine/group_check.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,22 +30,24 @@ namespace {
 constexpr uint64_t kMaxMemberBytes = uint64_t{1} << 40;
 
 // A parity segment read with pread (retention may drop the file while it is read: a mapping would
-// fault, a read fails cleanly).
+// fault, a read fails cleanly), opened through its store's Io.
 class ParityFile {
  public:
   ~ParityFile() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) (void)io_->Close(fd_);
   }
   // NotFound when the file does not exist.
-  Status Open(const std::string& path) {
+  Status Open(io::Io* io, const std::string& path) {
+    io_ = io;
     what_ = "parity segment " + path;
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) return Status::FromErrno(errno, "open " + path);
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) return Status::FromErrno(errno, "fstat " + path);
+    io::OpenOptions options;
+    options.mode = io::OpenOptions::Mode::kRead;
+    CKPTDB_RETURN_IF_ERROR(io->Open(path, options, &fd_, nullptr));
+    uint64_t bytes = 0;
+    CKPTDB_RETURN_IF_ERROR(io->FileSize(fd_, &bytes));
     return format::SegmentReader::Open(
-        what_, static_cast<uint64_t>(st.st_size),
-        [this](uint64_t off, void* buf, size_t len) { return Read(off, buf, len); }, &reader_);
+        what_, bytes, [this](uint64_t off, void* buf, size_t len) { return Read(off, buf, len); },
+        &reader_);
   }
   Status Read(uint64_t offset, void* out, size_t bytes) const {
     auto* dst = static_cast<uint8_t*>(out);
@@ -64,6 +64,7 @@ class ParityFile {
   const format::SegmentReader& reader() const { return *reader_; }
 
  private:
+  io::Io* io_ = nullptr;
   int fd_ = -1;
   std::string what_;
   std::unique_ptr<format::SegmentReader> reader_;
@@ -257,7 +258,7 @@ class GroupChecker {
       return;
     }
     auto file = std::make_unique<ParityFile>();
-    Status st = file->Open(dir + "/" + ParitySegmentName(group_number_, v_));
+    Status st = file->Open(mem.store->io(), dir + "/" + ParitySegmentName(group_number_, v_));
     if (st.code() == CKPTDB_ENOTFOUND) {
       mem.parity_state = "missing";
       return;

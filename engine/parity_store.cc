@@ -1,6 +1,5 @@
 #include "engine/parity_store.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,7 +7,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <set>
 
 #include "format/checksum.h"
@@ -115,42 +113,49 @@ struct ParityStore::Building {
   }
 };
 
-ParityStore::ParityStore(std::string dir, Writer writer, uint32_t keep, uint64_t budget_bytes)
-    : dir_(std::move(dir)), writer_(std::move(writer)), keep_(keep), budget_bytes_(budget_bytes) {}
+ParityStore::ParityStore(io::Io* io, std::string dir, Writer writer, uint32_t keep,
+                         uint64_t budget_bytes)
+    : owned_io_(io == nullptr ? io::NewPosixIo() : nullptr),
+      io_(io != nullptr ? io : owned_io_.get()),
+      dir_(std::move(dir)),
+      writer_(std::move(writer)),
+      keep_(keep),
+      budget_bytes_(budget_bytes) {}
 
 ParityStore::~ParityStore() = default;
 
-Status ParityStore::Open(const std::string& dir, Writer writer, uint32_t keep,
+Status ParityStore::Open(io::Io* io, const std::string& dir, Writer writer, uint32_t keep,
                          uint64_t budget_bytes, std::unique_ptr<ParityStore>* out) {
   CKPTDB_ASSERT(keep >= 1 && writer.rank < writer.world_size);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("creating the parity directory " + dir + ": " + ec.message());
-  std::unique_ptr<ParityStore> store(new ParityStore(dir, std::move(writer), keep, budget_bytes));
+  std::unique_ptr<ParityStore> store(
+      new ParityStore(io, dir, std::move(writer), keep, budget_bytes));
+  io = store->io_;
+  CKPTDB_RETURN_IF_ERROR(io->CreateDirs(dir).WithContext("creating the parity directory"));
+  std::vector<std::string> names;
+  CKPTDB_RETURN_IF_ERROR(io->ListDir(dir, &names).WithContext("listing the parity directory"));
   std::vector<std::pair<uint32_t, std::string>> stale;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  for (const std::string& name : names) {
     unsigned group = 0;
     unsigned long long version = 0;
     int used = 0;
     if (std::sscanf(name.c_str(), "g%5u-v%20llu.par%n", &group, &version, &used) == 2 &&
         static_cast<size_t>(used) == name.size() && name == ParitySegmentName(group, version)) {
-      store->sealed_[{group, version}].file_bytes = entry.file_size(ec);
+      uint64_t bytes = 0;
+      if (io->PathSize(dir + "/" + name, &bytes).ok())
+        store->sealed_[{group, version}].file_bytes = bytes;
     } else if (std::sscanf(name.c_str(), "g%5u-v%20llu.par.tmp%n", &group, &version, &used) == 2 &&
                static_cast<size_t>(used) == name.size()) {
-      stale.emplace_back(group, entry.path().string());  // a dead process's unfinished parity
+      stale.emplace_back(group, dir + "/" + name);  // a dead process's unfinished parity
     } else if (std::sscanf(name.c_str(), "g%5u.spare%n", &group, &used) == 1 &&
                static_cast<size_t>(used) == name.size()) {
       store->spares_[group] = nullptr;
     }
   }
-  if (ec) return Status::IoError("listing the parity directory " + dir + ": " + ec.message());
   for (auto& [group, path] : stale) {
-    if (store->spares_.count(group) == 0 &&
-        rename(path.c_str(), store->SparePath(group).c_str()) == 0) {
+    if (store->spares_.count(group) == 0 && io->Rename(path, store->SparePath(group)).ok()) {
       store->spares_[group] = nullptr;
     } else {
-      std::filesystem::remove(path, ec);
+      (void)io->Remove(path);
     }
   }
   *out = std::move(store);
@@ -343,11 +348,10 @@ Status ParityStore::Allocate(Building* b, const std::string& what) {
     uint64_t spare_bytes = 0;
     auto it = spares_.find(b->shape.group);
     if (it != spares_.end()) {
-      struct stat sb {};
-      spare_bytes = it->second != nullptr ? it->second->bytes()
-                    : stat(SparePath(b->shape.group).c_str(), &sb) == 0
-                        ? static_cast<uint64_t>(sb.st_size)
-                        : 0;
+      uint64_t on_disk = 0;
+      spare_bytes = it->second != nullptr                                     ? it->second->bytes()
+                    : io_->PathSize(SparePath(b->shape.group), &on_disk).ok() ? on_disk
+                                                                              : 0;
     }
     const uint64_t all = HeldBytesLocked();  // b's file_bytes are not published yet: 0
     const uint64_t held = all - std::min(all, spare_bytes);  // the spare is reused
@@ -370,21 +374,28 @@ Status ParityStore::Allocate(Building* b, const std::string& what) {
     b->tail_offset = x.tail_offset;
     b->manifest_bytes = x.manifest_bytes;
     b->file_bytes = x.file_bytes;
-    std::error_code ec;
-    if (it != spares_.end() && rename(SparePath(b->shape.group).c_str(), tmp.c_str()) == 0) {
+    if (it != spares_.end() && io_->Rename(SparePath(b->shape.group), tmp).ok()) {
       spare = std::move(it->second);
       spares_.erase(it);
-      Status st = spare != nullptr ? spare->Resize(b->file_bytes, tmp)
-                                   : MappedFile::Open(tmp, false, b->file_bytes, &spare);
+      Status st =
+          spare != nullptr
+              ? spare->Resize(b->file_bytes, tmp)
+              : io_->OpenMappedFile(tmp, io::MappedFileOptions::Existing(b->file_bytes), &spare);
       if (!st.ok()) {
-        std::filesystem::remove(tmp, ec);
+        (void)io_->Remove(tmp);
         return st.WithContext(what);
       }
       b->map = std::move(spare);
     } else {
       if (it != spares_.end()) spares_.erase(it);  // its file is gone
-      std::filesystem::remove(tmp, ec);
-      CKPTDB_RETURN_IF_ERROR(MappedFile::Open(tmp, true, b->file_bytes, &b->map).WithContext(what));
+      (void)io_->Remove(tmp);
+      Status st = io_->OpenMappedFile(tmp, io::MappedFileOptions::New(b->file_bytes), &b->map);
+      if (!st.ok()) {
+        // A file the open made but could not size or map goes again: nothing is held.
+        b->map.reset();
+        (void)io_->Remove(tmp);
+        return st.WithContext(what);
+      }
       fresh = true;
     }
   }
@@ -394,8 +405,7 @@ Status ParityStore::Allocate(Building* b, const std::string& what) {
     std::memset(b->map->data(), 0, b->file_bytes);
   }
   if (!st.ok()) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
+    (void)io_->Remove(tmp);
     b->map.reset();
   }
   return st;
@@ -542,9 +552,7 @@ Status ParityStore::Seal(Key key, Building* b, const std::string& what) {
                             b->version, writer_.rank, static_cast<uint32_t>(b->stripes.size()));
   const std::string tmp = TemporaryPath(key.first, key.second);
   std::lock_guard<std::mutex> lock(mu_);
-  if (rename(tmp.c_str(), SealedPath(key.first, key.second).c_str()) != 0) {
-    return Status::FromErrno(errno, tmp);
-  }
+  CKPTDB_RETURN_IF_ERROR(io_->Rename(tmp, SealedPath(key.first, key.second)).WithContext(what));
   SealedParity& s = sealed_[key];
   s.file_bytes = b->file_bytes;
   s.map = b->map;
@@ -579,14 +587,13 @@ Status ParityStore::Sealed(uint32_t group, uint64_t version, const std::string& 
 
 void ParityStore::RetireLocked(uint32_t group, const std::string& path,
                                std::shared_ptr<MappedFile> map) {
-  std::error_code ec;
   // A mapping still held elsewhere (a fetch being sent) is not written again.
   if (spares_.count(group) == 0 && (map == nullptr || map.use_count() == 1) &&
-      rename(path.c_str(), SparePath(group).c_str()) == 0) {
+      io_->Rename(path, SparePath(group)).ok()) {
     spares_[group] = std::move(map);
     return;
   }
-  std::filesystem::remove(path, ec);
+  (void)io_->Remove(path);
 }
 
 void ParityStore::DropLocked(Key key) {
@@ -597,8 +604,7 @@ void ParityStore::DropLocked(Key key) {
   if (map != nullptr) {
     RetireLocked(key.first, TemporaryPath(key.first, key.second), std::move(map));
   } else {
-    std::error_code ec;
-    std::filesystem::remove(TemporaryPath(key.first, key.second), ec);
+    (void)io_->Remove(TemporaryPath(key.first, key.second));
   }
 }
 
@@ -610,13 +616,13 @@ std::shared_ptr<MappedFile> ParityStore::Find(uint32_t group, uint64_t version) 
     if (it == sealed_.end()) return nullptr;
     if (it->second.map != nullptr) return it->second.map;
     const std::string path = SealedPath(group, version);
-    struct stat sb {};
-    if (stat(path.c_str(), &sb) != 0 ||
-        !MappedFile::Open(path, false, static_cast<uint64_t>(sb.st_size), &map).ok()) {
+    uint64_t bytes = 0;
+    if (!io_->PathSize(path, &bytes).ok() ||
+        !io_->OpenMappedFile(path, io::MappedFileOptions::Existing(bytes), &map).ok()) {
       sealed_.erase(it);
       return nullptr;
     }
-    it->second.file_bytes = static_cast<uint64_t>(sb.st_size);
+    it->second.file_bytes = bytes;
     it->second.map = map;
   }
   (void)map->Reserve(SealedPath(group, version));  // pages exist: populates only
@@ -635,11 +641,11 @@ uint64_t ParityStore::HeldBytesLocked() const {
   for (const auto& [key, s] : sealed_) total += s.file_bytes;
   for (const auto& [key, b] : building_) total += b->file_bytes;
   for (const auto& [group, map] : spares_) {
-    struct stat sb {};
+    uint64_t bytes = 0;
     if (map != nullptr) {
       total += map->bytes();
-    } else if (stat(SparePath(group).c_str(), &sb) == 0) {
-      total += static_cast<uint64_t>(sb.st_size);
+    } else if (io_->PathSize(SparePath(group), &bytes).ok()) {
+      total += bytes;
     }
   }
   return total;

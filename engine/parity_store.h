@@ -64,9 +64,10 @@ class ParityStore {
     uint32_t world_size = 1;
     std::string node_id;
   };
-  // `dir` is created if missing. keep >= 1. budget_bytes: 0 = the file system's.
-  static Status Open(const std::string& dir, Writer writer, uint32_t keep, uint64_t budget_bytes,
-                     std::unique_ptr<ParityStore>* out);
+  // `dir` is created if missing. keep >= 1. budget_bytes: 0 = the file system's. Every file
+  // call goes through `io` (nullptr: the store's own POSIX Io), which must outlive the store.
+  static Status Open(io::Io* io, const std::string& dir, Writer writer, uint32_t keep,
+                     uint64_t budget_bytes, std::unique_ptr<ParityStore>* out);
 
   // Member `position` of shape.group announces its segment of `version`, segment_bytes long.
   // Every member must announce the same shape, in which this store's rank is a member.
@@ -100,7 +101,7 @@ class ParityStore {
     uint64_t file_bytes = 0;
     std::shared_ptr<MappedFile> map;  // mapped on first use
   };
-  ParityStore(std::string dir, Writer writer, uint32_t keep, uint64_t budget_bytes);
+  ParityStore(io::Io* io, std::string dir, Writer writer, uint32_t keep, uint64_t budget_bytes);
   std::string TemporaryPath(uint32_t group, uint64_t version) const;
   std::string SparePath(uint32_t group) const;
   // Lays out and allocates b's parity segment (every member announced). Called without mu_.
@@ -110,6 +111,8 @@ class ParityStore {
   void DropLocked(Key key);
   uint64_t HeldBytesLocked() const;
 
+  const std::unique_ptr<io::Io> owned_io_;
+  io::Io* const io_;
   const std::string dir_;
   const Writer writer_;
   const uint32_t keep_;

@@ -1,15 +1,11 @@
 #include "engine/replica_store.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <iterator>
 #include <thread>
 
@@ -75,141 +71,40 @@ Status Claim(std::map<uint64_t, uint64_t>* claimed, uint64_t offset, uint64_t by
 
 }  // namespace
 
-// ---- MappedFile ------------------------------------------------------------------------------
-
-Status MappedFile::Open(const std::string& path, bool create, uint64_t bytes,
-                        std::shared_ptr<MappedFile>* out) {
-  std::shared_ptr<MappedFile> m(new MappedFile());
-  m->fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
-  if (m->fd_ < 0) return Status::FromErrno(errno, path);
-  CKPTDB_RETURN_IF_ERROR(m->Resize(bytes, path));
-  *out = std::move(m);
-  return Status::Ok();
-}
-
-Status MappedFile::OpenReadOnly(const std::string& path, std::shared_ptr<MappedFile>* out) {
-  std::shared_ptr<MappedFile> m(new MappedFile());
-  m->writable_ = false;
-  m->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (m->fd_ < 0) return Status::FromErrno(errno, path);
-  struct stat sb {};
-  if (fstat(m->fd_, &sb) != 0) return Status::FromErrno(errno, path);
-  if (sb.st_size > 0) {
-    void* p = mmap(nullptr, static_cast<size_t>(sb.st_size), PROT_READ, MAP_SHARED, m->fd_, 0);
-    if (p == MAP_FAILED) return Status::FromErrno(errno, path + ": mmap");
-    m->data_ = static_cast<uint8_t*>(p);
-    m->bytes_ = static_cast<uint64_t>(sb.st_size);
-  }
-  *out = std::move(m);
-  return Status::Ok();
-}
-
-void MappedFile::Populate(uint64_t offset, uint64_t bytes) const {
-  if (data_ == nullptr || offset >= bytes_) return;
-  const uint64_t page = 4096;
-  uint64_t first = offset & ~(page - 1);
-  uint64_t end = std::min(bytes_, offset + std::min(bytes, bytes_ - offset));
-  // Best effort: a kernel without MADV_POPULATE_* (EINVAL) leaves the pages to fault in.
-  if (madvise(data_ + first, end - first, writable_ ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) ==
-          0 &&
-      first == 0 && end == bytes_) {
-    populated_ = true;
-  }
-}
-
-Status MappedFile::ReadAt(uint64_t offset, void* dst, uint64_t bytes,
-                          const std::string& what) const {
-  if (offset > bytes_ || bytes > bytes_ - offset) {
-    return Status::Invalid(what + ": a read of [" + std::to_string(offset) + ", +" +
-                           std::to_string(bytes) + ") past its " + std::to_string(bytes_) +
-                           " bytes");
-  }
-  auto* out = static_cast<uint8_t*>(dst);
-  uint64_t done = 0;
-  while (done < bytes) {
-    ssize_t n = pread(fd_, out + done, bytes - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, what + ": pread");
-    if (n == 0) return Status::IoError(what + ": the file ends before its mapping does");
-    done += static_cast<uint64_t>(n);
-  }
-  return Status::Ok();
-}
-
-Status MappedFile::Reserve(const std::string& what) const {
-  if (populated_ || data_ == nullptr) return Status::Ok();
-  if (writable_) {
-    // Best effort where the file system has no fallocate (EOPNOTSUPP): tmpfs has it.
-    int rc = 0;
-    do {
-      rc = fallocate(fd_, 0, 0, static_cast<off_t>(bytes_));  // a pending signal: EINTR
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EOPNOTSUPP) {
-      return Status::FromErrno(
-          errno, what + ": allocating its " + std::to_string(bytes_) + " bytes of memory");
-    }
-  }
-  Populate(0, bytes_);
-  return Status::Ok();
-}
-
-MappedFile::~MappedFile() {
-  if (data_ != nullptr) munmap(data_, bytes_);
-  if (fd_ >= 0) close(fd_);
-}
-
-Status MappedFile::Resize(uint64_t bytes, const std::string& what) {
-  if (bytes == bytes_ && (data_ != nullptr || bytes == 0)) return Status::Ok();
-  if (data_ != nullptr) munmap(data_, bytes_);
-  data_ = nullptr;
-  bytes_ = 0;
-  populated_ = false;
-  if (ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return Status::FromErrno(errno, what);
-  if (bytes == 0) return Status::Ok();
-  // Not populated here, under the store's lock: Begin and Find populate after letting it go, so
-  // that Place (the transport's progress thread) never waits for new pages (LIMITS.md: first
-  // touch 0.3 GB/s).
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-  if (p == MAP_FAILED) return Status::FromErrno(errno, what + ": mmap");
-  data_ = static_cast<uint8_t*>(p);
-  bytes_ = bytes;
-  return Status::Ok();
-}
-
 // ---- ReplicaStore ----------------------------------------------------------------------------
 
-Status ReplicaStore::Open(const std::string& dir, uint32_t keep, uint64_t budget_bytes,
+Status ReplicaStore::Open(io::Io* io, const std::string& dir, uint32_t keep, uint64_t budget_bytes,
                           std::unique_ptr<ReplicaStore>* out) {
   CKPTDB_ASSERT(keep >= 1);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError("creating the replica directory " + dir + ": " + ec.message());
-  std::unique_ptr<ReplicaStore> store(new ReplicaStore(dir, keep, budget_bytes));
+  std::unique_ptr<ReplicaStore> store(new ReplicaStore(io, dir, keep, budget_bytes));
+  io = store->io_;
+  CKPTDB_RETURN_IF_ERROR(io->CreateDirs(dir).WithContext("creating the replica directory"));
+  std::vector<std::string> names;
+  CKPTDB_RETURN_IF_ERROR(io->ListDir(dir, &names).WithContext("listing the replica directory"));
   std::vector<std::pair<uint32_t, std::string>> stale;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  for (const std::string& name : names) {
     unsigned owner = 0;
     unsigned long long version = 0;
     int used = 0;
     if (std::sscanf(name.c_str(), "r%5u-v%20llu.seg%n", &owner, &version, &used) == 2 &&
         name.size() == std::strlen("r00000-v00000000000000000000.seg") &&
         static_cast<size_t>(used) == name.size()) {
-      store->sealed_[{owner, version}].file_bytes = entry.file_size(ec);
+      uint64_t bytes = 0;
+      if (io->PathSize(dir + "/" + name, &bytes).ok())
+        store->sealed_[{owner, version}].file_bytes = bytes;
     } else if (std::sscanf(name.c_str(), "r%5u-v%20llu.seg.tmp%n", &owner, &version, &used) == 2 &&
                static_cast<size_t>(used) == name.size()) {
-      stale.emplace_back(owner, entry.path().string());  // a dead process's partial replica
+      stale.emplace_back(owner, dir + "/" + name);  // a dead process's partial replica
     } else if (std::sscanf(name.c_str(), "r%5u.spare%n", &owner, &used) == 1 &&
                static_cast<size_t>(used) == name.size()) {
       store->spares_[owner] = nullptr;
     }
   }
-  if (ec) return Status::IoError("listing the replica directory " + dir + ": " + ec.message());
   for (auto& [owner, path] : stale) {
-    if (store->spares_.count(owner) == 0 &&
-        rename(path.c_str(), store->SparePath(owner).c_str()) == 0) {
+    if (store->spares_.count(owner) == 0 && io->Rename(path, store->SparePath(owner)).ok()) {
       store->spares_[owner] = nullptr;
     } else {
-      std::filesystem::remove(path, ec);
+      (void)io->Remove(path);
     }
   }
   *out = std::move(store);
@@ -234,7 +129,7 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
     return Status::Invalid(what + ": a replica of " + std::to_string(file_bytes) +
                            " bytes (1 byte to 1 TiB)");
   }
-  Dropped dropped;  // let go after the lock (declared first, destroyed last)
+  Dropped dropped(io_);  // let go after the lock (declared first, destroyed last)
   std::shared_ptr<MappedFile> map;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -266,22 +161,28 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
       in.file_bytes = file_bytes;
       const std::string tmp = TemporaryPath(owner, version);
       auto spare = spares_.find(owner);
-      if (spare != spares_.end() && rename(SparePath(owner).c_str(), tmp.c_str()) == 0) {
+      if (spare != spares_.end() && io_->Rename(SparePath(owner), tmp).ok()) {
         in.map = std::move(spare->second);
         spares_.erase(spare);
-        Status st = in.map != nullptr ? in.map->Resize(file_bytes, tmp)
-                                      : MappedFile::Open(tmp, false, file_bytes, &in.map);
+        Status st =
+            in.map != nullptr
+                ? in.map->Resize(file_bytes, tmp)
+                : io_->OpenMappedFile(tmp, io::MappedFileOptions::Existing(file_bytes), &in.map);
         if (!st.ok()) {
           in.map.reset();
-          std::error_code ec;
-          std::filesystem::remove(tmp, ec);
+          (void)io_->Remove(tmp);
           return st.WithContext(what);
         }
       } else {
         if (spare != spares_.end()) spares_.erase(spare);  // its file is gone
-        std::error_code ec;
-        std::filesystem::remove(tmp, ec);
-        CKPTDB_RETURN_IF_ERROR(MappedFile::Open(tmp, true, file_bytes, &in.map).WithContext(what));
+        (void)io_->Remove(tmp);
+        Status st = io_->OpenMappedFile(tmp, io::MappedFileOptions::New(file_bytes), &in.map);
+        if (!st.ok()) {
+          // A file the open made but could not size or map goes again: nothing is held.
+          in.map.reset();
+          (void)io_->Remove(tmp);
+          return st.WithContext(what);
+        }
       }
       map = in.map;
       incoming_.emplace(key, std::move(in));
@@ -298,8 +199,7 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
   if (!st.ok()) {
     // Dropped with its file: pages the file system could not give are no spare.
     incoming_.erase({owner, version});
-    std::error_code ec;
-    std::filesystem::remove(TemporaryPath(owner, version), ec);
+    (void)io_->Remove(TemporaryPath(owner, version));
     return st;
   }
   if (in->stage == Stage::kReserving) in->stage = Stage::kReceiving;
@@ -308,8 +208,7 @@ Status ReplicaStore::Begin(uint32_t owner, uint64_t version, uint64_t file_bytes
 
 ReplicaStore::Dropped::~Dropped() {
   maps.clear();  // unmapped first: the pages go with the last of mapping and name
-  std::error_code ec;
-  for (const std::string& path : paths) std::filesystem::remove(path, ec);
+  for (const std::string& path : paths) (void)io->Remove(path);
 }
 
 uint64_t ReplicaStore::HeldBytesLocked() const {
@@ -317,11 +216,11 @@ uint64_t ReplicaStore::HeldBytesLocked() const {
   for (const auto& [key, s] : sealed_) total += s.file_bytes;
   for (const auto& [key, in] : incoming_) total += in.file_bytes;
   for (const auto& [owner, map] : spares_) {
-    struct stat sb {};
+    uint64_t bytes = 0;
     if (map != nullptr) {
       total += map->bytes();
-    } else if (stat(SparePath(owner).c_str(), &sb) == 0) {  // an earlier process's, not mapped
-      total += static_cast<uint64_t>(sb.st_size);
+    } else if (io_->PathSize(SparePath(owner), &bytes).ok()) {  // an earlier process's, unmapped
+      total += bytes;
     }
   }
   return total;
@@ -331,9 +230,9 @@ Status ReplicaStore::FitLocked(uint32_t owner, uint64_t file_bytes, const std::s
                                Dropped* dropped) {
   if (budget_bytes_ == 0) return Status::Ok();
   auto spare_bytes = [this](uint32_t o, const std::shared_ptr<MappedFile>& map) -> uint64_t {
-    struct stat sb {};
+    uint64_t bytes = 0;
     if (map != nullptr) return map->bytes();
-    return stat(SparePath(o).c_str(), &sb) == 0 ? static_cast<uint64_t>(sb.st_size) : 0;
+    return io_->PathSize(SparePath(o), &bytes).ok() ? bytes : 0;
   };
   uint64_t held = HeldBytesLocked();
   uint64_t others = 0;  // other owners' spares: only a cache of pages, dropped before refusing
@@ -360,7 +259,7 @@ Status ReplicaStore::FitLocked(uint32_t owner, uint64_t file_bytes, const std::s
     }
     need -= std::min(need, spare_bytes(it->first, it->second));
     const std::string doomed = dir_ + "/dropped-" + std::to_string(dropped_spares_++) + ".spare";
-    if (rename(SparePath(it->first).c_str(), doomed.c_str()) == 0) dropped->paths.push_back(doomed);
+    if (io_->Rename(SparePath(it->first), doomed).ok()) dropped->paths.push_back(doomed);
     if (it->second != nullptr) dropped->maps.push_back(std::move(it->second));
     it = spares_.erase(it);
   }
@@ -508,15 +407,14 @@ void ReplicaStore::AbandonOlderLocked(uint32_t owner, uint64_t version) {
 
 void ReplicaStore::RetireLocked(uint32_t owner, const std::string& path,
                                 std::shared_ptr<MappedFile> map) {
-  std::error_code ec;
   // A mapping still held elsewhere (a fetch being sent, a piece still landing) must not be
   // written again: only an unshared one becomes the spare.
   if (spares_.count(owner) == 0 && (map == nullptr || map.use_count() == 1) &&
-      rename(path.c_str(), SparePath(owner).c_str()) == 0) {
+      io_->Rename(path, SparePath(owner)).ok()) {
     spares_[owner] = std::move(map);
     return;
   }
-  std::filesystem::remove(path, ec);
+  (void)io_->Remove(path);
 }
 
 Status ReplicaStore::Seal(uint32_t owner, uint64_t version, uint64_t file_bytes,
@@ -613,8 +511,8 @@ Status ReplicaStore::Seal(uint32_t owner, uint64_t version, uint64_t file_bytes,
     RetireLocked(owner, tmp, std::move(in.map));
     return st;
   }
-  if (rename(tmp.c_str(), SealedPath(owner, version).c_str()) != 0) {
-    st = Status::FromErrno(errno, tmp);
+  if (st = io_->Rename(tmp, SealedPath(owner, version)); !st.ok()) {
+    st = st.WithContext(what + ": sealing");
     RetireLocked(owner, tmp, std::move(in.map));
     return st;
   }
@@ -645,13 +543,13 @@ std::shared_ptr<MappedFile> ReplicaStore::Find(uint32_t owner, uint64_t version)
     if (it->second.map != nullptr) return it->second.map;
     // Sealed by an earlier process: mapped at its size on disk.
     const std::string path = SealedPath(owner, version);
-    struct stat sb {};
-    if (stat(path.c_str(), &sb) != 0 ||
-        !MappedFile::Open(path, false, static_cast<uint64_t>(sb.st_size), &map).ok()) {
+    uint64_t bytes = 0;
+    if (!io_->PathSize(path, &bytes).ok() ||
+        !io_->OpenMappedFile(path, io::MappedFileOptions::Existing(bytes), &map).ok()) {
       sealed_.erase(it);  // gone (someone removed the file): no longer held
       return nullptr;
     }
-    it->second.file_bytes = static_cast<uint64_t>(sb.st_size);
+    it->second.file_bytes = bytes;
     it->second.map = map;
   }
   // Not populated here: a fetch populates the range it sends from (Cluster::ServeMapped) or

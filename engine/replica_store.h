@@ -36,59 +36,21 @@
 #include <utility>
 #include <vector>
 
+#include "io/io.h"
+#include "io/mapped_file.h"
 #include "util/status.h"
 
 namespace ckpt::engine {
 
-// A file mapped shared and writable; unmapped and closed when the last holder lets go (a fetch
-// being sent keeps its replica's mapping alive even after retention dropped the file).
-class MappedFile {
- public:
-  // Maps `path` (created when `create`) at exactly `bytes` (the file is resized to that).
-  static Status Open(const std::string& path, bool create, uint64_t bytes,
-                     std::shared_ptr<MappedFile>* out);
-  // Maps `path` read-only at its size (`ckptdb serve`, which never writes a replica).
-  static Status OpenReadOnly(const std::string& path, std::shared_ptr<MappedFile>* out);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  uint8_t* data() const { return data_; }
-  uint64_t bytes() const { return bytes_; }
-  int fd() const { return fd_; }  // open while this object lives
-  // Resizes the file and its mapping (a no-op at the same size: the mapping, and so the
-  // page-table entries, stay).
-  Status Resize(uint64_t bytes, const std::string& what);
-  // Maps [offset, offset + bytes) of pages the file already has into the page table at once.
-  // On these VMs a page fault on an existing tmpfs page costs about 5 us (0.9 GB/s), a populate
-  // about 0.15 us (28 GB/s): a fresh mapping that is about to be sent from is populated first.
-  void Populate(uint64_t offset, uint64_t bytes) const;
-  // Allocates every page of the file and maps them all, unless that was done since it was last
-  // mapped (a populate walks every page even when all are mapped already: 35 ms for 512 MiB
-  // here, a fifth of the replica's transfer; a reused spare's mapping is whole, it was received
-  // into). The allocation (fallocate) makes a full file system say ENOSPC here, not kill the
-  // process with SIGBUS when a byte lands in a page it cannot have.
-  Status Reserve(const std::string& what) const;
-  // Copies [offset, offset + bytes) of the file into dst with pread: from the page cache, without
-  // mapping a page into this process (a fetch into a one-sided window: no page-table work for a
-  // replica mapped since this process opened). EIO naming `what`; EINVAL outside the file.
-  Status ReadAt(uint64_t offset, void* dst, uint64_t bytes, const std::string& what) const;
-
- private:
-  MappedFile() = default;
-  int fd_ = -1;
-  uint8_t* data_ = nullptr;
-  uint64_t bytes_ = 0;
-  bool writable_ = true;
-  mutable std::atomic<bool> populated_{false};  // every page of this mapping is mapped
-};
+using io::MappedFile;
 
 class ReplicaStore {
  public:
   // `dir` is created if missing. keep >= 1: sealed replicas kept per owner (newest first).
   // budget_bytes: the most memory its replicas (sealed, spare and incoming) may take; 0: as much
-  // as the file system under `dir` has.
-  static Status Open(const std::string& dir, uint32_t keep, uint64_t budget_bytes,
+  // as the file system under `dir` has. Every file call goes through `io` (nullptr: the store's
+  // own POSIX Io), which must outlive the store.
+  static Status Open(io::Io* io, const std::string& dir, uint32_t keep, uint64_t budget_bytes,
                      std::unique_ptr<ReplicaStore>* out);
 
   // Makes room for owner's replica of `version` (file_bytes long) before any piece is sent: the
@@ -159,12 +121,18 @@ class ReplicaStore {
     uint64_t file_bytes = 0;
     std::shared_ptr<MappedFile> map;  // mapped on first use
   };
-  ReplicaStore(std::string dir, uint32_t keep, uint64_t budget_bytes)
-      : dir_(std::move(dir)), keep_(keep), budget_bytes_(budget_bytes) {}
+  ReplicaStore(io::Io* io, std::string dir, uint32_t keep, uint64_t budget_bytes)
+      : owned_io_(io == nullptr ? io::NewPosixIo() : nullptr),
+        io_(io != nullptr ? io : owned_io_.get()),
+        dir_(std::move(dir)),
+        keep_(keep),
+        budget_bytes_(budget_bytes) {}
   uint64_t HeldBytesLocked() const;
   // Spares dropped under the lock and let go after it: unmapping and unlinking GiBs of pages
   // would hold up the transport's progress thread (Place) for as long.
   struct Dropped {
+    explicit Dropped(io::Io* io) : io(io) {}
+    io::Io* io;
     std::vector<std::shared_ptr<MappedFile>> maps;
     std::vector<std::string> paths;  // renamed out of the way under the lock, unlinked after
     ~Dropped();
@@ -191,6 +159,8 @@ class ReplicaStore {
                             uint64_t bytes, const std::string& what,
                             std::vector<std::pair<uint64_t, LandedRecord>>* out);
 
+  const std::unique_ptr<io::Io> owned_io_;
+  io::Io* const io_;
   const std::string dir_;
   const uint32_t keep_;
   const uint64_t budget_bytes_;

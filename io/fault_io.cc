@@ -76,6 +76,8 @@ const char* FaultIo::CallName(Call call) {
       return "durable file write";
     case Call::kRead:
       return "read";
+    case Call::kMap:
+      return "mapped file open";
   }
   return "?";
 }
@@ -128,6 +130,14 @@ Status FaultIo::Rename(const std::string& from, const std::string& to) {
     return Status::FromErrno(error, "rename " + from + " to " + to + " (injected)");
   }
   return base()->Rename(from, to);
+}
+
+Status FaultIo::OpenMappedFile(const std::string& path, const MappedFileOptions& options,
+                               std::shared_ptr<MappedFile>* out) {
+  if (int error = Take(Call::kMap)) {
+    return Status::FromErrno(error, "map " + path + " (injected)");
+  }
+  return base()->OpenMappedFile(path, options, out);
 }
 
 Status FaultIo::SyncDir(const std::string& path) {

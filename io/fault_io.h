@@ -29,8 +29,9 @@ class FaultIo final : public IoWrapper {
     kCreate,
     kWriteFileDurably,
     kRead,
+    kMap,  // OpenMappedFile: a peer's replica or parity in memory (the error before the open)
   };
-  static constexpr size_t kCalls = 7;
+  static constexpr size_t kCalls = 8;
   static const char* CallName(Call call);
 
   explicit FaultIo(Io* base) : IoWrapper(base) {}
@@ -56,6 +57,8 @@ class FaultIo final : public IoWrapper {
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& path) override;
   Status WriteFileDurably(const std::string& path, const std::string& contents) override;
+  Status OpenMappedFile(const std::string& path, const MappedFileOptions& options,
+                        std::shared_ptr<MappedFile>* out) override;
 
   // Counts one call of `call` (after its latency); its errno (or kShort) when this is the armed
   // one, else 0. Queues use it too.

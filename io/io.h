@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "io/mapped_file.h"
 #include "io/shared_memory.h"
 #include "util/status.h"
 
@@ -112,6 +113,10 @@ class Io {
   // The ram tier's arena: a shared-memory file mapped whole (io/shared_memory.h).
   virtual Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
                                   std::unique_ptr<SharedMemory>* out) = 0;
+  // Peers' replicas and parity in a node's memory: a file mapped whole and shared
+  // (io/mapped_file.h).
+  virtual Status OpenMappedFile(const std::string& path, const MappedFileOptions& options,
+                                std::shared_ptr<MappedFile>* out) = 0;
 };
 
 // An Io that forwards every call to another (LevelDB's EnvWrapper): an Io that changes a few
@@ -151,6 +156,10 @@ class IoWrapper : public Io {
   Status OpenSharedMemory(const std::string& path, const SharedMemoryOptions& options,
                           std::unique_ptr<SharedMemory>* out) override {
     return base_->OpenSharedMemory(path, options, out);
+  }
+  Status OpenMappedFile(const std::string& path, const MappedFileOptions& options,
+                        std::shared_ptr<MappedFile>* out) override {
+    return base_->OpenMappedFile(path, options, out);
   }
 
  private:

@@ -215,6 +215,11 @@ class PosixIo final : public Io {
     return SharedMemory::Open(path, options, out);
   }
 
+  Status OpenMappedFile(const std::string& path, const MappedFileOptions& options,
+                        std::shared_ptr<MappedFile>* out) override {
+    return MappedFile::Open(path, options, out);
+  }
+
   Status ReadFile(const std::string& path, std::string* contents) override {
     CKPTDB_ASSERT(contents != nullptr);
     const int fd = OpenRetrying(path.c_str(), O_RDONLY | O_CLOEXEC, 0);

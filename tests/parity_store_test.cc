@@ -51,7 +51,8 @@ Group MakeGroup(const test::TempDir& dir, CodeSpec spec, uint64_t unit, uint64_t
     g.images.push_back(std::move(image));
     ParityStore::Writer w{0x5EED, 10 + p, 64, "node" + std::to_string(p)};
     std::unique_ptr<ParityStore> store;
-    EXPECT_TRUE(ParityStore::Open(dir.Sub("m" + std::to_string(p)), w, 2, budget, &store).ok());
+    EXPECT_TRUE(
+        ParityStore::Open(nullptr, dir.Sub("m" + std::to_string(p)), w, 2, budget, &store).ok());
     g.stores.push_back(std::move(store));
   }
   return g;

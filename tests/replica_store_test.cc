@@ -19,6 +19,7 @@
 
 #include "ckptdb/ckptdb.h"
 #include "format/segment_reader.h"
+#include "io/fault_io.h"
 #include "tests/test_util.h"
 
 namespace ckpt::engine {
@@ -137,7 +138,7 @@ TEST(ReplicaStoreTest, PiecesInAnyOrderSealIntoAVerifiedReplicaServedFromItsMapp
   TempDir dir;
   auto images = SegmentImages(dir, 1);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   Status st = Send(store.get(), 0, 1, images[0], 12345, 7);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 1}}));
@@ -153,7 +154,7 @@ TEST(ReplicaStoreTest, RetentionRecyclesTheDroppedReplicasMemoryForTheNext) {
   TempDir dir;
   auto images = SegmentImages(dir, 5);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   uint8_t* v1_memory = nullptr;
   for (uint64_t v = 1; v <= 5; ++v) {
     if (v == 4) {
@@ -187,7 +188,7 @@ TEST(ReplicaStoreTest, ASealedReplicaIsReplacedOnlyWhenItsVersionDidNotCommit) {
   const std::string again = SegmentImages(other, 1, 7777)[0];
   ASSERT_NE(first, again);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   ASSERT_TRUE(Send(store.get(), 0, 1, first, 64 << 10, 1).ok());
   std::shared_ptr<MappedFile> serving = store->Find(0, 1);  // a fetch being served from it
   ASSERT_NE(serving, nullptr);
@@ -213,7 +214,7 @@ TEST(ReplicaStoreTest, AReplicaThatFailsItsChecksIsRefusedAndNeverHeld) {
   TempDir dir;
   auto images = SegmentImages(dir, 2);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   // A flipped byte in a chunk's payload.
   std::string bad = images[0];
   bad[2 * 4096 + 100] ^= 1;  // the first record: header block at 4096, payload at 8192
@@ -257,7 +258,7 @@ TEST(ReplicaStoreTest, RecordsArriveHashedSoTheSealHashesOnlyWhatNoPieceHeldWhol
   TempDir dir;
   auto images = SegmentImages(dir, 2);
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   const uint64_t payload_bytes = 200 << 10;
   auto pieces = RecordPieces(images[0], 2);
   ASSERT_EQ(pieces.size(), 2u + 2u) << "4 records in 2 pieces, the header block, the tail";
@@ -273,7 +274,7 @@ TEST(ReplicaStoreTest, RecordsArriveHashedSoTheSealHashesOnlyWhatNoPieceHeldWhol
   // Cut across records: the second piece starts inside the first record, so everything from
   // there on is the seal's.
   std::unique_ptr<ReplicaStore> other;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("other"), 2, 0, &other).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("other"), 2, 0, &other).ok());
   st = SendPieces(other.get(), 0, 1, images[0], {{0, 8192}, {8192, images[0].size() - 8192}});
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(other->hashed_bytes().on_arrival, 0u);
@@ -288,7 +289,7 @@ TEST(ReplicaStoreTest, OverlappingPiecesAreRefused) {
   auto images = SegmentImages(dir, 1);
   const std::string& image = images[0];
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   ASSERT_TRUE(store->Begin(0, 1, image.size(), "replica").ok());
   uint8_t* at = nullptr;
   std::shared_ptr<MappedFile> keep;
@@ -321,7 +322,7 @@ TEST(ReplicaStoreTest, OverlappingPiecesAreRefused) {
 TEST(ReplicaStoreTest, BeginMapsEveryPageOfANewReplica) {
   TempDir dir;
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   const uint64_t bytes = 8 << 20;
   ASSERT_TRUE(store->Begin(3, 9, bytes, "replica").ok());
   uint8_t* at = nullptr;
@@ -349,7 +350,7 @@ size_t ResidentPages(const MappedFile& map) {
 TEST(ReplicaStoreTest, NoPieceLandsBeforeTheBeginHasAllocatedTheMemory) {
   TempDir dir;
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   const uint64_t bytes = 64 << 20;
   std::atomic<bool> begun{false};
   std::atomic<int> refused_early{0};
@@ -383,7 +384,7 @@ TEST(ReplicaStoreTest, NoPieceLandsBeforeTheBeginHasAllocatedTheMemory) {
 TEST(ReplicaStoreTest, AMappingIsPopulatedOnceAndAgainAfterAResize) {
   TempDir dir;
   std::shared_ptr<MappedFile> map;
-  ASSERT_TRUE(MappedFile::Open(dir.Sub("f"), true, 1 << 20, &map).ok());
+  ASSERT_TRUE(MappedFile::Open(dir.Sub("f"), io::MappedFileOptions::New(1 << 20), &map).ok());
   EXPECT_EQ(ResidentPages(*map), 0u);
   ASSERT_TRUE(map->Reserve("f").ok());
   EXPECT_EQ(ResidentPages(*map), 256u);
@@ -402,7 +403,7 @@ TEST(ReplicaStoreTest, TheBudgetDropsOtherOwnersSparesThenRefusesAReplica) {
   ASSERT_EQ(images[2].size(), size);
   std::unique_ptr<ReplicaStore> store;
   const std::string rdir = dir.Sub("replicas");
-  ASSERT_TRUE(ReplicaStore::Open(rdir, 2, 4 * size, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, rdir, 2, 4 * size, &store).ok());
   for (uint64_t v = 1; v <= 3; ++v) {
     ASSERT_TRUE(Send(store.get(), 0, v, images[v - 1], 64 << 10, v).ok()) << v;
   }
@@ -442,7 +443,7 @@ TEST(ReplicaStoreTest, AFullMemoryFileSystemRefusesAReplicaAtItsBegin) {
       _exit(77);
     }
     std::unique_ptr<ReplicaStore> store;
-    if (!ReplicaStore::Open(small + "/replicas", 2, 0, &store).ok()) _exit(2);
+    if (!ReplicaStore::Open(nullptr, small + "/replicas", 2, 0, &store).ok()) _exit(2);
     Status st = store->Begin(0, 1, 8 << 20, "replica");
     if (st.code() != CKPTDB_ENOSPC) {
       std::fprintf(stderr, "Begin of 8 MiB on a 2 MiB tmpfs: %s\n", st.message().c_str());
@@ -463,7 +464,7 @@ TEST(ReplicaStoreTest, AFullMemoryFileSystemRefusesAReplicaAtItsBegin) {
 TEST(ReplicaStoreTest, OutOfRangePiecesUnbegunReplicasAndSealsOfNothingAreRefused) {
   TempDir dir;
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(dir.Sub("replicas"), 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, dir.Sub("replicas"), 2, 0, &store).ok());
   uint8_t* at = nullptr;
   std::shared_ptr<MappedFile> keep;
   EXPECT_EQ(store->Begin(1, 1, 0, "replica").code(), CKPTDB_EINVAL);
@@ -488,14 +489,14 @@ TEST(ReplicaStoreTest, ARestartedProcessServesSealedReplicasAndReusesPartialOnes
   const std::string rdir = dir.Sub("replicas");
   {
     std::unique_ptr<ReplicaStore> store;
-    ASSERT_TRUE(ReplicaStore::Open(rdir, 2, 0, &store).ok());
+    ASSERT_TRUE(ReplicaStore::Open(nullptr, rdir, 2, 0, &store).ok());
     ASSERT_TRUE(Send(store.get(), 0, 1, images[0], 1 << 20, 1).ok());
     ASSERT_TRUE(Send(store.get(), 0, 2, images[1], 1 << 20, 1).ok());
     // v3 half received when the process dies.
     ASSERT_TRUE(store->Begin(0, 3, images[2].size(), "v3").ok());
   }
   std::unique_ptr<ReplicaStore> store;
-  ASSERT_TRUE(ReplicaStore::Open(rdir, 2, 0, &store).ok());
+  ASSERT_TRUE(ReplicaStore::Open(nullptr, rdir, 2, 0, &store).ok());
   EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 1}, {0, 2}}));
   EXPECT_EQ(Names(rdir),
             (std::vector<std::string>{"r00000-v00000000000000000001.seg",
@@ -515,6 +516,47 @@ TEST(ReplicaStoreTest, ARestartedProcessServesSealedReplicasAndReusesPartialOnes
   EXPECT_EQ(Names(rdir), (std::vector<std::string>{"r00000-v00000000000000000003.seg",
                                                    "r00000-v00000000000000000004.seg"}));
   EXPECT_EQ(store->Find(0, 2), nullptr);
+}
+
+// The store's files go through its Io (io/mapped_file.h), so fault injection reaches them: a
+// mapping the file system refuses (ENOSPC) holds nothing and leaves no file, and a seal whose
+// rename fails names the replica, keeps nothing half-sealed, and the next replica goes through.
+TEST(ReplicaStoreTest, FaultsInItsFilesHoldNothingAndNameTheReplica) {
+  TempDir dir;
+  const std::vector<std::string> images = SegmentImages(dir, 3);
+  ASSERT_EQ(images.size(), 3u);
+  auto posix = io::NewPosixIo();
+  io::FaultIo faults(posix.get());
+  std::unique_ptr<ReplicaStore> store;
+  const std::string rdir = dir.Sub("replicas");
+  ASSERT_TRUE(ReplicaStore::Open(&faults, rdir, 2, 0, &store).ok());
+
+  faults.Arm(io::FaultIo::Call::kMap, 1, ENOSPC);
+  Status st = Send(store.get(), 0, 1, images[0], 64 << 10, 7);
+  EXPECT_TRUE(faults.Fired());
+  EXPECT_EQ(st.code(), CKPTDB_ENOSPC) << st.ToString();
+  EXPECT_NE(st.message().find("test replica"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("(injected)"), std::string::npos) << st.message();
+  EXPECT_TRUE(store->Held().empty());
+  EXPECT_EQ(store->held_bytes(), 0u);
+  EXPECT_TRUE(Names(rdir).empty()) << "a refused mapping left a file";
+
+  faults.Reset();
+  faults.Arm(io::FaultIo::Call::kRename, 1, EIO);  // the seal's rename of .tmp to .seg
+  st = Send(store.get(), 0, 1, images[0], 64 << 10, 8);
+  EXPECT_TRUE(faults.Fired());
+  EXPECT_EQ(st.code(), CKPTDB_EIO) << st.ToString();
+  EXPECT_NE(st.message().find("sealing"), std::string::npos) << st.message();
+  EXPECT_TRUE(store->Held().empty()) << "a replica whose seal failed is held";
+  EXPECT_EQ(store->Find(0, 1), nullptr);
+
+  faults.Reset();
+  ASSERT_TRUE(Send(store.get(), 0, 2, images[1], 64 << 10, 9).ok());
+  EXPECT_EQ(store->Held(), (std::vector<std::pair<uint32_t, uint64_t>>{{0, 2}}));
+  auto map = store->Find(0, 2);
+  ASSERT_NE(map, nullptr);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(map->data()), map->bytes()), images[1]);
+  EXPECT_GT(faults.Count(io::FaultIo::Call::kMap) + faults.Count(io::FaultIo::Call::kRename), 0u);
 }
 
 }  // namespace
