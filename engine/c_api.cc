@@ -63,90 +63,6 @@ int NullHandle(const char* call) {
   return CKPTDB_EINVAL;
 }
 
-// Environment fallbacks for unset options (DESIGN.md section 3: "env fills unset ones").
-const char* EnvOr(const char* value, const char* name) {
-  if (value != nullptr && value[0] != '\0') return value;
-  const char* e = std::getenv(name);
-  return (e != nullptr && e[0] != '\0') ? e : nullptr;
-}
-
-ckpt::Status EnvU32(uint32_t value, const char* name, uint32_t fallback, uint32_t* out) {
-  if (value != CKPTDB_UNSET) {
-    *out = value;
-    return ckpt::Status::Ok();
-  }
-  const char* e = std::getenv(name);
-  if (e == nullptr || e[0] == '\0') {
-    *out = fallback;
-    return ckpt::Status::Ok();
-  }
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(e, &end, 10);
-  if (errno != 0 || *end != '\0' || e[0] == '-' || v >= CKPTDB_UNSET) {
-    return ckpt::Status::Invalid(std::string("environment ") + name + "=\"" + e +
-                                 "\" is not a non-negative integer");
-  }
-  *out = static_cast<uint32_t>(v);
-  return ckpt::Status::Ok();
-}
-
-// CKPTDB_REPORT_FD: a descriptor open for writing, where a listening rank reports its address.
-ckpt::Status ReportFd(int* out) {
-  const char* e = std::getenv("CKPTDB_REPORT_FD");
-  *out = -1;
-  if (e == nullptr || e[0] == '\0') return ckpt::Status::Ok();
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(e, &end, 10);
-  const std::string what = std::string("environment CKPTDB_REPORT_FD=\"") + e + "\"";
-  if (errno != 0 || *end != '\0' || e[0] == '-' || e[0] == '+' || v > INT_MAX) {
-    return ckpt::Status::Invalid(what + " is not a file descriptor number");
-  }
-  const int flags = ::fcntl(static_cast<int>(v), F_GETFL);
-  if (flags < 0) return ckpt::Status::Invalid(what + " is not an open file descriptor");
-  if ((flags & O_ACCMODE) == O_RDONLY) {
-    return ckpt::Status::Invalid(what + " is not open for writing");
-  }
-  *out = static_cast<int>(v);
-  return ckpt::Status::Ok();
-}
-
-// The options ckptdb_open and ckptdb_serve share: tiers and the job's, from the environment
-// where unset.
-ckpt::Status ResolveJobOptions(const ckptdb_options* o, ckpt::engine::DbOptions* out) {
-  ckpt::engine::DbOptions& d = *out;
-  if (const char* t = EnvOr(o->tiers, "CKPTDB_TIERS")) d.tiers = t;
-  ckpt::Status st = EnvU32(o->rank, "CKPTDB_RANK", 0, &d.rank);
-  if (st.ok()) st = EnvU32(o->world_size, "CKPTDB_WORLD_SIZE", 1, &d.world_size);
-  if (!st.ok()) return st;
-  if (const char* n = EnvOr(o->node_id, "CKPTDB_NODE_ID")) {
-    d.node_id = n;
-  } else {
-    char host[HOST_NAME_MAX + 1] = {};
-    if (gethostname(host, sizeof host - 1) == 0) d.node_id = host;
-  }
-  if (const char* r = EnvOr(o->redundancy, "CKPTDB_REDUNDANCY")) d.redundancy = r;
-  if (const char* c = EnvOr(o->coordinator, "CKPTDB_COORDINATOR")) d.coordinator = c;
-  if (const char* j = EnvOr(o->job_token, "CKPTDB_JOB_TOKEN")) d.job_token = j;
-  if (const char* c = EnvOr(o->commit_tier, "CKPTDB_COMMIT_TIER")) d.commit_tier = c;
-  // Job knobs read from the environment only (docs/api.md, "A job of many ranks").
-  if (const char* l = std::getenv("CKPTDB_LISTEN")) d.listen = l;
-  if (const char* t = std::getenv("CKPTDB_UCX_TLS")) d.ucx_tls = t;
-  if (st.ok()) st = ReportFd(&d.report_fd);
-  uint32_t ms = 0;
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_HEARTBEAT_MS", 200, &ms);
-  d.heartbeat_ms = static_cast<int>(std::max(ms, 10u));
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_DEAD_AFTER_MS", 3000, &ms);
-  d.dead_after_ms = static_cast<int>(std::max(ms, 2u * static_cast<uint32_t>(d.heartbeat_ms)));
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_JOIN_TIMEOUT_MS", 60000, &ms);
-  d.join_timeout_ms = static_cast<int>(ms);
-  uint32_t mbps = 0;
-  if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_REPLICATE_MBPS", 0, &mbps);
-  d.replicate_bytes_per_s = uint64_t{mbps} << 20;
-  return st;
-}
-
 }  // namespace
 
 extern "C" {
@@ -202,24 +118,7 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
   }
   *out = nullptr;
   ckpt::engine::DbOptions d;
-  const char* root = EnvOr(o->root, "CKPTDB_ROOT");
-  if (root == nullptr) {
-    return Fail(ckpt::Status::Invalid("ckptdb_open: no root: set options.root or CKPTDB_ROOT"));
-  }
-  d.root = root;
-  if (ckpt::Status st = ResolveJobOptions(o, &d); !st.ok()) return Fail(st);
-  ckpt::Status st;
-  if (const char* b = EnvOr(o->backpressure, "CKPTDB_BACKPRESSURE")) {
-    st = ckpt::engine::ParseBackpressure(b, &d.backpressure);
-    if (!st.ok()) return Fail(st);
-  }
-  if (o->staging_bytes != 0) d.staging_bytes = o->staging_bytes;
-  if (o->chunk_bytes != 0) d.chunk_bytes = o->chunk_bytes;
-  if (o->queue_depth != 0) d.queue_depth = o->queue_depth;
-  if (o->capture_threads != 0) d.capture_threads = o->capture_threads;
-  d.read_only = o->read_only != 0;
-  d.create_if_missing = o->create_if_missing != 0;
-  d.drain_on_close = o->drain_on_close != 0;
+  if (ckpt::Status st = ckpt::engine::ResolveOpenOptions(*o, &d); !st.ok()) return Fail(st);
   return Guard("ckptdb_open", [&] {
     auto h = std::make_unique<ckptdb>();
     ckpt::Status open = ckpt::engine::Db::Open(d, &h->db);
@@ -399,7 +298,7 @@ int ckptdb_serve(const ckptdb_options* o, ckptdb_server** out) {
   }
   *out = nullptr;
   ckpt::engine::DbOptions d;
-  if (ckpt::Status st = ResolveJobOptions(o, &d); !st.ok()) return Fail(st);
+  if (ckpt::Status st = ckpt::engine::ResolveServeOptions(*o, &d); !st.ok()) return Fail(st);
   return Guard("ckptdb_serve", [&] {
     auto h = std::make_unique<ckptdb_server>();
     ckpt::Status st = ckpt::engine::ServeNodeMemory(d, &h->cluster);
@@ -413,12 +312,7 @@ int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
                   ckptdb_repair_report* out) {
   if (o == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_repair: options is NULL"));
   ckpt::engine::DbOptions d;
-  const char* root = EnvOr(o->root, "CKPTDB_ROOT");
-  if (root == nullptr) {
-    return Fail(ckpt::Status::Invalid("ckptdb_repair: no root: set options.root or CKPTDB_ROOT"));
-  }
-  d.root = root;
-  if (o->tiers != nullptr) d.tiers = o->tiers;
+  if (ckpt::Status st = ckpt::engine::ResolveRepairOptions(*o, &d); !st.ok()) return Fail(st);
   return Guard("ckptdb_repair", [&] {
     ckpt::engine::RepairOutcome outcome;
     ckpt::Status st = ckpt::engine::RepairStore(

@@ -39,20 +39,6 @@ void CrashPoint(const char* point) {
   if (g_crash_hook != nullptr) g_crash_hook(point);
 }
 
-Status ParseBackpressure(const std::string& text, Backpressure* out) {
-  if (text == "block") {
-    *out = Backpressure::kBlock;
-  } else if (text == "direct") {
-    *out = Backpressure::kDirect;
-  } else if (text == "skip") {
-    *out = Backpressure::kSkip;
-  } else {
-    return Status::Invalid("options: backpressure \"" + text +
-                           "\" is not one of block, direct, skip");
-  }
-  return Status::Ok();
-}
-
 Db::Db(DbOptions options) : options_(std::move(options)) {}
 
 Db::~Db() { (void)Close(); }
@@ -91,47 +77,6 @@ Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
     return st;
   }
   *out = std::move(db);
-  return Status::Ok();
-}
-
-// Every option is checked before anything is touched: a bad value changes nothing.
-Status Db::ValidateOptions() const {
-  const DbOptions& o = options_;
-  if (o.root.empty()) return Status::Invalid("options: root is empty; name the store's directory");
-  if (o.world_size == 0 || o.world_size > 65536) {
-    return Status::Invalid("options: world_size " + std::to_string(o.world_size) +
-                           " must be 1..65536");
-  }
-  if (o.rank >= o.world_size) {
-    return Status::Invalid("options: rank " + std::to_string(o.rank) + " is not below world_size " +
-                           std::to_string(o.world_size));
-  }
-  uint32_t replicas = 1;
-  std::optional<redundancy::CodeSpec> code;
-  CKPTDB_RETURN_IF_ERROR(ParseRedundancy(o.redundancy, &replicas, &code).WithContext("options"));
-  if ((replicas > 1 || code) && o.world_size == 1) {
-    return Status::Invalid("options: redundancy \"" + o.redundancy +
-                           "\" needs peers: world_size is 1");
-  }
-  if (o.chunk_bytes < kBlockBytes || o.chunk_bytes > format::kMaxChunkBytes ||
-      !format::IsAligned(o.chunk_bytes)) {
-    return Status::Invalid("options: chunk_bytes " + std::to_string(o.chunk_bytes) +
-                           " must be a multiple of 4096 between 4096 and 1 GiB");
-  }
-  if (o.queue_depth < 2 || o.queue_depth > 4096) {
-    return Status::Invalid("options: queue_depth " + std::to_string(o.queue_depth) +
-                           " must be between 2 and 4096");
-  }
-  if (o.capture_threads == 0 || o.capture_threads > kMaxCaptureThreads) {
-    return Status::Invalid("options: capture_threads " + std::to_string(o.capture_threads) +
-                           " must be between 1 and " + std::to_string(kMaxCaptureThreads));
-  }
-  const uint64_t record_bytes = format::RecordBytes(o.chunk_bytes);
-  if (!o.read_only && o.staging_bytes / record_bytes < 2) {
-    return Status::Invalid("options: staging_bytes " + std::to_string(o.staging_bytes) +
-                           " holds fewer than 2 chunks of " + std::to_string(o.chunk_bytes) +
-                           " bytes plus their 4096-byte record headers");
-  }
   return Status::Ok();
 }
 
@@ -386,7 +331,7 @@ void Db::RegisterFixedBuffers() {
 
 Status Db::OpenImpl() {
   const DbOptions& o = options_;
-  CKPTDB_RETURN_IF_ERROR(ValidateOptions());
+  CKPTDB_RETURN_IF_ERROR(ValidateOptions(options_));
   std::error_code ec;
   const std::string cwd = std::filesystem::current_path(ec).string();
   std::vector<io::TierSpec> specs;

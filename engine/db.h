@@ -40,6 +40,7 @@
 #include "ckptdb/ckptdb.h"
 #include "engine/catalog.h"
 #include "engine/cluster.h"
+#include "engine/config.h"
 #include "engine/ram_tier.h"
 #include "engine/staging_ring.h"
 #include "engine/tier.h"
@@ -51,39 +52,6 @@
 #include "util/status.h"
 
 namespace ckpt::engine {
-
-enum class Backpressure : uint8_t { kBlock, kDirect, kSkip };
-
-struct DbOptions {
-  std::string root;
-  std::string tiers;  // empty: "disk:<root>/segments", or the catalog's for read-only opens
-  uint32_t rank = 0;
-  uint32_t world_size = 1;
-  std::string node_id;
-  std::string redundancy = "none";
-  std::string coordinator;  // host:port of rank 0's listener (world_size > 1)
-  std::string job_token;    // authenticates every connection between ranks (world_size > 1)
-  std::string listen;       // host:port this rank accepts peers on; empty: coordinator's host
-  std::string ucx_tls;      // UCX_TLS for ckptdb's channel; empty: UCX's choice
-  int report_fd = -1;       // where the rank writes the address it listens on; -1: nowhere
-  uint64_t replicate_bytes_per_s = 0;  // replication bandwidth cap; 0: none
-  int heartbeat_ms = 200;
-  int dead_after_ms = 3000;
-  int join_timeout_ms = 60000;
-  std::string commit_tier;  // a tier name or kind; empty: the first tier
-  Backpressure backpressure = Backpressure::kBlock;
-  uint64_t staging_bytes = 64ull << 20;
-  uint64_t chunk_bytes = 4ull << 20;
-  uint32_t queue_depth = 64;
-  uint32_t capture_threads = 2;
-  bool read_only = false;
-  bool create_if_missing = true;
-  bool drain_on_close = true;
-  io::Io* io = nullptr;  // nullptr: the real POSIX + io_uring Io
-};
-
-// Parses "block", "direct", "skip".
-Status ParseBackpressure(const std::string& text, Backpressure* out);
 
 // `ckptdb serve` (ckptdb_serve): serves the replicas kept in the directory of options.tiers' ram
 // tier to the job whose coordinator is options.coordinator, until *out is destroyed.
@@ -143,9 +111,8 @@ class Db {
   // Where this rank keeps the parity it holds for its coding group (ParityStore); "" when the
   // first tier is not ram.
   std::string ParityDir() const;
-  io::Io* io() const {
-    return io_;
-  }  // every file call of this handle (verify opens parity with it)
+  // Every file call of this handle goes through it (verify opens parity segments with it).
+  io::Io* io() const { return io_; }
   // One copy of a committed version, read and checked chunk by chunk.
   struct CopyCheck {
     std::string tier;
@@ -409,8 +376,7 @@ class Db {
 
   explicit Db(DbOptions options);
   Status OpenImpl();
-  // OpenImpl's steps, in order.
-  Status ValidateOptions() const;
+  // OpenImpl's steps, in order (ValidateOptions, engine/config.h, first).
   Status ParseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
   void ChooseIo();
   Status OpenRoot();

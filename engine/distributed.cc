@@ -18,7 +18,7 @@
 
 namespace ckpt::engine {
 
-// The Cluster's options from the handle's (and CKPTDB_EC_UNIT_BYTES), checked: Invalid naming
+// The Cluster's options from the handle's, checked: Invalid naming
 // what a job of world_size > 1 needs and lacks.
 Status Db::ClusterOptionsFor(ClusterOptions* co) const {
   co->rank = options_.rank;
@@ -45,17 +45,7 @@ Status Db::ClusterOptionsFor(ClusterOptions* co) const {
   co->replica_budget_bytes = tiers_[0].spec.replica_bytes;
   co->parity_dir = tiers_[0].spec.path + "/ckptdb-parity-r" + std::to_string(options_.rank);
   co->job_id = identity_.job_id;
-  if (const char* unit = std::getenv("CKPTDB_EC_UNIT_BYTES"); unit != nullptr && *unit != '\0') {
-    // The unit segments are cut into for coding (tests use small ones to get many stripes).
-    char* end = nullptr;
-    const unsigned long long bytes = std::strtoull(unit, &end, 10);
-    if (*end != '\0' || bytes < format::kBlockBytes || !format::IsAligned(bytes) ||
-        bytes > (uint64_t{64} << 20)) {
-      return Status::Invalid(std::string("CKPTDB_EC_UNIT_BYTES=") + unit +
-                             ": a multiple of 4096 from 4096 to 64 MiB");
-    }
-    co->code_unit_bytes = bytes;
-  }
+  co->code_unit_bytes = options_.ec_unit_bytes;
   return Status::Ok();
 }
 

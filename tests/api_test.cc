@@ -439,9 +439,24 @@ TEST_F(ApiTest, EnvironmentFillsUnsetOptions) {
   setenv("CKPTDB_RANK", "zero", 1);
   EXPECT_EQ(ckptdb_open(&o, &db_), CKPTDB_EINVAL);
   EXPECT_TRUE(Mentions("CKPTDB_RANK"));
+  unsetenv("CKPTDB_RANK");
+  // Every variable is resolved and checked in one place (engine/config.cc) before anything is
+  // opened: a bad one is named, and a new root is not made.
+  const std::string fresh = root_ + "-never-made";
+  setenv("CKPTDB_ROOT", fresh.c_str(), 1);
+  for (const char* unit : {"5000", "0", "-4096", "134217728", "4k"}) {
+    setenv("CKPTDB_EC_UNIT_BYTES", unit, 1);
+    EXPECT_EQ(ckptdb_open(&o, &db_), CKPTDB_EINVAL) << unit;
+    EXPECT_TRUE(Mentions("CKPTDB_EC_UNIT_BYTES")) << ckptdb_last_error();
+  }
+  unsetenv("CKPTDB_EC_UNIT_BYTES");
+  setenv("CKPTDB_HEARTBEAT_MS", "-5", 1);
+  EXPECT_EQ(ckptdb_open(&o, &db_), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("CKPTDB_HEARTBEAT_MS"));
+  unsetenv("CKPTDB_HEARTBEAT_MS");
+  EXPECT_FALSE(std::filesystem::exists(fresh));
   unsetenv("CKPTDB_ROOT");
   unsetenv("CKPTDB_TIERS");
-  unsetenv("CKPTDB_RANK");
 }
 
 TEST_F(ApiTest, ManyTensorsThroughATinyStagingArea) {
