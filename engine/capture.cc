@@ -266,8 +266,8 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
   v->tensors.push_back(std::move(t));
   v->stats.put_calls++;
   v->stats.bytes += nbytes;
-  stats_.put_calls++;
-  stats_.put_bytes += nbytes;
+  figures_.put_calls++;
+  figures_.put_bytes += nbytes;
   if (!v->opened) WakeManager();
   Status result;
   if (copy_now) {
@@ -276,7 +276,7 @@ Status Db::PutShard(uint64_t version, const char* name, const void* data, size_t
     work_cv_.notify_all();
   }
   const uint64_t blocked = MonoNs() - start;
-  stats_.put_blocked_ns += blocked;
+  figures_.put_blocked_ns += blocked;
   if (auto live = live_.find(version); live != live_.end()) {
     live->second.stats.put_blocked_ns += blocked;
   }
@@ -373,8 +373,8 @@ Status Db::WaitCapture(uint64_t version, int timeout_ms) {
     done = state_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), captured);
   }
   const uint64_t blocked = MonoNs() - start;
-  stats_.wait_capture_calls++;
-  stats_.wait_capture_blocked_ns += blocked;
+  figures_.wait_capture_calls++;
+  figures_.wait_capture_blocked_ns += blocked;
   auto it = live_.find(version);
   if (it != live_.end()) it->second.stats.wait_capture_blocked_ns += blocked;
   if (!done) {
@@ -431,7 +431,7 @@ Status Db::Commit(uint64_t version, unsigned flags) {
     state_cv_.wait(lock, [&] { return closed_ || live_.count(version) == 0; });
   }
   const uint64_t blocked = MonoNs() - start;
-  stats_.commit_blocked_ns += blocked;
+  figures_.commit_blocked_ns += blocked;
   if (auto live = live_.find(version); live != live_.end()) {
     live->second.stats.commit_blocked_ns += blocked;
     return Status::Ok();  // asynchronous: wait_commit reports the outcome
@@ -609,7 +609,7 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   format::EncodeRecordHeaderBlock(rh, record);
   lock.lock();
   c.xxh3 = rh.payload_xxh3;
-  stats_.capture_bytes += c.payload_bytes;
+  figures_.capture_bytes += c.payload_bytes;
   if (!v->error.ok() || v->abort_requested) {
     c.home = Home::kDropped;
   } else if (v->ram) {
@@ -649,7 +649,7 @@ void Db::CapturedOneLocked(LiveVersion* v) {
   v->uncaptured--;
   if (v->uncaptured == 0) {
     v->stats.capture_ns = MonoNs() - v->first_put_mono_ns;
-    if (v->error.ok()) stats_.capture_ns += v->stats.capture_ns;
+    if (v->error.ok()) figures_.capture_ns += v->stats.capture_ns;
     WakeManager();  // a commit may be waiting for this, or an abort
   }
   state_cv_.notify_all();
@@ -669,7 +669,7 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
   };
   if (allocate()) return true;
   ChunkSlot& c = v->chunks[index];
-  stats_.backpressure_waits++;
+  figures_.backpressure_waits++;
   v->stats.backpressure_waits++;
   if (options_.backpressure == Backpressure::kSkip) {
     // Memory that a failed or aborted version still holds comes back as soon as the manager has
@@ -720,9 +720,9 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     format::EncodeRecordHeaderBlock(rh, header);
     lock.lock();
     c.xxh3 = rh.payload_xxh3;
-    stats_.direct_chunks++;
+    figures_.direct_chunks++;
     v->stats.direct_chunks++;
-    stats_.capture_bytes += payload;
+    figures_.capture_bytes += payload;
     v->to_write.push_back(index);
     WakeManager();
     return false;
@@ -750,7 +750,7 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
   });
   if (v->ram) v->arena_waiters.erase(index);
   const uint64_t waited = MonoNs() - wait_start;
-  stats_.backpressure_wait_ns += waited;
+  figures_.backpressure_wait_ns += waited;
   v->stats.backpressure_wait_ns += waited;
   if (!got) {
     c.home = Home::kDropped;
@@ -791,7 +791,7 @@ void Db::FailLocked(LiveVersion* v, const Status& st) {
 }
 
 void Db::SkipLocked(LiveVersion* v, const std::string& why) {
-  if (v->error.ok()) stats_.skipped_versions++;
+  if (v->error.ok()) figures_.skipped_versions++;
   FailLocked(v, Status::Skipped(why));
 }
 

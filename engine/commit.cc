@@ -501,7 +501,7 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
   e.stats = v->stats;
   if (v->ram) ram_images_[version] = v->image;
   ram_reserve_bytes_ = v->next_offset + v->tail_bytes;
-  stats_.commits++;
+  figures_.commits++;
   live_.erase(version);
   // Older open versions can never commit now (versions increase).
   for (auto& [older, ov] : live_) {
@@ -573,7 +573,7 @@ void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   if (outcomes_.count(version) == 0) {
     RememberOutcome(version, why, /*may_put_again=*/cluster_ == nullptr);
   }
-  stats_.aborts++;
+  figures_.aborts++;
   live_.erase(version);
   if (vote_no) {
     PostClusterJob([this, version, why] {

@@ -41,6 +41,7 @@
 #include "engine/catalog.h"
 #include "engine/cluster.h"
 #include "engine/config.h"
+#include "engine/figures.h"
 #include "engine/ram_tier.h"
 #include "engine/staging_ring.h"
 #include "engine/tier.h"
@@ -704,7 +705,7 @@ class Db {
   std::map<std::pair<uint64_t, size_t>, std::set<size_t>> failed_sources_;
   std::map<std::pair<uint64_t, size_t>, Status> demotion_errors_;
   std::set<uint64_t> stats_dirty_;  // versions whose figures changed since they were persisted
-  ckptdb_stats_t stats_{};
+  Figures figures_;                 // ckptdb_stats' counters: atomics of their own, not under mu_
 
   // Manager thread state (the manager alone).
   std::unique_ptr<io::IoQueue> queue_;

@@ -603,7 +603,7 @@ void Db::DemotionCompletedLocked(const Request& r) {
     tiers_[d.source].bytes_read += r.bytes;
   } else {
     tiers_[d.target].fsyncs++;
-    stats_.fsyncs++;
+    figures_.fsyncs++;
   }
   if (r.kind == RequestKind::kDemoteSync) {
     d.synced = d.error.ok();

@@ -496,7 +496,7 @@ void Db::HandleCompletion(std::unique_lock<std::mutex>& lock, const Request& r) 
     case RequestKind::kSync:
       if (failure.ok()) {
         tiers_[0].fsyncs++;
-        stats_.fsyncs++;
+        figures_.fsyncs++;
         v->stats.fsyncs++;
         CrashPoint("commit:after_fsync");
         // Published (renamed, directory fsynced) by RunCommit in the next round.

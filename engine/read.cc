@@ -445,7 +445,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   const uint64_t pieces_missing = plan.dedup ? GatherDedupPieces(version, name, out, &plan) : 0;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
-  stats_.checksum_failures += plan.chunk_failures;
+  figures_.checksum_failures += plan.chunk_failures;
   if (!plan.laid_out) {
     return Status::Corrupt(what +
                            (cluster_ != nullptr ? ": no tier and no peer has a readable copy: "
@@ -557,26 +557,19 @@ void Db::RecordRestoreLocked(const RestorePlan& plan, const std::vector<RestoreS
   if (first_source.empty() && !order.empty() && order[0].kind == RestoreSource::Kind::kTier) {
     first_source = tiers_[order[0].tier].name();  // an empty tensor
   }
-  std::snprintf(stats_.last_restore_tier, sizeof stats_.last_restore_tier, "%s",
-                first_source.c_str());
   std::string sources;
   for (const auto& [source, bytes] : plan.served) {
     sources += (sources.empty() ? "" : "; ") + source + " " + std::to_string(bytes);
   }
-  if (sources.size() >= sizeof stats_.last_restore_sources) {
-    sources.resize(sizeof stats_.last_restore_sources - 4);
-    sources += "...";
-  }
-  std::snprintf(stats_.last_restore_sources, sizeof stats_.last_restore_sources, "%s",
-                sources.c_str());
-  stats_.restore_calls++;
+  figures_.SetLastRestore(first_source, sources);
+  figures_.restore_calls++;
   uint64_t wanted_bytes = nbytes;  // a slice counts the ranges it asked for
   if (wanted != nullptr) {
     wanted_bytes = 0;
     for (const auto& [begin, end] : *wanted) wanted_bytes += end - begin;
   }
-  stats_.restore_bytes += wanted_bytes;
-  stats_.restore_ns += MonoNs() - start;
+  figures_.restore_bytes += wanted_bytes;
+  figures_.restore_ns += MonoNs() - start;
 }
 
 // A box of a global tensor (resharding, docs/api.md): the part of it that this store's shard

@@ -362,7 +362,8 @@ Status Db::ReadCopy(uint64_t version, const std::string& tier, uint64_t offset, 
 
 Status Db::Stats(ckptdb_stats_t* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  *out = stats_;
+  *out = ckptdb_stats_t{};
+  figures_.Snapshot(out);
   if (options_.read_only) {
     // The tools see the figures the catalog keeps: the sums over the versions it holds.
     for (const auto& [version, e] : versions_) {
