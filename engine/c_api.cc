@@ -1,10 +1,7 @@
-// The C API (include/ckptdb/ckptdb.h) over engine::Db: argument checks that need no state,
-// option defaults from the environment, and the thread-local last error.
-#include <fcntl.h>
-#include <unistd.h>
+// The C API (include/ckptdb/ckptdb.h) over engine::Db: argument checks that need no state and
+// the thread-local last error; the options and the environment are resolved in engine/config.cc.
 
 #include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
