@@ -67,12 +67,13 @@ bool Db::RunCommit(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
     if (std::optional<bool> done = CommitVote(lock, v, round)) return *done;
   }
   if (v->phase == CommitPhase::kVoting) {
-    if (v->decision == 0) return false;
-    if (v->decision < 0) {
+    if (v->job.decision() == JobCommit::Decision::kNone) return false;
+    if (v->job.decision() == JobCommit::Decision::kAborted) {
+      const std::string& why = v->job.abort_why();
       return FailCommitLocked(
-          v, Status::State(V(version) + " was aborted by the coordinator" +
-                           (v->abort_why.empty() ? " (a rank failed, was fenced, or did not vote)"
-                                                 : ": " + v->abort_why)));
+          v, Status::State(
+                 V(version) + " was aborted by the coordinator" +
+                 (why.empty() ? " (a rank failed, was fenced, or did not vote)" : ": " + why)));
     }
     VersionRecord rec = versions_[version].record;
     rec.state = CKPTDB_STATE_PREPARED;
@@ -327,7 +328,7 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
     extents.push_back({e.logical_offset, tiers_[0].ram->base() + e.arena_offset, e.bytes});
   }
   const uint64_t file_bytes = v->image.file_bytes;
-  v->replicating = true;
+  v->job.StartReplication();
   v->phase = CommitPhase::kReplicate;
   const uint64_t generation = v->generation;
   // A declared replica group compares its replicated shards before anything is protected:
@@ -361,24 +362,23 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
       std::lock_guard<std::mutex> guard(mu_);
       auto it = live_.find(version);
       if (it == live_.end() || it->second.generation != generation || it->second.abort_requested ||
-          !it->second.error.ok() || it->second.decision < 0) {
+          !it->second.error.ok() || it->second.job.decision() == JobCommit::Decision::kAborted) {
         rs = Status::State(V(version) + " was given up while its replica group compared" +
-                           (it != live_.end() && !it->second.abort_why.empty()
-                                ? ": " + it->second.abort_why
+                           (it != live_.end() && !it->second.job.abort_why().empty()
+                                ? ": " + it->second.job.abort_why()
                                 : ""));
       }
     }
     if (rs.ok()) rs = cluster_->Protect(version, file_bytes, extents);
+    JobCommit::Message m;
+    m.kind = JobCommit::Message::Kind::kReplicated;
+    m.version = version;
+    m.generation = generation;
+    m.status = rs;
     std::lock_guard<std::mutex> guard(mu_);
-    auto it = live_.find(version);
-    if (it == live_.end() || it->second.generation != generation) return;
-    it->second.replicating = false;
-    it->second.replicated = rs.ok() ? 1 : -1;
-    it->second.replicate_error = rs;
-    WakeManager();
+    DeliverLocked(m);
   });
   return true;
-  return std::nullopt;
 }
 
 // kReplicate: once the redundancy is safe, PREPARED recorded and the vote cast; on to kVoting.
@@ -386,49 +386,35 @@ std::optional<bool> Db::CommitVote(std::unique_lock<std::mutex>& lock, LiveVersi
                                    const CommitRound& round) {
   const uint64_t version = v->version;
   Status st;
-  if (v->replicated == 0) return false;
-  if (v->replicated < 0) return FailCommitLocked(v, v->replicate_error);
+  if (v->job.replication() == JobCommit::Replication::kRunning) return false;
+  if (v->job.replication() == JobCommit::Replication::kFailed)
+    return FailCommitLocked(v, v->job.replication_error());
   VersionRecord rec;
   st = WritePrepared(lock, v, &rec);
   if (!live_.count(version)) return true;
   if (!st.ok()) return FailCommitLocked(v, st);
   v->phase = CommitPhase::kVoting;
-  PostClusterJob([this, version] {
+  const uint64_t generation = v->generation;
+  PostClusterJob([this, version, generation] {
     {
       std::lock_guard<std::mutex> guard(mu_);
-      auto it = live_.find(version);
-      // Given up since (a newer commit, a failure): FinishAbort votes no instead.
-      if (it == live_.end() || it->second.abort_requested) return;
-      it->second.vote_sent = true;
-      newest_vote_sent_ = std::max(newest_vote_sent_, version);
+      if (!ClaimYesLocked(version)) return;
     }
     Status vs = cluster_->Vote(version);
     if (vs.ok()) {
       CrashPoint("commit:after_vote");
       return;
     }
+    JobCommit::Message m;
+    m.kind = vs.code() == CKPTDB_ESTATE ? JobCommit::Message::Kind::kVoteRefused
+                                        : JobCommit::Message::Kind::kVoteUndelivered;
+    m.version = version;
+    m.generation = generation;
+    m.status = vs;
     std::lock_guard<std::mutex> guard(mu_);
-    auto it = live_.find(version);
-    if (it == live_.end()) return;
-    if (vs.code() == CKPTDB_ESTATE) {
-      it->second.decision = -1;  // refused (fenced, or already aborted): it cannot commit
-      if (it->second.abort_why.empty()) it->second.abort_why = vs.message();
-    } else if (it->second.decision == 0) {
-      // The vote may or may not have arrived (the coordinator may have committed and died):
-      // the version stays PREPARED with its copies, in doubt, until an open asks the
-      // coordinator. Nothing here may abort it.
-      RememberOutcome(version,
-                      vs.WithContext(V(version) + " is PREPARED and in doubt; reopen to learn "
-                                                  "the coordinator's decision"),
-                      /*may_put_again=*/false);
-      if (it->second.ram) it->second.image = RamImage{};
-      live_.erase(it);
-      state_cv_.notify_all();
-    }
-    WakeManager();
+    DeliverLocked(m);
   });
   return true;
-  return std::nullopt;
 }
 
 // PREPARED, then COMMITTED, each synced (docs/commit-protocol.md steps 6-7). On success the
@@ -521,7 +507,7 @@ void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   // In a job, a version this rank never voted for cannot commit: the coordinator hears so now,
   // not when this rank is declared dead, so the ranks that voted stop waiting. Not when the
   // coordinator's abort is why (it knows), nor once the yes left (the decision is its).
-  const bool vote_no = cluster_ != nullptr && !v->vote_sent && v->decision == 0;
+  const bool vote_no = cluster_ != nullptr && v->job.MustVoteNo();
   // Memory first: ring regions of chunks never written, and the version's arena regions.
   for (ChunkSlot& c : v->chunks) FreeChunkRegionLocked(v, &c);
   if (v->ram) {

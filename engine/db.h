@@ -42,6 +42,7 @@
 #include "engine/cluster.h"
 #include "engine/config.h"
 #include "engine/figures.h"
+#include "engine/job_commit.h"
 #include "engine/ram_tier.h"
 #include "engine/staging_ring.h"
 #include "engine/tier.h"
@@ -202,8 +203,7 @@ class Db {
     std::vector<format::TensorEntry> tensors;
     std::set<std::string, std::less<>> names;
     std::set<std::string> replicated_names;  // put with CKPTDB_PUT_REPLICATED
-    std::string abort_why;         // the coordinator's cause, when it aborted this version
-    std::deque<ChunkSlot> chunks;  // a deque: workers hold references while puts append
+    std::deque<ChunkSlot> chunks;            // a deque: workers hold references while puts append
     // REFT's ARC: the pieces of deduplicated shards that other members save, only hashed (so
     // the commit compares whole replicas and a restore checks what peers send).
     struct HashPiece {
@@ -240,14 +240,10 @@ class Db {
     std::vector<size_t> demote_to;           // commit-path demotions still to run
     uint64_t tier0_started_mono_ns = 0;
     bool synced = false;  // directory capture: the fsync of the commit completed
-    // world_size > 1 (the cluster worker sets these and wakes the manager).
-    bool replicating = false;  // the worker reads the arena image: an abort waits for it
-    int replicated = 0;        // 1: every peer holds a verified copy, -1: failed (replicate_error)
-    Status replicate_error;
-    int decision = 0;  // 1: the coordinator committed it, -1: aborted
-    // The yes vote left (the worker sets it, under mu_, right before sending): from then on only
-    // the coordinator decides; a version given up before it is voted no (FinishAbort).
-    bool vote_sent = false;
+    // world_size > 1: its push to the peers, its vote and the coordinator's decision, changed
+    // only through DeliverLocked's messages and the worker's yes claim (ClaimYesLocked). While
+    // job.replicating() the worker reads the arena image: an abort waits for it.
+    JobCommit job;
     VersionStatsRecord stats;
   };
 
@@ -490,6 +486,13 @@ class Db {
   // replica group in their manifests (arc_versions_), for its holdings.
   void LearnArcVersions();
   Status OnDecision(uint64_t version, bool committed, const std::string& why);
+  // The one way the cluster's outcomes reach a live version (mu_ held; job_commit.h): applied to
+  // its JobCommit, then what they mean for the version (failed, in doubt), and the manager woken.
+  // A message for a version no longer live, or for an earlier attempt at it, changes nothing.
+  void DeliverLocked(const JobCommit::Message& m);
+  // The cluster worker, right before the yes vote for `version` leaves: false when the version
+  // was given up (FinishAbort then votes no), else the vote is claimed (mu_ held).
+  bool ClaimYesLocked(uint64_t version);
   void ClusterWorkerLoop();
   void PostClusterJob(std::function<void()> job);
   // The planner's peer step: the pending chunks of `name` from peers' replicas of this rank's

@@ -15,6 +15,7 @@
 #include "format/segment_reader.h"
 #include "io/io.h"
 #include "io/tier_spec.h"
+#include "util/assert.h"
 
 namespace ckpt::engine {
 
@@ -81,7 +82,7 @@ Status Db::StartCluster() {
     std::set<uint64_t, std::greater<>> in_ram;
     for (const auto& [version, v] : live_) {
       // Voted for: its ram copy is whole (the commit tier of a job's rank is ram).
-      if (v.ram && v.vote_sent) in_ram.insert(version);
+      if (v.ram && v.job.yes_sent()) in_ram.insert(version);
     }
     for (auto it = ram_images_.rbegin(); it != ram_images_.rend(); ++it) {
       auto entry = versions_.find(it->first);
@@ -283,19 +284,65 @@ Status Db::AdoptSegments() {
 Status Db::OnDecision(uint64_t version, bool committed, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (committed) job_committed_.insert(version);
-  auto it = live_.find(version);
-  if (it != live_.end() && !committed) it->second.abort_why = why;
-  if (it != live_.end() && it->second.phase == CommitPhase::kVoting) {
-    it->second.decision = committed ? 1 : -1;
-    WakeManager();
-  } else if (it != live_.end() && !committed) {
-    // Aborted before this rank voted (another rank failed): stop here, no vote needed.
-    it->second.decision = -1;
-    FailLocked(&it->second, Status::State(V(version) + " was aborted by the coordinator" +
-                                          (why.empty() ? "" : ": " + why)));
-    WakeManager();
-  }
+  JobCommit::Message m;
+  m.kind = JobCommit::Message::Kind::kDecided;
+  m.version = version;
+  m.committed = committed;
+  m.why = why;
+  DeliverLocked(m);
   return Status::Ok();
+}
+
+void Db::DeliverLocked(const JobCommit::Message& m) {
+  using Kind = JobCommit::Message::Kind;
+  auto it = live_.find(m.version);
+  if (it == live_.end()) return;
+  LiveVersion& v = it->second;
+  if (m.generation != JobCommit::Message::kAnyGeneration && m.generation != v.generation) return;
+  switch (m.kind) {
+    case Kind::kReplicated:
+      v.job.Replicated(m.status);
+      break;
+    case Kind::kVoteRefused:
+      // Fenced, or already aborted: it cannot commit; RunCommit fails it.
+      v.job.Refused(m.status.message());
+      break;
+    case Kind::kVoteUndelivered:
+      CKPTDB_ASSERT(v.job.yes_sent());
+      if (v.job.decision() != JobCommit::Decision::kNone) break;  // the decision came anyway
+      // The vote may or may not have arrived (the coordinator may have committed and died): the
+      // version stays PREPARED with its copies, in doubt, until an open asks the coordinator.
+      // Nothing here may abort it.
+      RememberOutcome(
+          m.version,
+          m.status.WithContext(V(m.version) + " is PREPARED and in doubt; reopen to learn the "
+                                              "coordinator's decision"),
+          /*may_put_again=*/false);
+      if (v.ram) v.image = RamImage{};
+      live_.erase(it);
+      state_cv_.notify_all();
+      break;
+    case Kind::kDecided:
+      if (v.phase == CommitPhase::kVoting) {
+        v.job.Decide(m.committed, m.why);  // RunCommit records it
+      } else if (!m.committed) {
+        // Aborted before this rank voted (another rank failed): stop here, no vote needed.
+        v.job.Decide(false, m.why);
+        FailLocked(&v, Status::State(V(m.version) + " was aborted by the coordinator" +
+                                     (m.why.empty() ? "" : ": " + m.why)));
+      }
+      break;
+  }
+  WakeManager();
+}
+
+bool Db::ClaimYesLocked(uint64_t version) {
+  auto it = live_.find(version);
+  // Given up since (a newer commit, a failure): FinishAbort votes no instead.
+  if (it == live_.end() || it->second.abort_requested) return false;
+  it->second.job.ClaimYes();
+  newest_vote_sent_ = std::max(newest_vote_sent_, version);
+  return true;
 }
 
 void Db::PostClusterJob(std::function<void()> job) {

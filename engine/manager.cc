@@ -143,7 +143,8 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
         progress = true;
       }
       bool demoting = demotion_ && demotion_->version == version;
-      bool idle = v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting && !v->replicating;
+      bool idle =
+          v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting && !v->job.replicating();
       if (idle) {
         FinishAbort(lock, v);
         progress = true;
@@ -160,7 +161,8 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
       SubmitWrites(lock, v);
       progress = true;
     }
-    if (closing_ && v->phase == CommitPhase::kVoting && v->decision == 0) {
+    if (closing_ && v->phase == CommitPhase::kVoting &&
+        v->job.decision() == JobCommit::Decision::kNone) {
       // Closing with a vote cast and no decision yet: the version stays PREPARED, in doubt,
       // with its copies; the next open asks the coordinator (docs/commit-protocol.md).
       RememberOutcome(
