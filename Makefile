@@ -50,14 +50,14 @@ test-asan: deps
 	  -E '^(install_package|python_package)$$'
 
 # The tests whose threads share state (capture workers, the tier manager, readers, the
-# transport's progress thread), built with ThreadSanitizer in their own build directory; a race
-# stops the run. Tests that fork a process which then starts threads (the cluster and crash
+# transport's progress thread, the coordinator's thread), built with ThreadSanitizer in their
+# own build directory; a race stops the run. Tests that fork a process which then starts threads (the cluster and crash
 # tests, the ram tier's SIGKILL test) are left out: ThreadSanitizer does not support that. UCX's
 # memory hooks are turned off: with them ThreadSanitizer crashes as threads exit. Reports from
 # inside RocksDB (Debian's, not built with ThreadSanitizer) are suppressed: tests/tsan.supp.
 TSAN_BUILD_DIR ?= build-tsan
 TSAN_TESTS = staging_ring_test capture_test tier_manager_test api_test ram_tier_test \
-  replica_store_test transport_test fault_test
+  replica_store_test transport_test fault_test coordinator_test
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTDB_BUILD_FUZZERS=OFF \
 	  -DCKPTDB_WITH_CUDA=OFF \

@@ -1,6 +1,6 @@
 // Cluster (see cluster.h): starting, membership (joining, heartbeats), dispatching requests, and
-// the rank's side of the two-phase commit. Rank 0's coordinator is in cluster_coordinator.cc,
-// replica-group checks in cluster_replica_groups.cc, replicas in peers' memory in
+// the rank's side of the two-phase commit and of a replica group's comparison. Rank 0's
+// coordinator is its own class (coordinator.h), replicas in peers' memory in
 // cluster_replication.cc (what they share: cluster_internal.h). Message bodies are WireWriter
 // fields in the order written here; docs/commit-protocol.md lists the messages and the order of
 // durable steps.
@@ -163,7 +163,6 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
                               : R(options.rank) + " of " + std::to_string(options.world_size);
   CKPTDB_RETURN_IF_ERROR(CheckClusterOptions(options, who));
   std::unique_ptr<Cluster> c(new Cluster(options, std::move(hooks), catalog));
-  c->started_ms_ = MonoMs();
   c->coordinator_address_ = options.coordinator;
   if (options.io == nullptr) c->owned_io_ = io::NewPosixIo();
   c->io_ = options.io != nullptr ? options.io : c->owned_io_.get();
@@ -182,21 +181,19 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
                                .WithContext(who));
   }
   if (options.rank == 0 && !options.serve_only) {
-    CKPTDB_ASSERT(catalog != nullptr);
-    std::string value;
-    Status st = catalog->GetMeta("coord/epoch", &value);
-    uint64_t epoch = st.ok() ? std::strtoull(value.c_str(), nullptr, 10) : 0;
-    if (!st.ok() && st.code() != CKPTDB_ENOTFOUND) return st;
-    // A new coordinator incarnation: every vote cast to an older one is void.
-    CKPTDB_RETURN_IF_ERROR(catalog->PutMeta("coord/epoch", std::to_string(epoch + 1), true));
-    c->epoch_ = epoch + 1;
-    std::map<std::string, std::string> decided;
-    CKPTDB_RETURN_IF_ERROR(catalog->ListMeta("coord/committed/", &decided));
-    for (const auto& [key, v] : decided) {
-      c->decisions_.Commit(
-          std::strtoull(key.c_str() + std::strlen("coord/committed/"), nullptr, 16));
-    }
-    c->members_.resize(options.world_size);
+    Coordinator::Options co;
+    co.world_size = options.world_size;
+    co.replicas = options.replicas;
+    co.code = options.code;
+    co.heartbeat_ms = options.heartbeat_ms;
+    co.dead_after_ms = options.dead_after_ms;
+    Cluster* self = c.get();
+    CKPTDB_RETURN_IF_ERROR(Coordinator::Open(
+        co, catalog,
+        [self](uint32_t rank, const std::string& address, const Coordinator::Announcement& d) {
+          return self->TellDecision(rank, address, d);
+        },
+        &c->coordinator_));
   }
   transport::TransportOptions to;
   to.name = options.serve_only ? "serve:" + options.node_id : R(options.rank);
@@ -245,16 +242,13 @@ Status Cluster::Start(const ClusterOptions& options, Hooks hooks, Catalog* catal
     *out = std::move(c);
     return Status::Ok();
   }
-  if (options.rank == 0) c->coordinator_ = std::thread([self] { self->CoordinatorLoop(); });
+  if (c->coordinator_ != nullptr) c->coordinator_->Start();
   Status st = c->Join();
   if (!st.ok() && options.rank == 0 && st.code() == CKPTDB_EINVAL) {
     // The coordinator refused the job (coding groups that do not fit its nodes): it stays a
     // moment, until every rank has been told why, so none waits its join timeout for it.
     for (int waited = 0; waited < 3000; waited += 20) {
-      {
-        std::lock_guard<std::mutex> lock(c->mu_);
-        if (c->refused_.size() >= options.world_size) break;
-      }
+      if (c->coordinator_->refused() >= options.world_size) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
@@ -289,7 +283,7 @@ Cluster::~Cluster() {
   stop_ = true;
   cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
-  if (coordinator_.joinable()) coordinator_.join();
+  if (coordinator_ != nullptr) coordinator_->Stop();
   if (serve_.joinable()) serve_.join();
   {
     std::lock_guard<std::mutex> lock(rma_mu_);
@@ -382,11 +376,10 @@ Status Cluster::Join() {
       return Status::Corrupt("the membership table has " + std::to_string(n) + " ranks, expected " +
                              std::to_string(options_.world_size));
     }
-    std::vector<Member> members(n);
-    for (Member& m : members) {
+    std::vector<MemberAddress> members(n);
+    for (MemberAddress& m : members) {
       m.node_id = t.Str("node_id", 256);
       m.address = t.Str("address", 256);
-      m.registered = true;
     }
     CKPTDB_RETURN_IF_ERROR(t.Finish());
     std::lock_guard<std::mutex> lock(mu_);
@@ -404,7 +397,7 @@ Status Cluster::Join() {
 // Nodes in order of their first rank; GEMINI's placement over them.
 Status Cluster::ComputePlacementLocked() {
   std::vector<std::string> nodes;
-  for (const Member& m : table_) {
+  for (const MemberAddress& m : table_) {
     if (std::find(nodes.begin(), nodes.end(), m.node_id) == nodes.end()) nodes.push_back(m.node_id);
   }
   if (options_.replicas > nodes.size()) {
@@ -502,7 +495,7 @@ void Cluster::SendHeartbeat() {
   WireWriter w;
   w.U32(options_.rank);
   w.U64(incarnation_);
-  w.U64(epoch_);
+  w.U64(epoch());
   w.U8(ready_ ? 1 : 0);
   auto payload = Holdings();
   std::vector<uint8_t> reply;
@@ -522,7 +515,6 @@ void Cluster::SendHeartbeat() {
 // ---- Requests -------------------------------------------------------------------------------
 
 void Cluster::Handle(const Request& request, Reply* reply) {
-  const bool coordinator = options_.rank == 0 && !options_.serve_only;
   switch (request.type) {
     case kReplica:
       return HandleReplica(request, reply);
@@ -545,30 +537,31 @@ void Cluster::Handle(const Request& request, Reply* reply) {
     default:
       break;
   }
-  if (!coordinator) {
+  if (coordinator_ == nullptr) {
     Fail(reply, Status::Invalid(R(options_.rank) + " is not the coordinator; " + request.peer +
                                 " sent it message type " + std::to_string(request.type)));
     return;
   }
+  Coordinator& c = *coordinator_;
   switch (request.type) {
     case kRegister:
-      return HandleRegister(request, reply);
+      return c.HandleRegister(request, reply);
     case kHeartbeat:
-      return HandleHeartbeat(request, reply);
+      return c.HandleHeartbeat(request, reply);
     case kVote:
-      return HandleVote(request, reply);
+      return c.HandleVote(request, reply);
     case kLatest:
-      return HandleLatest(request, reply);
+      return c.HandleLatest(request, reply);
     case kHolders:
-      return HandleHolders(request, reply);
+      return c.HandleHolders(request, reply);
     case kDecisions:
-      return HandleDecisions(request, reply);
+      return c.HandleDecisions(request, reply);
     case kRecoverable:
-      return HandleRecoverable(request, reply);
+      return c.HandleRecoverable(request, reply);
     case kReplicaCheck:
-      return HandleReplicaCheck(request, reply);
+      return c.HandleReplicaCheck(request, reply);
     case kServe:
-      return HandleServe(request, reply);
+      return c.HandleServe(request, reply);
     default:
       Fail(reply, Status::Invalid("unknown message type " + std::to_string(request.type) +
                                   " from " + request.peer));
@@ -589,7 +582,7 @@ Status Cluster::CastVote(uint64_t version, bool yes, const std::string& why) {
   WireWriter w;
   w.U32(options_.rank);
   w.U64(incarnation_);
-  w.U64(epoch_);
+  w.U64(epoch());
   w.U64(version);
   w.U8(yes ? 1 : 0);
   w.Str(why.substr(0, 1024));
@@ -651,10 +644,120 @@ ClusterStats Cluster::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ClusterStats s = stats_;
   s.refused = transport_->stats().refused;
+  if (coordinator_ != nullptr) s.epoch = coordinator_->epoch();  // ahead of its own heartbeat
   std::lock_guard<std::mutex> rma_lock(rma_mu_);
   for (const auto& [rank, path] : paths_) {
     s.paths += (s.paths.empty() ? "" : "; ") + R(rank) + " " + path;
   }
   return s;
 }
+// ---- Asking the coordinator ----------------------------------------------------------------
+
+// The coordinator's Tell (coordinator.h): rank 0 hears its own decisions through its hook; the
+// others by a kDecision call, acknowledged. A rank that does not answer is dropped (the next call
+// reconnects) and learns the decision when it next asks.
+Status Cluster::TellDecision(uint32_t rank, const std::string& address,
+                             const Coordinator::Announcement& d) {
+  if (rank == 0)
+    return hooks_.decided ? hooks_.decided(d.version, d.committed, d.why) : Status::Ok();
+  WireWriter w;
+  w.U64(d.version);
+  w.U8(d.committed ? 1 : 0);
+  w.Str(d.why.size() > 2048 ? d.why.substr(0, 2048) : d.why);
+  transport::PeerId peer = 0;
+  Status st = PeerFor(address, &peer);
+  if (st.ok()) {
+    std::vector<uint8_t> reply;
+    st = transport_->CallSync(peer, kDecision, w.Take(), nullptr, 0, options_.call_timeout_ms,
+                              &reply);
+  }
+  if (!st.ok()) DropPeer(address);
+  return st;
+}
+
+Status Cluster::Recoverable(uint64_t version, RecoverableInfo* out) {
+  WireWriter w;
+  w.U64(version);
+  std::vector<uint8_t> reply;
+  CKPTDB_RETURN_IF_ERROR(AskCoordinator(kRecoverable, w.Take(), &reply));
+  WireReader r(reply, "the coordinator's recoverable answer");
+  out->recoverable = r.U8("recoverable") != 0;
+  out->spare_losses = static_cast<int32_t>(r.U32("spare"));
+  out->ranks_local = r.U32("local");
+  out->ranks_from_peers = r.U32("from peers");
+  out->ranks_lost = r.U32("lost");
+  out->detail = r.Str("detail", 4096);
+  return r.Finish();
+}
+
+// Calls the coordinator, again while it answers Busy, until call_timeout_ms.
+Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
+                               std::vector<uint8_t>* reply) {
+  const int64_t deadline = MonoMs() + options_.call_timeout_ms;
+  while (true) {
+    transport::PeerId coord = 0;
+    CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord));
+    reply->clear();
+    Status st =
+        transport_->CallSync(coord, type, body, nullptr, 0, options_.call_timeout_ms, reply);
+    DropIfGone(st, coordinator_address_);
+    if (st.code() != CKPTDB_EBUSY || MonoMs() >= deadline || stop_) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
+                              const std::vector<uint32_t>& members, bool arc, uint64_t chunk_bytes,
+                              const std::vector<ReplicaDigest>& digests) {
+  const std::string what = "v" + std::to_string(version) + ": comparing replica group " +
+                           std::to_string(group) + " (ranks " + RankList(members) + ")";
+  auto body = [&](bool poll) {
+    WireWriter w;
+    w.U64(version);
+    w.U32(group);
+    w.U32(options_.rank);
+    w.U8(poll ? 1 : 0);  // 1: only asking for the answer; the list was sent before
+    return w.Take();
+  };
+  WireWriter list;
+  list.U64(chunk_bytes);
+  list.U8(arc ? 1 : 0);
+  list.U32(static_cast<uint32_t>(members.size()));
+  for (uint32_t r : members) list.U32(r);
+  list.U32(static_cast<uint32_t>(digests.size()));
+  for (const ReplicaDigest& d : digests) {
+    list.Str(d.name);
+    list.U64(d.bytes);
+    list.U64(d.digest);
+  }
+  const std::vector<uint8_t> payload = list.Take();
+  bool sent = false;  // the coordinator has this member's list (until it says otherwise)
+  const int64_t deadline = MonoMs() + options_.call_timeout_ms;
+  // Bounded by the deadline: the coordinator answers Busy until every member has sent its own.
+  // Members reach their commits together (a training step's barrier), so the first asks again
+  // after 1 ms, backing off to 20 ms while a late member is awaited.
+  int pause_us = 1000;
+  while (true) {
+    transport::PeerId coord = 0;
+    CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord).WithContext(what));
+    std::vector<uint8_t> reply;
+    Status st =
+        transport_->CallSync(coord, kReplicaCheck, body(sent), sent ? nullptr : payload.data(),
+                             sent ? 0 : payload.size(), options_.call_timeout_ms, &reply);
+    DropIfGone(st, coordinator_address_);
+    if (sent && st.code() == CKPTDB_ENOTFOUND) {
+      sent = false;  // a restarted coordinator (or an evicted comparison): send the list again
+      continue;
+    }
+    if (st.code() != CKPTDB_EBUSY) return st;
+    sent = true;
+    if (MonoMs() >= deadline || stop_) {
+      return Status::TimedOut(what + ": " + st.message() + " after " +
+                              std::to_string(options_.call_timeout_ms) + " ms");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    pause_us = std::min(2 * pause_us, 20000);
+  }
+}
+
 }  // namespace ckpt::engine

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "engine/catalog.h"
-#include "engine/coordinator_decisions.h"
+#include "engine/coordinator.h"
 #include "engine/holdings.h"
 #include "engine/parity_store.h"
 #include "engine/replica_store.h"
@@ -86,9 +86,6 @@ struct ClusterOptions {
   bool serve_only = false;
 };
 
-// The rank field of a ReplicaHolder that is a `ckptdb serve` daemon rather than a rank.
-inline constexpr uint32_t kServeRank = 0xFFFFFFFFu;
-
 // A range of a local segment image to send (the ram arena's extents).
 struct SendExtent {
   uint64_t logical_offset = 0;
@@ -100,16 +97,6 @@ struct ReplicaHolder {
   uint32_t rank = 0;  // kServeRank: a `ckptdb serve` daemon on node_id
   std::string node_id;
   std::string address;
-};
-
-// The coordinator's answer to Recoverable (ckptdb_recoverable_t).
-struct RecoverableInfo {
-  bool recoverable = false;
-  int32_t spare_losses = -1;
-  uint32_t ranks_local = 0;
-  uint32_t ranks_from_peers = 0;
-  uint32_t ranks_lost = 0;
-  std::string detail;
 };
 
 struct ClusterStats {
@@ -167,7 +154,9 @@ class Cluster {
   ~Cluster();
 
   const ClusterOptions& options() const { return options_; }
-  uint64_t epoch() const { return epoch_.load(); }
+  // The job's epoch as this rank's votes carry it: the one it joined in, or on rank 0 its
+  // coordinator's current one.
+  uint64_t epoch() const { return coordinator_ != nullptr ? coordinator_->epoch() : epoch_.load(); }
   const std::string& address() const { return transport_->address(); }
 
   // Makes a version's redundancy safe before the rank may vote: its replicas in its placement
@@ -180,12 +169,7 @@ class Cluster {
   // answers once every member of replica group `group` has sent its own (Busy until then, asked
   // again up to the call timeout): Ok when all are equal, Corrupt naming the first shard and the
   // ranks that differ, or the members' disagreement on the group itself.
-  struct ReplicaDigest {
-    std::string name;
-    uint64_t bytes = 0;
-    uint64_t digest = 0;  // xxh3 of its chunks' xxh3s
-    bool operator==(const ReplicaDigest&) const = default;
-  };
+  using ReplicaDigest = engine::ReplicaDigest;
   Status CheckReplicas(uint64_t version, uint32_t group, const std::vector<uint32_t>& members,
                        bool arc, uint64_t chunk_bytes, const std::vector<ReplicaDigest>& digests);
   // Pushes a version's segment image to this rank's placement peers and waits for each to
@@ -251,30 +235,10 @@ class Cluster {
   // serve_only: the replicas this daemon holds now, (owner rank, version).
   std::vector<std::pair<uint32_t, uint64_t>> HeldReplicas() const;
 
-  struct Member {
+  // A member as the membership table names it (what the coordinator sent at join).
+  struct MemberAddress {
     std::string node_id;
     std::string address;
-    uint64_t incarnation = 0;
-    bool registered = false;
-    bool dead = false;
-    bool ready = false;  // recovered in this incarnation: its holdings are final
-    int64_t last_seen_ms = 0;
-    std::vector<uint64_t> local_versions;   // newest first
-    std::vector<uint64_t> memory_versions;  // in its ram tier, newest first
-    uint64_t memory_voted_through = 0;      // its newest vote sent when it listed them
-    void Take(HoldingsReport&& h) {
-      local_versions = std::move(h.local);
-      memory_versions = std::move(h.memory);
-      memory_voted_through = h.voted_through;
-      replicas = std::move(h.replicas);
-      parity = std::move(h.parity);
-      arc = std::move(h.arc);
-    }
-    std::vector<ArcReport> arc;  // its "arc" replica groups' versions in memory
-    std::vector<std::pair<uint32_t, uint64_t>> replicas;  // (owner rank, version) it holds
-    std::vector<std::pair<uint32_t, uint64_t>> parity;    // (coding group, version) it holds
-    std::set<uint64_t> voted;  // committed with its vote in this incarnation: safe at its commit
-                               // tier (and its replicas acknowledged) when it voted
   };
 
  private:
@@ -286,7 +250,6 @@ class Cluster {
   void SendHeartbeat();
   // Counts bytes this rank sent to protect a version (replicas or parity) and the time it took.
   void RecordRedundancyTraffic(uint64_t sent, std::chrono::steady_clock::time_point start);
-  void CoordinatorLoop();
   Status PeerFor(const std::string& address, transport::PeerId* out);
   void DropPeer(const std::string& address);
   // Drops the connection to `address` when `st` says the peer vanished or timed out (the next
@@ -337,33 +300,10 @@ class Cluster {
   void Pace(uint64_t sent, int64_t start_ms);
   std::vector<uint8_t> Holdings() const;
   void ServeLoop();  // serve_only: announces the held replicas to the coordinator
-  // Coordinator.
-  void HandleRegister(const transport::Request& request, transport::Reply* reply);
-  void HandleHeartbeat(const transport::Request& request, transport::Reply* reply);
-  void HandleVote(const transport::Request& request, transport::Reply* reply);
-  void HandleLatest(const transport::Request& request, transport::Reply* reply);
-  void HandleHolders(const transport::Request& request, transport::Reply* reply);
-  void HandleDecisions(const transport::Request& request, transport::Reply* reply);
-  void HandleRecoverable(const transport::Request& request, transport::Reply* reply);
-  void HandleReplicaCheck(const transport::Request& request, transport::Reply* reply);
-  struct ReplicaCheckState;
-  // The answer to a member about a comparison (nullptr: none kept), with mu_ held: the abort's
-  // cause, a dead member, the comparison once every list is in, or Busy.
-  void AnswerReplicaCheckLocked(uint64_t version, uint32_t group, ReplicaCheckState* check,
-                                transport::Reply* reply);
-  void HandleServe(const transport::Request& request, transport::Reply* reply);
-  Status SettledLocked() const;  // Busy while holdings may still change (see cluster.cc)
-  bool RebuildableLocked(uint32_t rank, uint64_t version) const;
-  // The members of "arc" replica groups whose segments of `version` hold replicated shards
-  // only (a group compared in a job without redundancy), each with the node losses its group's
-  // slices survive still (each slice is kept by its owner and the member before it), -1 when a
-  // slice has no live keeper. A rank not listed is counted by its own copy.
-  std::map<uint32_t, int32_t> ArcSparesLocked(uint64_t version) const;
   Status CastVote(uint64_t version, bool yes, const std::string& why);
+  Status TellDecision(uint32_t rank, const std::string& address,
+                      const Coordinator::Announcement& d);
   Status AskCoordinator(uint16_t type, std::vector<uint8_t> body, std::vector<uint8_t>* reply);
-  Status BumpEpochLocked(const std::string& why);
-  Status LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed);
-  void AbortUndecidedLocked(const std::string& why);
   Status ComputePlacementLocked();
 
   const ClusterOptions options_;
@@ -373,7 +313,10 @@ class Cluster {
   // Resolved in Start before anyone can know the port, so before anything reads it.
   std::string coordinator_address_;
   Hooks hooks_;
-  Catalog* catalog_;  // rank 0: decisions and the epoch
+  Catalog* catalog_;  // rank 0: the coordinator's decisions and epoch
+  // Rank 0 (not serve_only): the coordinator, its own lock and thread (coordinator.h). Stopped
+  // first and destroyed after the transport, whose service threads call it.
+  std::unique_ptr<Coordinator> coordinator_;
   uint64_t incarnation_ = 0;
   std::unique_ptr<ReplicaStore> replicas_;  // peers' replicas in this node's memory (replicas > 1)
   std::unique_ptr<ParityStore> parity_;     // the parity this rank holds for its coding group
@@ -391,50 +334,19 @@ class Cluster {
   std::shared_ptr<transport::RmaWindow> spare_window_;
   std::condition_variable rma_cv_;  // a spare was taken, or stop
   std::thread window_maker_;
-  std::atomic<uint64_t> epoch_{0};
+  std::atomic<uint64_t> epoch_{0};  // the epoch this rank joined in (rank 0: its coordinator's)
   std::atomic<bool> stop_{false};
   std::atomic<bool> net_busy_{false};
   std::atomic<bool> ready_{false};
   std::thread heartbeat_;
-  std::thread coordinator_;
   std::thread serve_;
-  int64_t started_ms_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, transport::PeerId> peers_;  // by address
-  std::vector<Member> table_;                       // the membership as last received
+  std::vector<MemberAddress> table_;                // the membership as last received
   redundancy::Placement placement_;
   ClusterStats stats_;
-
-  // Coordinator state (rank 0), under mu_.
-  std::vector<Member> members_;
-  bool complete_ = false;
-  bool assembled_ = false;      // complete_ was true once: decisions are no longer learned
-  std::set<uint32_t> refused_;  // ranks told the job cannot run (its nodes fit no coding groups)
-  DecisionLog decisions_;       // committed (durable in the catalog), aborted, and open votes
-  // Replica groups' comparisons (HandleReplicaCheck), by (version, group); the oldest dropped
-  // past kMaxReplicaChecks.
-  struct ReplicaCheckState {
-    std::vector<uint32_t> members;
-    bool arc = false;  // the protection every member must have declared
-    uint64_t chunk_bytes = 0;
-    std::map<uint32_t, std::vector<ReplicaDigest>> posted;  // by rank
-    std::optional<Status> result;
-  };
-  std::map<std::pair<uint64_t, uint32_t>, ReplicaCheckState> replica_checks_;
-  struct Announcement {
-    uint64_t version = 0;
-    bool committed = false;
-    std::string why;  // an abort's cause
-  };
-  std::deque<Announcement> to_announce_;
-  struct Server {
-    std::string node_id;
-    std::vector<std::pair<uint32_t, uint64_t>> replicas;
-    int64_t last_seen_ms = 0;
-  };
-  std::map<std::string, Server> servers_;  // `ckptdb serve` daemons, by address
 };
 
 // Tests: the protocol version this process's ranks and daemons announce (kProtocolVersion

@@ -75,7 +75,7 @@ std::string GroupName(const CodingGroup& g) {
 
 Status Cluster::ComputeGroupLocked() {
   std::vector<std::string> node_of_rank;
-  for (const Member& m : table_) node_of_rank.push_back(m.node_id);
+  for (const MemberAddress& m : table_) node_of_rank.push_back(m.node_id);
   std::vector<std::vector<uint32_t>> groups;
   CKPTDB_RETURN_IF_ERROR(ComputeCodingGroups(node_of_rank, *options_.code, &groups));
   for (uint32_t gi = 0; gi < groups.size(); ++gi) {

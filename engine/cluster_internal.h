@@ -1,6 +1,6 @@
-// What the parts of Cluster share (cluster.cc: starting, membership, heartbeats, requests, the
-// rank's calls; cluster_coordinator.cc: rank 0's coordinator; cluster_replica_groups.cc: replica
-// group checks; cluster_replication.cc: replicas in peers' memory, fetches; cluster_coding.cc,
+// What the parts of Cluster and rank 0's Coordinator share (cluster.cc: starting, membership,
+// heartbeats, requests, the rank's calls; coordinator.cc and coordinator_replica_checks.cc: the
+// coordinator; cluster_replication.cc: replicas in peers' memory, fetches; cluster_coding.cc,
 // cluster_rma.cc). Not part of any interface.
 #pragma once
 
@@ -63,6 +63,16 @@ struct ReplicaPiece {
 
 Status DecodeReplicaPiece(std::span<const uint8_t> body, const std::string& what,
                           ReplicaPiece* out);
+
+// "0 1 2 3", or "0 1 2 3 4 5 6 7 ... (1024 ranks)": error replies must fit a message body.
+inline std::string RankList(const std::vector<uint32_t>& ranks) {
+  std::string text;
+  for (size_t i = 0; i < ranks.size() && i < 8; ++i) {
+    text += (text.empty() ? "" : " ") + std::to_string(ranks[i]);
+  }
+  if (ranks.size() > 8) text += " ... (" + std::to_string(ranks.size()) + " ranks)";
+  return text;
+}
 
 // Whether a holdings list names owner's replica of `version`.
 inline bool Holds(const std::vector<std::pair<uint32_t, uint64_t>>& replicas, uint32_t owner,

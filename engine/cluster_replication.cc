@@ -185,7 +185,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
   if (targets.empty()) return Status::Ok();
   const int64_t start = MonoMs();
   const auto start_clock = std::chrono::steady_clock::now();
-  std::vector<Member> table;
+  std::vector<MemberAddress> table;
   {
     std::lock_guard<std::mutex> lock(mu_);
     table = table_;
@@ -209,7 +209,7 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     auto header = [&](uint64_t offset, uint8_t phase, uint32_t slot = 0, uint64_t bytes = 0) {
       return ReplicaCallBody({options_.rank, version, file_bytes, offset, phase,
                               window != nullptr ? window->window->id() : 0, slot, bytes},
-                             epoch_);
+                             epoch());
     };
     {
       // The receiver maps the replica's memory first (on a new node, every page new: seconds on

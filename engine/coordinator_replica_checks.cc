@@ -1,107 +1,30 @@
-// Replica groups (ckptdb_declare_replicas, Cluster in cluster.h): each member's digests compared
-// by the coordinator at every commit; a mismatch fails the version, naming the members.
-#include <fcntl.h>
-#include <sodium.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+// The coordinator's side of replica groups (ckptdb_declare_replicas; coordinator.h): each
+// member's digests of its replicated shards, compared once every member has sent its own; a
+// mismatch fails the version for every member, naming the shard and the ranks.
 #include <algorithm>
-#include <chrono>
-#include <cinttypes>
-#include <cstring>
-#include <filesystem>
+#include <string>
+#include <vector>
 
-#include "engine/cluster.h"
+#include "ckptdb/ckptdb.h"
 #include "engine/cluster_internal.h"
-#include "engine/cluster_rma.h"
-#include "engine/cluster_wire.h"
+#include "engine/coordinator.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
 #include "format/manifest.h"
 #include "format/segment_format.h"
-#include "format/segment_reader.h"
-#include "transport/rma.h"
-#include "transport/wire.h"
-#include "util/assert.h"
 
 namespace ckpt::engine {
 
 using namespace cluster_internal;
-
-// ---- Replica groups (ckptdb_declare_replicas) ---------------------------------------------------
 
 namespace {
 
 constexpr size_t kMaxReplicaChecks = 256;
 constexpr uint32_t kMaxReplicaDigests = uint32_t{1} << 24;
 
-// "0 1 2 3", or "0 1 2 3 4 5 6 7 ... (1024 ranks)": error replies must fit a message body.
-std::string Members(const std::vector<uint32_t>& members) {
-  std::string text;
-  for (size_t i = 0; i < members.size() && i < 8; ++i) {
-    text += (text.empty() ? "" : " ") + std::to_string(members[i]);
-  }
-  if (members.size() > 8) text += " ... (" + std::to_string(members.size()) + " ranks)";
-  return text;
-}
-
 }  // namespace
 
-Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
-                              const std::vector<uint32_t>& members, bool arc, uint64_t chunk_bytes,
-                              const std::vector<ReplicaDigest>& digests) {
-  const std::string what = "v" + std::to_string(version) + ": comparing replica group " +
-                           std::to_string(group) + " (ranks " + Members(members) + ")";
-  auto body = [&](bool poll) {
-    WireWriter w;
-    w.U64(version);
-    w.U32(group);
-    w.U32(options_.rank);
-    w.U8(poll ? 1 : 0);  // 1: only asking for the answer; the list was sent before
-    return w.Take();
-  };
-  WireWriter list;
-  list.U64(chunk_bytes);
-  list.U8(arc ? 1 : 0);
-  list.U32(static_cast<uint32_t>(members.size()));
-  for (uint32_t r : members) list.U32(r);
-  list.U32(static_cast<uint32_t>(digests.size()));
-  for (const ReplicaDigest& d : digests) {
-    list.Str(d.name);
-    list.U64(d.bytes);
-    list.U64(d.digest);
-  }
-  const std::vector<uint8_t> payload = list.Take();
-  bool sent = false;  // the coordinator has this member's list (until it says otherwise)
-  const int64_t deadline = MonoMs() + options_.call_timeout_ms;
-  // Bounded by the deadline: the coordinator answers Busy until every member has sent its own.
-  // Members reach their commits together (a training step's barrier), so the first asks again
-  // after 1 ms, backing off to 20 ms while a late member is awaited.
-  int pause_us = 1000;
-  while (true) {
-    transport::PeerId coord = 0;
-    CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord).WithContext(what));
-    std::vector<uint8_t> reply;
-    Status st =
-        transport_->CallSync(coord, kReplicaCheck, body(sent), sent ? nullptr : payload.data(),
-                             sent ? 0 : payload.size(), options_.call_timeout_ms, &reply);
-    DropIfGone(st, coordinator_address_);
-    if (sent && st.code() == CKPTDB_ENOTFOUND) {
-      sent = false;  // a restarted coordinator (or an evicted comparison): send the list again
-      continue;
-    }
-    if (st.code() != CKPTDB_EBUSY) return st;
-    sent = true;
-    if (MonoMs() >= deadline || stop_) {
-      return Status::TimedOut(what + ": " + st.message() + " after " +
-                              std::to_string(options_.call_timeout_ms) + " ms");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
-    pause_us = std::min(2 * pause_us, 20000);
-  }
-}
-
-void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
+void Coordinator::HandleReplicaCheck(const Request& request, Reply* reply) {
   WireReader r(request.body, "replica check from " + request.peer);
   const uint64_t version = r.U64("version");
   const uint32_t group = r.U32("group");
@@ -152,7 +75,7 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   }
   if (!st.ok()) return Fail(reply, st);
   const std::string what = "v" + std::to_string(version) + ": replica group " +
-                           std::to_string(group) + " (ranks " + Members(members) + ")";
+                           std::to_string(group) + " (ranks " + RankList(members) + ")";
   std::lock_guard<std::mutex> lock(mu_);
   auto key = std::make_pair(version, group);
   auto it = replica_checks_.find(key);
@@ -174,8 +97,8 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   // Every post is held against the group as first reported, decided or not.
   if (c.members != members) {
     Status mismatch =
-        Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " + Members(members) +
-                        ", another member as ranks " + Members(c.members));
+        Status::Corrupt(what + ": " + R(rank) + " declared the group as ranks " +
+                        RankList(members) + ", another member as ranks " + RankList(c.members));
     if (!c.result) c.result = mismatch;
     c.posted.clear();
     return Fail(reply, mismatch);
@@ -198,11 +121,11 @@ void Cluster::HandleReplicaCheck(const Request& request, Reply* reply) {
   AnswerReplicaCheckLocked(version, group, &c, reply);
 }
 
-void Cluster::AnswerReplicaCheckLocked(uint64_t version, uint32_t group, ReplicaCheckState* check,
-                                       Reply* reply) {
+void Coordinator::AnswerReplicaCheckLocked(uint64_t version, uint32_t group,
+                                           ReplicaCheckState* check, Reply* reply) {
   const std::string what = "v" + std::to_string(version) + ": replica group " +
                            std::to_string(group) +
-                           (check != nullptr ? " (ranks " + Members(check->members) + ")" : "");
+                           (check != nullptr ? " (ranks " + RankList(check->members) + ")" : "");
   if (decisions_.Aborted(version) && (check == nullptr || !check->result || check->result->ok())) {
     // A member that learned of the abort first never reports: the others stop waiting for it.
     // A comparison that failed keeps its answer (the abort's cause); one that passed does not

@@ -1,47 +1,95 @@
-// Rank 0's coordinator (Cluster, cluster.h): registrations and epochs, votes and decisions and
-// their causes, failure detection, latest, holders, recoverability, and ckptdb serve's
-// announcements.
-#include <fcntl.h>
-#include <sodium.h>
-#include <sys/stat.h>
-#include <unistd.h>
+// Rank 0's coordinator (coordinator.h): registrations and epochs, votes and decisions and their
+// causes, failure detection, latest, holders, recoverability, and ckptdb serve's announcements.
+// The replica groups' comparisons are in coordinator_replica_checks.cc.
+#include "engine/coordinator.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 
-#include "engine/cluster.h"
 #include "engine/cluster_internal.h"
-#include "engine/cluster_rma.h"
-#include "engine/cluster_wire.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
-#include "format/manifest.h"
 #include "format/segment_format.h"
-#include "format/segment_reader.h"
-#include "transport/rma.h"
-#include "transport/wire.h"
 #include "util/assert.h"
+#include "util/clock.h"
 
 namespace ckpt::engine {
 
 using namespace cluster_internal;
 
-// ---- Coordinator ----------------------------------------------------------------------------
+void Coordinator::Member::Take(HoldingsReport&& h) {
+  local_versions = std::move(h.local);
+  memory_versions = std::move(h.memory);
+  memory_voted_through = h.voted_through;
+  replicas = std::move(h.replicas);
+  parity = std::move(h.parity);
+  arc = std::move(h.arc);
+}
 
-Status Cluster::BumpEpochLocked(const std::string& why) {
-  uint64_t next = epoch_ + 1;
+Coordinator::Coordinator(const Options& options, Catalog* catalog, Tell tell)
+    : options_(options),
+      catalog_(catalog),
+      tell_(std::move(tell)),
+      started_ms_(MonoMs()),
+      members_(options.world_size) {}
+
+Status Coordinator::Open(const Options& options, Catalog* catalog, Tell tell,
+                         std::unique_ptr<Coordinator>* out) {
+  CKPTDB_ASSERT(catalog != nullptr && tell);
+  std::unique_ptr<Coordinator> c(new Coordinator(options, catalog, std::move(tell)));
+  std::string value;
+  Status st = catalog->GetMeta("coord/epoch", &value);
+  if (!st.ok() && st.code() != CKPTDB_ENOTFOUND) return st;
+  const uint64_t epoch = st.ok() ? std::strtoull(value.c_str(), nullptr, 10) : 0;
+  // A new coordinator incarnation: every vote cast to an older one is void.
+  CKPTDB_RETURN_IF_ERROR(catalog->PutMeta("coord/epoch", std::to_string(epoch + 1), true));
+  c->epoch_ = epoch + 1;
+  std::map<std::string, std::string> decided;
+  CKPTDB_RETURN_IF_ERROR(catalog->ListMeta("coord/committed/", &decided));
+  for (const auto& [key, v] : decided) {
+    c->decisions_.Commit(std::strtoull(key.c_str() + std::strlen("coord/committed/"), nullptr, 16));
+  }
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+Coordinator::~Coordinator() { Stop(); }
+
+void Coordinator::Start() {
+  CKPTDB_ASSERT(!thread_.joinable());
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Coordinator::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+size_t Coordinator::refused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refused_.size();
+}
+
+// The epoch only grows, and a reply names an epoch only once the catalog has it.
+Status Coordinator::BumpEpochLocked(const std::string& why) {
+  const uint64_t next = epoch_ + 1;
   CKPTDB_RETURN_IF_ERROR(catalog_->PutMeta("coord/epoch", std::to_string(next), true));
+  CKPTDB_ASSERT(next > epoch_.load());
   epoch_ = next;
-  stats_.epoch = next;
   std::fprintf(stderr, "ckptdb[coordinator]: epoch %" PRIu64 ": %s\n", next, why.c_str());
   return Status::Ok();
 }
 
 // Presumed abort: a version without a durable COMMITTED decision is aborted.
-void Cluster::AbortUndecidedLocked(const std::string& why) {
+void Coordinator::AbortUndecidedLocked(const std::string& why) {
   for (uint64_t version : decisions_.AbortOpen(why)) {
     to_announce_.push_back({version, false, why});
     std::fprintf(stderr, "ckptdb[coordinator]: v%" PRIu64 " aborted: %s\n", version, why.c_str());
@@ -49,7 +97,7 @@ void Cluster::AbortUndecidedLocked(const std::string& why) {
   cv_.notify_all();
 }
 
-void Cluster::HandleRegister(const Request& request, Reply* reply) {
+void Coordinator::HandleRegister(const Request& request, Reply* reply) {
   WireReader r(request.body, "register from " + request.peer);
   uint32_t rank = r.U32("rank");
   uint32_t world = r.U32("world_size");
@@ -136,7 +184,7 @@ void Cluster::HandleRegister(const Request& request, Reply* reply) {
   }
 }
 
-void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
+void Coordinator::HandleHeartbeat(const Request& request, Reply* reply) {
   WireReader r(request.body, "heartbeat from " + request.peer);
   uint32_t rank = r.U32("rank");
   uint64_t incarnation = r.U64("incarnation");
@@ -171,7 +219,7 @@ void Cluster::HandleHeartbeat(const Request& request, Reply* reply) {
 // skipped, or the trainer aborted it). A no aborts the version for every rank at once: without
 // it the others, having voted, would wait until the rank is declared dead, which a live rank
 // never is. Only a current member's vote counts, either way.
-void Cluster::HandleVote(const Request& request, Reply* reply) {
+void Coordinator::HandleVote(const Request& request, Reply* reply) {
   WireReader r(request.body, "vote from " + request.peer);
   uint32_t rank = r.U32("rank");
   uint64_t incarnation = r.U64("incarnation");
@@ -246,7 +294,7 @@ void Cluster::HandleVote(const Request& request, Reply* reply) {
 // A decision nobody outside rank 0's node recorded is lost with the log, and that is safe: the
 // coordinator tells the other nodes first (CoordinatorLoop), so no rank's commit of it returned
 // but on the node that was lost, and presumed abort decides it.
-Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed) {
+Status Coordinator::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed) {
   for (uint64_t v : committed) {
     if (decisions_.Committed(v)) continue;
     if (decisions_.Aborted(v)) {
@@ -268,9 +316,9 @@ Status Cluster::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>&
   return Status::Ok();
 }
 
-// Tells every rank each decision, in order, retrying until the rank acknowledges, is declared
-// dead, or the cluster stops. Rank 0's own decision goes straight to its hook.
-void Cluster::CoordinatorLoop() {
+// Detects failed ranks and tells every rank each decision, in order, until it acknowledges, is
+// declared dead, or the coordinator stops.
+void Coordinator::Loop() {
   while (!stop_) {
     Announcement d;
     std::vector<Member> members;
@@ -279,61 +327,55 @@ void Cluster::CoordinatorLoop() {
       cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_ms),
                    [this] { return stop_ || !to_announce_.empty(); });
       if (stop_) return;
-      // Failure detection.
-      int64_t now = MonoMs();
-      for (uint32_t rank = 1; rank < members_.size(); ++rank) {
-        Member& m = members_[rank];
-        if (complete_ && m.registered && !m.dead && now - m.last_seen_ms > options_.dead_after_ms) {
-          m.dead = true;
-          complete_ = false;
-          std::string why = R(rank) + " (node " + m.node_id + ") sent no heartbeat for " +
-                            std::to_string(now - m.last_seen_ms) + " ms";
-          AbortUndecidedLocked(why);
-          (void)BumpEpochLocked(why + ": declared dead");
-        }
-      }
+      DetectFailuresLocked();
       if (to_announce_.empty()) continue;
       d = to_announce_.front();
       to_announce_.pop_front();
+      CKPTDB_ASSERT(d.committed ? decisions_.Committed(d.version) : decisions_.Aborted(d.version));
       members = members_;
     }
-    // Ranks on other nodes than the coordinator's first, rank 0 itself last: by the time a rank
-    // on the coordinator's node has returned from its commit, the rest of the job has the
-    // decision in its catalogs, where a coordinator that lost this node's log learns it back.
-    std::vector<uint32_t> order;
-    for (int pass = 0; pass < 2; ++pass) {
-      for (uint32_t rank = members.size(); rank-- > 0;) {
-        if ((members[rank].node_id != members[0].node_id) == (pass == 0)) order.push_back(rank);
-      }
-    }
-    for (uint32_t rank : order) {
-      if (!members[rank].registered || members[rank].dead) continue;
-      if (rank == 0) {
-        if (hooks_.decided) (void)hooks_.decided(d.version, d.committed, d.why);
-        continue;
-      }
-      WireWriter w;
-      w.U64(d.version);
-      w.U8(d.committed ? 1 : 0);
-      w.Str(d.why.size() > 2048 ? d.why.substr(0, 2048) : d.why);
-      transport::PeerId peer = 0;
-      Status st = PeerFor(members[rank].address, &peer);
-      if (st.ok()) {
-        std::vector<uint8_t> reply;
-        st = transport_->CallSync(peer, kDecision, w.Take(), nullptr, 0, options_.call_timeout_ms,
-                                  &reply);
-      }
-      if (!st.ok()) {
-        // The rank learns it when it next asks (at its next open, Decisions()).
-        DropPeer(members[rank].address);
-        std::fprintf(stderr, "ckptdb[coordinator]: telling %s about v%" PRIu64 " failed: %s\n",
-                     R(rank).c_str(), d.version, st.message().c_str());
-      }
+    Announce(d, members);
+  }
+}
+
+// A member silent for dead_after_ms is declared dead: what it left undecided is aborted and the
+// epoch moves on.
+void Coordinator::DetectFailuresLocked() {
+  const int64_t now = MonoMs();
+  for (uint32_t rank = 1; rank < members_.size(); ++rank) {
+    Member& m = members_[rank];
+    if (complete_ && m.registered && !m.dead && now - m.last_seen_ms > options_.dead_after_ms) {
+      m.dead = true;
+      complete_ = false;
+      std::string why = R(rank) + " (node " + m.node_id + ") sent no heartbeat for " +
+                        std::to_string(now - m.last_seen_ms) + " ms";
+      AbortUndecidedLocked(why);
+      (void)BumpEpochLocked(why + ": declared dead");
     }
   }
 }
 
-void Cluster::HandleDecisions(const Request&, Reply* reply) {
+// Ranks on other nodes than the coordinator's first, rank 0 itself last: by the time a rank on
+// the coordinator's node has returned from its commit, the rest of the job has the decision in
+// its catalogs, where a coordinator that lost this node's log learns it back.
+void Coordinator::Announce(const Announcement& d, const std::vector<Member>& members) {
+  std::vector<uint32_t> order;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint32_t rank = members.size(); rank-- > 0;) {
+      if ((members[rank].node_id != members[0].node_id) == (pass == 0)) order.push_back(rank);
+    }
+  }
+  for (uint32_t rank : order) {
+    if (!members[rank].registered || members[rank].dead) continue;
+    Status st = tell_(rank, members[rank].address, d);
+    if (!st.ok() && rank != 0) {
+      std::fprintf(stderr, "ckptdb[coordinator]: telling %s about v%" PRIu64 " failed: %s\n",
+                   R(rank).c_str(), d.version, st.message().c_str());
+    }
+  }
+}
+
+void Coordinator::HandleDecisions(const Request&, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   WireWriter w;
   std::vector<uint64_t> newest(decisions_.committed().rbegin(), decisions_.committed().rend());
@@ -345,7 +387,7 @@ void Cluster::HandleDecisions(const Request&, Reply* reply) {
 
 // The newest committed version every rank can restore: from its own tiers, or from a live
 // peer holding its replica.
-void Cluster::HandleLatest(const Request&, Reply* reply) {
+void Coordinator::HandleLatest(const Request&, Reply* reply) {
   std::lock_guard<std::mutex> lock(mu_);
   if (Status busy = SettledLocked(); !busy.ok()) return Fail(reply, busy);
   const int64_t now = MonoMs();
@@ -387,7 +429,7 @@ void Cluster::HandleLatest(const Request&, Reply* reply) {
                                          "still restore from its tiers or a peer's memory"));
 }
 
-void Cluster::HandleHolders(const Request& request, Reply* reply) {
+void Coordinator::HandleHolders(const Request& request, Reply* reply) {
   WireReader r(request.body, "holders query from " + request.peer);
   uint32_t owner = r.U32("owner");
   uint64_t version = r.U64("version");
@@ -429,7 +471,7 @@ void Cluster::HandleHolders(const Request& request, Reply* reply) {
 
 // Per rank: its own copy, else the distinct nodes holding a replica of it (live ranks and serve
 // daemons), else its coding group; the spare losses are the fewest any rank has.
-void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
+void Coordinator::HandleRecoverable(const Request& request, Reply* reply) {
   WireReader r(request.body, "recoverable query from " + request.peer);
   const uint64_t version = r.U64("version");
   Status st = r.Finish();
@@ -525,26 +567,11 @@ void Cluster::HandleRecoverable(const Request& request, Reply* reply) {
   reply->body = w.Take();
 }
 
-Status Cluster::Recoverable(uint64_t version, RecoverableInfo* out) {
-  WireWriter w;
-  w.U64(version);
-  std::vector<uint8_t> reply;
-  CKPTDB_RETURN_IF_ERROR(AskCoordinator(kRecoverable, w.Take(), &reply));
-  WireReader r(reply, "the coordinator's recoverable answer");
-  out->recoverable = r.U8("recoverable") != 0;
-  out->spare_losses = static_cast<int32_t>(r.U32("spare"));
-  out->ranks_local = r.U32("local");
-  out->ranks_from_peers = r.U32("from peers");
-  out->ranks_lost = r.U32("lost");
-  out->detail = r.Str("detail", 4096);
-  return r.Finish();
-}
-
 // Whether `rank`'s segment of `version` can be rebuilt from its coding group: at most M of the
 // group's members lack either their own copy of the version in memory (a member serves a rebuild
 // from its ram tier only) or their parity of it (any M lost members leave K blocks of every
 // stripe, redundancy/stripe_layout.h).
-bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
+bool Coordinator::RebuildableLocked(uint32_t rank, uint64_t version) const {
   std::vector<std::string> node_of_rank;
   for (const Member& m : members_) node_of_rank.push_back(m.node_id);
   std::vector<std::vector<uint32_t>> groups;
@@ -566,7 +593,7 @@ bool Cluster::RebuildableLocked(uint32_t rank, uint64_t version) const {
   return false;
 }
 
-std::map<uint32_t, int32_t> Cluster::ArcSparesLocked(uint64_t version) const {
+std::map<uint32_t, int32_t> Coordinator::ArcSparesLocked(uint64_t version) const {
   std::map<uint32_t, int32_t> spares;
   // The groups whose every member's segment holds only replicated shards: from this
   // coordinator's own comparisons of the version (until the members' holdings list it; a group
@@ -609,7 +636,7 @@ std::map<uint32_t, int32_t> Cluster::ArcSparesLocked(uint64_t version) const {
 // Busy (the asker retries) while a restarted coordinator gives serving daemons two heartbeats to
 // announce themselves, or while a live rank has not yet recovered: no answer about where data
 // lives is computed from holdings that are about to change. Never blocks a service thread.
-Status Cluster::SettledLocked() const {
+Status Coordinator::SettledLocked() const {
   if (MonoMs() < started_ms_ + 2 * options_.heartbeat_ms) {
     return Status::Busy("the coordinator just started; serving daemons are still announcing");
   }
@@ -622,24 +649,8 @@ Status Cluster::SettledLocked() const {
   return Status::Ok();
 }
 
-// Calls the coordinator, again while it answers Busy, until call_timeout_ms.
-Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
-                               std::vector<uint8_t>* reply) {
-  const int64_t deadline = MonoMs() + options_.call_timeout_ms;
-  while (true) {
-    transport::PeerId coord = 0;
-    CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord));
-    reply->clear();
-    Status st =
-        transport_->CallSync(coord, type, body, nullptr, 0, options_.call_timeout_ms, reply);
-    DropIfGone(st, coordinator_address_);
-    if (st.code() != CKPTDB_EBUSY || MonoMs() >= deadline || stop_) return st;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
 // A `ckptdb serve` daemon announces (again) what it serves. Kept for dead_after_ms.
-void Cluster::HandleServe(const Request& request, Reply* reply) {
+void Coordinator::HandleServe(const Request& request, Reply* reply) {
   WireReader r(request.body, "serve announcement from " + request.peer);
   std::string node = r.Str("node_id", 256);
   std::string address = r.Str("address", 256);
