@@ -554,19 +554,44 @@ class Db {
   uint64_t PendingBytes(size_t tier) const;
 
   // read.cc (restore, list) and verify.cc (verify, the group check's copies, figures)
-  // Where the restore planner reads from, in order (RestoreOrder): a tier of this rank, the
-  // peers' replicas, or a coding group's rebuild.
-  struct RestoreSource {
-    enum class Kind : uint8_t { kTier, kPeers, kRebuild };
-    Kind kind = Kind::kTier;
-    size_t tier = 0;  // kTier: the index in tiers_
+  // The restore planner's sources (restore_sources.cc; DESIGN.md section 7), tried in the order
+  // RestoreOrder gives: this rank's ram tiers, the job's memory (peers' replicas, or a coding
+  // group's rebuild), this rank's slower tiers, and last the slices an "arc" replica group's
+  // members keep. Each reads what it can of the chunks still pending, each checked against its
+  // xxh3, and leaves the rest pending for the next, noting why.
+  struct RestoreCall {
+    uint64_t version = 0;
+    const char* name = nullptr;
+    size_t nbytes = 0;
+    uint8_t* out = nullptr;
+    RestorePlan* plan = nullptr;
+    uint64_t read_by_tier[CKPTDB_MAX_TIERS] = {};  // bytes each tier served (its figures)
+    uint64_t pieces_missing = 0;  // a deduplicated shard's pieces no member supplied (zeroed)
   };
-  std::vector<RestoreSource> RestoreOrder(const std::vector<size_t>& candidates) const;
+  class RestoreSource {
+   public:
+    virtual ~RestoreSource() = default;
+    // Nothing left for it to do: the tensor is laid out and nothing is pending.
+    virtual bool Done(const RestorePlan& plan) const {
+      return plan.laid_out && plan.pending.empty();
+    }
+    // Reads into call->out what it can. Non-Ok ends the restore: the version has no such tensor
+    // (NotFound) or it has another size (Size), or the buffer can no longer be vouched for.
+    virtual Status Read(RestoreCall* call) = 0;
+    // The tier an empty tensor is said to come from, when this source is first: a local tier's
+    // name; empty for the others.
+    virtual std::string TierName() const { return ""; }
+  };
+  class TierSource;
+  class PeerSource;
+  class RebuildSource;
+  class GroupSliceSource;
+  std::vector<std::unique_ptr<RestoreSource>> RestoreOrder(const std::vector<size_t>& candidates);
   Status RestoreViaHost(uint64_t version, const char* name, void* dst, size_t nbytes, int device,
                         const ByteRanges* wanted, const std::string& what);
   uint64_t GatherDedupPieces(uint64_t version, const char* name, uint8_t* out, RestorePlan* plan);
-  void RecordRestoreLocked(const RestorePlan& plan, const std::vector<RestoreSource>& order,
-                           size_t nbytes, const ByteRanges* wanted, uint64_t start);
+  void RecordRestoreLocked(const RestorePlan& plan, const std::string& first_tier, size_t nbytes,
+                           const ByteRanges* wanted, uint64_t start);
   // A copy Verify checks, and one Verify call's running account (its report, its progress, the
   // caller's callback).
   struct VerifyTarget {

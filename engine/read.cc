@@ -394,57 +394,20 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
     if (!job_committed_.count(version)) return copies;  // not a version the job committed
     plan.Note(copies.message());
   }
-  const std::vector<RestoreSource> order = RestoreOrder(candidates);
+  const std::vector<std::unique_ptr<RestoreSource>> order = RestoreOrder(candidates);
   last_problem_.clear();
-  uint64_t read_by_tier[CKPTDB_MAX_TIERS] = {};
-  auto* out = static_cast<uint8_t*>(dst);
-  for (const RestoreSource& source : order) {
-    if (plan.laid_out && plan.pending.empty()) break;
-    if (source.kind != RestoreSource::Kind::kTier) {
-      Status ps = source.kind == RestoreSource::Kind::kPeers
-                      ? RestoreFromPeers(version, name, nbytes, out, &plan)
-                      : RestoreFromRebuild(version, name, nbytes, out, &plan);
-      if (ps.code() == CKPTDB_ENOTFOUND || ps.code() == CKPTDB_ESIZE) return ps;
-      continue;
-    }
-    const size_t ti = source.tier;
-    OpenSegment* seg = nullptr;
-    Status st = ReadSegment(version, ti, &seg);
-    if (!st.ok()) {
-      plan.Note(st.message());
-      continue;
-    }
-    RamPin pin(this, version, tiers_[ti].is_ram());
-    st = LayOut(seg->reader->manifest(), name, nbytes, seg->reader->what(), &plan);
-    if (!st.ok()) {
-      if (st.code() == CKPTDB_ENOTFOUND || st.code() == CKPTDB_ESIZE) return st;
-      plan.Note(st.message());
-      continue;
-    }
-    std::vector<uint32_t> failed;
-    const uint64_t before = read_by_tier[ti];
-    std::vector<uint64_t> offsets;
-    for (uint32_t c : plan.pending) offsets.push_back(plan.dst_offset[c - plan.first]);
-    Status rs = ReadChunks(seg, plan.pending, offsets, out, &failed, &read_by_tier[ti]);
-    pin.Release();
-    if (!rs.ok()) {
-      // Nothing in the buffer can be vouched for after a queue failure.
-      if (nbytes > 0) std::memset(out, 0, nbytes);
-      return rs.WithContext(what + " (the buffer is zeroed)");
-    }
-    plan.chunk_failures += failed.size();
-    plan.Served(tiers_[ti].name(), read_by_tier[ti] - before);
-    plan.pending = std::move(failed);
+  RestoreCall call;
+  call.version = version;
+  call.name = name;
+  call.nbytes = nbytes;
+  call.out = static_cast<uint8_t*>(dst);
+  call.plan = &plan;
+  for (const std::unique_ptr<RestoreSource>& source : order) {
+    if (source->Done(plan)) continue;
+    CKPTDB_RETURN_IF_ERROR(source->Read(&call));
   }
-  // A member of an "arc" group whose own copy is lost lays its shard out from the group.
-  if (!plan.laid_out && cluster_ != nullptr) {
-    Status ls = LayOutFromGroup(version, name, nbytes, &plan);
-    if (!ls.ok()) return ls;
-  }
-  // A deduplicated shard: the slices other members keep, once this rank's own are in.
-  const uint64_t pieces_missing = plan.dedup ? GatherDedupPieces(version, name, out, &plan) : 0;
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += read_by_tier[ti];
+  for (size_t ti = 0; ti < tiers_.size(); ++ti) tiers_[ti].bytes_read += call.read_by_tier[ti];
   figures_.checksum_failures += plan.chunk_failures;
   if (!plan.laid_out) {
     return Status::Corrupt(what +
@@ -455,7 +418,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   if (!plan.pending.empty()) {
     // Never wrong bytes: what no source could supply is zeroed before the error is returned.
     for (uint32_t c : plan.pending) {
-      std::memset(out + plan.dst_offset[c - plan.first], 0, plan.chunk_bytes[c - plan.first]);
+      std::memset(call.out + plan.dst_offset[c - plan.first], 0, plan.chunk_bytes[c - plan.first]);
     }
     return Status::Corrupt(what + ": " + std::to_string(plan.pending.size()) + " of " +
                            std::to_string(plan.count) + " chunks have no good copy on any tier" +
@@ -463,16 +426,17 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
                            (plan.errors.empty() ? "" : "; " + plan.errors) +
                            "); their bytes in the buffer are zeroed");
   }
-  if (pieces_missing > 0) {
+  if (call.pieces_missing > 0) {
     const RestorePlan::Dedup& d = *plan.dedup;
     return Status::Corrupt(
-        what + ": " + std::to_string(pieces_missing) + " of the " + std::to_string(d.have.size()) +
+        what + ": " + std::to_string(call.pieces_missing) + " of the " +
+        std::to_string(d.have.size()) +
         " pieces of this deduplicated shard that other members of replica group [" +
         JoinRanks(d.members) + "] keep could be read from none of them (" +
         (last_problem_.empty() ? plan.errors : last_problem_ + "; " + plan.errors) +
         "); their bytes in the buffer are zeroed");
   }
-  RecordRestoreLocked(plan, order, nbytes, wanted, start);
+  RecordRestoreLocked(plan, order.empty() ? "" : order[0]->TierName(), nbytes, wanted, start);
   return Status::Ok();
 }
 
@@ -508,23 +472,6 @@ Status Db::RestoreViaHost(uint64_t version, const char* name, void* dst, size_t 
   return st;
 }
 
-// The restore planner's order of sources (DESIGN.md section 7): the ram tiers holding a copy,
-// then the job's memory (peers' replicas, or a coding group's rebuild), then the slower tiers.
-std::vector<Db::RestoreSource> Db::RestoreOrder(const std::vector<size_t>& candidates) const {
-  std::vector<RestoreSource> order;
-  for (size_t ti : candidates) {
-    if (tiers_[ti].is_ram()) order.push_back({RestoreSource::Kind::kTier, ti});
-  }
-  if (cluster_ != nullptr) {
-    order.push_back(
-        {cluster_->Group() ? RestoreSource::Kind::kRebuild : RestoreSource::Kind::kPeers, 0});
-  }
-  for (size_t ti : candidates) {
-    if (!tiers_[ti].is_ram()) order.push_back({RestoreSource::Kind::kTier, ti});
-  }
-  return order;
-}
-
 // A deduplicated shard's pieces other members keep, gathered once this rank's own are in.
 // Returns how many pieces no member supplied (zeroed in out: never wrong bytes).
 uint64_t Db::GatherDedupPieces(uint64_t version, const char* name, uint8_t* out,
@@ -551,12 +498,10 @@ uint64_t Db::GatherDedupPieces(uint64_t version, const char* name, uint8_t* out,
 
 // What a successful restore leaves in the figures (ckptdb_stats): where its bytes came from, the
 // first source that served any (the fastest) and all of them; the call, its bytes and its time.
-void Db::RecordRestoreLocked(const RestorePlan& plan, const std::vector<RestoreSource>& order,
-                             size_t nbytes, const ByteRanges* wanted, uint64_t start) {
+void Db::RecordRestoreLocked(const RestorePlan& plan, const std::string& first_tier, size_t nbytes,
+                             const ByteRanges* wanted, uint64_t start) {
   std::string first_source = plan.served.empty() ? "" : plan.served[0].first;
-  if (first_source.empty() && !order.empty() && order[0].kind == RestoreSource::Kind::kTier) {
-    first_source = tiers_[order[0].tier].name();  // an empty tensor
-  }
+  if (first_source.empty()) first_source = first_tier;  // an empty tensor
   std::string sources;
   for (const auto& [source, bytes] : plan.served) {
     sources += (sources.empty() ? "" : "; ") + source + " " + std::to_string(bytes);
