@@ -14,14 +14,19 @@
 //            O_DIRECT sequential write of the same bytes to the same directory plus fsync.
 //   restore  Restore of every shard from ram against memcpy, and from the disk tier (page cache
 //            dropped) against a raw read(2) of the same segment files.
+//   many     --small-shards shards of --small-bytes each (issue 23): the ckptdb_put_shards call
+//            alone against a memcpy of its descriptor array, put_shards plus wait_capture, and
+//            the same shards through one ckptdb_put_shard call each, into a ram tier; medians of
+//            --repeats runs, a new version each.
 //   sweep    Checkpoint every 1, 2, 5, 10 iterations, a flush-bound and a compute-bound trainer,
 //            ckptdb against a synchronous write+fsync per checkpoint (the shape of DataStates-LLM
 //            figures 11-12): checkpoint throughput seen by the trainer, mean iteration time, and
 //            end-to-end time including the drain at the end.
 //
-// Usage: bench_async [--mode blocked|capture|drain|restore|sweep|all] [--gib G] [--shards N]
-//                    [--disk DIR] [--shm DIR] [--iterations I] [--compute spin|sleep]
-//                    [--compute-ratio R] [--threads T] [--repeats R]
+// Usage: bench_async [--mode blocked|capture|drain|restore|many|sweep|all] [--gib G]
+//                    [--shards N] [--disk DIR] [--shm DIR] [--iterations I]
+//                    [--compute spin|sleep] [--compute-ratio R] [--threads T] [--repeats R]
+//                    [--small-shards N] [--small-bytes B]
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -56,6 +61,8 @@ struct Args {
   double compute_ratio = 1.0;
   uint32_t threads = 2;
   int repeats = 3;
+  size_t small_shards = 100000;
+  size_t small_bytes = 256;
 };
 
 struct State {
@@ -463,6 +470,62 @@ SweepResult RunSweep(const Args& a, State& s, const std::string& approach, int e
   return res;
 }
 
+// ---- many -------------------------------------------------------------------------------------
+
+void Many(const Args& a) {
+  Fresh(a);
+  const size_t n = a.small_shards;
+  std::vector<uint8_t> data(n * a.small_bytes);
+  bench::Fill(data.data(), data.size(), 17);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < n; ++i) names.push_back("layers." + std::to_string(i) + ".bias");
+  std::vector<ckptdb_shard> shards(n);
+  for (size_t i = 0; i < n; ++i) {
+    shards[i] = {names[i].c_str(), data.data() + i * a.small_bytes, a.small_bytes, nullptr, 0};
+  }
+  // Each shard is a record of its own today: a 4 KiB block at least (issue 23's packing is not
+  // built yet), so the arena holds n blocks a version, two versions.
+  const uint64_t arena_mib = (2 * n * 8192 >> 20) + 64;
+  Store st(a.shm + "/store", "ram:" + std::to_string(arena_mib) + "M,keep=1,dir=" + a.shm,
+           a.threads);
+  std::vector<ckptdb_shard> copy(n);
+  std::vector<double> descs, call, with_capture, one_by_one;
+  uint64_t v = 0;
+  for (int r = 0; r < a.repeats + 1; ++r) {
+    auto t0 = Clock::now();
+    std::memcpy(copy.data(), shards.data(), n * sizeof(ckptdb_shard));
+    descs.push_back(Since(t0));
+    ++v;
+    t0 = Clock::now();
+    Check(ckptdb_put_shards(st.db, v, shards.data(), n), "put_shards");
+    call.push_back(Since(t0));
+    Check(ckptdb_wait_capture(st.db, v, -1), "wait_capture");
+    with_capture.push_back(Since(t0));
+    Check(ckptdb_abort(st.db, v), "abort");
+    ++v;
+    t0 = Clock::now();
+    for (const ckptdb_shard& s : shards) {
+      Check(ckptdb_put_shard(st.db, v, s.name, s.data, s.nbytes, nullptr, 0), "put_shard");
+    }
+    Check(ckptdb_wait_capture(st.db, v, -1), "wait_capture");
+    one_by_one.push_back(Since(t0));
+    Check(ckptdb_abort(st.db, v), "abort");
+  }
+  for (auto* x : {&descs, &call, &with_capture, &one_by_one}) x->erase(x->begin());  // warm-up
+  const double per = 1e6 / static_cast<double>(n);
+  std::printf("== many: %zu shards of %zu bytes into a ram tier, median of %d ==\n", n,
+              a.small_bytes, a.repeats);
+  std::printf("  memcpy of the descriptor array      %9.3f ms  %7.3f us a shard\n",
+              Median(descs) * 1e3, Median(descs) * per);
+  std::printf(
+      "  ckptdb_put_shards                   %9.3f ms  %7.3f us a shard  (%.0fx the memcpy)\n",
+      Median(call) * 1e3, Median(call) * per, Median(call) / Median(descs));
+  std::printf("  put_shards + wait_capture           %9.3f ms  %7.3f us a shard\n",
+              Median(with_capture) * 1e3, Median(with_capture) * per);
+  std::printf("  put_shard each + wait_capture       %9.3f ms  %7.3f us a shard\n",
+              Median(one_by_one) * 1e3, Median(one_by_one) * per);
+}
+
 void Sweep(const Args& a, State& s) {
   Fresh(a);
   // The disk's speed swings several-fold on these VMs (LIMITS.md): the median of three writes.
@@ -504,7 +567,7 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"ckptdb's asynchronous checkpoint benchmarks (docs/performance.md)"};
   app.add_option("--mode", a.mode)
-      ->check(CLI::IsMember({"blocked", "capture", "drain", "restore", "sweep", "all"}));
+      ->check(CLI::IsMember({"blocked", "capture", "drain", "restore", "many", "sweep", "all"}));
   app.add_option("--gib", a.gib, "state per round, GiB")->check(CLI::PositiveNumber);
   app.add_option("--shards", a.shards)->check(CLI::Range(size_t{1}, size_t{1} << 20));
   app.add_option("--disk", a.disk, "directory of the disk tier");
@@ -514,7 +577,17 @@ int main(int argc, char** argv) {
   app.add_option("--compute-ratio", a.compute_ratio)->check(CLI::PositiveNumber);
   app.add_option("--threads", a.threads, "capture threads")->check(CLI::Range(1, 64));
   app.add_option("--repeats", a.repeats)->check(CLI::Range(1, 1000));
+  app.add_option("--small-shards", a.small_shards, "many: shards")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24));
+  app.add_option("--small-bytes", a.small_bytes, "many: bytes a shard")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   CLI11_PARSE(app, argc, argv);
+  if (a.mode == "many") {
+    Many(a);
+    fs::remove_all(a.shm);
+    fs::remove_all(a.disk);
+    return 0;
+  }
   State s = MakeState(a);
   uint8_t* scratch = Allocate(s.bytes);
   bool all = a.mode == "all";

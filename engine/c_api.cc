@@ -141,6 +141,12 @@ int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void*
                [&] { return Done(db->db->PutShard(version, name, data, nbytes, info, flags)); });
 }
 
+int ckptdb_put_shards(ckptdb* db, uint64_t version, const ckptdb_shard* shards, size_t count) {
+  if (db == nullptr) return NullHandle("ckptdb_put_shards");
+  return Guard("ckptdb_put_shards",
+               [&] { return Done(db->db->PutShards(version, shards, count)); });
+}
+
 int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_capture");
   return Guard("ckptdb_wait_capture",

@@ -79,6 +79,8 @@ class Db {
 
   Status PutShard(uint64_t version, const char* name, const void* data, size_t nbytes,
                   const ckptdb_tensor_info* info, unsigned flags);
+  // ckptdb_put_shards: all of `shards` or none, under one lock.
+  Status PutShards(uint64_t version, const ckptdb_shard* shards, size_t count);
   Status WaitCapture(uint64_t version, int timeout_ms);
   Status Commit(uint64_t version, unsigned flags);
   Status WaitCommit(uint64_t version, const char* tier, int timeout_ms);
@@ -406,8 +408,29 @@ class Db {
   void StartThreads();
 
   // capture.cc
-  Status CheckPutLocked(uint64_t version, const std::string& name, size_t nbytes, unsigned flags,
-                        const std::string& what);
+  // A shard of a put, checked without the lock (ValidatePut, the device check).
+  struct PreparedShard {
+    format::TensorEntry t;
+    const uint8_t* data = nullptr;
+    size_t nbytes = 0;
+    unsigned flags = 0;
+    int device = -1;  // >= 0: the data is that GPU's memory
+  };
+  Status PrepareShard(uint64_t version, const char* name, const void* data, size_t nbytes,
+                      const ckptdb_tensor_info* info, unsigned flags, PreparedShard* out);
+  // The refusals that need the lock, for a shard that comes after `batch_chunks` chunks and
+  // `batch_tensors` tensors of the same call.
+  Status CheckPutLocked(uint64_t version, const PreparedShard& s, uint64_t batch_chunks,
+                        uint64_t batch_tensors);
+  // Lays a checked shard out in v and queues its chunks (COPY_NOW: into own_*, for the caller's
+  // thread). Cannot fail.
+  void AddShardLocked(LiveVersion* v, PreparedShard&& s, std::vector<uint32_t>* own_chunks,
+                      std::vector<uint32_t>* own_pieces);
+  // The shards of one call put into `version` (PutShard: one, PutShards: many): checked in
+  // order, the first refusal returned with `context(i)` and nothing changed; then laid out and
+  // queued under one lock.
+  Status PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
+                     const std::function<std::string(size_t)>& context, uint64_t start);
   Status CaptureOnCallerLocked(std::unique_lock<std::mutex>& lock, uint64_t version,
                                uint64_t generation, const std::vector<uint32_t>& own_pieces,
                                const std::vector<uint32_t>& own_chunks);

@@ -42,6 +42,12 @@ uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t bytes);
 // capture.cc.
 Status ValidateName(const char* name, const std::string& call);
 
+// A version's failure as a call reports it: a skip exactly as the skip said it (the caller
+// checks for CKPTDB_ESKIPPED and reads why), anything else in the words of the call.
+inline Status FailureFor(const Status& st, const std::string& what) {
+  return st.code() == CKPTDB_ESKIPPED ? st : st.WithContext(what);
+}
+
 inline constexpr uint32_t kMaxCaptureThreads = 64;
 // The kernel refuses to register a fixed buffer larger than 1 GiB.
 inline constexpr uint64_t kMaxFixedBufferBytes = uint64_t{1} << 30;

@@ -536,3 +536,165 @@ TEST(ApiNames, StatusDtypeAndStateNames) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// ckptdb_put_shards: many shards in one call, as many put_shard calls would put them.
+TEST_F(ApiTest, PutShardsPutsEveryShardInOneCall) {
+  Open();
+  constexpr size_t kCount = 2000;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<std::string> names;
+  std::vector<ckptdb_tensor_info> infos(kCount);
+  std::vector<ckptdb_shard> shards(kCount);
+  names.reserve(kCount);  // the descriptors point into them
+  data.reserve(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    // Sizes from 0 to a few chunks (chunk_bytes is 64 KiB here); f32 for every other one.
+    const size_t n = i % 97 == 0 ? (i % 3) * (64 << 10) + 4 : 4 * (i % 50);
+    data.push_back(RandomBytes(n, 1000 + i));
+    names.push_back("layer." + std::to_string(i) + ".w");
+    infos[i].dtype = CKPTDB_DTYPE_F32;
+    infos[i].ndim = 1;
+    infos[i].shape[0] = n / 4;
+    shards[i] = {names[i].c_str(), data[i].data(), n, i % 2 == 0 ? &infos[i] : nullptr,
+                 i % 5 == 0 ? CKPTDB_PUT_COPY_NOW : 0u};
+  }
+  ASSERT_EQ(ckptdb_put_shards(db_, 3, shards.data(), shards.size()), CKPTDB_OK)
+      << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_wait_capture(db_, 3, -1), CKPTDB_OK) << ckptdb_last_error();
+  // A second call adds to the same version.
+  auto extra = RandomBytes(1000, 7);
+  ckptdb_shard more{"extra", extra.data(), extra.size(), nullptr, CKPTDB_PUT_COPY_NOW};
+  ASSERT_EQ(ckptdb_put_shards(db_, 3, &more, 1), CKPTDB_OK) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_commit(db_, 3, 0), CKPTDB_OK) << ckptdb_last_error();
+  ckptdb_stats_t st;
+  ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
+  EXPECT_EQ(st.put_calls, kCount + 1);  // put_calls counts shards
+  Reopen();
+  for (size_t i = 0; i < kCount; i += 7) {
+    EXPECT_EQ(Get(3, names[i], data[i].size()), data[i]) << names[i];
+  }
+  EXPECT_EQ(Get(3, "extra", extra.size()), extra);
+  size_t listed = 0;
+  ASSERT_EQ(ckptdb_list(
+                db_, 3,
+                [](void* arg, const ckptdb_tensor_desc*) {
+                  ++*static_cast<size_t*>(arg);
+                  return 0;
+                },
+                &listed),
+            CKPTDB_OK);
+  EXPECT_EQ(listed, kCount + 1);
+}
+
+// The first refusal, named by its index; and nothing of the call is put.
+TEST_F(ApiTest, PutShardsIsAllOrNothingAndNamesTheShard) {
+  Open();
+  auto d = RandomBytes(100, 5);
+  ckptdb_tensor_info bad{};
+  bad.dtype = CKPTDB_DTYPE_F32;
+  bad.ndim = 1;
+  bad.shape[0] = 7;  // 28 bytes, not 100
+  std::vector<std::string> names;
+  for (int i = 0; i < 10; ++i) names.push_back("t" + std::to_string(i));
+  auto batch = [&] {
+    std::vector<ckptdb_shard> s;
+    for (const std::string& n : names) s.push_back({n.c_str(), d.data(), d.size(), nullptr, 0});
+    return s;
+  };
+  std::vector<ckptdb_shard> s = batch();
+  s[7].info = &bad;
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("shard 7 of 10")) << ckptdb_last_error();
+  EXPECT_TRUE(Mentions("put_shard 't7' into version 1")) << ckptdb_last_error();
+  EXPECT_TRUE(Mentions("28 bytes")) << ckptdb_last_error();
+  s = batch();
+  s[4].name = nullptr;
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("shard 4 of 10")) << ckptdb_last_error();
+  s = batch();
+  s[3].data = nullptr;
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("shard 3 of 10: put_shard 't3' into version 1: data is NULL"))
+      << ckptdb_last_error();
+  s = batch();
+  s[9].flags = 0x80;
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("shard 9 of 10")) << ckptdb_last_error();
+  s = batch();
+  s[6].flags = CKPTDB_PUT_REPLICATED;  // no replica group
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("shard 6 of 10")) << ckptdb_last_error();
+  // Two shards of one call with one name: the later one is named, with the earlier's index.
+  s = batch();
+  s[8].name = s[2].name;
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_EEXIST);
+  EXPECT_TRUE(Mentions("shard 8 of 10")) << ckptdb_last_error();
+  EXPECT_TRUE(Mentions("shard 2 has the same name")) << ckptdb_last_error();
+  // None of that opened version 1.
+  EXPECT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_ENOTFOUND);
+  ckptdb_stats_t st;
+  ASSERT_EQ(ckptdb_stats(db_, &st), CKPTDB_OK);
+  EXPECT_EQ(st.put_calls, 0u);
+
+  // A name already in the version: refused at its index, and the rest of the call with it.
+  Put(1, "t5", d);
+  s = batch();
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_EEXIST);
+  EXPECT_TRUE(Mentions("shard 5 of 10")) << ckptdb_last_error();
+  EXPECT_TRUE(Mentions("already put")) << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+  size_t listed = 0;
+  ASSERT_EQ(ckptdb_list(
+                db_, 1,
+                [](void* arg, const ckptdb_tensor_desc*) {
+                  ++*static_cast<size_t*>(arg);
+                  return 0;
+                },
+                &listed),
+            CKPTDB_OK);
+  EXPECT_EQ(listed, 1u);
+  // The version's state refuses the whole call.
+  s = batch();
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_ESTATE);
+  EXPECT_TRUE(Mentions("put_shards into version 1")) << ckptdb_last_error();
+  EXPECT_TRUE(Mentions("already committed")) << ckptdb_last_error();
+}
+
+TEST_F(ApiTest, PutShardsArgumentsAndLimits) {
+  Open();
+  EXPECT_EQ(ckptdb_put_shards(nullptr, 1, nullptr, 0), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, nullptr, 3), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("shards is NULL"));
+  EXPECT_EQ(ckptdb_put_shards(db_, CKPTDB_ALL_VERSIONS, nullptr, 0), CKPTDB_EINVAL);
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, nullptr, size_t{1} << 25), CKPTDB_EINVAL);
+  // Nothing to put: Ok, and the version is not opened.
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, nullptr, 0), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_ENOTFOUND);
+  // The chunk limit counts the whole call: two shards that fit alone and not together. Their
+  // bytes are never read (the call is refused before anything is queued).
+  static uint8_t byte = 0;
+  const uint64_t chunk = o_.chunk_bytes;
+  const uint64_t limit = uint64_t{1} << 24;  // chunks a version holds (docs/api.md, Limits)
+  ckptdb_shard two[2] = {{"a", &byte, static_cast<size_t>((limit - 1) * chunk), nullptr, 0},
+                         {"b", &byte, static_cast<size_t>(2 * chunk), nullptr, 0}};
+  EXPECT_EQ(ckptdb_put_shards(db_, 1, two, 2), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("shard 1 of 2")) << ckptdb_last_error();
+  EXPECT_TRUE(Mentions("would exceed")) << ckptdb_last_error();
+  EXPECT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_ENOTFOUND);
+  // A read-only handle.
+  Reopen();
+  ckptdb_close(db_);
+  db_ = nullptr;
+  o_.read_only = 1;
+  Open();
+  auto d = RandomBytes(10, 1);
+  ckptdb_shard one{"x", d.data(), d.size(), nullptr, 0};
+  EXPECT_EQ(ckptdb_put_shards(db_, 2, &one, 1), CKPTDB_ESTATE);
+  EXPECT_TRUE(Mentions("read-only"));
+}
+
+}  // namespace
+}  // namespace ckpt

@@ -175,6 +175,24 @@ int ckptdb_close(ckptdb* db);
 int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
                      size_t nbytes, const ckptdb_tensor_info* info, unsigned flags);
 
+/* One shard of a batched put: ckptdb_put_shard's arguments. */
+typedef struct ckptdb_shard {
+  const char* name;
+  const void* data;
+  size_t nbytes;
+  const ckptdb_tensor_info* info; /* NULL: raw bytes */
+  unsigned flags;                 /* CKPTDB_PUT_* for this shard */
+} ckptdb_shard;
+
+/* Adds `count` shards to `version` in one call and under one lock, as many ckptdb_put_shard calls
+ * would, with the same checks and the same lazy-capture contract (each shard's data must not
+ * change until ckptdb_wait_capture, unless its flags have CKPTDB_PUT_COPY_NOW). All or nothing:
+ * every shard is checked first, in order, and the first refusal is returned with "shard I of
+ * COUNT" in its message; then nothing is queued or changed. Names must differ within the call
+ * too (EEXIST naming both indexes). count = 0 puts nothing (shards may then be NULL). Errors:
+ * those of ckptdb_put_shard, and EINVAL for NULL shards with count > 0 or count above 2^24. */
+int ckptdb_put_shards(ckptdb* db, uint64_t version, const ckptdb_shard* shards, size_t count);
+
 /* REFT's replica groups (DESIGN.md section 7): ranks that hold identical data-parallel replicas
  * declare it, every member with the same `group` number and `members` (count ranks, 2..1024,
  * distinct, below world_size, this rank among them). Shards put with CKPTDB_PUT_REPLICATED are
