@@ -14,6 +14,9 @@ echo
 echo "== issue 3: checkpoint-frequency sweep (512 MiB, flush-bound and compute-bound trainer) =="
 "$build/bench_async" --mode sweep --gib 0.5 --shards 64 --iterations 10
 echo
+echo "== issue 23: 100,000 shards of 256 bytes: the batched put against its descriptors' memcpy =="
+"$build/bench_async" --mode many --repeats 5
+echo
 echo "== commit/restore of 2 GiB on a tmpfs tier =="
 "$build/bench_commit_restore" --dir /dev/shm/ckptdb-bench --gib 2 --tensor-mib 64 --repeats 5
 echo
@@ -50,6 +53,10 @@ echo "== issue 7: ckptdb.torch against torch.save, torch.load and DCP on one 2 G
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
     /usr/bin/python3 "$(dirname "$0")/bench_torch.py" --threads 2
+  echo
+  echo "== issue 23: ckptdb.torch save of 5,000 tensors of 1 KiB against torch.save =="
+  CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
+    /usr/bin/python3 "$(dirname "$0")/bench_many.py"
 else
   echo "skipped: /usr/bin/python3 has no torch (apt-get install python3-torch)"
 fi

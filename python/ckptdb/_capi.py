@@ -5,7 +5,9 @@ compiler makes of the header)."""
 
 import ctypes
 import ctypes.util
+import itertools
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -36,6 +38,8 @@ DTYPES = {
 
 _PUT_COPY_NOW = 0x1
 _PUT_DEVICE = 0x2
+PUT_COPY_NOW = _PUT_COPY_NOW  # for ckptdb.torch's batched put (Store._put_many)
+PUT_DEVICE = _PUT_DEVICE
 _RESTORE_DEVICE = 0x1
 _COMMIT_ASYNC = 0x1
 
@@ -172,6 +176,23 @@ class _TensorInfo(ctypes.Structure):
     ]
 
 
+class _Shard(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+        ("info", ctypes.POINTER(_TensorInfo)),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+# The same two structures packed by struct, for a batched put: building thousands of ctypes
+# structures field by field costs several microseconds a shard, packing them about one.
+_INFO_PACK = struct.Struct(f"=iI{3 * _MAX_DIMS}Q")
+_SHARD_PACK = struct.Struct("=QQQQI4x")
+_NO_DIMS = (0,) * _MAX_DIMS
+
+
 class _TensorDesc(ctypes.Structure):
     _fields_ = [
         ("name", ctypes.c_char_p),
@@ -246,6 +267,8 @@ _open = _sig("ckptdb_open", ctypes.c_int, ctypes.POINTER(_Options), ctypes.POINT
 _close = _sig("ckptdb_close", ctypes.c_int, _c_db)
 _put_shard = _sig("ckptdb_put_shard", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
                   ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_TensorInfo), ctypes.c_uint)
+_put_shards = _sig("ckptdb_put_shards", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_void_p,
+                   ctypes.c_size_t)
 _wait_capture = _sig("ckptdb_wait_capture", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_int)
 _commit = _sig("ckptdb_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_uint)
 _wait_commit = _sig("ckptdb_wait_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
@@ -281,6 +304,16 @@ def _text(value: Optional[str], what: str) -> Optional[bytes]:
 
 
 # ---- Buffers ---------------------------------------------------------------------------------
+
+
+def name_bytes(name: str) -> bytes:
+    """A tensor name as the C API takes it (UTF-8, no NUL)."""
+    return _text(name, "name")
+
+
+def buffer_address(data: bytes) -> Tuple[int, int, object]:
+    """(address, nbytes, what keeps it alive) of a bytes object (for Store._put_many)."""
+    return _address(data, writable=False, what="a buffer")
 
 
 def _address(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
@@ -467,6 +500,70 @@ class Store:
             with self._lock:
                 self._pinned.setdefault(version, []).append(keep)
 
+    def put_shards(self, version: int, shards, *, copy_now: bool = False) -> None:
+        """ckptdb_put_shards: every shard of `shards` into `version` in one call, all or none.
+        Each is (name, data) or (name, data, global_shape, global_offset), data a buffer or a
+        tensor (its dtype and shape recorded, as put_shard does). A refusal names the shard by
+        its index; nothing of the call is then put."""
+        items = []
+        for index, shard in enumerate(shards):
+            if len(shard) not in (2, 4):
+                raise ValueError(f"put_shards: shard {index} has {len(shard)} fields; "
+                                 "(name, data) or (name, data, global_shape, global_offset)")
+            name, data = shard[0], shard[1]
+            global_shape, global_offset = (shard[2], shard[3]) if len(shard) == 4 else (None, None)
+            what = f"put_shards: shard {index} ({name!r})"
+            address, nbytes, keep = _address(data, writable=False, what=what)
+            dtype = shape = None
+            if hasattr(data, "dtype") and hasattr(data, "data_ptr"):
+                dtype, shape = _torch_dtype(data.dtype), tuple(data.shape)
+            if global_shape is not None or global_offset is not None:
+                info = _info(dtype, shape, global_shape, global_offset)  # checks them
+                global_shape, global_offset = _dims(global_shape, "g"), _dims(global_offset, "o")
+            flags = (_PUT_COPY_NOW if copy_now else 0) | (_PUT_DEVICE if _on_gpu(data) else 0)
+            items.append((_text(name, "name"), address, nbytes, keep, dtype, shape, global_shape,
+                          global_offset, flags))
+        self._put_many(version, items)
+
+    def _put_many(self, version: int, items) -> None:
+        """One ckptdb_put_shards call for `items`: (name bytes, address, nbytes, what keeps the
+        memory, dtype code or None, shape tuple or None, global_shape, global_offset, flags).
+        The descriptors and their infos are packed into two buffers; the names into one."""
+        count = len(items)
+        if count == 0:
+            _check(_put_shards(self._handle(), version, None, 0))
+            return
+        names = b"\0".join(item[0] for item in items) + b"\0"
+        names_keep = ctypes.c_char_p(names)  # the bytes object's own storage, NUL-terminated
+        names_at = ctypes.cast(names_keep, ctypes.c_void_p).value
+        infos = bytearray(_INFO_PACK.size * count)
+        infos_at = ctypes.addressof((ctypes.c_char * len(infos)).from_buffer(infos))
+        descs = bytearray(_SHARD_PACK.size * count)
+        descs_at = ctypes.addressof((ctypes.c_char * len(descs)).from_buffer(descs))
+        name_at = itertools.accumulate((len(item[0]) + 1 for item in items), initial=names_at)
+        for i, (item, at) in enumerate(zip(items, name_at)):
+            _, address, nbytes, _, dtype, shape, global_shape, global_offset, flags = item
+            info_at = 0
+            if dtype is not None or shape is not None:
+                dims = shape or ()
+                if len(dims) > _MAX_DIMS:
+                    raise ValueError(f"put_shards: shard {i}: shape {dims}: at most {_MAX_DIMS} "
+                                     "dimensions")
+                pad = _NO_DIMS[len(dims):]
+                g = (global_shape + pad) if global_shape is not None else _NO_DIMS
+                o = (global_offset + pad) if global_offset is not None else _NO_DIMS
+                _INFO_PACK.pack_into(infos, i * _INFO_PACK.size, dtype or 0, len(dims),
+                                     *dims, *pad, *g, *o)
+                info_at = infos_at + i * _INFO_PACK.size
+            _SHARD_PACK.pack_into(descs, i * _SHARD_PACK.size, at, address, nbytes, info_at, flags)
+        status = _put_shards(self._handle(), version, descs_at, count)
+        del names_keep
+        _check(status)
+        lazy = [item[3] for item in items if not item[8] & _PUT_COPY_NOW]
+        if lazy:
+            with self._lock:
+                self._pinned.setdefault(version, []).extend(lazy)
+
     def wait_capture(self, version: int, timeout_ms: int = -1) -> None:
         """ckptdb_wait_capture: returns once no chunk of `version` reads the caller's buffers."""
         try:
@@ -583,6 +680,7 @@ def _torch_dtype(dtype) -> int:
 STRUCTURES = {
     "ckptdb_options": _Options,
     "ckptdb_tensor_info": _TensorInfo,
+    "ckptdb_shard": _Shard,
     "ckptdb_tensor_desc": _TensorDesc,
     "ckptdb_box": _Box,
 }

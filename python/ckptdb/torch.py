@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ckptdb import _capi
 from ckptdb._capi import DTYPES, Store
 
 _TREE = "__ckptdb__/tree"
@@ -43,6 +44,7 @@ _TORCH_DTYPES = {
     torch.float32: "f32", torch.float64: "f64",
 }
 _FROM_NAME = {name: dtype for dtype, name in _TORCH_DTYPES.items()}
+_DTYPE_CODES = {dtype: DTYPES[name] for dtype, name in _TORCH_DTYPES.items()}
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -127,12 +129,24 @@ class Checkpointer:
         record = json.dumps({"format": _TREE_FORMAT, "rank": self.rank,
                              "world_size": self.world_size, "tree": tree},
                             separators=(",", ":"), allow_nan=False).encode("utf-8")
-        self.store.put_shard(step, _TREE, bytearray(record), copy_now=True)
+        # One ckptdb_put_shards call for the tree record and every tensor, described with as
+        # little Python per tensor as possible (the tree already checked dtype and device).
+        items = [(_TREE.encode(), *_capi.buffer_address(record), None, None, None, None,
+                  _capi.PUT_COPY_NOW)]
+        synced = set()
         for name, tensor, shard in tensors:
-            self.store.put_shard(step, name, tensor, dtype=_TORCH_DTYPES[tensor.dtype],
-                                 shape=tuple(tensor.shape),
-                                 global_shape=shard.global_shape if shard else None,
-                                 global_offset=shard.offset if shard else None)
+            flags = 0
+            if tensor.is_cuda:
+                if tensor.device not in synced:  # ckptdb's copies are not ordered after it
+                    torch.cuda.current_stream(tensor.device).synchronize()
+                    synced.add(tensor.device)
+                flags = _capi.PUT_DEVICE
+            items.append((_capi.name_bytes(name), tensor.data_ptr(),
+                          tensor.numel() * tensor.element_size(), tensor,
+                          _DTYPE_CODES[tensor.dtype], tuple(tensor.shape),
+                          shard.global_shape if shard else None, shard.offset if shard else None,
+                          flags))
+        self.store._put_many(step, items)
         self._capturing.append(step)
         self.store.commit(step, wait=False)
 

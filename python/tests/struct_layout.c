@@ -32,6 +32,12 @@ int main(void) {
   FIELD(ckptdb_tensor_info, shape);
   FIELD(ckptdb_tensor_info, global_shape);
   FIELD(ckptdb_tensor_info, global_offset);
+  printf("ckptdb_shard %zu\n", sizeof(ckptdb_shard));
+  FIELD(ckptdb_shard, name);
+  FIELD(ckptdb_shard, data);
+  FIELD(ckptdb_shard, nbytes);
+  FIELD(ckptdb_shard, info);
+  FIELD(ckptdb_shard, flags);
   printf("ckptdb_tensor_desc %zu\n", sizeof(ckptdb_tensor_desc));
   FIELD(ckptdb_tensor_desc, name);
   FIELD(ckptdb_tensor_desc, dtype);

@@ -141,6 +141,47 @@ class StoreTest(unittest.TestCase):
             ckptdb.Store(self.root, tiers="nonsense:/x")
         self.assertIn("nonsense", str(e.exception))
 
+    def test_put_shards_puts_a_batch_in_one_call_all_or_nothing(self):
+        import torch  # noqa: PLC0415 - Debian's python3-torch, as the torch tests use
+
+        with self.open() as store:
+            tensors = [torch.arange(i, dtype=torch.float32).reshape(1, i) for i in range(1, 301)]
+            bufs = [pattern(i, 100 + i) for i in range(0, 200, 7)]
+            shards = [(f"t{i}", t) for i, t in enumerate(tensors)]
+            shards += [(f"b{i}", b) for i, b in enumerate(bufs)]
+            shards.append(("placed", torch.ones(2, 3), (4, 3), (2, 0)))
+            store.put_shards(4, shards)
+            self.assertTrue(store._pinned.get(4), "the lazily put buffers are held")
+            store.wait_capture(4)
+            store.commit(4)
+            listed = {t.name: t for t in store.list(4)}
+            self.assertEqual(len(listed), len(shards))
+            self.assertEqual(listed["t7"].dtype, "f32")
+            self.assertEqual(listed["t7"].shape, (1, 8))
+            self.assertEqual(listed["b3"].dtype, "raw")
+            self.assertEqual(listed["placed"].global_shape, (4, 3))
+            self.assertEqual(listed["placed"].global_offset, (2, 0))
+            for i in (0, 99, 299):
+                out = torch.empty(1, i + 1)
+                store.restore(4, f"t{i}", out)
+                self.assertTrue(torch.equal(out, tensors[i]))
+            out = bytearray(len(bufs[5]))
+            store.restore(4, "b5", out)
+            self.assertEqual(out, bufs[5])
+            # A refusal names the shard's index, and nothing of the call is put.
+            bad = [("x0", pattern(10, 1)), ("x1", pattern(10, 2)), ("x0", pattern(10, 3))]
+            with self.assertRaises(ckptdb.ExistsError) as e:
+                store.put_shards(5, bad, copy_now=True)
+            self.assertIn("shard 2 of 3", e.exception.message)
+            with self.assertRaises(ValueError):
+                store.put_shards(5, [("ok", pattern(4, 1)), ("bad\0name", pattern(4, 2))])
+            with self.assertRaises(ValueError):
+                store.put_shards(5, [("ok", pattern(4, 1), (8,))])
+            store.put_shards(5, [("x0", pattern(10, 4))], copy_now=True)
+            store.put_shards(5, [], copy_now=True)
+            store.commit(5)
+            self.assertEqual([t.name for t in store.list(5)], ["x0"])
+
     def test_a_closed_store_refuses_calls(self):
         store = self.open()
         store.close()
@@ -170,6 +211,9 @@ class LayoutTest(unittest.TestCase):
                 checked += 1
         self.assertEqual(checked, len(facts) - len(_capi.STRUCTURES),
                          "every field the header has is mirrored")
+        # The batched put packs the same two structures with struct: the same sizes and offsets.
+        self.assertEqual(_capi._SHARD_PACK.size, facts["ckptdb_shard"])
+        self.assertEqual(_capi._INFO_PACK.size, facts["ckptdb_tensor_info"])
 
 
 if __name__ == "__main__":
