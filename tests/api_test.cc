@@ -51,6 +51,20 @@ class ApiTest : public ::testing::Test {
         << ckptdb_last_error();
     return out;
   }
+  // How many tensors committed version v lists.
+  size_t Listed(uint64_t v) {
+    size_t listed = 0;
+    EXPECT_EQ(ckptdb_list(
+                  db_, v,
+                  [](void* arg, const ckptdb_tensor_desc*) {
+                    ++*static_cast<size_t*>(arg);
+                    return 0;
+                  },
+                  &listed),
+              CKPTDB_OK)
+        << ckptdb_last_error();
+    return listed;
+  }
   static bool Mentions(const char* needle) {
     return std::string(ckptdb_last_error()).find(needle) != std::string::npos;
   }
@@ -577,16 +591,7 @@ TEST_F(ApiTest, PutShardsPutsEveryShardInOneCall) {
     EXPECT_EQ(Get(3, names[i], data[i].size()), data[i]) << names[i];
   }
   EXPECT_EQ(Get(3, "extra", extra.size()), extra);
-  size_t listed = 0;
-  ASSERT_EQ(ckptdb_list(
-                db_, 3,
-                [](void* arg, const ckptdb_tensor_desc*) {
-                  ++*static_cast<size_t*>(arg);
-                  return 0;
-                },
-                &listed),
-            CKPTDB_OK);
-  EXPECT_EQ(listed, kCount + 1);
+  EXPECT_EQ(Listed(3), kCount + 1);
 }
 
 // The first refusal, named by its index; and nothing of the call is put.
@@ -646,16 +651,7 @@ TEST_F(ApiTest, PutShardsIsAllOrNothingAndNamesTheShard) {
   EXPECT_TRUE(Mentions("shard 5 of 10")) << ckptdb_last_error();
   EXPECT_TRUE(Mentions("already put")) << ckptdb_last_error();
   ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
-  size_t listed = 0;
-  ASSERT_EQ(ckptdb_list(
-                db_, 1,
-                [](void* arg, const ckptdb_tensor_desc*) {
-                  ++*static_cast<size_t*>(arg);
-                  return 0;
-                },
-                &listed),
-            CKPTDB_OK);
-  EXPECT_EQ(listed, 1u);
+  EXPECT_EQ(Listed(1), 1u);
   // The version's state refuses the whole call.
   s = batch();
   EXPECT_EQ(ckptdb_put_shards(db_, 1, s.data(), s.size()), CKPTDB_ESTATE);
