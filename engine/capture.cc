@@ -343,7 +343,7 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
     v->to_write.push_back(index);
     WakeManager();
   }
-  FinishChunkLocked(v, &c);
+  FinishChunkLocked(v, &c, /*wake_waiters=*/c.home == Home::kDropped);
 }
 
 void Db::HashPiece(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index) {
@@ -355,28 +355,34 @@ void Db::HashPiece(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t 
     lock.lock();
     v->hash_pieces[index].xxh3 = xxh3;
   }
-  CapturedOneLocked(v);
+  CapturedOneLocked(v, /*wake_waiters=*/false);
 }
 
 // Bookkeeping once a chunk no longer reads the caller's buffer (captured, dropped, or its direct
 // write done).
-void Db::FinishChunkLocked(LiveVersion* v, ChunkSlot* c) {
+void Db::FinishChunkLocked(LiveVersion* v, ChunkSlot* c, bool wake_waiters) {
   if (c->home == Home::kDropped) {
     FreeChunkRegionLocked(v, c);
     if (!v->ram) v->unwritten--;
+    wake_waiters = true;
   }
-  CapturedOneLocked(v);
+  CapturedOneLocked(v, wake_waiters);
 }
 
-void Db::CapturedOneLocked(LiveVersion* v) {
+// Who waits for a chunk: wait_capture for the version's last one (uncaptured 0), and a
+// COPY_NOW put for its own chunks, which it captures itself but for those sent direct (their
+// writes' completions wake it, manager.cc). So a worker's ordinary capture wakes no one until
+// the last: a wake-up a chunk cost more than capturing a 256-byte chunk (issue 23).
+void Db::CapturedOneLocked(LiveVersion* v, bool wake_waiters) {
   CKPTDB_ASSERT(v->uncaptured > 0);
   v->uncaptured--;
   if (v->uncaptured == 0) {
     v->stats.capture_ns = MonoNs() - v->first_put_mono_ns;
     if (v->error.ok()) figures_.capture_ns += v->stats.capture_ns;
     WakeManager();  // a commit may be waiting for this, or an abort
+    wake_waiters = true;
   }
-  state_cv_.notify_all();
+  if (wake_waiters) state_cv_.notify_all();
 }
 
 // Gets `bytes` of staging memory for chunk `index` (in the arena for a ram version, else in the

@@ -441,11 +441,13 @@ class Db {
   void FailLocked(LiveVersion* v, const Status& st);
   void DropQueuedLocked(LiveVersion* v);
   void SkipLocked(LiveVersion* v, const std::string& why);
-  void FinishChunkLocked(LiveVersion* v, ChunkSlot* c);
+  // wake_waiters = false: a capture worker's chunk, which no waiter looks for on its own (they
+  // wait for the version's last one, always announced): not a wake-up a chunk.
+  void FinishChunkLocked(LiveVersion* v, ChunkSlot* c, bool wake_waiters = true);
   // Hashes piece `index` of v's hash_pieces (ARC) from the caller's buffer; lock held, dropped.
   void HashPiece(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index);
   // One more task no longer reads the caller's buffer (uncaptured drops by one).
-  void CapturedOneLocked(LiveVersion* v);
+  void CapturedOneLocked(LiveVersion* v, bool wake_waiters = true);
   Status ValidatePut(uint64_t version, const char* name, const void* data, size_t nbytes,
                      const ckptdb_tensor_info* info, unsigned flags, format::TensorEntry* t);
   Status LiveVersionFor(uint64_t version, LiveVersion** out);
