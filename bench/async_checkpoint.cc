@@ -19,15 +19,20 @@
 //            alone against a memcpy of its descriptor array, put_shards plus wait_capture, and
 //            the same shards through one ckptdb_put_shard call each, into a ram tier; medians of
 //            --repeats runs, a new version each.
+//   stall    --runs runs, each on a new store and a new arena (ram:3G,keep=2): one shard of
+//            --gib put lazily, compute as a sleep of 3x a memcpy of it, wait_capture. Blocked
+//            time (put + wait_capture) against that memcpy, its distribution over the runs (not
+//            a median alone: issue 23 saw a tenth of the speed in some runs), and open's time
+//            beside it.
 //   sweep    Checkpoint every 1, 2, 5, 10 iterations, a flush-bound and a compute-bound trainer,
 //            ckptdb against a synchronous write+fsync per checkpoint (the shape of DataStates-LLM
 //            figures 11-12): checkpoint throughput seen by the trainer, mean iteration time, and
 //            end-to-end time including the drain at the end.
 //
-// Usage: bench_async [--mode blocked|capture|drain|restore|many|sweep|all] [--gib G]
+// Usage: bench_async [--mode blocked|capture|drain|restore|many|stall|sweep|all] [--gib G]
 //                    [--shards N] [--disk DIR] [--shm DIR] [--iterations I]
 //                    [--compute spin|sleep] [--compute-ratio R] [--threads T] [--repeats R]
-//                    [--small-shards N] [--small-bytes B]
+//                    [--runs N] [--small-shards N] [--small-bytes B]
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -62,6 +67,7 @@ struct Args {
   double compute_ratio = 1.0;
   uint32_t threads = 2;
   int repeats = 3;
+  int runs = 20;
   size_t small_shards = 100000;
   size_t small_bytes = 256;
 };
@@ -595,6 +601,57 @@ void Many(const Args& a) {
               static_cast<double>(segment_bytes) / static_cast<double>(data.size()));
 }
 
+// ---- stall -------------------------------------------------------------------------------------
+
+void Stall(const Args& a) {
+  const size_t bytes = static_cast<size_t>(a.gib * 1073741824.0) / 4096 * 4096;
+  uint8_t* shard = Allocate(bytes);
+  bench::Fill(shard, bytes, 5);
+  uint8_t* scratch = Allocate(bytes);
+  std::memcpy(scratch, shard, bytes);  // both written: no first touch inside a measurement
+  const uint64_t arena_mib = (3 * bytes >> 20) + 64;
+  std::printf("== stall: one %.2f GiB shard put lazily, %d runs, each on a new %" PRIu64
+              " MiB arena ==\n",
+              bytes / 1073741824.0, a.runs, arena_mib);
+  std::printf("  %4s %10s %10s %12s %12s %9s\n", "run", "open ms", "memcpy ms", "compute ms",
+              "blocked ms", "/ memcpy");
+  std::vector<double> ratios, opens;
+  for (int run = 1; run <= a.runs; ++run) {
+    Fresh(a);
+    auto m0 = Clock::now();
+    std::memcpy(scratch, shard, bytes);
+    const double memcpy_s = Since(m0);
+    auto o0 = Clock::now();
+    Store st(a.shm + "/store", "ram:" + std::to_string(arena_mib) + "M,keep=2,dir=" + a.shm,
+             a.threads);
+    const double open_s = Since(o0);
+    auto t0 = Clock::now();
+    Check(ckptdb_put_shard(st.db, 1, "w", shard, bytes, nullptr, 0), "put_shard");
+    double blocked = Since(t0);
+    std::this_thread::sleep_for(std::chrono::duration<double>(3 * memcpy_s));
+    auto w0 = Clock::now();
+    Check(ckptdb_wait_capture(st.db, 1, -1), "wait_capture");
+    blocked += Since(w0);
+    Check(ckptdb_commit(st.db, 1, 0), "commit");
+    ratios.push_back(blocked / memcpy_s);
+    opens.push_back(open_s);
+    std::printf("  %4d %10.0f %10.1f %12.1f %12.2f %9.3f\n", run, open_s * 1e3, memcpy_s * 1e3,
+                3 * memcpy_s * 1e3, blocked * 1e3, blocked / memcpy_s);
+  }
+  std::vector<double> sorted = ratios;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t within = static_cast<size_t>(
+      std::count_if(ratios.begin(), ratios.end(), [](double r) { return r <= 0.10; }));
+  std::printf(
+      "  blocked / memcpy: median %.3f, worst %.3f; %zu of %d runs within 0.10 (bar: 19 "
+      "of 20)\n",
+      Median(ratios), sorted.back(), within, a.runs);
+  std::printf("  open, median %.0f ms, worst %.0f ms\n", Median(opens) * 1e3,
+              *std::max_element(opens.begin(), opens.end()) * 1e3);
+  munmap(shard, bytes);
+  munmap(scratch, bytes);
+}
+
 void Sweep(const Args& a, State& s) {
   Fresh(a);
   // The disk's speed swings several-fold on these VMs (LIMITS.md): the median of three writes.
@@ -636,7 +693,8 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"ckptdb's asynchronous checkpoint benchmarks (docs/performance.md)"};
   app.add_option("--mode", a.mode)
-      ->check(CLI::IsMember({"blocked", "capture", "drain", "restore", "many", "sweep", "all"}));
+      ->check(CLI::IsMember(
+          {"blocked", "capture", "drain", "restore", "many", "stall", "sweep", "all"}));
   app.add_option("--gib", a.gib, "state per round, GiB")->check(CLI::PositiveNumber);
   app.add_option("--shards", a.shards)->check(CLI::Range(size_t{1}, size_t{1} << 20));
   app.add_option("--disk", a.disk, "directory of the disk tier");
@@ -646,13 +704,15 @@ int main(int argc, char** argv) {
   app.add_option("--compute-ratio", a.compute_ratio)->check(CLI::PositiveNumber);
   app.add_option("--threads", a.threads, "capture threads")->check(CLI::Range(1, 64));
   app.add_option("--repeats", a.repeats)->check(CLI::Range(1, 1000));
+  app.add_option("--runs", a.runs, "stall: runs, each on a new arena")->check(CLI::Range(1, 1000));
   app.add_option("--small-shards", a.small_shards, "many: shards")
       ->check(CLI::Range(size_t{1}, size_t{1} << 24));
   app.add_option("--small-bytes", a.small_bytes, "many: bytes a shard")
       ->check(CLI::Range(size_t{1}, size_t{1} << 20));
   CLI11_PARSE(app, argc, argv);
-  if (a.mode == "many") {
-    Many(a);
+  if (a.mode == "many" || a.mode == "stall") {
+    if (a.mode == "many") Many(a);
+    if (a.mode == "stall") Stall(a);
     fs::remove_all(a.shm);
     fs::remove_all(a.disk);
     return 0;

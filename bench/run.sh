@@ -17,6 +17,9 @@ echo
 echo "== issue 23: 100,000 shards of 256 bytes: the batched put against its descriptors' memcpy =="
 "$build/bench_async" --mode many --repeats 5
 echo
+echo "== issue 23: a 1 GiB shard put lazily, 20 runs on new arenas: blocked time's distribution =="
+"$build/bench_async" --mode stall --gib 1 --runs 20
+echo
 echo "== commit/restore of 2 GiB on a tmpfs tier =="
 "$build/bench_commit_restore" --dir /dev/shm/ckptdb-bench --gib 2 --tensor-mib 64 --repeats 5
 echo
