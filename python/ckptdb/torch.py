@@ -25,6 +25,7 @@ filled from the saved shards it meets (ckptdb_restore_slice, reading only the ch
 """
 
 import base64
+import gc
 import json
 import os
 import pickle
@@ -124,6 +125,18 @@ class Checkpointer:
         and starts its commit; returns without waiting for either."""
         if step < 1:
             raise ValueError(f"step {step}: versions start at 1")
+        # The tree, the record and the descriptors make a few objects a tensor and none that
+        # cycle: the cyclic collector, triggered by so many allocations, would only rescan the
+        # whole heap several times per save (a third of a save of 50,000 tensors).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._save(step, state)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _save(self, step: int, state: Any) -> None:
         tensors: List[Tuple[str, torch.Tensor, Optional[Shard]]] = []
         tree = self._flatten(state, "", tensors)
         record = json.dumps({"format": _TREE_FORMAT, "rank": self.rank,
