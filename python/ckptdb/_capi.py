@@ -190,7 +190,10 @@ class _Shard(ctypes.Structure):
 # structures field by field costs several microseconds a shard, packing them about one.
 _INFO_PACK = struct.Struct(f"=iI{3 * _MAX_DIMS}Q")
 _SHARD_PACK = struct.Struct("=QQQQI4x")
-_NO_DIMS = (0,) * _MAX_DIMS
+_INFO_HEAD = [struct.Struct(f"=iI{n}Q") for n in range(_MAX_DIMS + 1)]  # dtype, ndim, shape
+_DIMS = [struct.Struct(f"={n}Q") for n in range(_MAX_DIMS + 1)]
+_GLOBAL_SHAPE_AT = 8 + 8 * _MAX_DIMS  # ckptdb_tensor_info.global_shape
+_GLOBAL_OFFSET_AT = 8 + 16 * _MAX_DIMS
 
 
 class _TensorDesc(ctypes.Structure):
@@ -541,6 +544,7 @@ class Store:
         descs = bytearray(_SHARD_PACK.size * count)
         descs_at = ctypes.addressof((ctypes.c_char * len(descs)).from_buffer(descs))
         name_at = itertools.accumulate((len(item[0]) + 1 for item in items), initial=names_at)
+        info_size = _INFO_PACK.size
         for i, (item, at) in enumerate(zip(items, name_at)):
             _, address, nbytes, _, dtype, shape, global_shape, global_offset, flags = item
             info_at = 0
@@ -549,12 +553,13 @@ class Store:
                 if len(dims) > _MAX_DIMS:
                     raise ValueError(f"put_shards: shard {i}: shape {dims}: at most {_MAX_DIMS} "
                                      "dimensions")
-                pad = _NO_DIMS[len(dims):]
-                g = (global_shape + pad) if global_shape is not None else _NO_DIMS
-                o = (global_offset + pad) if global_offset is not None else _NO_DIMS
-                _INFO_PACK.pack_into(infos, i * _INFO_PACK.size, dtype or 0, len(dims),
-                                     *dims, *pad, *g, *o)
-                info_at = infos_at + i * _INFO_PACK.size
+                # The buffer starts zeroed: only dtype, ndim and the dimensions given are written.
+                off = i * info_size
+                _INFO_HEAD[len(dims)].pack_into(infos, off, dtype or 0, len(dims), *dims)
+                if global_shape is not None:
+                    _DIMS[len(dims)].pack_into(infos, off + _GLOBAL_SHAPE_AT, *global_shape)
+                    _DIMS[len(dims)].pack_into(infos, off + _GLOBAL_OFFSET_AT, *global_offset)
+                info_at = infos_at + off
             _SHARD_PACK.pack_into(descs, i * _SHARD_PACK.size, at, address, nbytes, info_at, flags)
         status = _put_shards(self._handle(), version, descs_at, count)
         del names_keep

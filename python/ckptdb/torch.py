@@ -146,16 +146,20 @@ class Checkpointer:
         # little Python per tensor as possible (the tree already checked dtype and device).
         items = [(_TREE.encode(), *_capi.buffer_address(record), None, None, None, None,
                   _capi.PUT_COPY_NOW)]
+        names = [name.encode("utf-8") for name, _, _ in tensors]
+        if any(b"\0" in n for n in names):
+            bad = next(name for name, _, _ in tensors if "\0" in name)
+            raise ValueError(f"name {bad!r} contains a NUL byte")
         synced = set()
-        for name, tensor, shard in tensors:
+        for name, (_, tensor, shard) in zip(names, tensors):
             flags = 0
             if tensor.is_cuda:
                 if tensor.device not in synced:  # ckptdb's copies are not ordered after it
                     torch.cuda.current_stream(tensor.device).synchronize()
                     synced.add(tensor.device)
                 flags = _capi.PUT_DEVICE
-            items.append((_capi.name_bytes(name), tensor.data_ptr(),
-                          tensor.numel() * tensor.element_size(), tensor,
+            nbytes = tensor.numel() * tensor.element_size()
+            items.append((name, tensor.data_ptr(), nbytes, tensor,
                           _DTYPE_CODES[tensor.dtype], tuple(tensor.shape),
                           shard.global_shape if shard else None, shard.offset if shard else None,
                           flags))
@@ -219,23 +223,25 @@ class Checkpointer:
 
     def _flatten(self, obj: Any, path: str,
                  tensors: List[Tuple[str, torch.Tensor, Optional[Shard]]]) -> Any:
+        # Tensors first: a state dict is mostly tensors, and this runs once for each.
+        if isinstance(obj, torch.Tensor):
+            dtype = _TORCH_DTYPES.get(obj.dtype)
+            if dtype is None:
+                raise TypeError(f"{path or '/'}: tensors of {obj.dtype} are not supported")
+            if obj.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"{path or '/'}: a tensor on {obj.device}; move it to the CPU")
+            # Its memory is read by address, never through autograd: a contiguous tensor is
+            # held as it is (detach() would make a new tensor object for nothing).
+            tensor = obj if obj.is_contiguous() else obj.detach().contiguous()  # a held copy
+            name = path or "/"
+            tensors.append((name, tensor, None))
+            return {"t": name, "dtype": dtype, "shape": list(obj.shape)}
         if isinstance(obj, Shard):
             node = self._flatten(obj.tensor, path, tensors)
             tensors[-1] = (tensors[-1][0], tensors[-1][1], obj)
             node["g"] = list(obj.global_shape)
             node["o"] = list(obj.offset)
             return node
-        if isinstance(obj, torch.Tensor):
-            if obj.dtype not in _TORCH_DTYPES:
-                raise TypeError(f"{path or '/'}: tensors of {obj.dtype} are not supported")
-            if obj.device.type not in ("cpu", "cuda"):
-                raise ValueError(f"{path or '/'}: a tensor on {obj.device}; move it to the CPU")
-            tensor = obj.detach()
-            if not tensor.is_contiguous():
-                tensor = tensor.contiguous()  # a copy, held by the store until captured
-            name = path or "/"
-            tensors.append((name, tensor, None))
-            return {"t": name, "dtype": _TORCH_DTYPES[obj.dtype], "shape": list(obj.shape)}
         if isinstance(obj, dict):
             items = []
             for key, value in obj.items():

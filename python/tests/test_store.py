@@ -214,6 +214,8 @@ class LayoutTest(unittest.TestCase):
         # The batched put packs the same two structures with struct: the same sizes and offsets.
         self.assertEqual(_capi._SHARD_PACK.size, facts["ckptdb_shard"])
         self.assertEqual(_capi._INFO_PACK.size, facts["ckptdb_tensor_info"])
+        self.assertEqual(_capi._GLOBAL_SHAPE_AT, facts["ckptdb_tensor_info.global_shape"])
+        self.assertEqual(_capi._GLOBAL_OFFSET_AT, facts["ckptdb_tensor_info.global_offset"])
 
 
 if __name__ == "__main__":
