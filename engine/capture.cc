@@ -4,6 +4,7 @@
 // it is hot; wait_capture returns when no chunk of the version is read from callers' buffers any
 // more, which is what makes it safe to let the optimizer change them.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 
@@ -265,6 +266,11 @@ void Db::WorkerLoop() {
     }
     auto it = live_.find(task.version);
     CKPTDB_ASSERT(it != live_.end());  // a version stays live while it has queued chunks
+    if (task.piece == kNoPiece) {
+      tasks_.push_front(task);
+      if (CaptureSmallChunks(lock, &it->second)) continue;
+      tasks_.pop_front();
+    }
     if (task.piece != kNoPiece) {
       HashPiece(lock, &it->second, task.piece);
     } else {
@@ -344,6 +350,80 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
     WakeManager();
   }
   FinishChunkLocked(v, &c, /*wake_waiters=*/c.home == Home::kDropped);
+}
+
+bool Db::CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
+  // Small: a run of them is copied and hashed in microseconds, under what one lock hand-over
+  // costs a chunk on two cores. Bounded: at most kRun chunks and kRunBytes of payload.
+  constexpr uint64_t kSmallBytes = 64 << 10;
+  constexpr size_t kRun = 64;
+  constexpr uint64_t kRunBytes = 1 << 20;
+  if (!v->error.ok() || v->abort_requested) return false;
+  struct Item {
+    uint32_t index;
+    uint8_t* record;
+    format::RecordHeader header;
+  };
+  Item run[kRun];
+  size_t n = 0;
+  uint64_t run_bytes = 0;
+  while (n < kRun && !tasks_.empty()) {
+    const Task& t = tasks_.front();
+    if (t.help || t.piece != kNoPiece || t.version != v->version) break;
+    ChunkSlot& c = v->chunks[t.chunk];
+    if (c.device >= 0 || c.payload_bytes > kSmallBytes || run_bytes + c.payload_bytes > kRunBytes)
+      break;
+    CKPTDB_ASSERT(c.home == Home::kQueued);
+    const uint64_t record_bytes = format::RecordBytes(c.payload_bytes);
+    const bool got = v->ram ? tiers_[0].ram->Allocate(record_bytes, &c.region)
+                            : ring_->Allocate(record_bytes, &c.region);
+    if (!got) break;  // back-pressure: CaptureChunk's, one chunk at a time
+    if (!v->ram) {
+      v->stats.staging_high_water_bytes =
+          std::max(v->stats.staging_high_water_bytes, ring_->live_bytes());
+    }
+    c.home = Home::kCopying;
+    run[n++] = {t.chunk, (v->ram ? tiers_[0].ram->base() : staging_) + c.region.offset,
+                format::ChunkRecordHeader(v->version, identity_.rank, t.chunk, c.payload_bytes,
+                                          c.record_offset)};
+    run_bytes += c.payload_bytes;
+    tasks_.pop_front();
+  }
+  if (n == 0) return false;
+  // The chunks' slots stay where they are while the lock is dropped: the deque only grows at
+  // its back, and a version with chunks kCopying stays live.
+  std::array<const uint8_t*, kRun> src;
+  std::array<uint64_t, kRun> bytes;
+  for (size_t k = 0; k < n; ++k) {
+    src[k] = v->chunks[run[k].index].src;
+    bytes[k] = v->chunks[run[k].index].payload_bytes;
+  }
+  lock.unlock();
+  for (size_t k = 0; k < n; ++k) {
+    uint8_t* record = run[k].record;
+    run[k].header.payload_xxh3 = CopyAndHash(record + kBlockBytes, src[k], bytes[k]);
+    std::memset(record + kBlockBytes + bytes[k], 0, format::AlignUp(bytes[k]) - bytes[k]);
+    format::EncodeRecordHeaderBlock(run[k].header, record);
+  }
+  lock.lock();
+  bool woke_manager = false;
+  for (size_t k = 0; k < n; ++k) {
+    ChunkSlot& c = v->chunks[run[k].index];
+    c.xxh3 = run[k].header.payload_xxh3;
+    figures_.capture_bytes += c.payload_bytes;
+    if (!v->error.ok() || v->abort_requested) {
+      c.home = Home::kDropped;
+    } else if (v->ram) {
+      c.home = Home::kDone;
+    } else {
+      c.home = Home::kStaged;
+      v->to_write.push_back(run[k].index);
+      woke_manager = true;
+    }
+    FinishChunkLocked(v, &c, /*wake_waiters=*/c.home == Home::kDropped);
+  }
+  if (woke_manager) WakeManager();
+  return true;
 }
 
 void Db::HashPiece(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index) {

@@ -436,6 +436,11 @@ class Db {
                                const std::vector<uint32_t>& own_chunks);
   void WorkerLoop();
   void CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index);
+  // A worker's run of small host chunks of v (the queue's front ones): their staging taken in
+  // one hold of the lock, copied and hashed in one release, finished in one more hold. Returns
+  // false, taking nothing, when the front task is not such a chunk or its staging is not free
+  // at once (CaptureChunk then applies back-pressure).
+  bool CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   bool AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
                       uint64_t bytes, StagingRing::Region* out);
   void FailLocked(LiveVersion* v, const Status& st);
