@@ -338,8 +338,17 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   std::memset(record + kBlockBytes + c.payload_bytes, 0, padded - c.payload_bytes);
   format::EncodeRecordHeaderBlock(rh, record);
   lock.lock();
-  c.xxh3 = rh.payload_xxh3;
+  if (ChunkCapturedLocked(v, index, rh.payload_xxh3)) WakeManager();
+}
+
+// Chunk `index` of v is copied and hashed into its staging region: kept (kDone in the arena,
+// kStaged for the manager to write) or, the version given up meanwhile, dropped. True when the
+// manager has a write to do.
+bool Db::ChunkCapturedLocked(LiveVersion* v, uint32_t index, uint64_t xxh3) {
+  ChunkSlot& c = v->chunks[index];
+  c.xxh3 = xxh3;
   figures_.capture_bytes += c.payload_bytes;
+  bool to_write = false;
   if (!v->error.ok() || v->abort_requested) {
     c.home = Home::kDropped;
   } else if (v->ram) {
@@ -347,9 +356,10 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   } else {
     c.home = Home::kStaged;
     v->to_write.push_back(index);
-    WakeManager();
+    to_write = true;
   }
   FinishChunkLocked(v, &c, /*wake_waiters=*/c.home == Home::kDropped);
+  return to_write;
 }
 
 bool Db::CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
@@ -406,23 +416,11 @@ bool Db::CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v) 
     format::EncodeRecordHeaderBlock(run[k].header, record);
   }
   lock.lock();
-  bool woke_manager = false;
+  bool to_write = false;
   for (size_t k = 0; k < n; ++k) {
-    ChunkSlot& c = v->chunks[run[k].index];
-    c.xxh3 = run[k].header.payload_xxh3;
-    figures_.capture_bytes += c.payload_bytes;
-    if (!v->error.ok() || v->abort_requested) {
-      c.home = Home::kDropped;
-    } else if (v->ram) {
-      c.home = Home::kDone;
-    } else {
-      c.home = Home::kStaged;
-      v->to_write.push_back(run[k].index);
-      woke_manager = true;
-    }
-    FinishChunkLocked(v, &c, /*wake_waiters=*/c.home == Home::kDropped);
+    to_write |= ChunkCapturedLocked(v, run[k].index, run[k].header.payload_xxh3);
   }
-  if (woke_manager) WakeManager();
+  if (to_write) WakeManager();
   return true;
 }
 

@@ -441,6 +441,7 @@ class Db {
   // false, taking nothing, when the front task is not such a chunk or its staging is not free
   // at once (CaptureChunk then applies back-pressure).
   bool CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v);
+  bool ChunkCapturedLocked(LiveVersion* v, uint32_t index, uint64_t xxh3);
   bool AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
                       uint64_t bytes, StagingRing::Region* out);
   void FailLocked(LiveVersion* v, const Status& st);
