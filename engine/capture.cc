@@ -249,6 +249,11 @@ void Db::WorkerLoop() {
   for (;;) {
     work_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
     if (tasks_.empty()) return;  // stopping, nothing left
+    if (const Task& front = tasks_.front(); !front.help && front.piece == kNoPiece) {
+      auto it = live_.find(front.version);
+      CKPTDB_ASSERT(it != live_.end());  // a version stays live while it has queued chunks
+      if (CaptureSmallChunks(lock, &it->second)) continue;  // it took them from the queue
+    }
     Task task = std::move(tasks_.front());
     tasks_.pop_front();
     if (task.help) {
@@ -266,11 +271,6 @@ void Db::WorkerLoop() {
     }
     auto it = live_.find(task.version);
     CKPTDB_ASSERT(it != live_.end());  // a version stays live while it has queued chunks
-    if (task.piece == kNoPiece) {
-      tasks_.push_front(task);
-      if (CaptureSmallChunks(lock, &it->second)) continue;
-      tasks_.pop_front();
-    }
     if (task.piece != kNoPiece) {
       HashPiece(lock, &it->second, task.piece);
     } else {
