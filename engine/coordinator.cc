@@ -292,7 +292,7 @@ void Coordinator::HandleVote(const Request& request, Reply* reply) {
 // It learns while the job first assembles, before any vote, and no rank asks for decisions
 // (Decisions, at open) before the job is complete, that is before every rank has registered.
 // A decision nobody outside rank 0's node recorded is lost with the log, and that is safe: the
-// coordinator tells the other nodes first (CoordinatorLoop), so no rank's commit of it returned
+// coordinator tells the other nodes first (Announce), so no rank's commit of it returned
 // but on the node that was lost, and presumed abort decides it.
 Status Coordinator::LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed) {
   for (uint64_t v : committed) {

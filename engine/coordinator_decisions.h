@@ -4,8 +4,8 @@
 //
 // Every change asserts the two-phase commit's invariants, on in release builds (util/assert.h):
 // a version is never both committed and aborted, a decision is never taken back, and a decided
-// version has no open votes. Its owner's lock guards it (Cluster::mu_, under which decisions are
-// taken against the members' table and the epoch).
+// version has no open votes. Its owner's lock guards it (Coordinator::mu_, under which decisions
+// are taken against the members' table and the epoch).
 #pragma once
 
 #include <cstdint>
