@@ -115,6 +115,7 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
   tensors.reserve(c.tensors.size());
   uint64_t data_bytes = 0;
   bool dedup = false;
+  bool packed = false;
   for (const TensorEntry& t : c.tensors) {
     auto name = b.CreateString(t.name);
     auto shape = b.CreateVector(t.shape);
@@ -129,9 +130,11 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
       piece_xxh3 = b.CreateVector(t.piece_xxh3);
       dedup = true;
     }
+    CKPTDB_ASSERT(!t.packed || (t.full_bytes == 0 && t.chunk_count == 1 && t.bytes > 0));
+    packed |= t.packed;
     tensors.push_back(fb::CreateTensor(b, name, static_cast<fb::DType>(t.dtype), shape, gshape,
                                        goffset, t.bytes, t.first_chunk, t.chunk_count, t.full_bytes,
-                                       slices, piece_xxh3));
+                                       slices, piece_xxh3, t.packed, t.pack_offset, t.pack_xxh3));
     data_bytes += t.bytes;
   }
   CKPTDB_ASSERT(!dedup || c.replicas.present);
@@ -161,8 +164,12 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
                                   b.CreateVector(c.replicas.members), c.replicas.position,
                                   c.replicas.piece_bytes, c.replicas.replicated_only);
   }
-  auto root = fb::CreateManifest(b, c.replicas.present ? kManifestVersionDedup : kFormatVersion,
-                                 prov, tensor_vec, chunk_vec, redundancy, data_bytes, replicas);
+  // The oldest format version that can hold the manifest, so older readers read what they can.
+  const uint32_t version = packed               ? kManifestVersionPacked
+                           : c.replicas.present ? kManifestVersionDedup
+                                                : kFormatVersion;
+  auto root =
+      fb::CreateManifest(b, version, prov, tensor_vec, chunk_vec, redundancy, data_bytes, replicas);
   b.Finish(root, fb::ManifestIdentifier());
   return std::vector<uint8_t>(b.GetBufferPointer(), b.GetBufferPointer() + b.GetSize());
 }
@@ -178,12 +185,16 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
                                  /*max_tables=*/4 * kMaxTensors);
   if (!fb::VerifyManifestBuffer(verifier)) return bad("fails FlatBuffers verification");
   const fb::Manifest* m = fb::GetManifest(bytes.data());
-  if (m->format_version() != kFormatVersion && m->format_version() != kManifestVersionDedup) {
-    return bad("has format version " + std::to_string(m->format_version()));
+  const uint32_t format_version = m->format_version();
+  if (format_version != kFormatVersion && format_version != kManifestVersionDedup &&
+      format_version != kManifestVersionPacked) {
+    return bad("has format version " + std::to_string(format_version));
   }
   // Format version 2: the replica group whose deduplicated shards the segment holds slices of.
+  // Version 3 (packed tensors) may have one or not.
   const fb::Replicas* group = m->replicas();
-  if ((group != nullptr) != (m->format_version() == kManifestVersionDedup)) {
+  if (format_version != kManifestVersionPacked &&
+      (group != nullptr) != (format_version == kManifestVersionDedup)) {
     return bad("has format version " + std::to_string(m->format_version()) +
                (group != nullptr ? " and a replica group" : " and no replica group"));
   }
@@ -227,6 +238,15 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
   uint64_t expected_first = 0;
   std::vector<std::pair<uint32_t, uint32_t>> ranges;
   ranges.reserve(tensor_count);
+  struct Part {
+    uint32_t chunk;
+    uint64_t offset;
+    uint64_t bytes;
+    bool operator<(const Part& o) const {
+      return chunk != o.chunk ? chunk < o.chunk : offset < o.offset;
+    }
+  };
+  std::vector<Part> parts;  // packed tensors, by chunk
   for (uint32_t i = 0; i < tensor_count; ++i) {
     const fb::Tensor* t = m->tensors()->Get(i);
     std::string_view name = NameOf(*t);
@@ -279,6 +299,23 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     }
     uint64_t end = uint64_t{t->first_chunk()} + t->chunk_count();
     if (end > chunk_count) return bad(label + " names chunks beyond the chunk list");
+    if (t->packed()) {
+      if (format_version != kManifestVersionPacked || dedup || t->chunk_count() != 1 ||
+          t->bytes() == 0) {
+        return bad(label + " is packed but is not one non-empty shard in one chunk of a version " +
+                   std::to_string(kManifestVersionPacked) + " manifest");
+      }
+      const uint64_t payload = m->chunks()->Get(t->first_chunk())->payload_bytes();
+      if (t->pack_offset() > payload || t->bytes() > payload - t->pack_offset()) {
+        return bad(label + " lies outside its chunk " + std::to_string(t->first_chunk()));
+      }
+      parts.push_back({t->first_chunk(), t->pack_offset(), t->bytes()});
+      data_bytes += t->bytes();
+      continue;
+    }
+    if (t->pack_offset() != 0 || t->pack_xxh3() != 0) {
+      return bad(label + " has a pack offset or hash but is not packed");
+    }
     uint64_t sum = 0;
     for (uint32_t c = t->first_chunk(); c < end; ++c) {
       uint64_t p = m->chunks()->Get(c)->payload_bytes();
@@ -293,7 +330,23 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     if (t->chunk_count() > 0) ranges.emplace_back(t->first_chunk(), t->chunk_count());
     data_bytes += t->bytes();
   }
-  // Every chunk belongs to exactly one tensor.
+  // A chunk of packed tensors holds only them, without overlap, and ends where the last ends
+  // (the gaps between them are the writer's alignment).
+  std::sort(parts.begin(), parts.end());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& p = parts[i];
+    const bool last = i + 1 == parts.size() || parts[i + 1].chunk != p.chunk;
+    if (!last && p.offset + p.bytes > parts[i + 1].offset) {
+      return bad("packed tensors overlap in chunk " + std::to_string(p.chunk));
+    }
+    if (last) {
+      if (p.offset + p.bytes != m->chunks()->Get(p.chunk)->payload_bytes()) {
+        return bad("chunk " + std::to_string(p.chunk) + " holds bytes past its packed tensors");
+      }
+      ranges.emplace_back(p.chunk, 1);
+    }
+  }
+  // Every chunk belongs to exactly one tensor, or to packed tensors only.
   std::sort(ranges.begin(), ranges.end());
   for (const auto& [first, count] : ranges) {
     if (first != expected_first) return bad("chunk ranges of tensors overlap or leave gaps");

@@ -23,6 +23,9 @@ inline constexpr uint32_t kMaxReplicaMembers = 1024;  // a replica group's membe
 // deduplicated, has format version 2, which a reader of version 1 refuses; every other manifest
 // is written as version 1.
 inline constexpr uint32_t kManifestVersionDedup = 2;
+// A manifest with packed tensors (small shards sharing a chunk, TensorEntry::packed) has format
+// version 3, with or without a replica group; readers of versions 1 and 2 refuse it.
+inline constexpr uint32_t kManifestVersionPacked = 3;
 
 struct TensorEntry {
   std::string name;
@@ -39,6 +42,11 @@ struct TensorEntry {
   uint64_t full_bytes = 0;
   std::vector<std::pair<uint64_t, uint64_t>> slices{};
   std::vector<uint64_t> piece_xxh3{};
+  // A packed shard: its bytes lie at [pack_offset, pack_offset + bytes) of chunk first_chunk's
+  // payload (chunk_count 1), which it shares with other packed shards, and hash to pack_xxh3.
+  bool packed = false;
+  uint64_t pack_offset = 0;
+  uint64_t pack_xxh3 = 0;
 };
 
 struct ChunkEntry {

@@ -3,6 +3,7 @@
 // every invariant that docs/format.md promises, because code holding a ManifestView never
 // re-checks them. The walk below re-derives each one and traps when one is broken, so a
 // violated promise is a finding just like a sanitizer report.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -49,8 +50,12 @@ std::vector<uint64_t> ToVector(const flatbuffers::Vector<uint64_t>* v) {
 // Everything ManifestView::Open promises about a manifest it accepts (docs/format.md).
 void Walk(const ManifestView& view, uint64_t data_end) {
   const fb::Manifest& m = view.root();
-  Check(m.format_version() == kFormatVersion || m.format_version() == kManifestVersionDedup);
-  Check((m.replicas() != nullptr) == (m.format_version() == kManifestVersionDedup));
+  const uint32_t version = m.format_version();
+  Check(version == kFormatVersion || version == kManifestVersionDedup ||
+        version == kManifestVersionPacked);
+  if (version != kManifestVersionPacked) {
+    Check((m.replicas() != nullptr) == (version == kManifestVersionDedup));
+  }
   if (const fb::Replicas* g = m.replicas()) {
     Check(g->members() != nullptr && g->members()->size() >= 2 &&
           g->members()->size() <= kMaxReplicaMembers && g->position() < g->members()->size());
@@ -68,7 +73,11 @@ void Walk(const ManifestView& view, uint64_t data_end) {
   }
   Check(next == data_end);
 
+  // 1: a tensor's own chunk; 2: a pack (chunk of packed shards only), with the bytes its
+  // shards reach and the sum of their lengths.
   std::vector<uint8_t> owner_count(chunk_count, 0);
+  std::vector<uint64_t> pack_end(chunk_count, 0);
+  std::vector<uint64_t> pack_sum(chunk_count, 0);
   uint64_t data_bytes = 0;
   for (uint32_t i = 0; i < view.tensor_count(); ++i) {
     const fb::Tensor& t = view.tensor(i);
@@ -115,6 +124,21 @@ void Walk(const ManifestView& view, uint64_t data_end) {
       Check(!t.slices() || t.slices()->size() == 0);
     }
     Check(uint64_t{t.first_chunk()} + t.chunk_count() <= chunk_count);
+    if (t.packed()) {
+      // A packed shard: one non-empty part of one chunk that only packed shards share.
+      Check(version == kManifestVersionPacked && t.full_bytes() == 0 && t.chunk_count() == 1 &&
+            t.bytes() > 0);
+      const uint32_t c = t.first_chunk();
+      const uint64_t payload = view.chunk(c).payload_bytes();
+      Check(t.pack_offset() <= payload && t.bytes() <= payload - t.pack_offset());
+      Check(owner_count[c] != 1);
+      owner_count[c] = 2;
+      pack_end[c] = std::max(pack_end[c], t.pack_offset() + t.bytes());
+      pack_sum[c] += t.bytes();
+      data_bytes += t.bytes();
+      continue;
+    }
+    Check(t.pack_offset() == 0 && t.pack_xxh3() == 0);
     uint64_t sum = 0;
     for (uint32_t c = t.first_chunk(); c < t.first_chunk() + t.chunk_count(); ++c) {
       Check(view.chunk(c).payload_bytes() > 0);
@@ -125,7 +149,14 @@ void Walk(const ManifestView& view, uint64_t data_end) {
     Check(sum == t.bytes());
     data_bytes += t.bytes();
   }
-  for (uint8_t owners : owner_count) Check(owners == 1);
+  for (uint32_t c = 0; c < chunk_count; ++c) {
+    Check(owner_count[c] != 0);
+    // Without overlap, the parts of a pack add up to no more than where the last one ends,
+    // which is the chunk's end.
+    if (owner_count[c] == 2) {
+      Check(pack_end[c] == view.chunk(c).payload_bytes() && pack_sum[c] <= pack_end[c]);
+    }
+  }
   Check(data_bytes == m.data_bytes());
 
   // A coding layout, where there is one, reads back in range: a caller indexes member_ranks and
