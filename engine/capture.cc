@@ -37,6 +37,23 @@ uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   return hash.Digest();
 }
 
+// A pack's payload (docs/format.md, "Packed shards"): each part copied to its offset and hashed
+// there (its tensor's pack_xxh3, into *part_xxh3), zeros between parts; returns the xxh3 of the
+// whole payload (the chunk's).
+uint64_t Db::CopyPack(uint8_t* payload, const std::vector<PackPart>& parts,
+                      std::vector<uint64_t>* part_xxh3) {
+  part_xxh3->resize(parts.size());
+  uint64_t at = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PackPart& p = parts[i];
+    std::memset(payload + at, 0, p.offset - at);
+    std::memcpy(payload + p.offset, p.src, p.bytes);
+    (*part_xxh3)[i] = format::Xxh3(payload + p.offset, p.bytes);
+    at = p.offset + p.bytes;
+  }
+  return format::Xxh3(payload, at);
+}
+
 Status ValidateName(const char* name, const std::string& call) {
   if (name == nullptr) return Status::Invalid(call + ": name is NULL");
   size_t n = strnlen(name, CKPTDB_MAX_NAME_BYTES + 1);
@@ -317,8 +334,13 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   format::RecordHeader rh = format::ChunkRecordHeader(v->version, identity_.rank, index,
                                                       c.payload_bytes, c.record_offset);
   const uint8_t* src = c.src;
+  // A pack's parts never change once made, and the deque keeps them where they are.
+  const std::vector<PackPart>* parts = c.pack != kNoPack ? &v->packs[c.pack] : nullptr;
+  std::vector<uint64_t> part_xxh3;
   lock.unlock();
-  if (c.device >= 0) {
+  if (parts != nullptr) {
+    rh.payload_xxh3 = CopyPack(record + kBlockBytes, *parts, &part_xxh3);
+  } else if (c.device >= 0) {
     // The device's copy engine on this worker's own stream, waited for on its event; then the
     // hash of what landed.
     Status st = device_->CopyToHost(c.device, record + kBlockBytes, src, c.payload_bytes);
@@ -338,6 +360,9 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   std::memset(record + kBlockBytes + c.payload_bytes, 0, padded - c.payload_bytes);
   format::EncodeRecordHeaderBlock(rh, record);
   lock.lock();
+  for (size_t i = 0; i < part_xxh3.size(); ++i) {
+    v->tensors[(*parts)[i].tensor].pack_xxh3 = part_xxh3[i];
+  }
   if (ChunkCapturedLocked(v, index, rh.payload_xxh3)) WakeManager();
 }
 
@@ -381,8 +406,10 @@ bool Db::CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v) 
     const Task& t = tasks_.front();
     if (t.help || t.piece != kNoPiece || t.version != v->version) break;
     ChunkSlot& c = v->chunks[t.chunk];
-    if (c.device >= 0 || c.payload_bytes > kSmallBytes || run_bytes + c.payload_bytes > kRunBytes)
+    if (c.device >= 0 || c.pack != kNoPack || c.payload_bytes > kSmallBytes ||
+        run_bytes + c.payload_bytes > kRunBytes) {
       break;
+    }
     CKPTDB_ASSERT(c.home == Home::kQueued);
     const uint64_t record_bytes = format::RecordBytes(c.payload_bytes);
     const bool got = v->ram ? tiers_[0].ram->Allocate(record_bytes, &c.region)
@@ -503,8 +530,10 @@ bool Db::AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint
     FinishChunkLocked(v, &c);
     return false;
   }
-  if (options_.backpressure == Backpressure::kDirect && !v->ram && c.device < 0) {
-    // (A device chunk cannot be written from where it is: it waits for staging, as with block.)
+  if (options_.backpressure == Backpressure::kDirect && !v->ram && c.device < 0 &&
+      c.pack == kNoPack) {
+    // (A device chunk cannot be written from where it is, nor a pack, whose parts lie apart: it
+    // waits for staging, as with block.)
     // Written to tier 0 straight from the caller's buffer; its header block comes from a small
     // pool. wait_capture waits for the write, which reads the caller's buffer.
     state_cv_.wait(lock, [&] {

@@ -180,8 +180,18 @@ class Db {
     uint32_t header_block = UINT32_MAX;  // kDirect: its header block in direct_headers_
     uint8_t direct_writes = 0;           // kDirect: its writes still in flight
     int device = -1;                     // >= 0: src is that GPU's memory, read by its copy engine
+    uint32_t pack = kNoPack;             // a pack of small shards: its parts, v->packs[pack]
     Home home = Home::kQueued;
   };
+  // A small shard in a pack (a chunk that several shards of one put call share, docs/format.md):
+  // copied from src to `offset` of the pack's payload; its xxh3 goes to v->tensors[tensor].
+  struct PackPart {
+    const uint8_t* src = nullptr;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint32_t tensor = 0;
+  };
+  static constexpr uint32_t kNoPack = UINT32_MAX;
   enum class CommitPhase : uint8_t {
     kNone,
     kTail,       // the header block (ram), manifest record and footer are being placed or written
@@ -206,6 +216,8 @@ class Db {
     std::set<std::string, std::less<>> names;
     std::set<std::string> replicated_names;  // put with CKPTDB_PUT_REPLICATED
     std::deque<ChunkSlot> chunks;            // a deque: workers hold references while puts append
+    // Each pack's parts, in payload order, never changed once made: workers read them unlocked.
+    std::deque<std::vector<PackPart>> packs;
     // REFT's ARC: the pieces of deduplicated shards that other members save, only hashed (so
     // the commit compares whole replicas and a restore checks what peers send).
     struct HashPiece {
@@ -283,6 +295,17 @@ class Db {
       std::vector<bool> have;  // by piece: in the caller's buffer and verified
     };
     std::optional<Dedup> dedup;
+    // What of a chunk the plan reads: its whole payload, or a packed shard's part of it (the
+    // shard's own offset, length and xxh3; docs/format.md, "Packed shards").
+    struct ChunkPart {
+      uint64_t offset = 0;
+      uint64_t bytes = 0;
+      uint64_t xxh3 = 0;
+    };
+    std::optional<ChunkPart> packed;
+    ChunkPart PartOf(const fb::Chunk& c) const {
+      return packed ? *packed : ChunkPart{0, c.payload_bytes(), c.xxh3()};
+    }
     const ByteRanges* wanted = nullptr;  // restore_slice's ranges; a deduplicated shard ignores it
     void Note(const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
     void Served(const std::string& source, uint64_t bytes) {
@@ -426,6 +449,10 @@ class Db {
   // thread). Cannot fail.
   void AddShardLocked(LiveVersion* v, PreparedShard&& s, std::vector<uint32_t>* own_chunks,
                       std::vector<uint32_t>* own_pieces);
+  // Lays the small host shards `packable` of one call out in packs (chunks they share) and
+  // queues each pack's chunk. Cannot fail.
+  void AddPacksLocked(LiveVersion* v, std::vector<PreparedShard>* shards,
+                      const std::vector<uint32_t>& packable, std::vector<uint32_t>* own_chunks);
   // The shards of one call put into `version` (PutShard: one, PutShards: many): checked in
   // order, the first refusal returned with `context(i)` and nothing changed; then laid out and
   // queued under one lock.
@@ -442,6 +469,8 @@ class Db {
   // at once (CaptureChunk then applies back-pressure).
   bool CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   bool ChunkCapturedLocked(LiveVersion* v, uint32_t index, uint64_t xxh3);
+  static uint64_t CopyPack(uint8_t* payload, const std::vector<PackPart>& parts,
+                           std::vector<uint64_t>* part_xxh3);
   bool AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
                       uint64_t bytes, StagingRing::Region* out);
   void FailLocked(LiveVersion* v, const Status& st);
@@ -655,7 +684,7 @@ class Db {
   Status OpenSegmentAt(uint64_t version, size_t tier, const ResidencyRecord& res,
                        const VersionRecord& record, RamImage image, OpenSegment* out,
                        io::IoQueue* queue);
-  Status ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks,
+  Status ReadChunks(OpenSegment* seg, const RestorePlan& plan, const std::vector<uint32_t>& chunks,
                     const std::vector<uint64_t>& dst_offset, uint8_t* dst,
                     std::vector<uint32_t>* failed, uint64_t* bytes_read);
   // Lays the plan out from a source's manifest, or checks that the source lays `name` out the

@@ -57,6 +57,12 @@ inline constexpr size_t kMaxLiveVersions = 64;
 inline constexpr size_t kMaxOutcomes = 64;
 // Bounds on the in-memory history of retired and aborted versions kept for inspect.
 inline constexpr size_t kMaxHistoryRecords = 64;
+// Packs (docs/format.md, "Packed shards"): the host shards of one put call of at most
+// kPackShardBytes share chunks of at most kPackBytes (or chunk_bytes, if smaller), each shard at
+// a kPackAlign-aligned offset. A 256-byte shard alone would take a record of 8 KiB.
+inline constexpr uint64_t kPackShardBytes = 64 << 10;
+inline constexpr uint64_t kPackBytes = 1 << 20;
+inline constexpr uint64_t kPackAlign = 64;
 // Cached open segments for restore.
 inline constexpr size_t kMaxOpenSegments = 16;
 // Records a demotion keeps in flight (reads and writes): enough to keep a disk busy while the

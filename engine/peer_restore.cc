@@ -87,8 +87,9 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
     std::vector<Cluster::FetchRange> ranges;
     for (uint32_t c : plan->pending) {
       const fb::Chunk& chunk = m.chunk(c);
-      ranges.push_back({chunk.record_offset() + format::kBlockBytes,
-                        out + plan->dst_offset[c - plan->first], chunk.payload_bytes()});
+      const RestorePlan::ChunkPart part = plan->PartOf(chunk);
+      ranges.push_back({chunk.record_offset() + format::kBlockBytes + part.offset,
+                        out + plan->dst_offset[c - plan->first], part.bytes});
     }
     std::vector<Status> results;
     Status gone = cluster_->FetchRanges(h, options_.rank, version, ranges, &results);
@@ -98,7 +99,7 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
       const uint32_t c = plan->pending[i];
       Status cs = results[i];
       if (cs.ok()) {
-        cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, m.chunk(c).xxh3(),
+        cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, plan->PartOf(m.chunk(c)).xxh3,
                                "chunk " + std::to_string(c) + " of " + src);
       }
       if (cs.ok()) {
@@ -161,6 +162,7 @@ namespace {
 bool PiecesOf(const format::ManifestView& m, const fb::Tensor& t, uint64_t piece_bytes,
               std::vector<uint64_t>* xxh3, std::map<uint64_t, uint32_t>* chunk_of) {
   uint32_t c = t.first_chunk();
+  if (t.packed()) return false;  // a private shard: replicated ones are never packed
   if (t.full_bytes() != 0) {
     if (xxh3 != nullptr) xxh3->assign(t.piece_xxh3()->begin(), t.piece_xxh3()->end());
     for (uint64_t piece : format::KeptPieces(t, piece_bytes)) (*chunk_of)[piece] = c++;
@@ -528,22 +530,22 @@ Status Db::RestoreFromRebuild(uint64_t version, const std::string& name, size_t 
   std::vector<uint32_t> failed;
   uint64_t served = 0;
   for (uint32_t c : plan->pending) {
-    const fb::Chunk& chunk = m.chunk(c);
+    const RestorePlan::ChunkPart part = plan->PartOf(m.chunk(c));
     uint8_t* dst = out + plan->dst_offset[c - plan->first];
-    const uint64_t offset = chunk.record_offset() + format::kBlockBytes;
+    const uint64_t offset = m.chunk(c).record_offset() + format::kBlockBytes + part.offset;
     Status cs;
     // Bounded: Retry says when no other choice of blocks is left.
     for (bool again = true; again;) {
-      cs = rebuild_->Read(offset, dst, chunk.payload_bytes());
+      cs = rebuild_->Read(offset, dst, part.bytes);
       if (cs.ok()) {
-        cs = format::CheckXxh3(dst, chunk.payload_bytes(), chunk.xxh3(),
+        cs = format::CheckXxh3(dst, part.bytes, part.xxh3,
                                "chunk " + std::to_string(c) + " rebuilt");
       }
-      again = cs.code() == CKPTDB_ECORRUPT && rebuild_->Retry(offset, chunk.payload_bytes());
+      again = cs.code() == CKPTDB_ECORRUPT && rebuild_->Retry(offset, part.bytes);
       if (again) plan->chunk_failures++;
     }
     if (cs.ok()) {
-      served += chunk.payload_bytes();
+      served += part.bytes;
       continue;
     }
     failed.push_back(c);

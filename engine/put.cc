@@ -230,10 +230,28 @@ Status Db::PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
   std::vector<uint32_t> own_pieces;
   uint64_t bytes = 0;
   const size_t queued_before = tasks_.size();
-  for (PreparedShard& s : *shards) {
+  // Small host shards share chunks when the call has several (docs/format.md, "Packed shards").
+  const uint64_t pack_limit = std::min(kPackBytes, chunk_bytes);
+  std::vector<uint32_t> packable;
+  for (size_t i = 0; i < shards->size(); ++i) {
+    const PreparedShard& s = (*shards)[i];
+    if (s.nbytes > 0 && s.nbytes <= std::min(kPackShardBytes, pack_limit) && s.device < 0 &&
+        !(s.flags & CKPTDB_PUT_REPLICATED)) {
+      packable.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  if (packable.size() < 2) packable.clear();
+  size_t next_packable = 0;
+  for (size_t i = 0; i < shards->size(); ++i) {
+    PreparedShard& s = (*shards)[i];
     bytes += s.nbytes;
+    if (next_packable < packable.size() && packable[next_packable] == i) {
+      ++next_packable;
+      continue;
+    }
     AddShardLocked(v, std::move(s), &own_chunks, &own_pieces);
   }
+  AddPacksLocked(v, shards, packable, &own_chunks);
   v->stats.put_calls += shards->size();
   v->stats.bytes += bytes;
   figures_.put_calls += shards->size();
@@ -328,6 +346,58 @@ void Db::AddShardLocked(LiveVersion* v, PreparedShard&& s, std::vector<uint32_t>
   v->names.insert(t.name);
   if (flags & CKPTDB_PUT_REPLICATED) v->replicated_names.insert(t.name);
   v->tensors.push_back(std::move(t));
+}
+
+// Packs in payload order, each shard at the next kPackAlign-aligned offset, a pack closed when
+// the next shard would pass pack_limit. Lazy and COPY_NOW shards go in separate packs: a pack is
+// captured by one thread.
+void Db::AddPacksLocked(LiveVersion* v, std::vector<PreparedShard>* shards,
+                        const std::vector<uint32_t>& packable, std::vector<uint32_t>* own_chunks) {
+  const uint64_t pack_limit = std::min(kPackBytes, options_.chunk_bytes);
+  for (const bool copy_now : {false, true}) {
+    std::vector<PackPart> parts;
+    uint64_t end = 0;  // the pack's payload so far
+    auto close = [&] {
+      if (parts.empty()) return;
+      const auto index = static_cast<uint32_t>(v->chunks.size());
+      ChunkSlot c;
+      c.record_offset = v->next_offset;
+      c.payload_bytes = end;
+      c.pack = static_cast<uint32_t>(v->packs.size());
+      v->next_offset += format::RecordBytes(end);
+      v->chunks.push_back(c);
+      for (const PackPart& part : parts) v->tensors[part.tensor].first_chunk = index;
+      v->packs.push_back(std::move(parts));
+      parts.clear();
+      end = 0;
+      v->uncaptured++;
+      if (!v->ram) v->unwritten++;
+      if (copy_now) {
+        own_chunks->push_back(index);
+      } else {
+        tasks_.push_back(Task{v->version, index, kNoPiece, nullptr});
+      }
+    };
+    for (uint32_t i : packable) {
+      PreparedShard& s = (*shards)[i];
+      if (((s.flags & CKPTDB_PUT_COPY_NOW) != 0) != copy_now) continue;
+      uint64_t offset = (end + kPackAlign - 1) & ~(kPackAlign - 1);
+      if (!parts.empty() && offset + s.nbytes > pack_limit) {
+        close();
+        offset = 0;
+      }
+      format::TensorEntry& t = s.t;
+      t.packed = true;
+      t.pack_offset = offset;
+      t.chunk_count = 1;
+      parts.push_back({s.data, offset, s.nbytes, static_cast<uint32_t>(v->tensors.size())});
+      end = offset + s.nbytes;
+      v->data_bytes += t.bytes;
+      v->names.insert(t.name);
+      v->tensors.push_back(std::move(t));
+    }
+    close();
+  }
 }
 
 // A put's refusals that need the lock (docs/api.md, ckptdb_put_shard): a replicated shard without

@@ -159,9 +159,9 @@ Status Db::ReadSegment(uint64_t version, size_t tier, OpenSegment** out) {
 // Reads chunks `chunks` (sorted indexes) of seg's tensor into dst, chunk chunks[k] at
 // dst_offset[k], checking each against its xxh3; the failed ones are listed in *failed. A ram
 // copy is copied by the caller and the capture workers together; a file is read through io_uring.
-Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks,
-                      const std::vector<uint64_t>& dst_offset, uint8_t* dst,
-                      std::vector<uint32_t>* failed, uint64_t* bytes_read) {
+Status Db::ReadChunks(OpenSegment* seg, const RestorePlan& plan,
+                      const std::vector<uint32_t>& chunks, const std::vector<uint64_t>& dst_offset,
+                      uint8_t* dst, std::vector<uint32_t>* failed, uint64_t* bytes_read) {
   const format::ManifestView& m = seg->reader->manifest();
   CKPTDB_ASSERT(dst_offset.size() == chunks.size());
   failed->clear();
@@ -185,18 +185,20 @@ Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks,
         outcome[k] = kNoRecord;
         return;
       }
-      actual[k] = CopyAndHash(dst + dst_offset[k], ram.base() + extent->arena_offset + kBlockBytes,
-                              c.payload_bytes());
-      outcome[k] = actual[k] == c.xxh3() ? kOk : kFailed;
+      const RestorePlan::ChunkPart part = plan.PartOf(c);
+      actual[k] =
+          CopyAndHash(dst + dst_offset[k],
+                      ram.base() + extent->arena_offset + kBlockBytes + part.offset, part.bytes);
+      outcome[k] = actual[k] == part.xxh3 ? kOk : kFailed;
     });
     for (size_t k = 0; k < chunks.size(); ++k) {
-      const fb::Chunk& c = m.chunk(chunks[k]);
+      const RestorePlan::ChunkPart part = plan.PartOf(m.chunk(chunks[k]));
       if (outcome[k] == kOk) {
-        *bytes_read += c.payload_bytes();
+        *bytes_read += part.bytes;
       } else if (outcome[k] == kNoRecord) {
         record_failure(chunks[k], " has no record of its size in the arena's index");
       } else {
-        record_failure(chunks[k], format::Xxh3Mismatch(c.xxh3(), actual[k]));
+        record_failure(chunks[k], format::Xxh3Mismatch(part.xxh3, actual[k]));
       }
     }
     std::sort(failed->begin(), failed->end());
@@ -212,12 +214,13 @@ Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks,
     size_t n = 0;
     while (next < chunks.size() && in_flight + n < depth) {
       const fb::Chunk& c = m.chunk(chunks[next]);
+      const RestorePlan::ChunkPart part = plan.PartOf(c);
       io::IoRequest& r = reqs[n++];
       r.op = io::IoRequest::Op::kRead;
       r.fd = seg->fd;
-      r.offset = c.record_offset() + kBlockBytes;
+      r.offset = c.record_offset() + kBlockBytes + part.offset;
       r.buffer = dst + dst_offset[next];
-      r.length = c.payload_bytes();
+      r.length = part.bytes;
       r.tag = next;
       ++next;
     }
@@ -238,22 +241,22 @@ Status Db::ReadChunks(OpenSegment* seg, const std::vector<uint32_t>& chunks,
     for (const io::IoCompletion& cp : done) {
       --in_flight;
       size_t k = cp.tag;
-      const fb::Chunk& c = m.chunk(chunks[k]);
-      bool ok = cp.result == static_cast<int64_t>(c.payload_bytes());
+      const RestorePlan::ChunkPart part = plan.PartOf(m.chunk(chunks[k]));
+      bool ok = cp.result == static_cast<int64_t>(part.bytes);
       uint64_t actual = 0;
       if (ok) {
-        actual = format::Xxh3(dst + dst_offset[k], c.payload_bytes());
-        ok = actual == c.xxh3();
+        actual = format::Xxh3(dst + dst_offset[k], part.bytes);
+        ok = actual == part.xxh3;
       }
       if (ok) {
-        *bytes_read += c.payload_bytes();
+        *bytes_read += part.bytes;
       } else {
         record_failure(chunks[k], cp.result < 0
                                       ? " cannot be read: " +
                                             std::string(std::strerror(static_cast<int>(-cp.result)))
-                                  : cp.result != static_cast<int64_t>(c.payload_bytes())
+                                  : cp.result != static_cast<int64_t>(part.bytes)
                                       ? " is cut short"
-                                      : format::Xxh3Mismatch(c.xxh3(), actual));
+                                      : format::Xxh3Mismatch(part.xxh3, actual));
       }
     }
   }
@@ -315,6 +318,17 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
     plan->laid_out = true;
     plan->first = t->first_chunk();
     plan->count = t->chunk_count();
+    if (t->packed()) {
+      // One chunk, shared: the shard's own part of it, checked against its own xxh3.
+      plan->packed = RestorePlan::ChunkPart{t->pack_offset(), t->bytes(), t->pack_xxh3()};
+      const bool wanted =
+          plan->wanted == nullptr || std::any_of(plan->wanted->begin(), plan->wanted->end(),
+                                                 [&](const auto& r) { return r.first < r.second; });
+      if (wanted) plan->pending.push_back(plan->first);
+      plan->dst_offset.push_back(0);
+      plan->chunk_bytes.push_back(t->bytes());
+      return Status::Ok();
+    }
     // A deduplicated shard's chunks are the pieces of its slices, in order (ManifestView checked).
     std::vector<uint64_t> starts;
     if (t->full_bytes() != 0) {
@@ -349,9 +363,13 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
     return Status::Ok();
   }
   if (t == nullptr || t->first_chunk() != plan->first || t->chunk_count() != plan->count ||
-      format::ShardBytes(*t) != nbytes || (t->full_bytes() != 0) != plan->dedup.has_value()) {
+      format::ShardBytes(*t) != nbytes || (t->full_bytes() != 0) != plan->dedup.has_value() ||
+      t->packed() != plan->packed.has_value() ||
+      (t->packed() &&
+       (t->pack_offset() != plan->packed->offset || t->pack_xxh3() != plan->packed->xxh3))) {
     return Status::Corrupt(source + " lays the tensor out differently");
   }
+  if (t->packed()) return Status::Ok();
   for (uint32_t i = 0; i < plan->count; ++i) {
     if (m.chunk(plan->first + i).payload_bytes() != plan->chunk_bytes[i]) {
       return Status::Corrupt(source + " lays the tensor out differently");

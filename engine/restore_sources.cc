@@ -40,7 +40,7 @@ class Db::TierSource final : public Db::RestoreSource {
     const uint64_t before = read;
     std::vector<uint64_t> offsets;
     for (uint32_t c : plan.pending) offsets.push_back(plan.dst_offset[c - plan.first]);
-    Status rs = db_->ReadChunks(seg, plan.pending, offsets, call->out, &failed, &read);
+    Status rs = db_->ReadChunks(seg, plan, plan.pending, offsets, call->out, &failed, &read);
     pin.Release();
     if (!rs.ok()) {
       // Nothing in the buffer can be vouched for after a queue failure.

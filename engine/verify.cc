@@ -232,18 +232,41 @@ void Db::VerifySegment(const VerifyTarget& t, const std::string& what, uint64_t 
                 reader->footer().manifest_xxh3,
                 what + ": the manifest's xxh3 differs from the one the catalog recorded at commit");
     }
-    for (uint32_t c = 0; c < reader->manifest().chunk_count(); ++c) {
+    // Packed shards (docs/format.md): each one's own xxh3 too, once its chunk is read.
+    const format::ManifestView& m = reader->manifest();
+    std::vector<std::pair<uint32_t, uint32_t>> packed;  // (chunk, tensor)
+    for (uint32_t i = 0; i < m.tensor_count(); ++i) {
+      if (m.tensor(i).packed()) packed.emplace_back(m.tensor(i).first_chunk(), i);
+    }
+    std::sort(packed.begin(), packed.end());
+    size_t next_packed = 0;
+    for (uint32_t c = 0; c < m.chunk_count(); ++c) {
       format::ChunkProblem p;
       Status cs = reader->CheckChunk(c, &run->scratch, &p);
       run->rep.chunks_checked++;
-      run->rep.bytes_checked += reader->manifest().chunk(c).payload_bytes();
-      run->done_bytes += format::RecordBytes(reader->manifest().chunk(c).payload_bytes());
+      run->rep.bytes_checked += m.chunk(c).payload_bytes();
+      run->done_bytes += format::RecordBytes(m.chunk(c).payload_bytes());
       if (!cs.ok()) {
         run->Emit(CKPTDB_VERIFY_PROBLEM, t, c, p.file_offset, p.expected_xxh3, p.actual_xxh3,
                   cs.message());
-      } else {
-        run->Emit(CKPTDB_VERIFY_PROGRESS, t, c, p.file_offset, 0, 0, "");
       }
+      // The record was read whole (its payload hashed) unless the read or its header failed:
+      // then each packed shard in it is named that fails its own xxh3.
+      const bool read_whole = cs.ok() || p.actual_xxh3 != 0;
+      bool parts_ok = true;
+      for (; next_packed < packed.size() && packed[next_packed].first == c; ++next_packed) {
+        const fb::Tensor& pt = m.tensor(packed[next_packed].second);
+        if (!read_whole) continue;
+        const uint64_t actual =
+            format::Xxh3(run->scratch.data() + format::kBlockBytes + pt.pack_offset(), pt.bytes());
+        if (actual == pt.pack_xxh3()) continue;
+        parts_ok = false;
+        run->Emit(CKPTDB_VERIFY_PROBLEM, t, c, p.file_offset, pt.pack_xxh3(), actual,
+                  what + ": packed tensor '" + pt.name()->str() + "' at offset " +
+                      std::to_string(pt.pack_offset()) + " of chunk " + std::to_string(c) +
+                      format::Xxh3Mismatch(pt.pack_xxh3(), actual));
+      }
+      if (cs.ok() && parts_ok) run->Emit(CKPTDB_VERIFY_PROGRESS, t, c, p.file_offset, 0, 0, "");
     }
   }
 }

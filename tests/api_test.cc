@@ -659,6 +659,124 @@ TEST_F(ApiTest, PutShardsIsAllOrNothingAndNamesTheShard) {
   EXPECT_TRUE(Mentions("already committed")) << ckptdb_last_error();
 }
 
+// Small shards of one call share chunks (docs/format.md, "Packed shards"): each still restored
+// and checked alone, on every tier and after a reopen, also as a slice, and a damaged one does
+// not take its pack-mates with it. A version mixes packs with shards that have chunks of their
+// own, a zero-byte shard and COPY_NOW shards.
+TEST_F(ApiTest, PutShardsPacksSmallShards) {
+  for (const bool ram : {false, true}) {
+    SCOPED_TRACE(ram ? "ram first tier" : "tmpfs first tier");
+    TempDir mem{"/dev/shm"};
+    TempDir disk{"/var/tmp"};
+    const std::string tiers = (ram ? "ram:64M,dir=" + mem.Sub("ram") : "tmpfs:" + mem.Sub("t1")) +
+                              ";disk:" + disk.Sub("t2");
+    const std::string root = mem.Sub("root");
+    o_.root = root.c_str();
+    o_.tiers = tiers.c_str();
+    Open();
+    constexpr size_t kCount = 3000;
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<std::string> names;
+    std::vector<ckptdb_shard> shards(kCount);
+    std::vector<ckptdb_tensor_info> infos(kCount);
+    data.reserve(kCount);
+    names.reserve(kCount);
+    uint64_t data_bytes = 0;
+    for (size_t i = 0; i < kCount; ++i) {
+      // 256 bytes mostly; a few odd sizes, one of no bytes, a few of two chunks (not packed).
+      const size_t n = i == 17 ? 0 : i % 500 == 3 ? (100 << 10) : i % 7 == 0 ? 4 + i % 61 : 256;
+      // Seeds far apart: RandomBytes of seeds s and s + 1 are the same stream 8 bytes apart.
+      data.push_back(RandomBytes(n, 0x9E3779B97F4A7C15ull * (i + 1)));
+      names.push_back("expert." + std::to_string(i));
+      infos[i].dtype = CKPTDB_DTYPE_U8;
+      infos[i].ndim = 1;
+      infos[i].shape[0] = n;
+      shards[i] = {names[i].c_str(), data[i].data(), n, &infos[i],
+                   i % 11 == 0 ? CKPTDB_PUT_COPY_NOW : 0u};
+      data_bytes += n;
+    }
+    ASSERT_EQ(ckptdb_put_shards(db_, 1, shards.data(), shards.size()), CKPTDB_OK)
+        << ckptdb_last_error();
+    ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+    // Shards of 256 bytes share a chunk; one of 100 KiB has two of its own.
+    auto chunks_of = [&](const std::string& name) {
+      std::vector<ckptdb_chunk_desc> list;
+      EXPECT_EQ(ckptdb_list_chunks(
+                    db_, 1, name.c_str(),
+                    [](void* arg, const ckptdb_chunk_desc* d) {
+                      static_cast<std::vector<ckptdb_chunk_desc>*>(arg)->push_back(*d);
+                      return 0;
+                    },
+                    &list, nullptr),
+                CKPTDB_OK)
+          << ckptdb_last_error();
+      return list;
+    };
+    ASSERT_EQ(chunks_of(names[1]).size(), 1u);
+    EXPECT_EQ(chunks_of(names[1])[0].index, chunks_of(names[2])[0].index);
+    EXPECT_GT(chunks_of(names[1])[0].payload_bytes, 256u);
+    EXPECT_EQ(chunks_of(names[3]).size(), 2u);
+    EXPECT_EQ(chunks_of(names[17]).size(), 0u);
+    ckptdb_close(db_);  // drains the demotion to disk
+    db_ = nullptr;
+    // The disk tier's segment: about its data's size, not a 4 KiB block a shard.
+    const std::string seg = disk.Sub("t2") + "/v00000000000000000001-r00000.seg";
+    const std::string file = test::ReadWholeFile(seg);
+    ASSERT_FALSE(file.empty()) << seg;
+    EXPECT_LT(file.size(), data_bytes * 3 / 2 + (512 << 10)) << "data " << data_bytes;
+    Open();
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(Get(1, names[i], data[i].size()), data[i]) << names[i];
+    }
+    EXPECT_EQ(Listed(1), kCount);
+    // A slice of a packed shard: bytes 100 .. 139.
+    ckptdb_box box{};
+    box.ndim = 1;
+    box.offset[0] = 100;
+    box.shape[0] = 40;
+    std::vector<uint8_t> slice(40);
+    uint64_t covered = 0;
+    ASSERT_EQ(ckptdb_restore_slice(db_, 1, names[5].c_str(), &box, slice.data(), slice.size(), 0,
+                                   &covered),
+              CKPTDB_OK)
+        << ckptdb_last_error();
+    EXPECT_EQ(covered, 40u);
+    EXPECT_EQ(slice, std::vector<uint8_t>(data[5].begin() + 100, data[5].begin() + 140));
+    EXPECT_EQ(ckptdb_verify(db_, 1, nullptr, nullptr, nullptr, nullptr), CKPTDB_OK)
+        << ckptdb_last_error();
+    ckptdb_close(db_);
+    db_ = nullptr;
+
+    // Only the disk copy left, one byte of shard 5 flipped there: shard 5 fails its own xxh3
+    // (zeroed, named), shard 6 in the same pack still restores, and verify names shard 5.
+    std::filesystem::remove_all(ram ? mem.Sub("ram") : mem.Sub("t1"));
+    const std::string shard5(data[5].begin(), data[5].end());
+    const size_t at = file.find(shard5);
+    ASSERT_NE(at, std::string::npos);
+    ASSERT_EQ(file.rfind(shard5), at);
+    test::FlipByte(seg, at + 9);
+    Open();
+    std::vector<uint8_t> out(256, 0xee);
+    EXPECT_EQ(ckptdb_restore(db_, 1, names[5].c_str(), out.data(), out.size(), 0), CKPTDB_ECORRUPT);
+    EXPECT_TRUE(Mentions("restore 'expert.5' of version 1")) << ckptdb_last_error();
+    EXPECT_EQ(out, std::vector<uint8_t>(256, 0));
+    EXPECT_EQ(Get(1, names[6], 256), data[6]);
+    EXPECT_EQ(Get(1, names[4], data[4].size()), data[4]);
+    std::string problems;
+    EXPECT_EQ(ckptdb_verify(
+                  db_, 1, nullptr,
+                  [](void* arg, const ckptdb_verify_event* e) {
+                    if (e->kind == CKPTDB_VERIFY_PROBLEM)
+                      *static_cast<std::string*>(arg) += e->message;
+                  },
+                  &problems, nullptr),
+              CKPTDB_ECORRUPT);
+    EXPECT_NE(problems.find("packed tensor 'expert.5'"), std::string::npos) << problems;
+    ckptdb_close(db_);
+    db_ = nullptr;
+  }
+}
+
 TEST_F(ApiTest, PutShardsArgumentsAndLimits) {
   Open();
   EXPECT_EQ(ckptdb_put_shards(nullptr, 1, nullptr, 0), CKPTDB_EINVAL);

@@ -189,7 +189,9 @@ typedef struct ckptdb_shard {
  * change until ckptdb_wait_capture, unless its flags have CKPTDB_PUT_COPY_NOW). All or nothing:
  * every shard is checked first, in order, and the first refusal is returned with "shard I of
  * COUNT" in its message; then nothing is queued or changed. Names must differ within the call
- * too (EEXIST naming both indexes). count = 0 puts nothing (shards may then be NULL). Errors:
+ * too (EEXIST naming both indexes). Two or more host shards of at most 64 KiB, not REPLICATED,
+ * are packed into shared chunks, each still restored and checked alone (docs/format.md, "Packed
+ * shards"). count = 0 puts nothing (shards may then be NULL). Errors:
  * those of ckptdb_put_shard, and EINVAL for NULL shards with count > 0 or count above 2^24. */
 int ckptdb_put_shards(ckptdb* db, uint64_t version, const ckptdb_shard* shards, size_t count);
 
@@ -343,7 +345,8 @@ typedef int (*ckptdb_chunk_fn)(void* arg, const ckptdb_chunk_desc* chunk);
 
 /* Calls fn for each chunk of tensor `name` in committed `version`, in order, as the manifest of
  * the fastest readable copy records them; *source (may be NULL) receives that copy's tier name
- * (valid until the handle closes). Errors: as ckptdb_list, and ENOTFOUND for an unknown name.
+ * (valid until the handle closes). A packed shard lists the one chunk it shares with its pack.
+ * Errors: as ckptdb_list, and ENOTFOUND for an unknown name.
  * Callbacks run on the calling thread; a nonzero return stops the listing. */
 int ckptdb_list_chunks(ckptdb* db, uint64_t version, const char* name, ckptdb_chunk_fn fn,
                        void* arg, const char** source);
