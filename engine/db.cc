@@ -355,6 +355,7 @@ Status Db::OpenImpl() {
     // read as missing.
     RefreshResidencyLocked(nullptr);
     StartThreads();  // workers only: they help restores copy and check ram copies
+    WarmManifests();
     return Status::Ok();
   }
   CKPTDB_RETURN_IF_ERROR(AllocateWriteBuffers(qo));
@@ -378,6 +379,7 @@ Status Db::OpenImpl() {
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return Status::FromErrno(errno, "eventfd for the tier manager");
   StartThreads();
+  WarmManifests();
   return Status::Ok();
 }
 

@@ -676,6 +676,7 @@ class Db {
   void VerifySegment(const VerifyTarget& t, const std::string& what, uint64_t size,
                      const format::ReadAtFn& read, Status st, VerifyRun* run);
   Status ReadSegment(uint64_t version, size_t tier, OpenSegment** out);
+  void WarmManifests();
   Status CheckCommittedLocked(uint64_t version, const std::string& what) const;
   Status CommittedCopies(uint64_t version, const std::string& what,
                          std::vector<size_t>* candidates);

@@ -156,6 +156,31 @@ Status Db::ReadSegment(uint64_t version, size_t tier, OpenSegment** out) {
   return Status::Ok();
 }
 
+// Opens, verifies and caches the manifests of the committed copies in the ram tier, newest
+// first, at most half the reader cache: after a restart the first restore of a version of many
+// tensors finds its manifest checked, instead of paying for it (the FlatBuffers verifier and the
+// format's rules are linear in the tensors). Open pays instead, once; a copy that fails here is
+// left to the restore that needs it to report.
+void Db::WarmManifests() {
+  if (tiers_.empty() || !tiers_[0].is_ram()) return;
+  std::vector<uint64_t> newest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = versions_.rbegin();
+         it != versions_.rend() && newest.size() < kMaxOpenSegments / 2; ++it) {
+      if (it->second.has_record && it->second.record.state == CKPTDB_STATE_COMMITTED &&
+          Durable(it->second, 0)) {
+        newest.push_back(it->first);
+      }
+    }
+  }
+  std::lock_guard<std::mutex> read_lock(read_mu_);
+  for (uint64_t version : newest) {
+    OpenSegment* seg = nullptr;
+    if (ReadSegment(version, 0, &seg).ok()) RamPin(this, version, true).Release();
+  }
+}
+
 // Reads chunks `chunks` (sorted indexes) of seg's tensor into dst, chunk chunks[k] at
 // dst_offset[k], checking each against its xxh3; the failed ones are listed in *failed. A ram
 // copy is copied by the caller and the capture workers together; a file is read through io_uring.
