@@ -144,7 +144,13 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
     mc.replicas.replicated_only = cluster_->options().replicas <= 1 && !cluster_->options().code;
     arc_versions_[version] = {g.group, g.members, mc.replicas.replicated_only};
   }
-  mc.tensors = v->tensors;
+  // The manifest takes the tensors: no put comes after a commit. A replica group's shards stay,
+  // for the comparison of replicas (kReplicate).
+  for (format::TensorEntry& t : v->tensors) {
+    if (v->replicated_names.count(t.name)) v->replicated_tensors.push_back(t);
+  }
+  mc.tensors = std::move(v->tensors);
+  v->tensors.clear();
   if (cluster_ != nullptr && cluster_->Group()) {
     // The coding group's layout (docs/format.md): what a rebuild and verify read back.
     const CodingGroup& g = *cluster_->Group();
@@ -336,8 +342,7 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
   std::optional<ReplicaGroup> group = replica_group_;
   std::vector<Cluster::ReplicaDigest> digests;
   if (group) {
-    for (const format::TensorEntry& t : v->tensors) {
-      if (!v->replicated_names.count(t.name)) continue;
+    for (const format::TensorEntry& t : v->replicated_tensors) {
       // A deduplicated shard's pieces are its chunks had it been kept whole.
       const bool dedup = t.full_bytes != 0;
       const size_t count = dedup ? t.piece_xxh3.size() : t.chunk_count;

@@ -35,6 +35,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
@@ -213,9 +214,11 @@ class Db {
     StagingRing::Region header_region{};  // ram: the segment header block
     uint64_t next_offset = 0;             // where the next record goes
     std::vector<format::TensorEntry> tensors;
-    std::set<std::string, std::less<>> names;
+    std::unordered_set<std::string> names;   // hashed: a version may hold millions
     std::set<std::string> replicated_names;  // put with CKPTDB_PUT_REPLICATED
-    std::deque<ChunkSlot> chunks;            // a deque: workers hold references while puts append
+    // Once the manifest is built (and has taken `tensors`): the replicated shards' entries.
+    std::vector<format::TensorEntry> replicated_tensors;
+    std::deque<ChunkSlot> chunks;  // a deque: workers hold references while puts append
     // Each pack's parts, in payload order, never changed once made: workers read them unlocked.
     std::deque<std::vector<PackPart>> packs;
     // REFT's ARC: the pieces of deduplicated shards that other members save, only hashed (so

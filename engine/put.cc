@@ -226,6 +226,10 @@ Status Db::PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
                                      : "put_shard '" + (*shards)[0].t.name + "' into " + V(version);
     return st.WithContext(what);
   }
+  if (shards->size() > 1) {  // a batch: room for it at once (one shard: the usual growth)
+    v->names.reserve(v->names.size() + shards->size());
+    v->tensors.reserve(std::max(v->tensors.size() + shards->size(), 2 * v->tensors.capacity()));
+  }
   std::vector<uint32_t> own_chunks;  // COPY_NOW: captured by this thread
   std::vector<uint32_t> own_pieces;
   uint64_t bytes = 0;

@@ -105,10 +105,34 @@ size_t DTypeBytes(uint32_t dtype) {
 }
 
 std::vector<uint8_t> BuildManifest(ManifestContents c) {
-  std::sort(c.tensors.begin(), c.tensors.end(),
-            [](const TensorEntry& a, const TensorEntry& b) { return a.name < b.name; });
-  for (size_t i = 1; i < c.tensors.size(); ++i) {
-    CKPTDB_ASSERT(c.tensors[i - 1].name != c.tensors[i].name);
+  // Sorted by name, as bytes (unsigned), through keys that hold each name's first 16 bytes: an
+  // entry is a string and five vectors, and comparing names in place chases two pointers a
+  // comparison (a version of 100,000 tensors sorted in 30 ms that way). Names hold no NUL, so
+  // padding a short one with zeros keeps the order.
+  struct Key {
+    uint64_t head[2];
+    const TensorEntry* t;
+  };
+  auto head = [](const std::string& name, size_t at) {
+    uint64_t v = 0;
+    for (size_t i = at; i < at + 8; ++i) {
+      v = (v << 8) | (i < name.size() ? static_cast<uint8_t>(name[i]) : 0);
+    }
+    return v;
+  };
+  std::vector<Key> keys;
+  keys.reserve(c.tensors.size());
+  for (const TensorEntry& t : c.tensors) keys.push_back({{head(t.name, 0), head(t.name, 8)}, &t});
+  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+    if (a.head[0] != b.head[0]) return a.head[0] < b.head[0];
+    if (a.head[1] != b.head[1]) return a.head[1] < b.head[1];
+    return a.t->name < b.t->name;
+  });
+  std::vector<const TensorEntry*> sorted;
+  sorted.reserve(keys.size());
+  for (const Key& k : keys) sorted.push_back(k.t);
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    CKPTDB_ASSERT(sorted[i - 1]->name != sorted[i]->name);
   }
   flatbuffers::FlatBufferBuilder b(1024 + c.tensors.size() * 128 + c.chunks.size() * 24);
   std::vector<flatbuffers::Offset<fb::Tensor>> tensors;
@@ -116,7 +140,8 @@ std::vector<uint8_t> BuildManifest(ManifestContents c) {
   uint64_t data_bytes = 0;
   bool dedup = false;
   bool packed = false;
-  for (const TensorEntry& t : c.tensors) {
+  for (const TensorEntry* entry : sorted) {
+    const TensorEntry& t = *entry;
     auto name = b.CreateString(t.name);
     auto shape = b.CreateVector(t.shape);
     auto gshape = b.CreateVector(t.global_shape);
