@@ -91,10 +91,10 @@ def run(args, base):
         t_flat = time.perf_counter()
         items = [(b"__ckptdb__/tree", *_capi.buffer_address(record), None, None, None, None,
                   _capi.PUT_COPY_NOW)]
-        for name, tensor, _ in tensors:
-            items.append((_capi.name_bytes(name), tensor.data_ptr(),
-                          tensor.numel() * tensor.element_size(), tensor, 12,
-                          tuple(tensor.shape), None, None, 0))
+        for name, tensor, _, code in tensors:  # as Checkpointer._save builds them
+            items.append((name.encode("utf-8"), tensor.data_ptr(),
+                          tensor.numel() * tensor.element_size(), tensor, code,
+                          tensor.shape, None, None, 0))
         t_items = time.perf_counter()
         calls = []
         real = _capi._put_shards
@@ -122,7 +122,7 @@ def run(args, base):
         step += 1
         t = time.perf_counter()
         store.put_shard(step, "__ckptdb__/tree", record, copy_now=True)
-        for name, tensor, _ in tensors:
+        for name, tensor, _, _ in tensors:
             store.put_shard(step, name, tensor)
         store.wait_capture(step)
         samples["per-tensor put"].append(time.perf_counter() - t)

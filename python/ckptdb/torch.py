@@ -45,7 +45,7 @@ _TORCH_DTYPES = {
     torch.float32: "f32", torch.float64: "f64",
 }
 _FROM_NAME = {name: dtype for dtype, name in _TORCH_DTYPES.items()}
-_DTYPE_CODES = {dtype: DTYPES[name] for dtype, name in _TORCH_DTYPES.items()}
+_CODE_OF = {name: DTYPES[name] for name in _TORCH_DTYPES.values()}
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -137,7 +137,7 @@ class Checkpointer:
                 gc.enable()
 
     def _save(self, step: int, state: Any) -> None:
-        tensors: List[Tuple[str, torch.Tensor, Optional[Shard]]] = []
+        tensors: List[Tuple[str, torch.Tensor, Optional[Shard], int]] = []
         tree = self._flatten(state, "", tensors)
         record = json.dumps({"format": _TREE_FORMAT, "rank": self.rank,
                              "world_size": self.world_size, "tree": tree},
@@ -146,21 +146,20 @@ class Checkpointer:
         # little Python per tensor as possible (the tree already checked dtype and device).
         items = [(_TREE.encode(), *_capi.buffer_address(record), None, None, None, None,
                   _capi.PUT_COPY_NOW)]
-        names = [name.encode("utf-8") for name, _, _ in tensors]
+        names = [name.encode("utf-8") for name, _, _, _ in tensors]
         if any(b"\0" in n for n in names):
-            bad = next(name for name, _, _ in tensors if "\0" in name)
+            bad = next(name for name, _, _, _ in tensors if "\0" in name)
             raise ValueError(f"name {bad!r} contains a NUL byte")
         synced = set()
-        for name, (_, tensor, shard) in zip(names, tensors):
+        for name, (_, tensor, shard, code) in zip(names, tensors):
             flags = 0
             if tensor.is_cuda:
                 if tensor.device not in synced:  # ckptdb's copies are not ordered after it
                     torch.cuda.current_stream(tensor.device).synchronize()
                     synced.add(tensor.device)
                 flags = _capi.PUT_DEVICE
-            nbytes = tensor.numel() * tensor.element_size()
-            items.append((name, tensor.data_ptr(), nbytes, tensor,
-                          _DTYPE_CODES[tensor.dtype], tuple(tensor.shape),
+            items.append((name, tensor.data_ptr(), tensor.numel() * tensor.element_size(), tensor,
+                          code, tensor.shape,
                           shard.global_shape if shard else None, shard.offset if shard else None,
                           flags))
         self.store._put_many(step, items)
@@ -228,17 +227,18 @@ class Checkpointer:
             dtype = _TORCH_DTYPES.get(obj.dtype)
             if dtype is None:
                 raise TypeError(f"{path or '/'}: tensors of {obj.dtype} are not supported")
-            if obj.device.type not in ("cpu", "cuda"):
+            if not (obj.is_cpu or obj.is_cuda):  # (obj.device makes an object: 6x slower)
                 raise ValueError(f"{path or '/'}: a tensor on {obj.device}; move it to the CPU")
             # Its memory is read by address, never through autograd: a contiguous tensor is
             # held as it is (detach() would make a new tensor object for nothing).
             tensor = obj if obj.is_contiguous() else obj.detach().contiguous()  # a held copy
             name = path or "/"
-            tensors.append((name, tensor, None))
-            return {"t": name, "dtype": dtype, "shape": list(obj.shape)}
+            tensors.append((name, tensor, None, _CODE_OF[dtype]))
+            # torch.Size is a tuple: JSON writes it as the list it is.
+            return {"t": name, "dtype": dtype, "shape": obj.shape}
         if isinstance(obj, Shard):
             node = self._flatten(obj.tensor, path, tensors)
-            tensors[-1] = (tensors[-1][0], tensors[-1][1], obj)
+            tensors[-1] = (tensors[-1][0], tensors[-1][1], obj, tensors[-1][3])
             node["g"] = list(obj.global_shape)
             node["o"] = list(obj.offset)
             return node
