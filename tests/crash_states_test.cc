@@ -50,6 +50,15 @@ std::vector<uint8_t> ShardData(uint64_t version, int which) {
 
 std::string ShardName(int which) { return which == 0 ? "w0" : "w1"; }
 
+// Each version's small shards, put in one call: packed into one chunk (docs/format.md, "Packed
+// shards"), so every crash state below also cuts through a pack's record.
+constexpr int kSmallShards = 12;
+std::vector<uint8_t> SmallData(uint64_t version, int which) {
+  return RandomBytes(40 + 97 * static_cast<size_t>(which),
+                     0x9E3779B97F4A7C15ull * (version * 100 + static_cast<uint64_t>(which) + 1));
+}
+std::string SmallName(int which) { return "norm" + std::to_string(which); }
+
 io::FsTrace* g_trace = nullptr;
 void MarkPoint(const char* point) { g_trace->Mark(point); }
 
@@ -99,6 +108,19 @@ class CrashStatesTest : public ::testing::Test {
         st = db->PutShard(v, name.c_str(), data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW);
         ASSERT_TRUE(st.ok()) << st.ToString();
       }
+      std::vector<std::vector<uint8_t>> small;
+      std::vector<std::string> names;
+      std::vector<ckptdb_shard> shards;
+      for (int which = 0; which < kSmallShards; ++which) {
+        small.push_back(SmallData(v, which));
+        names.push_back(SmallName(which));
+      }
+      for (int which = 0; which < kSmallShards; ++which) {
+        shards.push_back({names[which].c_str(), small[which].data(), small[which].size(), nullptr,
+                          CKPTDB_PUT_COPY_NOW});
+      }
+      st = db->PutShards(v, shards.data(), shards.size());
+      ASSERT_TRUE(st.ok()) << st.ToString();
       st = db->Commit(v, 0);
       ASSERT_TRUE(st.ok()) << st.ToString();
     }
@@ -206,6 +228,14 @@ class CrashStatesTest : public ::testing::Test {
         st = db->Restore(v, name.c_str(), out.data(), out.size(), 0);
         ASSERT_TRUE(st.ok()) << what << ": restore v" << v << " " << name << ": " << st.ToString();
         ASSERT_TRUE(out == ShardData(v, which))
+            << what << ": v" << v << " " << name << " restored other bytes";
+      }
+      for (int which = 0; which < kSmallShards; ++which) {
+        std::vector<uint8_t> out(SmallData(v, which).size());
+        const std::string name = SmallName(which);
+        st = db->Restore(v, name.c_str(), out.data(), out.size(), 0);
+        ASSERT_TRUE(st.ok()) << what << ": restore v" << v << " " << name << ": " << st.ToString();
+        ASSERT_TRUE(out == SmallData(v, which))
             << what << ": v" << v << " " << name << " restored other bytes";
       }
     }
