@@ -141,6 +141,8 @@ def main():
                         help="where ckptdb's ram tier keeps its arenas (removed at the end)")
     parser.add_argument("--small-steps", type=int, default=300,
                         help="steps of the real client test's small model (0: skip it)")
+    parser.add_argument("--small-only", action="store_true",
+                        help="only the real client test's small model (issue 23's step bar)")
     parser.add_argument("--device", default="cpu",
                         help="cpu, or cuda: the model and its state on the GPU (needs torch with "
                              "CUDA and a CUDA build of libckptdb)")
@@ -162,6 +164,10 @@ def run(args):
     for d in (args.dir, args.ram_dir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
+    if args.small_only:
+        plain_small, ckpt_small, small_bytes = small_loop(args.dir, args.ram_dir, args.small_steps)
+        print_small(plain_small, ckpt_small, small_bytes)
+        return
     dcp = import_dcp()
     width = 4096
     per_layer = (width * width + width) * 4 * 3
@@ -295,11 +301,15 @@ def run(args):
           f"({rate(ckpt_load_new):.2f} GiB/s)  -> "
           f"{median_ms(torch_load) / median_ms(ckpt_load_new):.1f}x torch.load")
     if small is not None:
-        plain_small, ckpt_small, small_bytes = small
-        print(f"the real client test's model ({small_bytes / 2**10:.0f} KiB of state, 1 thread): "
-              f"step {plain_small * 1e3:.2f} ms, with a ckptdb save every step "
-              f"{ckpt_small * 1e3:.2f} ms: overhead {(ckpt_small / plain_small - 1) * 100:.0f}%")
+        print_small(*small)
     return 0
+
+
+def print_small(plain_small: float, ckpt_small: float, small_bytes: int) -> None:
+    print(f"the real client test's model ({small_bytes / 2**10:.0f} KiB of state, 1 thread): "
+          f"step {plain_small * 1e3:.2f} ms, with a ckptdb save every step "
+          f"{ckpt_small * 1e3:.2f} ms: overhead {(ckpt_small / plain_small - 1) * 100:.0f}% "
+          "(bar < 20%)")
 
 
 if __name__ == "__main__":
