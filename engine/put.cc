@@ -228,7 +228,10 @@ Status Db::PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
   }
   if (shards->size() > 1) {  // a batch: room for it at once (one shard: the usual growth)
     v->names.reserve(v->names.size() + shards->size());
-    v->tensors.reserve(std::max(v->tensors.size() + shards->size(), 2 * v->tensors.capacity()));
+    const size_t need = v->tensors.size() + shards->size();
+    if (need > v->tensors.capacity()) {
+      v->tensors.reserve(std::max(need, 2 * v->tensors.capacity()));
+    }
   }
   std::vector<uint32_t> own_chunks;  // COPY_NOW: captured by this thread
   std::vector<uint32_t> own_pieces;

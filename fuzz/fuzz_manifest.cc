@@ -4,6 +4,7 @@
 // re-checks them. The walk below re-derives each one and traps when one is broken, so a
 // violated promise is a finding just like a sanitizer report.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -73,11 +74,10 @@ void Walk(const ManifestView& view, uint64_t data_end) {
   }
   Check(next == data_end);
 
-  // 1: a tensor's own chunk; 2: a pack (chunk of packed shards only), with the bytes its
-  // shards reach and the sum of their lengths.
+  // 1: a tensor's own chunk; 2: a pack (chunk of packed shards only), with its shards' parts
+  // (chunk, offset, bytes).
   std::vector<uint8_t> owner_count(chunk_count, 0);
-  std::vector<uint64_t> pack_end(chunk_count, 0);
-  std::vector<uint64_t> pack_sum(chunk_count, 0);
+  std::vector<std::array<uint64_t, 3>> parts;
   uint64_t data_bytes = 0;
   for (uint32_t i = 0; i < view.tensor_count(); ++i) {
     const fb::Tensor& t = view.tensor(i);
@@ -133,8 +133,7 @@ void Walk(const ManifestView& view, uint64_t data_end) {
       Check(t.pack_offset() <= payload && t.bytes() <= payload - t.pack_offset());
       Check(owner_count[c] != 1);
       owner_count[c] = 2;
-      pack_end[c] = std::max(pack_end[c], t.pack_offset() + t.bytes());
-      pack_sum[c] += t.bytes();
+      parts.push_back({c, t.pack_offset(), t.bytes()});
       data_bytes += t.bytes();
       continue;
     }
@@ -149,12 +148,15 @@ void Walk(const ManifestView& view, uint64_t data_end) {
     Check(sum == t.bytes());
     data_bytes += t.bytes();
   }
-  for (uint32_t c = 0; c < chunk_count; ++c) {
-    Check(owner_count[c] != 0);
-    // Without overlap, the parts of a pack add up to no more than where the last one ends,
-    // which is the chunk's end.
-    if (owner_count[c] == 2) {
-      Check(pack_end[c] == view.chunk(c).payload_bytes() && pack_sum[c] <= pack_end[c]);
+  for (uint32_t c = 0; c < chunk_count; ++c) Check(owner_count[c] != 0);
+  // A pack's parts, in payload order, do not overlap, and the last ends at the chunk's end.
+  std::sort(parts.begin(), parts.end());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& [c, offset, bytes] = parts[i];
+    if (i + 1 < parts.size() && parts[i + 1][0] == c) {
+      Check(offset + bytes <= parts[i + 1][1]);
+    } else {
+      Check(offset + bytes == view.chunk(static_cast<uint32_t>(c)).payload_bytes());
     }
   }
   Check(data_bytes == m.data_bytes());

@@ -777,6 +777,32 @@ TEST_F(ApiTest, PutShardsPacksSmallShards) {
   }
 }
 
+// Many batched calls into one version: each adds its shards (and packs) to the same version,
+// and its bookkeeping grows with the shards, not with the calls (a put that doubled its room on
+// every call asked for terabytes by the 30th).
+TEST_F(ApiTest, PutShardsManyCallsIntoOneVersion) {
+  Open();
+  constexpr int kCalls = 64;
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<std::string> names;
+  for (int i = 0; i < 3 * kCalls; ++i) {
+    data.push_back(RandomBytes(100 + i, 0x9E3779B97F4A7C15ull * (i + 1)));
+    names.push_back("m" + std::to_string(i));
+  }
+  for (int call = 0; call < kCalls; ++call) {
+    std::vector<ckptdb_shard> shards;
+    for (int i = 3 * call; i < 3 * call + 3; ++i) {
+      shards.push_back({names[i].c_str(), data[i].data(), data[i].size(), nullptr, 0});
+    }
+    ASSERT_EQ(ckptdb_put_shards(db_, 1, shards.data(), shards.size()), CKPTDB_OK)
+        << "call " << call << ": " << ckptdb_last_error();
+  }
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+  Reopen();
+  EXPECT_EQ(Listed(1), size_t{3 * kCalls});
+  for (int i = 0; i < 3 * kCalls; ++i) EXPECT_EQ(Get(1, names[i], data[i].size()), data[i]);
+}
+
 TEST_F(ApiTest, PutShardsArgumentsAndLimits) {
   Open();
   EXPECT_EQ(ckptdb_put_shards(nullptr, 1, nullptr, 0), CKPTDB_EINVAL);
