@@ -456,6 +456,8 @@ class Db {
   // queues each pack's chunk. Cannot fail.
   void AddPacksLocked(LiveVersion* v, std::vector<PreparedShard>* shards,
                       const std::vector<uint32_t>& packable, std::vector<uint32_t>* own_chunks);
+  // A pack's payload at most: kPackBytes, or chunk_bytes when smaller.
+  uint64_t PackLimit() const;
   // The shards of one call put into `version` (PutShard: one, PutShards: many): checked in
   // order, the first refusal returned with `context(i)` and nothing changed; then laid out and
   // queued under one lock.

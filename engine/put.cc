@@ -238,11 +238,10 @@ Status Db::PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
   uint64_t bytes = 0;
   const size_t queued_before = tasks_.size();
   // Small host shards share chunks when the call has several (docs/format.md, "Packed shards").
-  const uint64_t pack_limit = std::min(kPackBytes, chunk_bytes);
   std::vector<uint32_t> packable;
   for (size_t i = 0; i < shards->size(); ++i) {
     const PreparedShard& s = (*shards)[i];
-    if (s.nbytes > 0 && s.nbytes <= std::min(kPackShardBytes, pack_limit) && s.device < 0 &&
+    if (s.nbytes > 0 && s.nbytes <= std::min(kPackShardBytes, PackLimit()) && s.device < 0 &&
         !(s.flags & CKPTDB_PUT_REPLICATED)) {
       packable.push_back(static_cast<uint32_t>(i));
     }
@@ -355,12 +354,14 @@ void Db::AddShardLocked(LiveVersion* v, PreparedShard&& s, std::vector<uint32_t>
   v->tensors.push_back(std::move(t));
 }
 
+uint64_t Db::PackLimit() const { return std::min(kPackBytes, options_.chunk_bytes); }
+
 // Packs in payload order, each shard at the next kPackAlign-aligned offset, a pack closed when
 // the next shard would pass pack_limit. Lazy and COPY_NOW shards go in separate packs: a pack is
 // captured by one thread.
 void Db::AddPacksLocked(LiveVersion* v, std::vector<PreparedShard>* shards,
                         const std::vector<uint32_t>& packable, std::vector<uint32_t>* own_chunks) {
-  const uint64_t pack_limit = std::min(kPackBytes, options_.chunk_bytes);
+  const uint64_t pack_limit = PackLimit();
   for (const bool copy_now : {false, true}) {
     std::vector<PackPart> parts;
     uint64_t end = 0;  // the pack's payload so far
