@@ -171,7 +171,8 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
   CatalogBatch captured;
   captured.put_versions.push_back(rec);
   st = catalog_->Apply(captured, /*sync=*/false);
-  std::vector<uint8_t> manifest = format::BuildManifest(std::move(mc));
+  std::vector<uint8_t> manifest = format::BuildManifest(mc);
+  spare_entries_.Give(std::move(mc.tensors));  // for the next version's tensor list
   lock.lock();
   if (!st.ok()) return FailCommitLocked(v, st.WithContext("commit " + V(version)));
   if (manifest.size() > format::kMaxManifestBytes) {

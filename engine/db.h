@@ -52,6 +52,7 @@
 #include "format/segment_reader.h"
 #include "io/device.h"
 #include "io/io.h"
+#include "util/spare_vector.h"
 #include "util/status.h"
 
 namespace ckpt::engine {
@@ -780,6 +781,10 @@ class Db {
   std::map<uint64_t, VersionEntry> versions_;  // the catalog's view
   static constexpr uint32_t kCommitWaiter = UINT32_MAX;
   std::map<uint64_t, LiveVersion> live_;
+  // The memory of a version's tensor list and of a batched put's shards, kept for the next one
+  // (util/spare_vector.h): pages of megabytes not mapped and faulted again every version.
+  SpareVector<format::TensorEntry> spare_entries_{size_t{256} << 20};
+  SpareVector<PreparedShard> spare_batch_{size_t{256} << 20};
   // Failed, skipped or aborted versions, newest kMaxOutcomes. A version that failed or was
   // skipped may not be put again: the rest of its shards would make a checkpoint without the
   // first ones. One its caller aborted may.

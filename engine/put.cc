@@ -129,6 +129,7 @@ Status Db::LiveVersionFor(uint64_t version, LiveVersion** out) {
                       V(version) + " failed; put its shards into a new version");
   }
   LiveVersion& v = live_[version];
+  v.tensors = spare_entries_.Take();
   v.version = version;
   v.generation = next_generation_++;
   v.created_unix_ns = WallNs();
@@ -185,12 +186,17 @@ Status Db::PutShards(uint64_t version, const ckptdb_shard* shards, size_t count)
   auto context = [&](size_t i) {
     return "put_shards: shard " + std::to_string(i) + " of " + std::to_string(count);
   };
-  std::vector<PreparedShard> batch(count);
+  std::vector<PreparedShard> batch = spare_batch_.Take();
+  struct GiveBack {  // on every way out: the shards' memory serves the next call
+    SpareVector<PreparedShard>& spare;
+    std::vector<PreparedShard>& batch;
+    ~GiveBack() { spare.Give(std::move(batch)); }
+  } give_back{spare_batch_, batch};
+  batch.resize(count);
   for (size_t i = 0; i < count; ++i) {
     const ckptdb_shard& s = shards[i];
-    CKPTDB_RETURN_IF_ERROR(
-        PrepareShard(version, s.name, s.data, s.nbytes, s.info, s.flags, &batch[i])
-            .WithContext(context(i)));
+    Status st = PrepareShard(version, s.name, s.data, s.nbytes, s.info, s.flags, &batch[i]);
+    if (!st.ok()) return st.WithContext(context(i));  // (the context is built for a refusal only)
   }
   // Names differ within the call as across calls: the first shard that repeats an earlier one.
   std::unordered_map<std::string_view, uint32_t> first_named;

@@ -104,7 +104,7 @@ size_t DTypeBytes(uint32_t dtype) {
   return dtype < std::size(kDTypeBytes) ? kDTypeBytes[dtype] : 0;
 }
 
-std::vector<uint8_t> BuildManifest(ManifestContents c) {
+std::vector<uint8_t> BuildManifest(const ManifestContents& c) {
   // Sorted by name, as bytes (unsigned), through keys that hold each name's first 16 bytes: an
   // entry is a string and five vectors, and comparing names in place chases two pointers a
   // comparison (a version of 100,000 tensors sorted in 30 ms that way). Names hold no NUL, so

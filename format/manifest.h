@@ -104,7 +104,7 @@ struct ManifestContents {
 };
 
 // Serializes contents (tensors sorted by name). Asserts that names are unique.
-std::vector<uint8_t> BuildManifest(ManifestContents contents);
+std::vector<uint8_t> BuildManifest(const ManifestContents& contents);
 
 // The piece of the whole shard each chunk of deduplicated tensor `t` holds, in chunk order (its
 // slices cut in piece_bytes pieces; ManifestView checked that they match its chunks).
