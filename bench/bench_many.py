@@ -8,8 +8,10 @@ tensors").
 Blocked time is what a training loop waits: ckptdb, save() (the tree, one ckptdb_put_shards
 call, the commit started) plus wait_capture; torch.save, the whole save. Each save is a new
 version of one store whose ram tier (in /dev/shm) keeps 2 versions. Reported beside it, where a
-ckptdb save's time goes: flattening the state into the tree record (Python and JSON), packing
-the descriptors (Python, Store._put_many), the C call itself, and the wait for capture; and the
+ckptdb save's time goes: the native walk (ckptdb._native: the tree record and the descriptors in
+one pass), the C call itself and the wait for capture; the same save with the walk in Python
+(what runs where ckptdb._native is not built), and its parts: flattening the state into the
+tree record (Python and JSON), packing the descriptors (Store._put_many) and the C call; and the
 same save through one ckptdb_put_shard call a tensor (Store.put_shard), the path before the
 batched put.
 """
@@ -61,8 +63,19 @@ def run(args, base):
     store = ckpt.store
     torch_file = os.path.join(base, "state.pt")
     step = 0
-    samples = {k: [] for k in ("torch", "ckptdb", "flatten", "pack+call", "call", "capture",
+    samples = {k: [] for k in ("torch", "ckptdb", "python walk save", "walk", "call",
+                               "capture", "flatten", "pack+call", "python call",
                                "per-tensor put")}
+    real = _capi._put_shards
+    calls = []
+
+    def timed(*a):
+        c = time.perf_counter()
+        rc = real(*a)
+        calls.append(time.perf_counter() - c)
+        return rc
+
+    native = ckptdb.torch._native
     # Interleaved: each repeat runs every configuration once, so drift hits all alike.
     for _ in range(args.repeats + 1):
         t = time.perf_counter()
@@ -79,8 +92,39 @@ def run(args, base):
         samples["capture"].append(t_captured - t_saved)
         ckpt.wait(step)
 
-        # The parts of a save, timed apart on a version of their own (the collector off, as
-        # save() turns it off).
+        # The same save with the walk in Python (what runs without ckptdb._native).
+        step += 1
+        ckptdb.torch._native = None
+        try:
+            t = time.perf_counter()
+            ckpt.save(step, state)
+            ckpt.wait_capture()
+            samples["python walk save"].append(time.perf_counter() - t)
+        finally:
+            ckptdb.torch._native = native
+        ckpt.wait(step)
+
+        # The parts of a save, timed apart on versions of their own (the collector off, as
+        # save() turns it off): the native walk and the C call; the Python walk's flatten and
+        # JSON, and its descriptors and the C call.
+        if native is not None:
+            step += 1
+            gc.disable()
+            t = time.perf_counter()
+            buffer, descs_at, count, keep, _ = native.walk(state, 0, 1, ckpt._leaf)
+            t_walk = time.perf_counter()
+            calls.clear()
+            _capi._put_shards = timed
+            try:
+                store._put_described(step, buffer, descs_at, count, keep)
+            finally:
+                _capi._put_shards = real
+            gc.enable()
+            samples["walk"].append(t_walk - t)
+            samples["call"].append(calls[0])
+            store.wait_capture(step)
+            store.commit(step)
+
         step += 1
         gc.disable()
         t = time.perf_counter()
@@ -91,20 +135,11 @@ def run(args, base):
         t_flat = time.perf_counter()
         items = [(b"__ckptdb__/tree", *_capi.buffer_address(record), None, None, None, None,
                   _capi.PUT_COPY_NOW)]
-        for name, tensor, _, code in tensors:  # as Checkpointer._save builds them
+        for name, tensor, _, code in tensors:  # as Checkpointer._walk_in_python builds them
             items.append((name.encode("utf-8"), tensor.data_ptr(),
                           tensor.numel() * tensor.element_size(), tensor, code,
                           tensor.shape, None, None, 0))
-        t_items = time.perf_counter()
-        calls = []
-        real = _capi._put_shards
-
-        def timed(*a):
-            c = time.perf_counter()
-            rc = real(*a)
-            calls.append(time.perf_counter() - c)
-            return rc
-
+        calls.clear()
         _capi._put_shards = timed
         try:
             store._put_many(step, items)
@@ -114,7 +149,7 @@ def run(args, base):
         gc.enable()
         samples["flatten"].append(t_flat - t)
         samples["pack+call"].append(t_put - t_flat)
-        samples["call"].append(calls[0])
+        samples["python call"].append(calls[0])
         store.wait_capture(step)
         store.commit(step)
 
@@ -129,22 +164,25 @@ def run(args, base):
         store.commit(step)
     ckpt.close()
     n = args.tensors
-    med = {k: median_ms(v[1:]) for k, v in samples.items()}  # the first run warms up
+    med = {k: median_ms(v[1:]) for k, v in samples.items() if v}  # the first run warms up
+
+    def row(label, key, ratio=False):
+        extra = f"   {med['torch'] / med[key]:.1f}x less than torch.save" if ratio else ""
+        print(f"  {label:<40}{med[key]:9.2f}   {med[key] * 1e3 / n:.2f} us a tensor{extra}")
+
     print(f"{n} tensors of {elements * 4} bytes ({total / 2**20:.1f} MiB), median of "
-          f"{args.repeats} (ms):")
-    print(f"  torch.save into tmpfs            {med['torch']:9.2f}")
-    print(f"  ckptdb save + wait_capture       {med['ckptdb']:9.2f}   "
-          f"{med['torch'] / med['ckptdb']:.1f}x less than torch.save, "
-          f"{med['ckptdb'] * 1e3 / n:.2f} us a tensor")
-    print(f"    flatten + tree record (Python) {med['flatten']:9.2f}   "
-          f"{med['flatten'] * 1e3 / n:.2f} us a tensor")
-    print(f"    descriptors + the C call       {med['pack+call']:9.2f}   "
-          f"{med['pack+call'] * 1e3 / n:.2f} us a tensor")
-    print(f"      of it ckptdb_put_shards      {med['call']:9.2f}   "
-          f"{med['call'] * 1e3 / n:.2f} us a tensor")
-    print(f"    wait_capture                   {med['capture']:9.2f}")
-    print(f"  one put_shard a tensor + wait    {med['per-tensor put']:9.2f}   "
-          f"{med['per-tensor put'] * 1e3 / n:.2f} us a tensor")
+          f"{args.repeats} (ms); native walk {'built' if native else 'NOT built'}:")
+    row("torch.save into tmpfs", "torch")
+    row("ckptdb save + wait_capture", "ckptdb", ratio=True)
+    if native is not None:
+        row("  native walk (tree record, descriptors)", "walk")
+        row("  ckptdb_put_shards", "call")
+    print(f"    wait_capture                            {med['capture']:9.2f}")
+    row("the same, the walk in Python", "python walk save", ratio=True)
+    row("  flatten + tree record (Python)", "flatten")
+    row("  descriptors + the C call (Python)", "pack+call")
+    row("    of it ckptdb_put_shards", "python call")
+    row("one put_shard a tensor + wait", "per-tensor put")
 
 
 if __name__ == "__main__":

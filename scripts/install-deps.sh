@@ -18,6 +18,7 @@ packages=(
   nlohmann-json3-dev      # ckptdb inspect --json (tools/)
   clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz/)
   python3 python3-torch   # the Python package and its PyTorch training test (python/)
+  python3-dev libtorch-dev pybind11-dev  # ckptdb.torch's native walk (python/native/)
 )
 
 missing=()

@@ -277,6 +277,9 @@ _commit = _sig("ckptdb_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_u
 _wait_commit = _sig("ckptdb_wait_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
                     ctypes.c_int)
 _abort = _sig("ckptdb_abort", ctypes.c_int, _c_db, ctypes.c_uint64)
+# For ckptdb._native, which calls them without ctypes (ckptdb.torch's save).
+_PUT_SHARDS_AT = ctypes.cast(_put_shards, ctypes.c_void_p).value
+_ABORT_AT = ctypes.cast(_abort, ctypes.c_void_p).value
 _latest = _sig("ckptdb_latest", ctypes.c_int, _c_db, ctypes.POINTER(ctypes.c_uint64))
 _restore = _sig("ckptdb_restore", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
                 ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint)
@@ -568,6 +571,28 @@ class Store:
         if lazy:
             with self._lock:
                 self._pinned.setdefault(version, []).extend(lazy)
+
+    def _pin(self, version: int, keep: List[object]) -> None:
+        """Keeps `keep` (memory put lazily into `version`) alive until capture ends."""
+        if keep:
+            with self._lock:
+                self._pinned.setdefault(version, []).extend(keep)
+
+    def _put_described(self, version: int, buffer: bytes, descs_at: int, count: int,
+                       keep: List[object]) -> None:
+        """One ckptdb_put_shards call for `count` descriptors already packed at `descs_at`
+        inside `buffer` (ckptdb._native.walk's; the first, the tree record, copied at once);
+        `keep` holds the memory of the others until capture ends."""
+        status = _put_shards(self._handle(), version, descs_at, count)
+        del buffer  # read by the call only: its names and its record are copied
+        _check(status)
+        self._pin(version, keep)
+
+    def _sink(self, version: int, batch: int, sync) -> tuple:
+        """What ckptdb._native.walk needs to put into `version` as it walks: the addresses of
+        ckptdb_put_shards and ckptdb_abort, this handle's, the version, the tensors a put, and
+        sync(device) for CUDA memory."""
+        return (_PUT_SHARDS_AT, _ABORT_AT, self._handle().value, version, batch, sync)
 
     def wait_capture(self, version: int, timeout_ms: int = -1) -> None:
         """ckptdb_wait_capture: returns once no chunk of `version` reads the caller's buffers."""

@@ -25,7 +25,10 @@ filled from the saved shards it meets (ckptdb_restore_slice, reading only the ch
 """
 
 import base64
+import ctypes
 import gc
+import importlib.machinery
+import importlib.util
 import json
 import os
 import pickle
@@ -46,6 +49,38 @@ _TORCH_DTYPES = {
 }
 _FROM_NAME = {name: dtype for dtype, name in _TORCH_DTYPES.items()}
 _CODE_OF = {name: DTYPES[name] for name in _TORCH_DTYPES.values()}
+
+
+def _load_native():
+    """ckptdb._native (python/native/walk.cc), the save's walk in native code: installed in this
+    package, else built beside the library (build/_native.*.so). None without it, or with
+    CKPTDB_NATIVE=0: save() then walks the state in Python, several times slower a tensor."""
+    if os.environ.get("CKPTDB_NATIVE") == "0":
+        return None
+    try:
+        from ckptdb import _native as module  # noqa: PLC0415 - optional
+    except ImportError:
+        module = None
+        directory = os.path.dirname(_capi.library_path())
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES if directory else ():
+            path = os.path.join(directory, "_native" + suffix)
+            if os.path.exists(path):
+                spec = importlib.util.spec_from_file_location("ckptdb._native", path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                break
+    if module is None:
+        return None
+    if (module.SHARD_SIZE, module.INFO_SIZE) != (ctypes.sizeof(_capi._Shard),
+                                                 ctypes.sizeof(_capi._TensorInfo)):
+        raise ImportError(f"{module.__file__} was built for other ckptdb structures "
+                          f"({module.SHARD_SIZE}, {module.INFO_SIZE}) than this package's: "
+                          "rebuild it, or set CKPTDB_NATIVE=0")
+    return module
+
+
+_native = _load_native()
+NATIVE = _native is not None  # whether save() walks the state in native code
 
 
 def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
@@ -86,6 +121,21 @@ class Shard:
     def __repr__(self) -> str:
         return (f"Shard(shape={tuple(self.tensor.shape)}, global_shape={self.global_shape}, "
                 f"offset={self.offset}, dtype={self.tensor.dtype})")
+
+
+_PUT_BATCH = 1024  # tensors a ckptdb_put_shards call of the native walk: packs fill, capture starts
+
+
+def _synchronize(device) -> None:
+    """ckptdb's copies of CUDA memory are not ordered after the device's current stream."""
+    torch.cuda.current_stream(device).synchronize()
+
+
+if _native is not None:
+    _native.configure(torch.Tensor, Shard,
+                      {dtype: (name, _CODE_OF[name], torch.empty(0, dtype=dtype).element_size())
+                       for dtype, name in _TORCH_DTYPES.items()},
+                      _TREE, _TREE_FORMAT, torch.__version__)
 
 
 class Checkpointer:
@@ -137,6 +187,43 @@ class Checkpointer:
                 gc.enable()
 
     def _save(self, step: int, state: Any) -> None:
+        if _native is not None:
+            # The walk, the tree record and the descriptors in one native pass (the same
+            # record as the Python walk below writes; what it does not know, _leaf says), put
+            # _PUT_BATCH tensors at a time as it goes, so that capture copies the first while
+            # the rest are walked; the record last. A walk that fails after a put aborts the
+            # version itself: nothing of a refused save stays.
+            sink = self.store._sink(step, _PUT_BATCH, _synchronize)
+            status, keep, put_any = _native.walk(state, self.rank, self.world_size, self._leaf,
+                                                 sink)
+            self.store._pin(step, keep)
+            if status != 0:
+                try:
+                    _capi._check(status)
+                finally:
+                    if put_any:
+                        try:
+                            self.store.abort(step)
+                        except _capi.Error:
+                            pass  # the put's error is the one to report
+        else:
+            self._save_walked_in_python(step, state)
+        self._capturing.append(step)
+        self.store.commit(step, wait=False)
+
+    def _leaf(self, obj: Any, path: str) -> str:
+        """The JSON text of a leaf the native walk does not know: pickled, or refused."""
+        return json.dumps(self._flatten(obj, path, []), separators=(",", ":"), allow_nan=False)
+
+    def _save_walked_in_python(self, step: int, state: Any) -> None:
+        items = self._walk_in_python(state)
+        for device in {item[3].device for item in items[1:] if item[8] & _capi.PUT_DEVICE}:
+            _synchronize(device)
+        self.store._put_many(step, items)
+
+    def _walk_in_python(self, state: Any) -> List[tuple]:
+        """The items of Store._put_many for `state`, the tree record first: the walk where
+        ckptdb._native is not built (and the reference its tests compare it with)."""
         tensors: List[Tuple[str, torch.Tensor, Optional[Shard], int]] = []
         tree = self._flatten(state, "", tensors)
         record = json.dumps({"format": _TREE_FORMAT, "rank": self.rank,
@@ -150,21 +237,12 @@ class Checkpointer:
         if any(b"\0" in n for n in names):
             bad = next(name for name, _, _, _ in tensors if "\0" in name)
             raise ValueError(f"name {bad!r} contains a NUL byte")
-        synced = set()
         for name, (_, tensor, shard, code) in zip(names, tensors):
-            flags = 0
-            if tensor.is_cuda:
-                if tensor.device not in synced:  # ckptdb's copies are not ordered after it
-                    torch.cuda.current_stream(tensor.device).synchronize()
-                    synced.add(tensor.device)
-                flags = _capi.PUT_DEVICE
             items.append((name, tensor.data_ptr(), tensor.numel() * tensor.element_size(), tensor,
                           code, tensor.shape,
                           shard.global_shape if shard else None, shard.offset if shard else None,
-                          flags))
-        self.store._put_many(step, items)
-        self._capturing.append(step)
-        self.store.commit(step, wait=False)
+                          _capi.PUT_DEVICE if tensor.is_cuda else 0))
+        return items
 
     def wait_capture(self) -> None:
         """Returns once no checkpoint reads the training state any more."""

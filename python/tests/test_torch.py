@@ -6,6 +6,7 @@ Checkpointer's tree keeps every kind of value exactly. Skipped, saying so, where
 has no torch (Debian's python3-torch; `make test` installs it).
 """
 
+import json
 import os
 import random
 import shutil
@@ -166,6 +167,184 @@ class TorchTest(unittest.TestCase):
             with self.assertRaises(TypeError):
                 c.save(1, {"x": object()})
             self.assertIsNone(c.latest(), "a refused save commits nothing")
+
+    def native_and_python(self, ckpt, state):
+        """The tree record and the descriptors of `state` from the native walk and from the
+        Python walk, decoded alike: (record, [(name, address, nbytes, dtype, shape, global
+        shape, offset, flags)])."""
+        import ctypes
+        import ckptdb.torch
+        from ckptdb import _capi
+
+        buffer, descs_at, count, keep, devices = ckptdb.torch._native.walk(
+            state, ckpt.rank, ckpt.world_size, ckpt._leaf)
+        self.assertEqual(devices, [])
+        descs = (_capi._Shard * count).from_address(descs_at)
+        native = []
+        for d in descs:
+            if d.info:
+                i = d.info.contents
+                n = i.ndim
+                dims = (i.dtype, tuple(i.shape[:n]), tuple(i.global_shape[:n]),
+                        tuple(i.global_offset[:n]))
+            else:
+                dims = (None, None, (), ())
+            native.append((d.name, d.data or 0, d.nbytes, *dims, d.flags))
+        record = ctypes.string_at(descs[0].data, descs[0].nbytes)
+        self.assertEqual(len(keep), count - 1, "every tensor is held until capture ends")
+        items = ckpt._walk_in_python(state)
+        python = []
+        for name, address, nbytes, _, code, shape, global_shape, offset, flags in items:
+            n = len(shape) if shape is not None else 0
+            python.append((name, address, nbytes, code, tuple(shape) if shape is not None else None,
+                           tuple(global_shape or (0,) * n), tuple(offset or (0,) * n), flags))
+        python_record = ctypes.string_at(items[0][1], items[0][2])
+        del buffer
+        return record, native, python_record, python
+
+    def test_the_native_walk_writes_what_the_python_walk_writes(self):
+        import collections
+        import ckptdb.torch
+
+        if not ckptdb.torch.NATIVE:
+            if os.environ.get("CKPTDB_EXPECT_NATIVE") == "1":
+                self.fail("ckptdb._native was built but not loaded")
+            self.skipTest("ckptdb._native is not built (python3-dev)")
+        base = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+        odd = collections.OrderedDict([("b", torch.ones(2)), ("a", torch.zeros(3))])
+        odd.move_to_end("b")  # an OrderedDict's order, not its underlying dict's
+        state = {
+            "w": base,
+            "t": base.transpose(0, 2),  # not contiguous: copied, and the copy held
+            "dtypes": [torch.ones(3, dtype=d) for d in ckptdb.torch._TORCH_DTYPES],
+            "empty": torch.empty(0, 5), "scalar": torch.tensor(7.5),
+            "shard": ckptdb.torch.Shard(torch.ones(2, 3), [4, 9], [2, 6]),
+            "odd": odd, "": {"": torch.ones(1)},
+            "esc/ap%e": {"\u00e9\u4e2d\U0001f600\x7f\x01\n\t\"\\": torch.ones(1)},
+            7: {-3: (1 << 80, -(1 << 70), 0, True, False, None)},
+            "values": ["s\u00e9\ud800", 1.5, float("nan"), float("inf"), -0.0, 5e-324, []],
+            "tuple": (), "dict": {},
+        }
+        ckpt = ckptdb.torch.Checkpointer(os.path.join(self.dir, "walk"),
+                                         tiers=f"tmpfs:{self.dir}/w", rank=0, world_size=1)
+        for rank, world in ((0, 1), (3, 8)):
+            with self.subTest(rank=rank):
+                ckpt.rank, ckpt.world_size = rank, world  # the record's, not the store's
+                try:
+                    record, native, python_record, python = self.native_and_python(ckpt, state)
+                    self.assertEqual(record, python_record)
+                    # The record and the copy of the transposed tensor are new in each walk:
+                    # their addresses differ, all else is the same.
+                    moved = [i for i, (a, b) in enumerate(zip(native, python)) if a[1] != b[1]]
+                    self.assertEqual([native[i][0] for i in moved], [b"__ckptdb__/tree", b"/t"])
+                    for i in moved:
+                        native[i] = native[i][:1] + native[i][2:]
+                        python[i] = python[i][:1] + python[i][2:]
+                    self.assertEqual(native, python)
+                    self.assertEqual(len(native), 1 + 2 + 10 + 3 + 2 + 1 + 1)  # record first
+                    # A record the Python walk's reader takes as it is.
+                    self.assertEqual(json.loads(record)["rank"], rank)
+                finally:
+                    ckpt.rank, ckpt.world_size = 0, 1
+        ckpt.close()
+
+    def test_the_native_walk_refuses_what_the_python_walk_refuses(self):
+        import ckptdb.torch
+
+        if not ckptdb.torch.NATIVE:
+            self.skipTest("ckptdb._native is not built (python3-dev)")
+        loop = {}
+        loop["self"] = loop
+        cases = [
+            ({"c": {"x": torch.ones(2, dtype=torch.complex64)}}, TypeError,
+             "/c/x: tensors of torch.complex64 are not supported"),
+            ({"m": torch.ones(2, device="meta")}, ValueError,
+             "/m: a tensor on meta; move it to the CPU"),
+            ({"k": {1.5: torch.ones(1)}}, TypeError, "/k: a key of type float"),
+            ({"k": {True: 1}}, TypeError, "/k: a key of type bool"),
+            ({"a\0b": torch.ones(1)}, ValueError, "contains a NUL byte"),
+            ({"o": [object()]}, TypeError, "/o/0: a object is not a tensor"),
+            ({"d": torch.ones([1] * 9)}, ValueError, "at most 8 dimensions"),
+            (loop, RecursionError, ""),
+        ]
+        root = os.path.join(self.dir, "refuse")
+        with ckptdb.torch.Checkpointer(root, tiers=f"tmpfs:{self.dir}/r", rank=0,
+                                       world_size=1) as ckpt:
+            for state, error, text in cases:
+                with self.subTest(text=text or error.__name__):
+                    with self.assertRaises(error) as caught:
+                        ckpt.save(1, state)
+                    self.assertIn(text, str(caught.exception))
+            self.assertIsNone(ckpt.latest(), "a refused save commits nothing")
+            # The same store still saves, and pickles where it is allowed to.
+            ckpt.allow_pickle = True
+            ckpt.save(2, {"o": [collections_counter()], "w": torch.ones(3)})
+            ckpt.wait(2)
+            loaded = ckpt.load(2)
+        self.assertEqual(loaded["o"][0], collections_counter())
+        self.assertTrue(torch.equal(loaded["w"], torch.ones(3)))
+
+    def test_a_save_put_in_batches_as_it_walks_is_whole_or_nothing(self):
+        """The native walk puts 1,024 tensors a call while it walks: a save of 2,600 is four
+        puts (the record last) and loads whole; a save refused after its first puts (a bad
+        tensor late in the walk, or a put that fails) aborts the version, leaves nothing, and the
+        same step can be saved again."""
+        import ckptdb.torch
+        from ckptdb import _capi
+
+        if not ckptdb.torch.NATIVE:
+            self.skipTest("ckptdb._native is not built (python3-dev)")
+        self.assertEqual(ckptdb.torch._PUT_BATCH, 1024)
+        base = torch.arange(6.0).reshape(2, 3)
+        state = {f"w{i}": torch.full((3,), float(i)) for i in range(2600)}
+        state["t"] = base.t()  # not contiguous: its copy is held by the walk only
+        state["n"] = {"k": [torch.ones(4, dtype=torch.int64), 7]}
+        root = os.path.join(self.dir, "batches")
+        with ckptdb.torch.Checkpointer(root, tiers=f"tmpfs:{self.dir}/b", rank=0,
+                                       world_size=1) as ckpt:
+            late = dict(state)
+            late["zz"] = torch.ones(2, dtype=torch.complex64)  # walked after two puts
+            with self.assertRaises(TypeError):
+                ckpt.save(1, late)
+            long_name = dict(state)
+            long_name["y" * 1100] = torch.ones(1)  # refused by the third put
+            with self.assertRaises(_capi.InvalidError) as caught:
+                ckpt.save(1, long_name)
+            self.assertIn("longer than 1024 bytes", str(caught.exception))
+            self.assertIsNone(ckpt.latest(), "a refused save commits nothing")
+            ckpt.save(1, state)  # the same step, saved again
+            ckpt.wait(1)
+            self.assertEqual(len(ckpt.store.list(1)), 2600 + 2 + 1)  # and the record
+            loaded = ckpt.load(1)
+        for i in (0, 1023, 1024, 2047, 2048, 2599):
+            self.assertTrue(torch.equal(loaded[f"w{i}"], state[f"w{i}"]), i)
+        self.assertTrue(torch.equal(loaded["t"], base.t()))
+        self.assertTrue(torch.equal(loaded["n"]["k"][0], torch.ones(4, dtype=torch.int64)))
+        self.assertEqual(loaded["n"]["k"][1], 7)
+
+    def test_the_python_walk_still_saves_and_loads(self):
+        import ckptdb.torch
+
+        state = {"w": torch.arange(6.0).reshape(2, 3), "n": {"i": 3, "l": [torch.ones(2)]}}
+        saved = ckptdb.torch._native
+        ckptdb.torch._native = None
+        try:
+            with ckptdb.torch.Checkpointer(os.path.join(self.dir, "py"),
+                                           tiers=f"tmpfs:{self.dir}/p", rank=0,
+                                           world_size=1) as ckpt:
+                ckpt.save(1, state)
+                ckpt.wait(1)
+                loaded = ckpt.load(1)
+        finally:
+            ckptdb.torch._native = saved
+        self.assertTrue(torch.equal(loaded["w"], state["w"]))
+        self.assertEqual(loaded["n"]["i"], 3)
+        self.assertTrue(torch.equal(loaded["n"]["l"][0], torch.ones(2)))
+
+
+def collections_counter():
+    import collections
+    return collections.Counter("abracadabra")
 
 
 if __name__ == "__main__":
