@@ -134,6 +134,49 @@ Status ParseBackpressure(const std::string& text, Backpressure* out) {
   return Status::Ok();
 }
 
+Status ParseCpuList(const std::string& text, std::vector<int>* out) {
+  out->clear();
+  auto bad = [&](const std::string& why) {
+    return Status::Invalid("options: cpus \"" + text.substr(0, 64) +
+                           (text.size() > 64 ? "...\"" : "\"") + ": " + why +
+                           " (a CPU list such as \"2-7,12\")");
+  };
+  if (text.empty()) return bad("empty");
+  std::vector<bool> seen(kMaxCpus, false);
+  size_t at = 0;
+  while (true) {
+    auto number = [&](int* value) {
+      size_t digits = 0;
+      long v = 0;
+      while (at < text.size() && text[at] >= '0' && text[at] <= '9' && digits < 5) {
+        v = v * 10 + (text[at++] - '0');
+        ++digits;
+      }
+      if (digits == 0) return false;
+      *value = static_cast<int>(v);
+      return true;
+    };
+    int first = 0;
+    if (!number(&first)) return bad("a CPU number expected at character " + std::to_string(at));
+    int last = first;
+    if (at < text.size() && text[at] == '-') {
+      ++at;
+      if (!number(&last)) return bad("a CPU number expected after '-'");
+    }
+    if (last < first) return bad(std::to_string(first) + "-" + std::to_string(last) + " descends");
+    if (last >= kMaxCpus) {
+      return bad("CPU " + std::to_string(last) + " is not below " + std::to_string(kMaxCpus));
+    }
+    for (int cpu = first; cpu <= last; ++cpu) {
+      if (!seen[static_cast<size_t>(cpu)]) out->push_back(cpu);
+      seen[static_cast<size_t>(cpu)] = true;
+    }
+    if (at == text.size()) return Status::Ok();
+    if (text[at] != ',') return bad("unexpected '" + text.substr(at, 1) + "'");
+    ++at;
+  }
+}
+
 Status ResolveOpenOptions(const ckptdb_options& o, DbOptions* out) {
   DbOptions& d = *out;
   const char* root = EnvOr(o.root, "CKPTDB_ROOT");
@@ -151,6 +194,9 @@ Status ResolveOpenOptions(const ckptdb_options& o, DbOptions* out) {
   d.read_only = o.read_only != 0;
   d.create_if_missing = o.create_if_missing != 0;
   d.drain_on_close = o.drain_on_close != 0;
+  if (const char* cpus = EnvOr(o.cpus, "CKPTDB_CPUS")) {
+    CKPTDB_RETURN_IF_ERROR(ParseCpuList(cpus, &d.cpus));
+  }
   return Status::Ok();
 }
 

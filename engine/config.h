@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ckptdb/ckptdb.h"
 #include "io/io.h"
@@ -41,11 +42,16 @@ struct DbOptions {
   bool read_only = false;
   bool create_if_missing = true;
   bool drain_on_close = true;
-  io::Io* io = nullptr;  // nullptr: the real POSIX + io_uring Io
+  std::vector<int> cpus;  // where the threads open starts run; empty: the caller's CPUs
+  io::Io* io = nullptr;   // nullptr: the real POSIX + io_uring Io
 };
 
 // Parses "block", "direct", "skip".
 Status ParseBackpressure(const std::string& text, Backpressure* out);
+
+// Parses a Linux CPU list ("0-3,8,10-11"): CPUs below kMaxCpus, ranges ascending, at least one.
+constexpr int kMaxCpus = 1024;  // CPU_SETSIZE
+Status ParseCpuList(const std::string& text, std::vector<int>* out);
 
 // ckptdb_open's options: every field of `o`, the environment where one is unset. Invalid naming
 // the field or variable (nothing is opened or made).

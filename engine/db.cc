@@ -4,6 +4,8 @@
 #include "engine/db.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sodium.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
@@ -30,6 +32,36 @@ using format::kBlockBytes;
 namespace {
 CrashHook g_crash_hook = nullptr;
 std::atomic<io::Io*> g_testing_io{nullptr};
+
+// options.cpus: the calling thread runs on those CPUs while it opens the store, so that every
+// thread the open starts (and every thread those start) inherits them; its own CPUs come back
+// when the open returns.
+class OpenOnCpus {
+ public:
+  Status Start(const std::vector<int>& cpus) {
+    if (cpus.empty()) return Status::Ok();
+    if (pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) != 0) {
+      return Status::Internal("options: cpus: reading the calling thread's CPUs failed");
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu : cpus) CPU_SET(cpu, &set);
+    if (int err = pthread_setaffinity_np(pthread_self(), sizeof set, &set); err != 0) {
+      return Status::Invalid(std::string("options: cpus: none of them can run this process's "
+                                         "threads (") +
+                             std::strerror(err) + "): see its cgroup's cpuset or nproc");
+    }
+    set_ = true;
+    return Status::Ok();
+  }
+  ~OpenOnCpus() {
+    if (set_) (void)pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+  }
+
+ private:
+  cpu_set_t saved_{};
+  bool set_ = false;
+};
 }  // namespace
 
 void SetIoForTesting(io::Io* io) { g_testing_io = io; }
@@ -44,6 +76,8 @@ Db::Db(DbOptions options) : options_(std::move(options)) {}
 Db::~Db() { (void)Close(); }
 
 Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
+  OpenOnCpus on_cpus;
+  CKPTDB_RETURN_IF_ERROR(on_cpus.Start(options.cpus));
   auto db = std::unique_ptr<Db>(new Db(options));
   Status st = db->OpenImpl();
   if (!st.ok()) {

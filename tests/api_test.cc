@@ -1,8 +1,12 @@
 // The C API for one rank: the happy path, every documented misuse, reopen, retention.
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -471,6 +475,81 @@ TEST_F(ApiTest, EnvironmentFillsUnsetOptions) {
   EXPECT_FALSE(std::filesystem::exists(fresh));
   unsetenv("CKPTDB_ROOT");
   unsetenv("CKPTDB_TIERS");
+}
+
+// The threads of this process, and the CPU list (/proc/.../status Cpus_allowed_list) of one.
+std::set<std::string> ThreadIds() {
+  std::set<std::string> ids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    ids.insert(entry.path().filename().string());
+  }
+  return ids;
+}
+std::string CpusOf(const std::string& tid) {
+  std::ifstream status("/proc/self/task/" + tid + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Cpus_allowed_list:", 0) == 0) return line.substr(line.find_last_of(" \t") + 1);
+  }
+  return "?";
+}
+
+TEST_F(ApiTest, OpenStartsItsThreadsOnTheGivenCpus) {
+  cpu_set_t mine;
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof mine, &mine), 0);
+  int last = -1;  // the highest CPU this thread may run on
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &mine)) last = cpu;
+  }
+  ASSERT_GE(last, 0);
+  const std::string cpus = std::to_string(last);
+  const std::set<std::string> before = ThreadIds();
+  o_.cpus = cpus.c_str();
+  o_.capture_threads = 3;
+  Open();
+  std::vector<std::string> started;
+  for (const std::string& tid : ThreadIds()) {
+    if (before.count(tid) == 0) started.push_back(tid);
+  }
+  EXPECT_GE(started.size(), 4u) << "3 capture workers and the tier manager";
+  for (const std::string& tid : started) EXPECT_EQ(CpusOf(tid), cpus) << "thread " << tid;
+  cpu_set_t after;
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof after, &after), 0);
+  EXPECT_TRUE(CPU_EQUAL(&mine, &after)) << "the caller's CPUs are given back";
+  const std::vector<uint8_t> data = RandomBytes(100000, 3);
+  Put(1, "w", data);
+  ASSERT_EQ(ckptdb_commit(db_, 1, 0), CKPTDB_OK) << ckptdb_last_error();
+  EXPECT_EQ(Get(1, "w", data.size()), data);
+
+  // Bad lists are refused, naming the option, before anything is opened.
+  ASSERT_EQ(ckptdb_close(db_), CKPTDB_OK);
+  db_ = nullptr;
+  ckptdb* db = nullptr;
+  for (const char* bad : {"x", "3-1", "1024", "0-", ",", "1,,2", "0 1", "-1", "99999999", "1,"}) {
+    ckptdb_options o = o_;
+    o.cpus = bad;
+    EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_EINVAL) << "'" << bad << "'";
+    EXPECT_TRUE(Mentions("cpus")) << ckptdb_last_error();
+  }
+  int absent = -1;  // a CPU this thread may not run on, if there is one below 1024
+  for (int cpu = CPU_SETSIZE - 1; cpu >= 0 && absent < 0; --cpu) {
+    if (!CPU_ISSET(cpu, &mine)) absent = cpu;
+  }
+  if (absent >= 0) {
+    const std::string none = std::to_string(absent);
+    ckptdb_options o = o_;
+    o.cpus = none.c_str();
+    EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_EINVAL);
+    EXPECT_TRUE(Mentions("none of them")) << ckptdb_last_error();
+  }
+  ckptdb_options o = o_;
+  o.cpus = nullptr;
+  setenv("CKPTDB_CPUS", "2-", 1);
+  EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_EINVAL);
+  EXPECT_TRUE(Mentions("cpus \"2-\""));
+  unsetenv("CKPTDB_CPUS");
+  EXPECT_EQ(db, nullptr);
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof after, &after), 0);
+  EXPECT_TRUE(CPU_EQUAL(&mine, &after));
 }
 
 TEST_F(ApiTest, ManyTensorsThroughATinyStagingArea) {

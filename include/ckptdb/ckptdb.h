@@ -133,6 +133,10 @@ typedef struct ckptdb_options {
   int create_if_missing;    /* Create root if it does not exist (default 1). */
   int drain_on_close;       /* ckptdb_close waits for pending demotions (default 1); 0 leaves
                                them to the next open, which resumes them. */
+  const char* cpus;         /* The CPUs the threads ckptdb_open starts (capture workers, the
+                               tier manager, the job's transport and coordinator) run on, a Linux
+                               CPU list such as "2-7,12": keep them off the training threads'
+                               CPUs. Env: CKPTDB_CPUS. Default: those of the calling thread. */
 } ckptdb_options;
 
 void ckptdb_options_init(ckptdb_options* o);

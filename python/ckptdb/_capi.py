@@ -163,6 +163,7 @@ class _Options(ctypes.Structure):
         ("read_only", ctypes.c_int),
         ("create_if_missing", ctypes.c_int),
         ("drain_on_close", ctypes.c_int),
+        ("cpus", ctypes.c_char_p),
     ]
 
 
@@ -424,7 +425,8 @@ class Store:
                  redundancy: Optional[str] = None, job_token: Optional[str] = None,
                  staging_bytes: int = 0, chunk_bytes: int = 0, queue_depth: int = 0,
                  capture_threads: int = 0, read_only: bool = False,
-                 create_if_missing: bool = True, drain_on_close: bool = True):
+                 create_if_missing: bool = True, drain_on_close: bool = True,
+                 cpus: Optional[str] = None):
         o = _Options()
         _options_init(ctypes.byref(o))
         # The encoded strings must live as long as the call: keep them on the object.
@@ -432,7 +434,7 @@ class Store:
         for field, value in (("root", root), ("tiers", tiers), ("commit_tier", commit_tier),
                              ("backpressure", backpressure), ("node_id", node_id),
                              ("coordinator", coordinator), ("redundancy", redundancy),
-                             ("job_token", job_token)):
+                             ("job_token", job_token), ("cpus", cpus)):
             encoded = _text(value, field)
             if encoded is not None:
                 self._strings[field] = encoded

@@ -26,6 +26,7 @@ int main(void) {
   FIELD(ckptdb_options, read_only);
   FIELD(ckptdb_options, create_if_missing);
   FIELD(ckptdb_options, drain_on_close);
+  FIELD(ckptdb_options, cpus);
   printf("ckptdb_tensor_info %zu\n", sizeof(ckptdb_tensor_info));
   FIELD(ckptdb_tensor_info, dtype);
   FIELD(ckptdb_tensor_info, ndim);
