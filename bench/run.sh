@@ -57,9 +57,15 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
     /usr/bin/python3 "$(dirname "$0")/bench_torch.py" --threads 2
   echo
-  echo "== issue 23: ckptdb.torch save of 5,000 tensors of 1 KiB against torch.save =="
+  echo "== issue 23: ckptdb.torch save of 5,000 and 50,000 tensors of 1 KiB against torch.save =="
   CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
     /usr/bin/python3 "$(dirname "$0")/bench_many.py"
+  CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
+    /usr/bin/python3 "$(dirname "$0")/bench_many.py" --tensors 50000 --repeats 3
+  echo
+  echo "== issue 23: the small model, a save every step, one training thread =="
+  CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
+    /usr/bin/python3 "$(dirname "$0")/bench_torch.py" --small-only --threads 1
 else
   echo "skipped: /usr/bin/python3 has no torch (apt-get install python3-torch)"
 fi
