@@ -332,6 +332,9 @@ def _address(buffer, writable: bool, what: str) -> Tuple[int, int, object]:
                              "and CUDA memory in a CUDA build of libckptdb")
         if not buffer.is_contiguous():
             raise ValueError(f"{what}: a tensor that is not contiguous (call .contiguous())")
+        if buffer.is_neg() or buffer.is_conj():  # its memory holds the values before that
+            raise ValueError(f"{what}: a negative or conjugate view (call .resolve_neg() and "
+                             ".resolve_conj())")
         return buffer.data_ptr(), buffer.numel() * buffer.element_size(), buffer
     if isinstance(buffer, bytes):
         if writable:

@@ -308,8 +308,11 @@ class Checkpointer:
             if not (obj.is_cpu or obj.is_cuda):  # (obj.device makes an object: 6x slower)
                 raise ValueError(f"{path or '/'}: a tensor on {obj.device}; move it to the CPU")
             # Its memory is read by address, never through autograd: a contiguous tensor is
-            # held as it is (detach() would make a new tensor object for nothing).
-            tensor = obj if obj.is_contiguous() else obj.detach().contiguous()  # a held copy
+            # held as it is (detach() would make a new tensor object for nothing). A negative
+            # view's memory holds the values before the negation: resolved into a copy first.
+            tensor = obj.resolve_neg() if obj.is_neg() else obj
+            if not tensor.is_contiguous():
+                tensor = tensor.detach().contiguous()  # a held copy
             name = path or "/"
             tensors.append((name, tensor, None, _CODE_OF[dtype]))
             # torch.Size is a tuple: JSON writes it as the list it is.
@@ -353,7 +356,7 @@ class Checkpointer:
             shape = tuple(node["shape"])
             if (isinstance(into, torch.Tensor) and into.dtype == dtype and
                     tuple(into.shape) == shape and into.device.type in ("cpu", "cuda") and
-                    into.is_contiguous()):
+                    into.is_contiguous() and not into.is_neg()):
                 out = into
             else:
                 out = torch.empty(shape, dtype=dtype)
@@ -512,8 +515,9 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
             sources.append((store, o, n))
         if not found:
             raise KeyError(f"load_sharded: version {step} has no tensor at {path}")
-        if not target.is_contiguous() or target.device.type != "cpu":
-            raise ValueError(f"load_sharded {path}: the target must be a contiguous CPU tensor")
+        if not target.is_contiguous() or target.device.type != "cpu" or target.is_neg():
+            raise ValueError(f"load_sharded {path}: the target must be a contiguous CPU tensor "
+                             "(not a negative view)")
         covered = 0  # the sources are disjoint: their parts of the box add up
         for _store, o, n in sources:
             part = 1

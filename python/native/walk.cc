@@ -92,6 +92,8 @@ struct Names {
   PyObject* is_cpu;
   PyObject* device;
   PyObject* is_contiguous;
+  PyObject* is_neg;
+  PyObject* resolve_neg;
   PyObject* detach;
   PyObject* contiguous;
   PyObject* data_ptr;
@@ -115,6 +117,8 @@ bool InternNames() {
       {&names.is_cpu, "is_cpu"},
       {&names.device, "device"},
       {&names.is_contiguous, "is_contiguous"},
+      {&names.is_neg, "is_neg"},
+      {&names.resolve_neg, "resolve_neg"},
       {&names.detach, "detach"},
       {&names.contiguous, "contiguous"},
       {&names.data_ptr, "data_ptr"},
@@ -446,11 +450,11 @@ class Walk {
     Py_BEGIN_ALLOW_THREADS;
     status = sink_->put(sink_->db, sink_->version, descs.data(), descs.size());
     Py_END_ALLOW_THREADS;
-    put_any_ = true;
-    if (status != 0) {
+    if (status != 0) {  // all or nothing: this call put nothing
       status_ = status;
       return false;
     }
+    put_any_ = true;
     return true;
   }
 
@@ -730,9 +734,9 @@ class Walk {
 
 #ifdef CKPTDB_NATIVE_ATEN
   // A torch.Tensor or nn.Parameter read through ATen, with no Python object made: 1 put, -1 a
-  // Python error set, 0 anything unusual (another dtype or device, not contiguous, more
-  // dimensions than a shard has, an ATen error), which AttributeLeaf then handles or refuses
-  // with the Python walk's message.
+  // Python error set, 0 anything unusual (another dtype or device, a negative view, not
+  // contiguous, more dimensions than a shard has, an ATen error), which AttributeLeaf then
+  // handles or refuses with the Python walk's message.
   int AtenLeaf(PyObject* tensor, PyObject* shard) {
     ckptdb_tensor_info info{};
     PyObject* row = nullptr;
@@ -744,7 +748,7 @@ class Walk {
       const auto type = static_cast<size_t>(t.scalar_type());
       row = type < config.aten_rows.size() ? config.aten_rows[type] : nullptr;
       on_cuda = t.is_cuda();
-      if (row == nullptr || !(on_cuda || t.is_cpu()) || !t.is_contiguous()) {
+      if (row == nullptr || !(on_cuda || t.is_cpu()) || t.is_neg() || !t.is_contiguous()) {
         return 0;
       }
       const c10::IntArrayRef sizes = t.sizes();
@@ -809,16 +813,26 @@ class Walk {
       }
     }
     // Its memory is read by address, never through autograd: a contiguous tensor is held as it
-    // is, another is copied (detach().contiguous(), the copy held until capture ends).
-    Ref contiguous(PyObject_CallMethodNoArgs(tensor, names.is_contiguous));
+    // is, another is copied (detach().contiguous(), the copy held until capture ends). A
+    // negative view (is_neg(): its memory holds the values before the negation, as
+    // complex.conj().imag gives) is resolved into a copy first.
+    Ref held = Ref::Borrowed(tensor);
+    Ref negative(PyObject_CallMethodNoArgs(tensor, names.is_neg));
+    if (!negative) {
+      return false;
+    }
+    if (negative.get() == Py_True) {
+      held = Ref(PyObject_CallMethodNoArgs(tensor, names.resolve_neg));
+      if (!held) {
+        return false;
+      }
+    }
+    Ref contiguous(PyObject_CallMethodNoArgs(held.get(), names.is_contiguous));
     if (!contiguous) {
       return false;
     }
-    Ref held;
-    if (contiguous.get() == Py_True) {
-      held = Ref::Borrowed(tensor);
-    } else {
-      Ref detached(PyObject_CallMethodNoArgs(tensor, names.detach));
+    if (contiguous.get() != Py_True) {
+      Ref detached(PyObject_CallMethodNoArgs(held.get(), names.detach));
       if (!detached) {
         return false;
       }

@@ -224,6 +224,9 @@ class TorchTest(unittest.TestCase):
             7: {-3: (1 << 80, -(1 << 70), 0, True, False, None)},
             "values": ["s\u00e9\ud800", 1.5, float("nan"), float("inf"), -0.0, 5e-324, []],
             "tuple": (), "dict": {},
+            # Negative views: memory holding the values before the negation (resolved, copied).
+            "neg": [torch._neg_view(torch.tensor([5.0, 6.0])),
+                    torch.tensor([1 + 2j], dtype=torch.complex64).conj().imag],
         }
         ckpt = ckptdb.torch.Checkpointer(os.path.join(self.dir, "walk"),
                                          tiers=f"tmpfs:{self.dir}/w", rank=0, world_size=1)
@@ -236,12 +239,13 @@ class TorchTest(unittest.TestCase):
                     # The record and the copy of the transposed tensor are new in each walk:
                     # their addresses differ, all else is the same.
                     moved = [i for i, (a, b) in enumerate(zip(native, python)) if a[1] != b[1]]
-                    self.assertEqual([native[i][0] for i in moved], [b"__ckptdb__/tree", b"/t"])
+                    self.assertEqual([native[i][0] for i in moved],
+                                     [b"__ckptdb__/tree", b"/t", b"/neg/0", b"/neg/1"])
                     for i in moved:
                         native[i] = native[i][:1] + native[i][2:]
                         python[i] = python[i][:1] + python[i][2:]
                     self.assertEqual(native, python)
-                    self.assertEqual(len(native), 1 + 2 + 10 + 3 + 2 + 1 + 1)  # record first
+                    self.assertEqual(len(native), 1 + 2 + 10 + 3 + 2 + 1 + 1 + 2)  # record first
                     # A record the Python walk's reader takes as it is.
                     self.assertEqual(json.loads(record)["rank"], rank)
                 finally:
@@ -321,6 +325,42 @@ class TorchTest(unittest.TestCase):
         self.assertTrue(torch.equal(loaded["t"], base.t()))
         self.assertTrue(torch.equal(loaded["n"]["k"][0], torch.ones(4, dtype=torch.int64)))
         self.assertEqual(loaded["n"]["k"][1], 7)
+
+    def test_a_negative_view_is_saved_as_it_reads(self):
+        """A tensor whose negation is a lazy bit (is_neg(): complex.conj().imag, which is
+        contiguous when it has one element) keeps the values before the negation in memory:
+        both walks save the values it reads as."""
+        import ckptdb.torch
+
+        views = {"a": torch._neg_view(torch.tensor([5.0, 6.0])),
+                 "b": torch.tensor([1 + 2j], dtype=torch.complex64).conj().imag}
+        self.assertTrue(views["b"].is_neg() and views["b"].is_contiguous())
+        saved = ckptdb.torch._native
+        for native in (saved, None):
+            ckptdb.torch._native = native
+            try:
+                with ckptdb.torch.Checkpointer(os.path.join(self.dir, f"neg{native is None}"),
+                                               tiers=f"tmpfs:{self.dir}/n{native is None}",
+                                               rank=0, world_size=1) as ckpt:
+                    ckpt.save(1, views)
+                    ckpt.wait(1)
+                    loaded = ckpt.load(1)
+            finally:
+                ckptdb.torch._native = saved
+            self.assertEqual(loaded["a"].tolist(), [-5.0, -6.0], native)
+            self.assertEqual(loaded["b"].tolist(), [-2.0], native)
+        # Loaded into a negative view: not in place (its memory would read negated), a new
+        # tensor with the values saved.
+        with ckptdb.torch.Checkpointer(os.path.join(self.dir, "negTrue"),
+                                       tiers=f"tmpfs:{self.dir}/nTrue", rank=0,
+                                       world_size=1) as ckpt:
+            into = {"a": torch._neg_view(torch.zeros(2))}
+            loaded = ckpt.load(1, into=into)
+            self.assertIsNot(loaded["a"], into["a"])
+            self.assertEqual(loaded["a"].tolist(), [-5.0, -6.0])
+            with self.assertRaises(ValueError) as caught:
+                ckpt.store.put_shard(2, "raw", torch._neg_view(torch.ones(2)))
+            self.assertIn("negative or conjugate view", str(caught.exception))
 
     def test_the_python_walk_still_saves_and_loads(self):
         import ckptdb.torch
