@@ -140,6 +140,7 @@ _ERRORS = {
     -15: PeerError,
     -16: AuthError,
 }
+_TIMED_OUT = -8  # CKPTDB_ETIMEDOUT
 
 # ---- The C structures ------------------------------------------------------------------------
 
@@ -571,11 +572,22 @@ class Store:
             _SHARD_PACK.pack_into(descs, i * _SHARD_PACK.size, at, address, nbytes, info_at, flags)
         status = _put_shards(self._handle(), version, descs_at, count)
         del names_keep
-        _check(status)
         lazy = [item[3] for item in items if not item[8] & _PUT_COPY_NOW]
-        if lazy:
-            with self._lock:
-                self._pinned.setdefault(version, []).extend(lazy)
+        try:
+            _check(status)
+        except Error:
+            # A put refused after it queued its lazy shards (a capture error of a COPY_NOW
+            # shard) leaves them to capture: pinned until nothing of the version reads them.
+            self._pin(version, lazy)
+            self._release_if_unread(version)
+            raise
+        self._pin(version, lazy)
+
+    def _release_if_unread(self, version: int) -> None:
+        """Lets `version`'s pinned buffers go if no capture reads them now (else its
+        wait_capture, commit or abort will)."""
+        if _wait_capture(self._handle(), version, 0) != _TIMED_OUT:
+            self._release(version)
 
     def _pin(self, version: int, keep: List[object]) -> None:
         """Keeps `keep` (memory put lazily into `version`) alive until capture ends."""

@@ -201,19 +201,33 @@ class Checkpointer:
                 try:
                     _capi._check(status)
                 finally:
-                    if put_any:
-                        try:
-                            self.store.abort(step)
-                        except _capi.Error:
-                            pass  # the put's error is the one to report
+                    # Even a first put that failed may have queued its lazy shards (a capture
+                    # error of its COPY_NOW record): the version goes, and its pins with it.
+                    self._abort_quietly(step)
         else:
-            self._save_walked_in_python(step, state)
+            try:
+                self._save_walked_in_python(step, state)
+            except _capi.Error:
+                self._abort_quietly(step)
+                raise
         self._capturing.append(step)
         self.store.commit(step, wait=False)
 
+    def _abort_quietly(self, step: int) -> None:
+        """A refused save's version aborted, its pins released; the refusal is the error."""
+        try:
+            self.store.abort(step)
+        except _capi.Error:
+            pass
+
     def _leaf(self, obj: Any, path: str) -> str:
         """The JSON text of a leaf the native walk does not know: pickled, or refused."""
-        return json.dumps(self._flatten(obj, path, []), separators=(",", ":"), allow_nan=False)
+        tensors: list = []
+        node = self._flatten(obj, path, tensors)
+        if tensors:  # it passes for a container or tensor in Python, not in C
+            raise TypeError(f"{path or '/'}: a {type(obj).__name__} holding tensors that the "
+                            "native walk cannot read (CKPTDB_NATIVE=0 walks it in Python)")
+        return json.dumps(node, separators=(",", ":"), allow_nan=False)
 
     def _save_walked_in_python(self, step: int, state: Any) -> None:
         items = self._walk_in_python(state)

@@ -19,6 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -34,6 +36,15 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/version.h>
 #endif
+
+// A check that stays on in release builds: a broken one is a bug in this file.
+#define CKPTDB_NATIVE_ASSERT(cond)                                                           \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
+      std::fprintf(stderr, "ckptdb._native: %s:%d: %s failed\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                          \
+    }                                                                                        \
+  } while (0)
 
 namespace {
 
@@ -159,24 +170,16 @@ void AppendCodePoint(std::string& out, uint32_t c) {
     out.push_back(static_cast<char>(c));
     return;
   }
-  switch (c) {
-    case '\b':
-      out.append("\\b");
+  // The control characters json writes in short form.
+  static constexpr struct {
+    uint32_t c;
+    const char* text;
+  } kShort[] = {{'\b', "\\b"}, {'\f', "\\f"}, {'\n', "\\n"}, {'\r', "\\r"}, {'\t', "\\t"}};
+  for (const auto& s : kShort) {
+    if (c == s.c) {
+      out.append(s.text);
       return;
-    case '\f':
-      out.append("\\f");
-      return;
-    case '\n':
-      out.append("\\n");
-      return;
-    case '\r':
-      out.append("\\r");
-      return;
-    case '\t':
-      out.append("\\t");
-      return;
-    default:
-      break;
+    }
   }
   if (c >= 0x10000) {  // a surrogate pair
     const uint32_t v = c - 0x10000;
@@ -255,6 +258,17 @@ void AppendJsonUtf8(std::string& out, std::string_view text) {
     i += width;
   }
   out.push_back('"');
+}
+
+// Whether UTF-8 bytes (encoded with surrogatepass) hold a surrogate (ED A0..BF ..).
+bool HasSurrogate(std::string_view text) {
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    if (static_cast<unsigned char>(text[i]) == 0xed &&
+        static_cast<unsigned char>(text[i + 1]) >= 0xa0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void AppendUnsigned(std::string& out, uint64_t value) {
@@ -420,9 +434,10 @@ class Walk {
     if (Py_EnterRecursiveCall(" in ckptdb.torch's save")) {
       return false;
     }
-    const bool ok = NodeOf(object);
-    Py_LeaveRecursiveCall();
-    return ok;
+    struct Leave {  // also when a C++ exception unwinds through here
+      ~Leave() { Py_LeaveRecursiveCall(); }
+    } leave;
+    return NodeOf(object);
   }
 
   std::string& json() { return json_; }
@@ -479,7 +494,11 @@ class Walk {
   // (status, tensors to keep alive until capture ends, whether anything was put) of a walk that
   // put as it went.
   PyObject* FinishPut() {
-    return Py_BuildValue("(iNO)", status_, keep_.release(), put_any_ ? Py_True : Py_False);
+    PyObject* result = Py_BuildValue("(iOO)", status_, keep_.get(), put_any_ ? Py_True : Py_False);
+    if (result == nullptr) {
+      AbortIfPut();  // before keep_ lets the tensors go
+    }
+    return result;
   }
 
   // The put's descriptors, the first the record's, pointing into the buffers. Returns (a
@@ -644,8 +663,12 @@ class Walk {
       json_.append(is_text ? "[\"s\"," : "[\"i\",");
       Ref key_text;
       if (is_text) {
-        AppendJsonString(json_, key);
-        key_text = Ref::Borrowed(key);
+        AppendJsonString(json_, key);  // json writes a str subclass's own text
+        // The path is the Python walk's _escape(str(key)): a subclass's str() may differ.
+        key_text = PyUnicode_CheckExact(key) ? Ref::Borrowed(key) : Ref(PyObject_Str(key));
+        if (!key_text) {
+          return false;
+        }
       } else {
         if (!AppendJsonInt(json_, key)) {
           return false;
@@ -678,8 +701,20 @@ class Walk {
   bool AppendKey(PyObject* text) {
     Py_ssize_t size = 0;
     const char* data = PyUnicode_AsUTF8AndSize(text, &size);
+    Ref encoded;
     if (data == nullptr) {
-      return false;
+      // A lone surrogate: kept (as the Python walk keeps it in the tree), refused only if it
+      // ends up in a tensor's name (Emit), where the Python walk's name.encode() fails.
+      if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+        return false;
+      }
+      PyErr_Clear();
+      encoded = Ref(PyUnicode_AsEncodedString(text, "utf-8", "surrogatepass"));
+      if (!encoded) {
+        return false;
+      }
+      data = PyBytes_AS_STRING(encoded.get());
+      size = PyBytes_GET_SIZE(encoded.get());
     }
     path_.push_back('/');
     Py_ssize_t run = 0;
@@ -767,6 +802,7 @@ class Walk {
     } catch (const std::exception&) {
       return 0;
     }
+    const Ref held_row = Ref::Borrowed(row);  // Emit runs Python code before it writes the name
     info.dtype = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(row, 1)));
     return Emit(tensor, PyTuple_GET_ITEM(row, 0), info, nbytes, data, on_cuda, shard) ? 1 : -1;
   }
@@ -779,16 +815,17 @@ class Walk {
     if (!dtype) {
       return false;
     }
-    PyObject* row = PyDict_GetItemWithError(config.dtypes, dtype.get());  // borrowed
-    if (row == nullptr) {
+    // Held: Python code runs before it is used (a configure() meanwhile would free it).
+    Ref row = Ref::Borrowed(PyDict_GetItemWithError(config.dtypes, dtype.get()));
+    if (!row) {
       if (!PyErr_Occurred()) {
         PyErr_Format(PyExc_TypeError, "%s: tensors of %S are not supported",
                      std::string(name).c_str(), dtype.get());
       }
       return false;
     }
-    const long code = PyLong_AsLong(PyTuple_GET_ITEM(row, 1));
-    const long element_size = PyLong_AsLong(PyTuple_GET_ITEM(row, 2));
+    const long code = PyLong_AsLong(PyTuple_GET_ITEM(row.get(), 1));
+    const long element_size = PyLong_AsLong(PyTuple_GET_ITEM(row.get(), 2));
     if (PyErr_Occurred()) {
       return false;
     }
@@ -866,13 +903,13 @@ class Walk {
     if (data == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
       return false;
     }
-    return Emit(held.get(), PyTuple_GET_ITEM(row, 0), info, nbytes, static_cast<uintptr_t>(data),
-                on_cuda, shard);
+    return Emit(held.get(), PyTuple_GET_ITEM(row.get(), 0), info, nbytes,
+                static_cast<uintptr_t>(data), on_cuda, shard, held.get() != tensor);
   }
 
   // The tensor's descriptor and node, `held` kept alive until capture ends; a Shard's place.
   bool Emit(PyObject* held, PyObject* dtype_name, ckptdb_tensor_info& info, uint64_t nbytes,
-            uintptr_t data, bool on_cuda, PyObject* shard) {
+            uintptr_t data, bool on_cuda, PyObject* shard, bool copied = false) {
     const std::string_view name = NameView();
     if (shard != nullptr) {
       Ref global_shape(PyObject_GetAttr(shard, names.global_shape));
@@ -901,7 +938,16 @@ class Walk {
       }
       return false;
     }
-    if (on_cuda && !NoteDevice(held)) {
+    if (HasSurrogate(name)) {  // the Python walk's name.encode("utf-8") raises the same
+      Ref text(
+          PyUnicode_DecodeUTF8(name.data(), static_cast<Py_ssize_t>(name.size()), "surrogatepass"));
+      if (text) {
+        Ref strict(PyUnicode_AsUTF8String(text.get()));  // sets UnicodeEncodeError
+        CKPTDB_NATIVE_ASSERT(!strict);
+      }
+      return false;
+    }
+    if (on_cuda && !NoteDevice(held, copied)) {
       return false;
     }
     if (PyList_Append(keep_.get(), held) != 0) {
@@ -941,7 +987,9 @@ class Walk {
   }
 
   // Each CUDA device once: the caller synchronizes its current stream before the put.
-  bool NoteDevice(PyObject* tensor) {
+  // A copy made on the device (contiguous(), resolve_neg()) is ordered on its current stream
+  // too: synchronized again before it is put.
+  bool NoteDevice(PyObject* tensor, bool copied) {
     Ref device(PyObject_GetAttr(tensor, names.device));
     if (!device) {
       return false;
@@ -950,7 +998,7 @@ class Walk {
     if (present < 0) {
       return false;
     }
-    if (present == 1) {
+    if (present == 1 && !copied) {
       return true;
     }
     if (sink_ != nullptr) {  // before any of its memory is put
@@ -959,7 +1007,7 @@ class Walk {
         return false;
       }
     }
-    return PyList_Append(devices_.get(), device.get()) == 0;
+    return present == 1 || PyList_Append(devices_.get(), device.get()) == 0;
   }
 
   PyObject* fallback_;
@@ -977,7 +1025,17 @@ class Walk {
   Ref devices_;
 };
 
+PyObject* ConfigureOrThrow(PyObject* args);
+
 PyObject* Configure(PyObject*, PyObject* args) {
+  try {
+    return ConfigureOrThrow(args);
+  } catch (const std::bad_alloc&) {
+    return PyErr_NoMemory();
+  }
+}
+
+PyObject* ConfigureOrThrow(PyObject* args) {
   PyObject* tensor_type = nullptr;
   PyObject* shard_type = nullptr;
   PyObject* dtypes = nullptr;
@@ -1099,17 +1157,21 @@ PyObject* WalkStateOrThrow(PyObject* args) {
     return nullptr;
   }
   json.append(",\"tree\":");
-  const bool walked = walk.Node(state);
-  if (walked) {
-    json.push_back('}');
+  try {
+    const bool walked = walk.Node(state);
+    if (walked) {
+      json.push_back('}');
+    }
+    if (!putting) {
+      return walked ? walk.Finish() : nullptr;
+    }
+    if ((walked && walk.Flush(/*with_record=*/true)) || walk.status() != 0) {
+      return walk.FinishPut();  // the put's failure is the caller's to report (and abort)
+    }
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
   }
-  if (!putting) {
-    return walked ? walk.Finish() : nullptr;
-  }
-  if ((walked && walk.Flush(/*with_record=*/true)) || walk.status() != 0) {
-    return walk.FinishPut();  // the put's failure is the caller's to report (and abort)
-  }
-  walk.AbortIfPut();
+  walk.AbortIfPut();  // while the walk still holds what was put
   return nullptr;
 }
 

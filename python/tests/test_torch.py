@@ -210,6 +210,11 @@ class TorchTest(unittest.TestCase):
             if os.environ.get("CKPTDB_EXPECT_NATIVE") == "1":
                 self.fail("ckptdb._native was built but not loaded")
             self.skipTest("ckptdb._native is not built (python3-dev)")
+        import enum
+
+        class Key(str, enum.Enum):  # str(Key.A) is "Key.A", its JSON text "a"
+            A = "a"
+
         base = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
         odd = collections.OrderedDict([("b", torch.ones(2)), ("a", torch.zeros(3))])
         odd.move_to_end("b")  # an OrderedDict's order, not its underlying dict's
@@ -224,6 +229,7 @@ class TorchTest(unittest.TestCase):
             7: {-3: (1 << 80, -(1 << 70), 0, True, False, None)},
             "values": ["s\u00e9\ud800", 1.5, float("nan"), float("inf"), -0.0, 5e-324, []],
             "tuple": (), "dict": {},
+            "keys": {Key.A: torch.ones(1), "\ud800": 1},  # a str subclass; a lone surrogate
             # Negative views: memory holding the values before the negation (resolved, copied).
             "neg": [torch._neg_view(torch.tensor([5.0, 6.0])),
                     torch.tensor([1 + 2j], dtype=torch.complex64).conj().imag],
@@ -241,11 +247,12 @@ class TorchTest(unittest.TestCase):
                     moved = [i for i, (a, b) in enumerate(zip(native, python)) if a[1] != b[1]]
                     self.assertEqual([native[i][0] for i in moved],
                                      [b"__ckptdb__/tree", b"/t", b"/neg/0", b"/neg/1"])
+                    self.assertIn(b"/keys/Key.A", [n[0] for n in native])
                     for i in moved:
                         native[i] = native[i][:1] + native[i][2:]
                         python[i] = python[i][:1] + python[i][2:]
                     self.assertEqual(native, python)
-                    self.assertEqual(len(native), 1 + 2 + 10 + 3 + 2 + 1 + 1 + 2)  # record first
+                    self.assertEqual(len(native), 1 + 2 + 10 + 3 + 2 + 1 + 1 + 1 + 2)  # record 1st
                     # A record the Python walk's reader takes as it is.
                     self.assertEqual(json.loads(record)["rank"], rank)
                 finally:
@@ -270,6 +277,7 @@ class TorchTest(unittest.TestCase):
             ({"o": [object()]}, TypeError, "/o/0: a object is not a tensor"),
             ({"d": torch.ones([1] * 9)}, ValueError, "at most 8 dimensions"),
             (loop, RecursionError, ""),
+            ({"\ud800": torch.ones(1)}, UnicodeEncodeError, "surrogates not allowed"),
         ]
         root = os.path.join(self.dir, "refuse")
         with ckptdb.torch.Checkpointer(root, tiers=f"tmpfs:{self.dir}/r", rank=0,
