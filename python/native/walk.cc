@@ -281,6 +281,17 @@ void AppendUnsigned(std::string& out, uint64_t value) {
   out.append(text + at, sizeof(text) - at);
 }
 
+// A str's UTF-8 bytes as they are (text already JSON).
+bool AppendUtf8(std::string& out, PyObject* text) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(text, &size);
+  if (data == nullptr) {
+    return false;
+  }
+  out.append(data, static_cast<size_t>(size));
+  return true;
+}
+
 // An int as json writes it (int.__repr__, so for subclasses too); any size.
 bool AppendJsonInt(std::string& out, PyObject* value) {
   int overflow = 0;
@@ -298,16 +309,7 @@ bool AppendJsonInt(std::string& out, PyObject* value) {
     return true;
   }
   Ref text(PyLong_Type.tp_repr(value));
-  if (!text) {
-    return false;
-  }
-  Py_ssize_t size = 0;
-  const char* data = PyUnicode_AsUTF8AndSize(text.get(), &size);
-  if (data == nullptr) {
-    return false;
-  }
-  out.append(data, static_cast<size_t>(size));
-  return true;
+  return text && AppendUtf8(out, text.get());
 }
 
 // A tuple of ints (a torch.Size, a Shard's global_shape or offset) into dims[], at most
@@ -617,13 +619,7 @@ class Walk {
                    Py_TYPE(text.get())->tp_name);
       return false;
     }
-    Py_ssize_t size = 0;
-    const char* data = PyUnicode_AsUTF8AndSize(text.get(), &size);
-    if (data == nullptr) {
-      return false;
-    }
-    json_.append(data, static_cast<size_t>(size));
-    return true;
+    return AppendUtf8(json_, text.get());
   }
 
   // {"d": [[kind, key, child], ...]}, in the order of its items() (an OrderedDict's own), as
@@ -1025,17 +1021,17 @@ class Walk {
   Ref devices_;
 };
 
-PyObject* ConfigureOrThrow(PyObject* args);
-
-PyObject* Configure(PyObject*, PyObject* args) {
+// A module function whose C++ allocations may throw: MemoryError instead of a crossing.
+template <PyObject* (*Function)(PyObject*)>
+PyObject* Catching(PyObject*, PyObject* args) {
   try {
-    return ConfigureOrThrow(args);
+    return Function(args);
   } catch (const std::bad_alloc&) {
     return PyErr_NoMemory();
   }
 }
 
-PyObject* ConfigureOrThrow(PyObject* args) {
+PyObject* Configure(PyObject* args) {
   PyObject* tensor_type = nullptr;
   PyObject* shard_type = nullptr;
   PyObject* dtypes = nullptr;
@@ -1088,17 +1084,7 @@ PyObject* ConfigureOrThrow(PyObject* args) {
   Py_RETURN_NONE;
 }
 
-PyObject* WalkStateOrThrow(PyObject* args);
-
-PyObject* WalkState(PyObject*, PyObject* args) {
-  try {
-    return WalkStateOrThrow(args);
-  } catch (const std::bad_alloc&) {
-    return PyErr_NoMemory();
-  }
-}
-
-PyObject* WalkStateOrThrow(PyObject* args) {
+PyObject* WalkState(PyObject* args) {
   PyObject* state = nullptr;
   PyObject* rank = nullptr;
   PyObject* world_size = nullptr;
@@ -1185,12 +1171,12 @@ PyObject* UsesAten(PyObject*, PyObject*) {
 }
 
 PyMethodDef methods[] = {
-    {"configure", Configure, METH_VARARGS,
+    {"configure", Catching<Configure>, METH_VARARGS,
      "configure(tensor_type, shard_type, dtypes, tree_name, tree_format, torch_version): once, "
      "at import."},
     {"uses_aten", UsesAten, METH_NOARGS,
      "uses_aten() -> whether tensors are read through ATen rather than their attributes."},
-    {"walk", WalkState, METH_VARARGS,
+    {"walk", Catching<WalkState>, METH_VARARGS,
      "walk(state, rank, world_size, fallback) -> (buffers, descriptors' address, count, keep, "
      "cuda devices): the tree record and the ckptdb_put_shards descriptors of a save.\n"
      "walk(state, rank, world_size, fallback, (put, abort, db, version, batch, sync)) -> "
