@@ -194,8 +194,7 @@ class Checkpointer:
             # the rest are walked; the record last. A walk that fails after a put aborts the
             # version itself: nothing of a refused save stays.
             sink = self.store._sink(step, _PUT_BATCH, _synchronize)
-            status, keep, put_any = _native.walk(state, self.rank, self.world_size, self._leaf,
-                                                 sink)
+            status, keep = _native.walk(state, self.rank, self.world_size, self._leaf, sink)
             self.store._pin(step, keep)
             if status != 0:
                 try:

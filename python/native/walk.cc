@@ -493,10 +493,10 @@ class Walk {
     PyErr_Restore(type, value, traceback);
   }
 
-  // (status, tensors to keep alive until capture ends, whether anything was put) of a walk that
-  // put as it went.
+  // (status, tensors to keep alive until capture ends) of a walk that put as it went. A failed
+  // put's version is the caller's to abort: even a first put may have queued lazy shards.
   PyObject* FinishPut() {
-    PyObject* result = Py_BuildValue("(iOO)", status_, keep_.get(), put_any_ ? Py_True : Py_False);
+    PyObject* result = Py_BuildValue("(iO)", status_, keep_.get());
     if (result == nullptr) {
       AbortIfPut();  // before keep_ lets the tensors go
     }
@@ -1180,8 +1180,7 @@ PyMethodDef methods[] = {
      "walk(state, rank, world_size, fallback) -> (buffers, descriptors' address, count, keep, "
      "cuda devices): the tree record and the ckptdb_put_shards descriptors of a save.\n"
      "walk(state, rank, world_size, fallback, (put, abort, db, version, batch, sync)) -> "
-     "(status, keep, put any): the same put as it walks, `batch` tensors a ckptdb_put_shards call, "
-     "the "
+     "(status, keep): the same put as it walks, `batch` tensors a ckptdb_put_shards call, the "
      "record last; a put's failure returned, a Python error raised after aborting the version."},
     {nullptr, nullptr, 0, nullptr},
 };
