@@ -241,6 +241,7 @@ Status Db::WaitCommit(uint64_t version, const char* tier, int timeout_ms) {
         failed != demotion_errors_.end()) {
       return failed->second.WithContext(what);
     }
+    if (!tiers_[target].online()) return tiers_[target].offline.WithContext(what);
     if (options_.read_only || s == CKPTDB_STATE_RETIRED || !Wants(target, version) ||
         !HasSource(version, target)) {
       return Status::State(what +

@@ -180,9 +180,13 @@ Status ParseCpuList(const std::string& text, std::vector<int>* out) {
 Status ResolveOpenOptions(const ckptdb_options& o, DbOptions* out) {
   DbOptions& d = *out;
   const char* root = EnvOr(o.root, "CKPTDB_ROOT");
-  if (root == nullptr)
-    return Status::Invalid("ckptdb_open: no root: set options.root or CKPTDB_ROOT");
-  d.root = root;
+  // Read-only, tiers without a root read a tier directory alone (engine/tier_view.h).
+  if (root == nullptr && !(o.read_only != 0 && EnvOr(o.tiers, "CKPTDB_TIERS") != nullptr)) {
+    return Status::Invalid(
+        "ckptdb_open: no root: set options.root or CKPTDB_ROOT (or, read-only, tiers alone to "
+        "read a tier directory without its store)");
+  }
+  d.root = root == nullptr ? "" : root;
   CKPTDB_RETURN_IF_ERROR(ResolveJobOptions(&o, &d));
   if (const char* b = EnvOr(o.backpressure, "CKPTDB_BACKPRESSURE")) {
     CKPTDB_RETURN_IF_ERROR(ParseBackpressure(b, &d.backpressure));
@@ -216,12 +220,19 @@ Status ResolveRepairOptions(const ckptdb_options& o, DbOptions* out) {
 
 // Every option is checked before anything is touched: a bad value changes nothing.
 Status ValidateOptions(const DbOptions& o) {
-  if (o.root.empty()) return Status::Invalid("options: root is empty; name the store's directory");
+  // Read-only without a root: a view of tier directories, of any rank of the job that wrote them.
+  const bool view = o.tier_view || (o.read_only && o.root.empty() && !o.tiers.empty());
+  if (o.root.empty() && !view) {
+    return Status::Invalid("options: root is empty; name the store's directory");
+  }
   if (o.world_size == 0 || o.world_size > 65536) {
     return Status::Invalid("options: world_size " + std::to_string(o.world_size) +
                            " must be 1..65536");
   }
-  if (o.rank >= o.world_size) {
+  if (view && o.rank >= 65536) {
+    return Status::Invalid("options: rank " + std::to_string(o.rank) + " is not below 65536");
+  }
+  if (!view && o.rank >= o.world_size) {
     return Status::Invalid("options: rank " + std::to_string(o.rank) + " is not below world_size " +
                            std::to_string(o.world_size));
   }

@@ -40,6 +40,9 @@ struct DbOptions {
   uint32_t queue_depth = 64;
   uint32_t capture_threads = 2;
   bool read_only = false;
+  // Set by Db::Open for a read-only open of tier directories alone (engine/tier_view.h): root is
+  // then the view's private root, and rank any rank of the job that wrote them.
+  bool tier_view = false;
   bool create_if_missing = true;
   bool drain_on_close = true;
   std::vector<int> cpus;  // where the threads open starts run; empty: the caller's CPUs

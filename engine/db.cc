@@ -20,6 +20,7 @@
 #include <filesystem>
 
 #include "engine/internal.h"
+#include "engine/tier_view.h"
 #include "format/checksum.h"
 #include "format/commit_witness.h"
 #include "format/segment_format.h"
@@ -75,10 +76,27 @@ Db::Db(DbOptions options) : options_(std::move(options)) {}
 
 Db::~Db() { (void)Close(); }
 
-Status Db::Open(const DbOptions& options, std::unique_ptr<Db>* out) {
+Status Db::Open(const DbOptions& given, std::unique_ptr<Db>* out) {
   OpenOnCpus on_cpus;
-  CKPTDB_RETURN_IF_ERROR(on_cpus.Start(options.cpus));
+  CKPTDB_RETURN_IF_ERROR(on_cpus.Start(given.cpus));
+  DbOptions options = given;
+  std::string view_root;
+  if (options.read_only && options.root.empty()) {
+    // Tier directories alone: their records become a catalog in a private root, which the
+    // handle removes at close.
+    CKPTDB_RETURN_IF_ERROR(ValidateOptions(options));
+    std::unique_ptr<io::Io> owned;
+    io::Io* io = options.io != nullptr ? options.io : g_testing_io.load();
+    if (io == nullptr) {
+      owned = io::NewPosixIo();
+      io = owned.get();
+    }
+    CKPTDB_RETURN_IF_ERROR(BuildTierView(options, io, &view_root));
+    options.root = view_root;
+    options.tier_view = true;
+  }
   auto db = std::unique_ptr<Db>(new Db(options));
+  db->view_root_ = view_root;
   Status st = db->OpenImpl();
   if (!st.ok()) {
     // A store this call created and could not finish opening is removed again, so a failed
@@ -432,6 +450,16 @@ Status Db::OpenTiers(const std::vector<io::TierSpec>& specs) {
       Status st = t.dir->Open(identity_.job_id, options_.read_only);
       if (t.dir->wrote_marker())
         markers_written_.push_back(specs[i].path + "/" + Tier::kMarkerName);
+      // An nfs tier behind another whose server does not answer: the store opens without it
+      // and the manager tries it again. Any other failure (a refused mount, another store's
+      // directory) fails the open.
+      if (!st.ok() && t.is_nfs() && i > 0 &&
+          (st.code() == CKPTDB_EIO || st.code() == CKPTDB_ETIMEDOUT)) {
+        std::fprintf(stderr, "ckptdb: tier %s is offline, the other tiers go on: %s\n",
+                     t.name().c_str(), st.ToString().c_str());
+        BackOffLocked(i, st.WithContext("tier " + t.name() + " is offline"));
+        continue;
+      }
       CKPTDB_RETURN_IF_ERROR(st);
     }
   }
@@ -534,12 +562,14 @@ void Db::RefreshResidencyLocked(CatalogBatch* batch) {
                          st.message().c_str());
           }
         }
-      } else if (!IsRamName(res.tier)) {
+      } else if (!IsRamName(res.tier) && (t < 0 || tiers_[t].online())) {
         // MISSING only when the file is gone (a tmpfs after reboot); a damaged file stays
-        // DURABLE so restore and verify report the damage instead of hiding it.
+        // DURABLE so restore and verify report the damage instead of hiding it, and a file
+        // that cannot be looked at now (a server that stopped answering) keeps its state.
         uint64_t bytes = 0;
-        want = io_->PathSize(res.path, &bytes).ok() ? CKPTDB_RESIDENT_DURABLE
-                                                    : CKPTDB_RESIDENT_MISSING;
+        Status found = io_->PathSize(res.path, &bytes);
+        if (found.ok()) want = CKPTDB_RESIDENT_DURABLE;
+        if (found.code() == CKPTDB_ENOTFOUND) want = CKPTDB_RESIDENT_MISSING;
       }
       if (want != res.state) {
         res.state = want;
@@ -602,9 +632,12 @@ Status Db::Recover() {
         kept.push_back(res);
         continue;
       }
-      if (!IsRamName(res.tier)) {
+      const int t = TierIndex(res.tier);
+      if (!IsRamName(res.tier) && (t < 0 || tiers_[t].online())) {
         // A committed version's interrupted demotion may have published its file already: the
         // sweep below checks it and keeps it if it verifies. Undecided versions are aborted.
+        // (An offline tier's files stay: the sweep after it comes back collects temporary
+        // ones.)
         if (undecided) CKPTDB_RETURN_IF_ERROR(io_->Remove(res.path));
         CKPTDB_RETURN_IF_ERROR(io_->Remove(res.path + ".tmp"));
         dirs_to_sync.insert(std::filesystem::path(res.path).parent_path().string());
@@ -620,7 +653,7 @@ Status Db::Recover() {
   RefreshResidencyLocked(&batch);
   if (tiers_[0].is_ram()) CKPTDB_RETURN_IF_ERROR(tiers_[0].ram->ResizeToSpec());
   for (const TierState& tier : tiers_) {
-    if (tier.is_ram()) continue;
+    if (tier.is_ram() || !tier.online()) continue;
     std::vector<SegmentFileName> files;
     CKPTDB_RETURN_IF_ERROR(tier.dir->ListSegments(&files));
     for (const SegmentFileName& f : files) {
@@ -754,6 +787,10 @@ Status Db::Close() {
   if (lock_fd_ >= 0) {
     ::close(lock_fd_);
     lock_fd_ = -1;
+  }
+  if (!view_root_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(view_root_, ec);
   }
   closed_ = true;
   state_cv_.notify_all();

@@ -152,6 +152,15 @@ class Db {
     bool is_ram() const { return ram != nullptr; }
     const std::string& name() const { return spec.name; }
     bool Takes(uint64_t version) const { return version % spec.every == 0; }
+    // An nfs tier whose server does not answer (at open, or probed after a demotion to it
+    // failed) is offline: nothing is demoted to or from it, nothing of it is swept, and its
+    // catalog records stand. The manager tries it again at retry_ns (also after a demotion that
+    // failed while the server answered: it is tried again, kNfsDemotionTries times in all).
+    Status offline;
+    uint64_t retry_ns = 0;
+    uint64_t backoff_ns = 0;
+    bool online() const { return offline.ok(); }
+    bool is_nfs() const { return spec.kind == io::TierKind::kNfs; }
     // Counters for ckptdb_stats (mu_).
     uint64_t bytes_written = 0;
     uint64_t write_ns = 0;
@@ -596,6 +605,17 @@ class Db {
   Status ReadOwnSegment(uint64_t version, uint64_t offset, uint64_t bytes, uint8_t* out);
   void FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v);
   bool PlanDemotion(std::unique_lock<std::mutex>& lock);
+  // An offline tier whose retry time came: opened again (its marker checked, its copies looked
+  // for). True when one came back.
+  bool RetryOfflineTiers(std::unique_lock<std::mutex>& lock);
+  // An nfs tier's own witness of a version (and rank 0's decision record): written after its
+  // copy there is recorded, removed before the copy goes. Without mu_.
+  void WriteTierWitness(size_t tier, const VersionRecord& record);
+  Status RemoveTierWitness(size_t tier, uint64_t version);
+  // The manager's longest wait for completions: until the next tier retry, or -1 (none).
+  int ManagerWaitMsLocked() const;
+  // The tier waits before the next try (doubling, bounded); `offline` not Ok takes it offline.
+  void BackOffLocked(size_t tier, const Status& offline);
   Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
                        size_t target, bool for_commit);
   void PumpDemotion(std::unique_lock<std::mutex>& lock);
@@ -803,6 +823,9 @@ class Db {
   // A target with no source left is given up until the next open.
   std::map<std::pair<uint64_t, size_t>, std::set<size_t>> failed_sources_;
   std::map<std::pair<uint64_t, size_t>, Status> demotion_errors_;
+  // Demotions to an nfs tier that failed while its server answered, by (version, target): tried
+  // again after the tier's backoff until kNfsDemotionTries.
+  std::map<std::pair<uint64_t, size_t>, uint32_t> demotion_tries_;
   std::set<uint64_t> stats_dirty_;  // versions whose figures changed since they were persisted
   Figures figures_;                 // ckptdb_stats' counters: atomics of their own, not under mu_
 
@@ -811,6 +834,9 @@ class Db {
   // Small synchronous reads of a demotion source's header, footer and manifest: through the Io
   // like every file access, on a queue of their own (queue_ has other requests in flight).
   std::unique_ptr<io::IoQueue> metadata_queue_;
+  // A read-only open of tier directories alone: the private root of its catalog (tier_view.h),
+  // removed at close.
+  std::string view_root_;
   int wake_fd_ = -1;
   uint64_t wake_buffer_ = 0;
   uint64_t next_request_ = 1;

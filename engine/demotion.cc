@@ -12,6 +12,7 @@
 
 #include "engine/db.h"
 #include "engine/internal.h"
+#include "engine/witness.h"
 #include "format/checksum.h"
 #include "format/little_endian.h"
 #include "format/manifest.h"
@@ -28,11 +29,13 @@ using redundancy::CodeScheme;
 bool Db::PlanDemotion(std::unique_lock<std::mutex>& lock) {
   for (const auto& [version, e] : versions_) {
     if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    const uint64_t now = MonoNs();
     for (size_t target = 1; target < tiers_.size(); ++target) {
       if (tiers_[target].is_ram() || Durable(e, target) || !Wants(target, version)) continue;
+      if (!tiers_[target].online() || now < tiers_[target].retry_ns) continue;
       auto failed = failed_sources_.find({version, target});
       for (size_t source = 0; source < tiers_.size(); ++source) {
-        if (source == target || !Durable(e, source)) continue;
+        if (source == target || !Durable(e, source) || !tiers_[source].online()) continue;
         if (failed != failed_sources_.end() && failed->second.count(source)) continue;
         Status st = StartDemotion(lock, version, source, target, /*for_commit=*/false);
         if (st.ok()) return true;
@@ -346,8 +349,10 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
   if (st.ok()) {
     CatalogBatch batch;
     batch.put_residency.emplace_back(version, res);
+    const VersionRecord record = versions_.at(version).record;
     lock.unlock();
     st = catalog_->Apply(batch, /*sync=*/true);
+    if (st.ok() && tiers_[d.target].is_nfs()) WriteTierWitness(d.target, record);
     lock.lock();
   }
   VersionEntry& e = versions_.at(version);
@@ -369,6 +374,9 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
   } else {
     // The catalog may say WRITING for it: recovery (or the next attempt) collects the file.
     lock.unlock();
+    // An nfs tier is asked whether its server still answers: if not, the tier goes offline and
+    // the demotion waits for it rather than counting as failed.
+    Status probe = tiers_[d.target].is_nfs() ? io_->SyncDir(target.spec().path) : Status::Ok();
     (void)target.RemoveSegment(version, identity_.rank);
     CatalogBatch batch;
     batch.delete_residency.emplace_back(version, res.tier);
@@ -376,10 +384,17 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
     lock.lock();
     std::erase_if(e.residency, [&](const ResidencyRecord& r) { return r.tier == res.tier; });
     if (!(closing_ && !options_.drain_on_close)) {
-      failed_sources_[{version, d.target}].insert(d.source);
-      demotion_errors_[{version, d.target}] = st;
       tiers_[d.target].demotion_failures++;
       std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
+      if (tiers_[d.target].is_nfs() &&
+          (!probe.ok() || ++demotion_tries_[{version, d.target}] < kNfsDemotionTries)) {
+        BackOffLocked(d.target, probe.ok() ? Status::Ok()
+                                           : probe.WithContext("tier " + tiers_[d.target].name() +
+                                                               " is offline"));
+      } else {
+        failed_sources_[{version, d.target}].insert(d.source);
+        demotion_errors_[{version, d.target}] = st;
+      }
     }
   }
   state_cv_.notify_all();
@@ -447,8 +462,11 @@ bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
     }
   } else if (st.ok()) {
     Tier& tier = *tiers_[t].dir;
+    const bool nfs = tiers_[t].is_nfs();
     lock.unlock();
-    Status removed = tier.RemoveSegment(version, identity_.rank);
+    // The tier's own witness goes before its copy: it never names a copy that is gone.
+    Status removed = nfs ? RemoveTierWitness(t, version) : Status::Ok();
+    if (removed.ok()) removed = tier.RemoveSegment(version, identity_.rank);
     lock.lock();
     if (!removed.ok()) {
       std::fprintf(stderr, "ckptdb: evicting %s from tier %s: %s (the next open collects it)\n",
@@ -639,6 +657,130 @@ bool Db::WriteReadRecordsLocked(std::unique_lock<std::mutex>& lock) {
     }
   }
   return true;
+}
+
+// ---- A tier directory's own witnesses ----------------------------------------------------------
+
+// Called without mu_, after the copy's DURABLE record is synced: the version's witness in the
+// tier directory (and from rank 0 of a job, the job's decision record), so that a reader of the
+// directory alone can list the version (docs/api.md, "Reading a tier directory alone"). A
+// failure is reported and leaves the copy as it is: the reader then does not list it.
+void Db::WriteTierWitness(size_t tier, const VersionRecord& record) {
+  const std::string& dir = tiers_[tier].spec.path;
+  Status st = WitnessDir(io_, dir).Write(MakeWitness(identity_, record, CanonicalTiers()));
+  if (st.ok() && identity_.rank == 0 && identity_.world_size > 1) {
+    format::JobDecision d;
+    d.job_id = identity_.job_id;
+    d.version = record.version;
+    d.world_size = identity_.world_size;
+    d.decided_unix_ns = record.committed_unix_ns;
+    st = DecisionDir(io_, dir).Write(d);
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "ckptdb: %s on tier %s: writing its witness: %s\n",
+                 V(record.version).c_str(), tiers_[tier].name().c_str(), st.ToString().c_str());
+  }
+}
+
+Status Db::RemoveTierWitness(size_t tier, uint64_t version) {
+  const std::string& dir = tiers_[tier].spec.path;
+  if (identity_.rank == 0 && identity_.world_size > 1) {
+    CKPTDB_RETURN_IF_ERROR(DecisionDir(io_, dir).Remove(version));
+  }
+  return WitnessDir(io_, dir).Remove(version, identity_.rank);
+}
+
+// ---- Offline tiers -----------------------------------------------------------------------------
+
+void Db::BackOffLocked(size_t tier, const Status& offline) {
+  TierState& t = tiers_[tier];
+  t.backoff_ns = t.backoff_ns == 0 ? kTierRetryFirstNs : std::min(2 * t.backoff_ns, kTierRetryMaxNs);
+  t.retry_ns = MonoNs() + t.backoff_ns;
+  if (!offline.ok()) t.offline = offline;
+  state_cv_.notify_all();  // wait_commit on that tier has its answer
+}
+
+int Db::ManagerWaitMsLocked() const {
+  uint64_t next = UINT64_MAX;
+  for (const TierState& t : tiers_) {
+    if (t.retry_ns != 0) next = std::min(next, t.retry_ns);
+  }
+  if (next == UINT64_MAX) return -1;
+  const uint64_t now = MonoNs();
+  return next <= now ? 0 : static_cast<int>(std::min<uint64_t>((next - now) / 1'000'000 + 1, 60'000));
+}
+
+bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
+  bool back = false;
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    TierState& t = tiers_[i];
+    if (t.retry_ns == 0 || MonoNs() < t.retry_ns) continue;
+    if (t.online()) {
+      t.retry_ns = 0;  // a backoff after a failed demotion ran out: PlanDemotion goes on
+      back = true;
+      continue;
+    }
+    // Opened again as at open: the marker checked (a directory recreated without it gets a
+    // new one only when it holds no segment), then this rank's temporary files collected and
+    // its recorded copies looked for.
+    Tier& tier = *t.dir;
+    std::vector<std::pair<uint64_t, ResidencyRecord>> copies;
+    for (const auto& [version, e] : versions_) {
+      for (const ResidencyRecord& r : e.residency) {
+        if (r.tier == t.name() && r.state == CKPTDB_RESIDENT_DURABLE) copies.emplace_back(version, r);
+      }
+    }
+    lock.unlock();
+    Status st = tier.Open(identity_.job_id, options_.read_only);
+    std::vector<SegmentFileName> files;
+    if (st.ok()) st = tier.ListSegments(&files);
+    for (size_t f = 0; st.ok() && f < files.size(); ++f) {
+      if (files[f].temporary && files[f].rank == identity_.rank && !options_.read_only) {
+        st = io_->Remove(tier.spec().path + "/" + files[f].name);
+      }
+    }
+    std::vector<std::pair<uint64_t, ResidencyRecord>> gone;
+    for (size_t c = 0; st.ok() && c < copies.size(); ++c) {
+      uint64_t bytes = 0;
+      Status found = io_->PathSize(copies[c].second.path, &bytes);
+      if (found.code() == CKPTDB_ENOTFOUND) {
+        gone.push_back(copies[c]);
+      } else if (!found.ok()) {
+        st = found;
+      }
+    }
+    if (st.ok() && !gone.empty() && !options_.read_only) {
+      CatalogBatch batch;
+      for (auto& [version, r] : gone) {
+        r.state = CKPTDB_RESIDENT_MISSING;
+        batch.put_residency.emplace_back(version, r);
+      }
+      st = catalog_->Apply(batch, /*sync=*/true);
+    }
+    lock.lock();
+    if (!st.ok()) {
+      BackOffLocked(i, st.WithContext("tier " + t.name() + " is offline"));
+      continue;
+    }
+    for (const auto& [version, r] : gone) {
+      auto it = versions_.find(version);
+      if (it == versions_.end()) continue;
+      for (ResidencyRecord& res : it->second.residency) {
+        if (res.tier == r.tier && res.state == CKPTDB_RESIDENT_DURABLE) {
+          res.state = CKPTDB_RESIDENT_MISSING;
+        }
+      }
+      std::fprintf(stderr, "ckptdb: tier %s came back without %s's copy (%s)\n",
+                   t.name().c_str(), V(version).c_str(), r.path.c_str());
+    }
+    std::fprintf(stderr, "ckptdb: tier %s is back online\n", t.name().c_str());
+    t.offline = Status::Ok();
+    t.retry_ns = 0;
+    t.backoff_ns = 0;
+    state_cv_.notify_all();
+    back = true;
+  }
+  return back;
 }
 
 }  // namespace ckpt::engine

@@ -207,7 +207,7 @@ Status Db::AdoptSegments() {
   std::lock_guard<std::mutex> lock(mu_);
   CatalogBatch batch;
   for (const TierState& tier : tiers_) {
-    if (tier.is_ram()) continue;
+    if (tier.is_ram() || !tier.online()) continue;
     std::vector<SegmentFileName> files;
     CKPTDB_RETURN_IF_ERROR(tier.dir->ListSegments(&files));
     for (const SegmentFileName& f : files) {

@@ -68,5 +68,11 @@ inline constexpr size_t kMaxOpenSegments = 16;
 // Records a demotion keeps in flight (reads and writes): enough to keep a disk busy while the
 // manager checks the next record's checksum.
 inline constexpr uint32_t kDemotionRecordsInFlight = 8;
+// An nfs tier's retries (engine/db.h, TierState::offline): the first after half a second,
+// doubling to at most 16 s; a version's demotion to it is tried at most three times while the
+// server answers (a server that restarted between WRITE and COMMIT costs one).
+inline constexpr uint64_t kTierRetryFirstNs = 500'000'000;
+inline constexpr uint64_t kTierRetryMaxNs = 16'000'000'000;
+inline constexpr uint32_t kNfsDemotionTries = 3;
 
 }  // namespace ckpt::engine

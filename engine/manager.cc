@@ -109,10 +109,14 @@ void Db::ManagerLoop() {
     if (stopping_) break;
     lock.unlock();
     std::vector<io::IoCompletion> done;
-    Status st = queue_->Reap(progress ? 0 : 1, &done, -1);
+    const int wait_ms = progress ? 0 : ManagerWaitMsLocked();
+    Status st = queue_->Reap(progress ? 0 : 1, &done, wait_ms);
     lock.lock();
-    // What Reap returned counts even when it also failed.
-    if (!st.ok()) std::fprintf(stderr, "ckptdb: tier manager: %s\n", st.ToString().c_str());
+    // What Reap returned counts even when it also failed. A wait that ran out is a tier's
+    // retry time coming.
+    if (!st.ok() && !(wait_ms >= 0 && st.code() == CKPTDB_ETIMEDOUT)) {
+      std::fprintf(stderr, "ckptdb: tier manager: %s\n", st.ToString().c_str());
+    }
     for (const io::IoCompletion& c : done) {
       auto it = requests_.find(c.tag);
       CKPTDB_ASSERT(it != requests_.end());
@@ -182,6 +186,7 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
       if (v->phase != CommitPhase::kNone || capture_done) progress |= RunCommit(lock, v);
     }
   }
+  progress |= RetryOfflineTiers(lock);
   if (demotion_) {
     size_t before = demotion_->next;
     bool syncing = demotion_->syncing;

@@ -134,6 +134,9 @@ bool Db::Evictable(size_t tier, uint64_t version, bool for_space) const {
   }
   for (size_t slower = tier + 1; slower < tiers_.size(); ++slower) {
     // A slower tier still wants it and could get it from here: keep it until it has.
+    // An offline tier does not hold the arena's room hostage: under memory pressure the copy
+    // goes, and the tier gets the version from a slower tier that holds it, or not at all.
+    if (for_space && !tiers_[slower].online()) continue;
     if (Wants(slower, version) && HasSource(version, slower)) return false;
   }
   return true;  // superseded: no slower tier will ever take it

@@ -85,6 +85,59 @@ Status WitnessDir::Load(uint32_t rank, uint64_t job_id,
   return Status::Ok();
 }
 
+Status DecisionDir::Write(const format::JobDecision& d) {
+  CKPTDB_RETURN_IF_ERROR(io_->CreateDirs(dir_).WithContext("decision records"));
+  std::vector<uint8_t> bytes = format::EncodeJobDecision(d);
+  return io_->WriteFileDurably(
+      PathOf(d.version), std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
+Status DecisionDir::Remove(uint64_t version) {
+  uint64_t ignored;
+  const std::string path = PathOf(version);
+  if (io_->PathSize(path, &ignored).code() == CKPTDB_ENOTFOUND) return Status::Ok();
+  CKPTDB_RETURN_IF_ERROR(io_->Remove(path));
+  return io_->SyncDir(dir_);
+}
+
+Status DecisionDir::Load(uint64_t job_id, std::map<uint64_t, DecisionFile>* out) const {
+  out->clear();
+  std::vector<std::string> names;
+  Status st = io_->ListDir(dir_, &names);
+  if (st.code() == CKPTDB_ENOTFOUND) return Status::Ok();
+  CKPTDB_RETURN_IF_ERROR(st.WithContext("decision records"));
+  for (const std::string& name : names) {
+    uint64_t version = 0;
+    if (!format::ParseDecisionFileName(name, &version)) continue;
+    DecisionFile& f = (*out)[version];
+    f.path = dir_ + "/" + name;
+    const std::string what = "decision record " + f.path;
+    uint64_t bytes = 0;
+    f.status = io_->PathSize(f.path, &bytes);
+    if (f.status.ok() && bytes != format::kDecisionBytes) {
+      f.status = Status::Corrupt(what + ": " + std::to_string(bytes) + " bytes, not " +
+                                 std::to_string(format::kDecisionBytes));
+    }
+    std::string contents;
+    if (f.status.ok()) f.status = io_->ReadFile(f.path, &contents);
+    if (f.status.ok()) {
+      f.status = format::DecodeJobDecision(
+          std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(contents.data()),
+                                   contents.size()),
+          what, &f.decision);
+    }
+    if (f.status.ok() && f.decision.version != version) {
+      f.status = Status::Corrupt(what + ": it records v" + std::to_string(f.decision.version) +
+                                 ", not what its name says");
+    }
+    if (f.status.ok() && job_id != 0 && f.decision.job_id != job_id) {
+      f.status = Status::Corrupt(what + ": it names job id " + format::Hex64(f.decision.job_id) +
+                                 ", not " + format::Hex64(job_id));
+    }
+  }
+  return Status::Ok();
+}
+
 Status CheckWitnessesAgainst(const std::map<uint64_t, WitnessFile>& witnesses,
                              const std::map<uint64_t, VersionEntry>& versions, uint64_t job_id,
                              const std::string& catalog_dir, const std::string& root,

@@ -49,6 +49,33 @@ class WitnessDir {
   std::string dir_;
 };
 
+// A tier directory's decision records (<tier>/decisions, format/commit_witness.h): written by
+// rank 0 of a job beside its own witness on each nfs tier, so that a reader of the directory
+// alone knows which versions the job committed as a whole.
+struct DecisionFile {
+  std::string path;
+  Status status;  // Ok when the file decodes and names the job; else why not
+  format::JobDecision decision;
+};
+
+class DecisionDir {
+ public:
+  DecisionDir(io::Io* io, const std::string& tier_dir)
+      : io_(io), dir_(tier_dir + "/" + format::kDecisionDirName) {}
+  std::string PathOf(uint64_t version) const {
+    return dir_ + "/" + format::DecisionFileName(version);
+  }
+  Status Write(const format::JobDecision& d);
+  Status Remove(uint64_t version);  // absent is fine
+  // Every decision record by version, each checked against job_id (0: any); bounded as
+  // WitnessDir::Load.
+  Status Load(uint64_t job_id, std::map<uint64_t, DecisionFile>* out) const;
+
+ private:
+  io::Io* io_;
+  std::string dir_;
+};
+
 // The witness of `rec`, a committed version of the store `id` whose tiers are `tiers` (left
 // empty in the witness when longer than the format allows).
 format::CommitWitness MakeWitness(const Identity& id, const VersionRecord& rec,

@@ -17,6 +17,20 @@ using le::Magic;
 using le::Put;
 
 constexpr char kWitnessMagic[9] = "CKPTWIT1";
+constexpr char kDecisionMagic[9] = "CKPTDEC1";
+
+// 20 decimal digits of name from `at` (no overflow), or false.
+bool ParseDigits20(const std::string& name, size_t at, uint64_t* out) {
+  uint64_t v = 0;
+  for (size_t i = at; i < at + 20; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    const uint64_t digit = static_cast<uint64_t>(name[i] - '0');
+    if (v > (UINT64_MAX - digit) / 10) return false;
+    v = v * 10 + digit;
+  }
+  *out = v;
+  return true;
+}
 
 }  // namespace
 
@@ -107,12 +121,7 @@ bool ParseWitnessFileName(const std::string& name, uint64_t* version, uint32_t* 
     return false;
   }
   uint64_t v = 0;
-  for (size_t i = 1; i < 21; ++i) {
-    if (name[i] < '0' || name[i] > '9') return false;
-    const uint64_t digit = static_cast<uint64_t>(name[i] - '0');
-    if (v > (UINT64_MAX - digit) / 10) return false;
-    v = v * 10 + digit;
-  }
+  if (!ParseDigits20(name, 1, &v)) return false;
   uint32_t r = 0;
   for (size_t i = 23; i < 28; ++i) {
     if (name[i] < '0' || name[i] > '9') return false;
@@ -121,6 +130,58 @@ bool ParseWitnessFileName(const std::string& name, uint64_t* version, uint32_t* 
   *version = v;
   *rank = r;
   return true;
+}
+
+std::vector<uint8_t> EncodeJobDecision(const JobDecision& d) {
+  std::vector<uint8_t> out(kDecisionBytes, 0);
+  uint8_t* p = out.data();
+  Put<uint64_t>(p, 0, Magic(kDecisionMagic));
+  Put<uint32_t>(p, 8, kDecisionFormatVersion);
+  Put<uint32_t>(p, 12, d.world_size);
+  Put<uint64_t>(p, 16, d.job_id);
+  Put<uint64_t>(p, 24, d.version);
+  Put<uint64_t>(p, 32, d.decided_unix_ns);
+  Put<uint64_t>(p, 40, Xxh3(p, 40));
+  return out;
+}
+
+Status DecodeJobDecision(std::span<const uint8_t> in, const std::string& what, JobDecision* out) {
+  if (in.size() != kDecisionBytes) {
+    return Status::Corrupt(what + ": " + std::to_string(in.size()) +
+                           " bytes, not a decision record's " + std::to_string(kDecisionBytes));
+  }
+  const uint8_t* p = in.data();
+  if (Get<uint64_t>(p, 0) != Magic(kDecisionMagic)) {
+    return Status::Corrupt(what + ": not a ckptdb decision record (bad magic at offset 0)");
+  }
+  CKPTDB_RETURN_IF_ERROR(
+      CheckXxh3(p, 40, Get<uint64_t>(p, 40), what + ": decision record (checksum at offset 40)"));
+  const uint32_t format_version = Get<uint32_t>(p, 8);
+  if (format_version != kDecisionFormatVersion) {
+    return Status::NotSupported(what + ": decision record format version " +
+                                std::to_string(format_version) + ", this build reads " +
+                                std::to_string(kDecisionFormatVersion));
+  }
+  JobDecision d;
+  d.world_size = Get<uint32_t>(p, 12);
+  d.job_id = Get<uint64_t>(p, 16);
+  d.version = Get<uint64_t>(p, 24);
+  d.decided_unix_ns = Get<uint64_t>(p, 32);
+  if (d.world_size == 0) return Status::Corrupt(what + ": a decision record of world size 0");
+  *out = d;
+  return Status::Ok();
+}
+
+std::string DecisionFileName(uint64_t version) {
+  char b[64];
+  std::snprintf(b, sizeof b, "v%020" PRIu64 ".decision", version);
+  return b;
+}
+
+bool ParseDecisionFileName(const std::string& name, uint64_t* version) {
+  // Exactly the shape DecisionFileName writes: 1 + 20 + 9 characters.
+  if (name.size() != 30 || name[0] != 'v' || name.compare(21, 9, ".decision") != 0) return false;
+  return ParseDigits20(name, 1, version);
 }
 
 }  // namespace ckpt::format

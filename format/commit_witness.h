@@ -58,4 +58,33 @@ Status DecodeCommitWitness(std::span<const uint8_t> in, const std::string& what,
 std::string WitnessFileName(uint64_t version, uint32_t rank);
 bool ParseWitnessFileName(const std::string& name, uint64_t* version, uint32_t* rank);
 
+// The job's decision record (docs/format.md, "The decision record"): in a job of many ranks,
+// rank 0 (whose coordinator decides every version) writes one per committed version on each nfs
+// tier, beside its own witness, when its copy of the version reaches that tier; a reader of the
+// tier directory alone (ckptdb_open with an nfs spec and no root) learns from it that the job
+// as a whole committed the version, and how many ranks it had. 48 bytes, little-endian:
+//
+// <tier>/decisions/v<version, 20 digits>.decision:
+//   0   magic "CKPTDEC1"        8  format_version u32     12 world_size u32
+//   16  job_id u64              24 version u64            32 decided_unix_ns u64
+//   40  xxh3 u64 of bytes 0-39
+inline constexpr uint32_t kDecisionFormatVersion = 1;
+inline constexpr size_t kDecisionBytes = 48;
+inline constexpr const char* kDecisionDirName = "decisions";
+
+struct JobDecision {
+  uint64_t job_id = 0;
+  uint64_t version = 0;
+  uint32_t world_size = 1;
+  uint64_t decided_unix_ns = 0;
+};
+
+std::vector<uint8_t> EncodeJobDecision(const JobDecision& d);
+// Checks length, magic, checksum, format version and world size; Corrupt naming `what`
+// otherwise (NotSupported for another format version).
+Status DecodeJobDecision(std::span<const uint8_t> in, const std::string& what, JobDecision* out);
+// "v00000000000000000003.decision", and back (any other name: false).
+std::string DecisionFileName(uint64_t version);
+bool ParseDecisionFileName(const std::string& name, uint64_t* version);
+
 }  // namespace ckpt::format

@@ -18,7 +18,8 @@ namespace {
 bool Same(const ckpt::io::TierSpec& a, const ckpt::io::TierSpec& b) {
   return a.kind == b.kind && a.path == b.path && a.keep == b.keep && a.every == b.every &&
          a.capacity_bytes == b.capacity_bytes && a.replica_bytes == b.replica_bytes &&
-         a.name == b.name;
+         a.name == b.name && a.host == b.host && a.remote_dir == b.remote_dir &&
+         a.port == b.port && a.mount_port == b.mount_port;
 }
 
 }  // namespace
@@ -38,7 +39,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string canonical;
   for (size_t i = 0; i < tiers.size(); ++i) {
     const TierSpec& t = tiers[i];
-    if (t.path.empty() || t.path[0] != '/' || t.every == 0) std::abort();
+    if (t.every == 0) std::abort();
+    if (t.kind == TierKind::kNfs) {
+      // An nfs tier's path is the nfs:// path of its server and absolute directory.
+      if (!t.path.starts_with("nfs://") || t.remote_dir.empty() || t.remote_dir[0] != '/' ||
+          t.host.empty()) {
+        std::abort();
+      }
+    } else if (t.path.empty() || t.path[0] != '/') {
+      std::abort();
+    }
     if (t.kind == TierKind::kRam &&
         (i != 0 || t.capacity_bytes < kMinRamBytes || t.capacity_bytes > kMaxRamBytes ||
          t.capacity_bytes % 4096 != 0)) {

@@ -224,6 +224,7 @@ class RecordingQueue final : public IoQueue {
     return st;
   }
   size_t outstanding() const override { return base_->outstanding(); }
+  int WaitFd() const override { return base_->WaitFd(); }
 
  private:
   struct Pending {

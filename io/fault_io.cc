@@ -51,6 +51,7 @@ class FaultQueue final : public IoQueue {
     return st;
   }
   size_t outstanding() const override { return base_->outstanding(); }
+  int WaitFd() const override { return base_->WaitFd(); }
 
  private:
   FaultIo* io_;

@@ -72,6 +72,11 @@ class IoQueue {
 
   // Requests submitted whose completion has not yet been returned by Reap.
   virtual size_t outstanding() const = 0;
+
+  // A descriptor that polls readable (POLLIN) when Reap has completions to return without
+  // waiting, or -1 when the queue has none: a queue that waits on more than one source (io/
+  // nfs_io.h) polls it beside its own.
+  virtual int WaitFd() const { return -1; }
 };
 
 struct OpenOptions {
@@ -166,7 +171,8 @@ class IoWrapper : public Io {
   Io* base_;
 };
 
-// The real thing: POSIX calls for metadata, io_uring for the data queues.
+// The real thing: POSIX calls for metadata, io_uring for the data queues, and libnfs for the
+// nfs:// paths of nfs tiers (io/nfs_io.h).
 std::unique_ptr<Io> NewPosixIo();
 
 // Synchronous conveniences over a queue with nothing else outstanding (asserted).

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/io.h"
+#include "io/nfs_io.h"
 #include "io/uring_queue.h"
 #include "util/assert.h"
 
@@ -302,7 +303,7 @@ Status RunOne(IoQueue& queue, const IoRequest& request, IoCompletion* completion
 
 }  // namespace
 
-std::unique_ptr<Io> NewPosixIo() { return std::make_unique<PosixIo>(); }
+std::unique_ptr<Io> NewPosixIo() { return NewNfsIo(std::make_unique<PosixIo>()); }
 
 Status ReadAt(IoQueue& queue, int fd, uint64_t offset, void* buffer, size_t length,
               const std::string& what) {

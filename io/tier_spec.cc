@@ -4,6 +4,9 @@
 //   tier   := ("tmpfs" | "disk") ':' PATH (',' option)*
 //           | "ram" ':' SIZE (',' (option | "dir" '=' PATH | "replicas" '=' SIZE))*
 //                                                   (first tier only)
+//           | "nfs" ':' HOST ':' ABSPATH (',' (option | ("port" | "mountport") '=' PORT))*
+//   HOST   := a name or IPv4 address ([A-Za-z0-9._-]+) | '[' an IPv6 address ']'
+//   PORT   := decimal, 1 .. 65535
 //   option := ("keep" | "every") '=' NUMBER        NUMBER := decimal digits, 1 .. 2^63
 //   SIZE   := NUMBER ["K" | "M" | "G" | "T"]       (powers of 1024, 1M .. 1024T, rounded up
 //                                                   to a multiple of 4096)
@@ -14,18 +17,26 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <string>
 
+#include "io/nfs_path.h"
+
 namespace ckpt::io {
 namespace {
 
-constexpr std::string_view kSupportedKinds = "ram, tmpfs, disk";
 constexpr std::string_view kTierForm =
     "KIND:PATH[,keep=N][,every=N] with KIND one of tmpfs, disk, or "
-    "ram:SIZE[,keep=N][,dir=PATH][,replicas=SIZE]";
+    "ram:SIZE[,keep=N][,dir=PATH][,replicas=SIZE], or "
+    "nfs:HOST:/PATH[,keep=N][,every=N][,port=N][,mountport=N]";
+constexpr std::string_view kNfsArgForm =
+    "HOST:/PATH after \"nfs:\", with HOST a name, an IPv4 address or an IPv6 address in "
+    "brackets, and /PATH the absolute directory on the server";
+// A DNS name is at most 253 bytes; an IPv6 address with a zone in brackets far less.
+constexpr size_t kMaxHostBytes = 253;
 constexpr std::string_view kRamSizeForm =
     "ram:SIZE with SIZE a decimal number of bytes, or with a K, M, G or T suffix (powers of "
     "1024), from 1M to 1024T";
@@ -200,6 +211,73 @@ Status ResolvePath(std::string_view text, const std::string& base_dir, std::file
   return Status::Ok();
 }
 
+// Parses an nfs tier's ARG, HOST:/PATH, into tier->host and tier->remote_dir (absolute,
+// lexically normal, no trailing '/'). Returns "" or what is wrong.
+std::string ParseNfsArg(std::string_view arg, TierSpec* tier) {
+  std::string_view host;
+  std::string_view rest;
+  if (!arg.empty() && arg.front() == '[') {
+    const size_t close = arg.find(']');
+    if (close == std::string_view::npos) return "the IPv6 host has no closing ']'";
+    host = arg.substr(0, close + 1);
+    const std::string_view inside = host.substr(1, host.size() - 2);
+    if (inside.empty()) return "empty IPv6 host between '[' and ']'";
+    for (char c : inside) {
+      if (!std::isxdigit(static_cast<unsigned char>(c)) && c != ':' && c != '.') {
+        return "the IPv6 host \"" + std::string(host) + "\" holds a character other than hex " +
+               "digits, ':' and '.'";
+      }
+    }
+    rest = arg.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return "no ':' after the IPv6 host's ']'";
+    rest.remove_prefix(1);
+  } else {
+    const size_t colon = arg.find(':');
+    if (colon == std::string_view::npos) return "no ':' between the host and the path";
+    host = arg.substr(0, colon);
+    rest = arg.substr(colon + 1);
+    if (host.empty()) return "empty host";
+    for (char c : host) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') {
+        return "the host \"" + std::string(host) +
+               "\" holds a character other than letters, digits, '.', '-' and '_' (an IPv6 " +
+               "address goes in brackets)";
+      }
+    }
+  }
+  if (host.size() > kMaxHostBytes) {
+    return "the host is " + std::to_string(host.size()) + " bytes, more than " +
+           std::to_string(kMaxHostBytes);
+  }
+  if (rest.empty()) return "empty path after the host";
+  if (rest.front() != '/') return "the server path \"" + std::string(rest) + "\" is not absolute";
+  if (std::string problem = PathProblem(rest, ""); !problem.empty()) return problem;
+  std::string normal = std::filesystem::path(rest).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  if (std::string problem = PathProblem(rest, normal); !problem.empty()) return problem;
+  tier->host = std::string(host);
+  tier->remote_dir = std::move(normal);
+  return "";
+}
+
+// Parses PORT := 1 .. 65535.
+bool ParsePort(std::string_view text, uint16_t* port, std::string* problem) {
+  uint32_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9' || v > 65535) {
+      v = UINT32_MAX;
+      break;
+    }
+    v = v * 10 + static_cast<uint32_t>(c - '0');
+  }
+  if (text.empty() || v == 0 || v > 65535) {
+    *problem = "\"" + std::string(text) + "\" is not a port from 1 to 65535";
+    return false;
+  }
+  *port = static_cast<uint16_t>(v);
+  return true;
+}
+
 }  // namespace
 
 const char* TierKindName(TierKind kind) {
@@ -210,6 +288,8 @@ const char* TierKindName(TierKind kind) {
       return "disk";
     case TierKind::kRam:
       return "ram";
+    case TierKind::kNfs:
+      return "nfs";
   }
   return "unknown";
 }
@@ -269,18 +349,15 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
     } else if (kind_text == "ram") {
       tier.kind = TierKind::kRam;
     } else if (kind_text == "nfs") {
-      return Status::NotSupported(
-          error.Format(number, text,
-                       "the nfs tier is not supported by this build yet (supported: " +
-                           std::string(kSupportedKinds) + ")",
-                       "a tier of a supported kind"));
+      tier.kind = TierKind::kNfs;
     } else if (kind_text.empty()) {
       return error.Invalid(number, text, "empty kind before ':'", kTierForm);
     } else {
       return error.Invalid(number, text, "unknown kind \"" + std::string(kind_text) + "\"",
-                           "one of ram, tmpfs, disk (nfs: not supported by this build yet)");
+                           "one of ram, tmpfs, disk, nfs");
     }
     const bool ram = tier.kind == TierKind::kRam;
+    const bool nfs = tier.kind == TierKind::kNfs;
     if (ram && i != 0) {
       return error.Invalid(
           number, text,
@@ -296,6 +373,10 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       std::string problem;
       if (!ParseSize(arg_text, &tier.capacity_bytes, &problem)) {
         return error.Invalid(number, text, "ram size: " + problem, kRamSizeForm);
+      }
+    } else if (nfs) {
+      if (std::string problem = ParseNfsArg(arg_text, &tier); !problem.empty()) {
+        return error.Invalid(number, text, problem, kNfsArgForm);
       }
     } else {
       if (arg_text.empty()) {
@@ -315,15 +396,19 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
     bool seen_every = false;
     bool seen_dir = false;
     bool seen_replicas = false;
-    // Options: each of keep, every, dir and replicas at most once, so a fifth option is always
-    // an error and the loop ends within five rounds of finding one.
+    bool seen_port = false;
+    bool seen_mount_port = false;
+    // Options: each of keep, every, dir, replicas, port and mountport at most once, so a seventh
+    // option is always an error and the loop ends within seven rounds of finding one.
     for (size_t start = comma; start != std::string_view::npos;) {
       const size_t end = rest.find(',', start + 1);
       const std::string_view option =
           Trim(rest.substr(start + 1, end == std::string_view::npos ? end : end - start - 1));
       start = end;
       const std::string_view options_form =
-          ram ? "keep=N, every=N, dir=PATH or replicas=SIZE" : "keep=N or every=N";
+          ram   ? "keep=N, every=N, dir=PATH or replicas=SIZE"
+          : nfs ? "keep=N, every=N, port=N or mountport=N"
+                : "keep=N or every=N";
       if (option.empty()) {
         return error.Invalid(number, text, "empty option after ','",
                              std::string(options_form) + " after each ','");
@@ -337,6 +422,7 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       const std::string_view value_text = Trim(option.substr(equals + 1));
       bool* seen = nullptr;
       uint64_t* field = nullptr;
+      uint16_t* port = nullptr;
       if (key == "keep") {
         seen = &seen_keep;
         field = &tier.keep;
@@ -347,6 +433,15 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
         seen = &seen_dir;
       } else if (key == "replicas" && ram) {
         seen = &seen_replicas;
+      } else if (key == "port" && nfs) {
+        seen = &seen_port;
+        port = &tier.port;
+      } else if (key == "mountport" && nfs) {
+        seen = &seen_mount_port;
+        port = &tier.mount_port;
+      } else if (key == "port" || key == "mountport") {
+        return error.Invalid(number, text,
+                             "option \"" + std::string(key) + "\" is for an nfs tier", options_form);
       } else if (key == "dir" || key == "replicas") {
         return error.Invalid(
             number, text,
@@ -364,7 +459,12 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       }
       *seen = true;
       std::string problem;
-      if (key == "replicas") {
+      if (port != nullptr) {
+        if (!ParsePort(value_text, port, &problem)) {
+          return error.Invalid(number, text, "option \"" + std::string(key) + "\": " + problem,
+                               std::string(key) + "=N");
+        }
+      } else if (key == "replicas") {
         if (!ParseSize(value_text, &tier.replica_bytes, &problem)) {
           return error.Invalid(number, text, "option \"replicas\": " + problem,
                                "replicas=SIZE with SIZE as for ram:SIZE");
@@ -394,7 +494,13 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
                            "every=1 or no every option on the first tier");
     }
 
-    tier.name = ram ? std::string("ram") : std::string(TierKindName(tier.kind)) + ":" + tier.path;
+    if (nfs) {
+      tier.path = MakeNfsPath(tier.host, tier.port, tier.mount_port, tier.remote_dir);
+      tier.name = "nfs:" + tier.host + ":" + tier.remote_dir;
+    } else {
+      tier.name =
+          ram ? std::string("ram") : std::string(TierKindName(tier.kind)) + ":" + tier.path;
+    }
     if (tier.name.size() > kMaxNameBytes) {
       return error.Invalid(
           number, text,
@@ -404,18 +510,21 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
     // Tiers in one directory tree would see each other's files as their own (retention of one
     // deleting the other's versions), so paths must be disjoint.
     // The ram tier owns one file named for its store, not a directory: it is left out.
+    // nfs tiers compare by server and path (their ports may be spelled differently).
+    auto place = [](const TierSpec& t) {
+      return t.kind == TierKind::kNfs ? "nfs://" + t.host + t.remote_dir : t.path;
+    };
     for (size_t j = 0; j < tiers.size() && !ram; ++j) {
       if (tiers[j].kind == TierKind::kRam) continue;
-      const std::string& other = tiers[j].path;
+      const std::string here = place(tier);
+      const std::string other = place(tiers[j]);
       std::string problem;
-      if (tier.path == other) {
-        problem = "path " + tier.path + " is the same as tier " + std::to_string(j + 1) + "'s";
-      } else if (SameOrInside(tier.path, other)) {
-        problem =
-            "path " + tier.path + " is inside tier " + std::to_string(j + 1) + "'s path " + other;
-      } else if (SameOrInside(other, tier.path)) {
-        problem =
-            "path " + tier.path + " contains tier " + std::to_string(j + 1) + "'s path " + other;
+      if (here == other) {
+        problem = "path " + here + " is the same as tier " + std::to_string(j + 1) + "'s";
+      } else if (SameOrInside(here, other)) {
+        problem = "path " + here + " is inside tier " + std::to_string(j + 1) + "'s path " + other;
+      } else if (SameOrInside(other, here)) {
+        problem = "path " + here + " contains tier " + std::to_string(j + 1) + "'s path " + other;
       }
       if (!problem.empty()) {
         return error.Invalid(number, text, problem, "a directory of its own for each tier");
@@ -438,6 +547,8 @@ std::string FormatTierSpec(const TierSpec& tier) {
   if (tier.keep != 0) s += ",keep=" + std::to_string(tier.keep);
   if (tier.every != 1) s += ",every=" + std::to_string(tier.every);
   if (tier.replica_bytes != 0) s += ",replicas=" + std::to_string(tier.replica_bytes);
+  if (tier.port != 0) s += ",port=" + std::to_string(tier.port);
+  if (tier.mount_port != 0) s += ",mountport=" + std::to_string(tier.mount_port);
   return s;
 }
 

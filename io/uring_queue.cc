@@ -89,6 +89,9 @@ class UringQueue final : public IoQueue {
   Status Submit(std::span<const IoRequest> requests) override;
   Status Reap(size_t min_completions, std::vector<IoCompletion>* out, int timeout_ms) override;
   size_t outstanding() const override { return in_flight_ + backlog_.size(); }
+  // The ring's descriptor polls readable while completions wait in it (the backlog is empty
+  // after every Reap).
+  int WaitFd() const override { return ring_.ring_fd; }
 
  private:
   struct Slot {

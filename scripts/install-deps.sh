@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   liburing-dev            # io_uring engine (io/)
+  libnfs-dev              # the nfs tier's NFSv3 client, no kernel mount (io/nfs_io)
+  nfs-ganesha nfs-ganesha-vfs rpcbind  # a real NFS server in user space for the nfs tests
   libflatbuffers-dev flatbuffers-compiler  # manifest schema + flatc (format/)
   libxxhash-dev           # xxh3-64 chunk checksums (format/)
   libucx-dev ucx-utils    # transport between ranks (transport/); ucx_perftest for bench/

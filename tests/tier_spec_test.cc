@@ -163,7 +163,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"disk", kInvalid, {"tier 1 \"disk\"", "missing ':'"}},
         BadSpec{"disk:/a;tmpfs", kInvalid, {"tier 2 \"tmpfs\"", "missing ':'"}},
         BadSpec{":/a", kInvalid, {"empty kind"}},
-        BadSpec{"ssd:/a", kInvalid, {"unknown kind \"ssd\"", "ram, tmpfs, disk"}},
+        BadSpec{"ssd:/a", kInvalid, {"unknown kind \"ssd\"", "ram, tmpfs, disk, nfs"}},
         BadSpec{"DISK:/a", kInvalid, {"unknown kind \"DISK\""}},
         BadSpec{"disk:/a;ram:8G",
                 kInvalid,
@@ -187,7 +187,26 @@ INSTANTIATE_TEST_SUITE_P(
         BadSpec{"ram:1G,replicas=12Q", kInvalid, {"option \"replicas\"", "is not a size"}},
         BadSpec{"ram:1G,replicas=4K", kInvalid, {"\"4K\" is smaller than 1M"}},
         BadSpec{"ram:1G,replicas=1G,replicas=2G", kInvalid, {"\"replicas\" given twice"}},
-        BadSpec{"nfs:/mnt/ck", kNotSupported, {"tier 1 \"nfs:/mnt/ck\"", "nfs tier"}},
+        BadSpec{"nfs:/mnt/ck",
+                kInvalid,
+                {"tier 1 \"nfs:/mnt/ck\"", "no ':' between the host and the path", "HOST:/PATH"}},
+        BadSpec{"nfs:filer", kInvalid, {"no ':' between the host and the path"}},
+        BadSpec{"nfs:filer:", kInvalid, {"empty path after the host"}},
+        BadSpec{"nfs:filer:ck", kInvalid, {"\"ck\" is not absolute"}},
+        BadSpec{"nfs:fi/ler:/ck", kInvalid, {"the host \"fi/ler\" holds a character"}},
+        BadSpec{"nfs:::1:/ck", kInvalid, {"empty host"}},
+        BadSpec{"nfs:[::1:/ck", kInvalid, {"no closing ']'"}},
+        BadSpec{"nfs:[]:/ck", kInvalid, {"empty IPv6 host"}},
+        BadSpec{"nfs:[::g]:/ck", kInvalid, {"IPv6 host \"[::g]\""}},
+        BadSpec{"nfs:[::1]/ck", kInvalid, {"no ':' after the IPv6 host"}},
+        BadSpec{"nfs:h:/a\tb", kInvalid, {"control character"}},
+        BadSpec{"nfs:h:/a,port=0", kInvalid, {"option \"port\"", "not a port from 1 to 65535"}},
+        BadSpec{"nfs:h:/a,port=65536", kInvalid, {"\"65536\" is not a port"}},
+        BadSpec{"nfs:h:/a,mountport=x", kInvalid, {"option \"mountport\""}},
+        BadSpec{"nfs:h:/a,port=1,port=2", kInvalid, {"option \"port\" given twice"}},
+        BadSpec{"nfs:h:/a,dir=/b", kInvalid, {"option \"dir\" is for the ram tier"}},
+        BadSpec{"disk:/a,port=1", kInvalid, {"option \"port\" is for an nfs tier"}},
+        BadSpec{"nfs:h:/a;nfs:h:/a/b,port=9", kInvalid, {"tier 2", "inside tier 1's path"}},
         BadSpec{"disk:", kInvalid, {"tier 1 \"disk:\"", "empty path"}},
         BadSpec{"disk:   ,keep=1", kInvalid, {"empty path"}},
         BadSpec{"disk:/a,", kInvalid, {"empty option"}},
@@ -253,9 +272,31 @@ TEST(TierSpecTest, RamTierTakesASizeAndADirectory) {
   EXPECT_EQ(tiers[1].path, "/dev/shm/t");
 }
 
+TEST(TierSpecTest, NfsTierTakesAHostAPathAndPorts) {
+  std::vector<TierSpec> tiers;
+  Status st = ParseTierSpecs("ram:8G;nfs:filer.example:/export//ck/./a/,every=10,port=2049", "/base",
+                             &tiers);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(tiers.size(), 2u);
+  EXPECT_EQ(tiers[1].kind, TierKind::kNfs);
+  EXPECT_EQ(tiers[1].host, "filer.example");
+  EXPECT_EQ(tiers[1].remote_dir, "/export/ck/a") << "normal, not resolved against the base";
+  EXPECT_EQ(tiers[1].port, 2049);
+  EXPECT_EQ(tiers[1].mount_port, 0) << "the portmapper's answer";
+  EXPECT_EQ(tiers[1].name, "nfs:filer.example:/export/ck/a") << "no ports in the identity";
+  EXPECT_EQ(tiers[1].path, "nfs://filer.example:2049:0/export/ck/a");
+  ASSERT_TRUE(ParseTierSpecs("nfs:[fe80::1]:/ck,mountport=20048", "", &tiers).ok());
+  EXPECT_EQ(tiers[0].host, "[fe80::1]");
+  EXPECT_EQ(tiers[0].name, "nfs:[fe80::1]:/ck");
+  EXPECT_EQ(tiers[0].path, "nfs://[fe80::1]:0:20048/ck");
+  // One server's directory and another's do not overlap; a local directory never overlaps one.
+  EXPECT_TRUE(ParseTierSpecs("nfs:a:/ck;nfs:b:/ck;disk:/ck", "", &tiers).ok());
+}
+
 TEST(TierSpecTest, FormatTierSpecParsesBackToTheSameTiers) {
   for (const char* spec : {"ram:64M,keep=2,dir=/dev/shm/q;disk:/a,every=10,keep=3",
-                           "ram:64M,replicas=1G", "tmpfs:/t,keep=1;disk:/d", "disk:/x,every=1"}) {
+                           "ram:64M,replicas=1G", "tmpfs:/t,keep=1;disk:/d", "disk:/x,every=1",
+                           "disk:/d;nfs:[::1]:/e/f,every=5,port=1,mountport=65535,keep=2"}) {
     std::vector<TierSpec> tiers, again;
     ASSERT_TRUE(ParseTierSpecs(spec, "/", &tiers).ok()) << spec;
     std::string text;
