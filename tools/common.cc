@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 
 namespace ckpt::tools {
@@ -54,6 +55,28 @@ int OpenReadOnly(const std::string& root, DbHandle* out) {
                    "ckptdb: the store's metadata is damaged; `ckptdb repair %s` rebuilds "
                    "the catalog from what verifies\n",
                    root.c_str());
+    }
+    return ExitCodeFor(rc);
+  }
+  out->reset(db);
+  return kExitOk;
+}
+
+int OpenTierView(const std::string& tiers, uint32_t rank, bool quiet_if_absent, DbHandle* out) {
+  // A root from the environment would turn the view into an open of that store.
+  ::unsetenv("CKPTDB_ROOT");
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.tiers = tiers.c_str();
+  o.rank = rank;
+  o.read_only = 1;
+  o.create_if_missing = 0;
+  ckptdb* db = nullptr;
+  const int rc = ckptdb_open(&o, &db);
+  if (rc != CKPTDB_OK) {
+    if (!(quiet_if_absent && rc == CKPTDB_ENOTFOUND)) {
+      std::fprintf(stderr, "ckptdb: cannot read tiers %s (rank %u): %s\n", tiers.c_str(), rank,
+                   ErrorText(rc).c_str());
     }
     return ExitCodeFor(rc);
   }

@@ -49,6 +49,12 @@ std::string ErrorText(int status);
 // Opens the store at `root` read-only (no recovery, no lock, no writes: safe beside a running
 // trainer). On failure prints the reason to stderr and returns ExitCodeFor(status).
 int OpenReadOnly(const std::string& root, DbHandle* out);
+// Rank `rank`'s view of tier directories alone (a read-only open with tiers and no root). Says
+// why on stderr when it fails, except, with quiet_if_absent, that the rank has nothing there
+// (kExitUsage then, as for any NotFound).
+int OpenTierView(const std::string& tiers, uint32_t rank, bool quiet_if_absent, DbHandle* out);
+// The most ranks a tool opens views of.
+inline constexpr uint32_t kMaxViewRanks = 65536;
 
 struct Residency {
   std::string tier;

@@ -1,4 +1,5 @@
-// ckptdb export ROOT... --version V --format safetensors --out FILE [--rank R | --merge]
+// ckptdb export (ROOT... | --tiers SPEC) --version V --format safetensors --out FILE
+//               [--rank R | --merge]
 // ckptdb import FILE --root ROOT --version V [--tiers SPEC]
 //
 // Export writes one committed version as a safetensors file (tools/safetensors.h): one rank's
@@ -39,6 +40,7 @@ constexpr const char* kRawKey = "ckptdb.raw";        // {name: shape} of shards 
 
 struct ExportArgs {
   std::vector<std::string> roots;
+  std::string tiers;  // without roots: read these tier directories alone, every rank found
   std::string version;
   std::string format = "safetensors";
   std::string out;
@@ -176,10 +178,22 @@ int RunExport(const ExportArgs& args) {
   if (!args.version.empty() && !ParseVersion(args.version, &version)) {
     return Fail(cmd, "--version '" + args.version + "' is not a version number", kExitUsage);
   }
+  if (args.roots.empty() == args.tiers.empty()) {
+    return Fail(cmd, "give the store's roots, or --tiers to read tier directories alone", kExitUsage);
+  }
   std::vector<Store> stores(args.roots.size());
   for (size_t i = 0; i < args.roots.size(); ++i) {
     stores[i].root = args.roots[i];
     if (int rc = OpenReadOnly(args.roots[i], &stores[i].db); rc != kExitOk) return rc;
+  }
+  // Tier directories alone: rank 0's view, then each next rank's until one has nothing there.
+  for (uint32_t rank = 0; !args.tiers.empty() && rank < kMaxViewRanks; ++rank) {
+    Store s;
+    s.root = "tiers " + args.tiers + " (rank " + std::to_string(rank) + ")";
+    const int rc = OpenTierView(args.tiers, rank, /*quiet_if_absent=*/rank > 0, &s.db);
+    if (rc == kExitUsage && rank > 0) break;
+    if (rc != kExitOk) return rc;
+    stores.push_back(std::move(s));
   }
   if (args.version.empty()) {
     // The newest version every root has committed and can restore.
@@ -503,7 +517,10 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ExportArgs>();
   CLI::App* cmd = app.add_subcommand(
       "export", "Write a committed version as a safetensors file: one rank's, or merged");
-  cmd->add_option("roots", args->roots, "The store's root; with --merge, every rank's")->required();
+  cmd->add_option("roots", args->roots, "The store's root; with --merge, every rank's");
+  cmd->add_option("--tiers", args->tiers,
+                  "Without roots: read these tier directories alone (a job's nfs tier after the "
+                  "job is gone), every rank that committed there");
   cmd->add_option("--version,-v", args->version,
                   "The committed version (default: the newest every root can restore)");
   cmd->add_option("--format,-f", args->format, "The file format: safetensors");

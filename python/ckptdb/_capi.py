@@ -422,7 +422,7 @@ class Store:
     """One rank's handle (ckptdb_open). Options as in docs/api.md; None leaves one to the
     environment (CKPTDB_*) or its default. Close it (or use `with`) before the process ends."""
 
-    def __init__(self, root: str, *, tiers: Optional[str] = None,
+    def __init__(self, root: Optional[str], *, tiers: Optional[str] = None,
                  commit_tier: Optional[str] = None, backpressure: Optional[str] = None,
                  rank: Optional[int] = None, world_size: Optional[int] = None,
                  node_id: Optional[str] = None, coordinator: Optional[str] = None,

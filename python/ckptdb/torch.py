@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ckptdb import _capi
-from ckptdb._capi import DTYPES, Store
+from ckptdb._capi import DTYPES, NotFound, Store
 
 _TREE = "__ckptdb__/tree"
 _TREE_FORMAT = 1
@@ -445,12 +445,19 @@ def _meets(a_off, a_shape, b_off, b_shape) -> bool:
                for ao, an, bo, bn in zip(a_off, a_shape, b_off, b_shape))
 
 
-def load_sharded(saved: Sequence[str], into: Any, step: Optional[int] = None, *,
+# The most ranks load_sharded looks for in tier directories read alone (a job's world size bound).
+_MAX_VIEW_RANKS = 65536
+
+
+def load_sharded(saved: Optional[Sequence[str]], into: Any, step: Optional[int] = None, *,
                  allow_pickle: bool = False, tiers: Optional[str] = None) -> Any:
     """Loads `into` from a checkpoint saved by a job of any number of ranks, whatever its split.
 
     `saved` lists the saved job's roots (every rank's, in any order; each is opened read-only,
-    with the tiers its catalog recorded, or `tiers`, or CKPTDB_TIERS when set). `step` defaults
+    with the tiers its catalog recorded, or `tiers`, or CKPTDB_TIERS when set). With `saved`
+    None or empty, `tiers` alone is read: the saved job's tier directories (its nfs tier, after
+    the job, its nodes and their catalogs are gone; docs/python.md), every rank that committed
+    there, found from rank 0 up. `step` defaults
     to the newest version committed in all of them. `into` is the state as this rank wants it:
     each `Shard(t, global_shape, offset)` in it is filled with that box of the global tensor,
     each plain tensor with the whole tensor, from the saved shards at the same place (reading
@@ -459,10 +466,22 @@ def load_sharded(saved: Sequence[str], into: Any, step: Optional[int] = None, *,
     roots are not one whole job, or a box's dtype, global shape or coverage does not match.
     """
     stores = []
+    names = list(saved or [])
     try:
-        for root in saved:
+        for root in names:
             stores.append(Store(root, tiers=tiers, rank=0, world_size=1, read_only=True))
-        return _load_sharded(stores, into, step, allow_pickle, list(saved))
+        if not names:
+            if not tiers:
+                raise ValueError("load_sharded: give the saved roots, or tiers to read alone")
+            for rank in range(_MAX_VIEW_RANKS):
+                try:
+                    stores.append(Store(None, tiers=tiers, rank=rank, read_only=True))
+                except NotFound:
+                    if rank == 0:
+                        raise
+                    break
+                names.append(f"tiers {tiers} (rank {rank})")
+        return _load_sharded(stores, into, step, allow_pickle, names)
     finally:
         for store in stores:
             store.close()

@@ -1,13 +1,15 @@
 """The resharding test's two sides (python/tests/test_reshard.py).
 
     RANK=r WORLD_SIZE=4 CKPTDB_COORDINATOR=... CKPTDB_JOB_TOKEN=... reshard_job.py save --dir D
-    reshard_job.py load --world W --rank r --split S ROOT...
+        [--nfs SPEC]
+    reshard_job.py load --world W --rank r --split S (ROOT... | --tiers SPEC)
 
 `save`: rank r of a job of 4 saves versions 1..3 of a state whose tensors are split across the
 ranks along a different dimension each (unevenly), with a replicated tensor and plain values
-beside them, into D/rank<r>. `load`: rank r of a job of W loads the newest version with its
+beside them, into D/rank<r> (with --nfs, on a ram tier and the shared nfs tier SPEC instead of a local disk).
+`load`: rank r of a job of W loads the newest version with its
 tensors split along dimension (S + i) mod ndim of tensor i into W near-equal pieces, through
-ckptdb.torch.load_sharded from the saved roots, and checks every element against the global
+ckptdb.torch.load_sharded from the saved roots (or the tiers SPEC read alone), and checks every element against the global
 tensors it computes itself.
 """
 
@@ -74,7 +76,8 @@ def state(step: int, rank: int, world: int):
 def save(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     root = os.path.join(args.dir, f"rank{rank}")
-    ckpt = ckptdb.torch.Checkpointer(root, tiers=f"ram:16M,keep=3,dir={root}/shm;disk:{root}/disk",
+    slower = args.nfs or f"disk:{root}/disk"
+    ckpt = ckptdb.torch.Checkpointer(root, tiers=f"ram:16M,keep=3,dir={root}/shm;{slower}",
                                      chunk_bytes=4096)
     for step in (1, 2, 3):
         ckpt.save(step, state(step, rank, world))
@@ -95,7 +98,7 @@ def load(args):
         else:
             into["optim"]["exp_avg"][0] = target
     into["model"]["bias"] = torch.zeros(10)
-    got = ckptdb.torch.load_sharded(args.roots, into)
+    got = ckptdb.torch.load_sharded(args.roots, into, tiers=args.tiers)
     checked = 0
     for name, expected in want.items():
         node = got["model"][name[6:]] if name.startswith("model/") else got["optim"]["exp_avg"][0]
@@ -118,11 +121,13 @@ def main():
     sub = parser.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("save")
     s.add_argument("--dir", required=True)
+    s.add_argument("--nfs")
     ld = sub.add_parser("load")
     ld.add_argument("--world", type=int, required=True)
     ld.add_argument("--rank", type=int, required=True)
     ld.add_argument("--split", type=int, required=True)
-    ld.add_argument("roots", nargs="+")
+    ld.add_argument("--tiers")
+    ld.add_argument("roots", nargs="*")
     args = parser.parse_args()
     torch.set_num_threads(1)
     return save(args) if args.mode == "save" else load(args)

@@ -142,6 +142,110 @@ class ReshardTest(unittest.TestCase):
                 ckpt.load_sharded({"w": Shard(torch.zeros(2, 6), (8, 10), (3, 2))})
 
 
+NFS_FIXTURE = os.environ.get("CKPTDB_NFS_FIXTURE")
+
+
+@unittest.skipIf(torch is None, f"no torch in {sys.executable}: install python3-torch")
+@unittest.skipIf(not NFS_FIXTURE, "CKPTDB_NFS_FIXTURE is not set (ctest sets it)")
+class ReshardFromNfsTest(unittest.TestCase):
+    """Issue 24: a job of 4 ranks saves to a ram tier and one shared nfs tier on a real NFS
+    server (tests/support/nfs_server.h); then every rank's root goes (ram arena, catalog, all)
+    and another job, of another number of ranks, loads from the nfs directory alone."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="ckptdb-test-", dir="/var/tmp")
+        export = os.path.join(cls.dir, "export")
+        work = os.path.join(cls.dir, "server")
+        os.makedirs(export)
+        os.makedirs(work)
+        cls.server = subprocess.Popen([NFS_FIXTURE, export, work], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+        line = cls.server.stdout.readline().split()
+        if len(line) != 2:
+            cls.stop_server()
+            raise AssertionError(f"the nfs fixture did not start (it printed {line})")
+        cls.spec = (f"nfs:127.0.0.1:{export}/ck,port={line[0]},mountport={line[1]}")
+        cls.nfs_dir = os.path.join(export, "ck")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        jobdir = os.path.join(cls.dir, "job")
+        procs = []
+        for rank in range(4):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4",
+                       CKPTDB_COORDINATOR=f"127.0.0.1:{port}", CKPTDB_JOB_TOKEN="nfs-test",
+                       CKPTDB_UCX_TLS="tcp", CKPTDB_NODE_ID=f"node{rank}")
+            procs.append(subprocess.Popen([sys.executable, JOB, "save", "--dir", jobdir,
+                                           "--nfs", cls.spec], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        if any(p.returncode != 0 for p in procs):
+            cls.stop_server()
+            shutil.rmtree(cls.dir, ignore_errors=True)
+            raise AssertionError("the saving job failed:\n" + "\n".join(outputs))
+        # No surviving ram, no local disk, no catalog: only the nfs directory is left.
+        shutil.rmtree(jobdir)
+
+    @classmethod
+    def stop_server(cls):
+        cls.server.stdin.close()
+        cls.server.wait(timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.stop_server()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def load_on(self, world, split):
+        procs = [subprocess.Popen([sys.executable, JOB, "load", "--world", str(world), "--rank",
+                                   str(rank), "--split", str(split), "--tiers", self.spec],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for rank in range(world)]
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+        self.assertEqual([p.returncode for p in procs], [0] * world, "\n".join(outputs))
+
+    def test_the_directory_holds_every_ranks_witness_and_rank_0s_decisions(self):
+        commits = sorted(os.listdir(os.path.join(self.nfs_dir, "commits")))
+        self.assertEqual(commits, [f"v{v:020d}-r{r:05d}.commit" for v in (1, 2, 3)
+                                   for r in range(4)])
+        self.assertEqual(sorted(os.listdir(os.path.join(self.nfs_dir, "decisions"))),
+                         [f"v{v:020d}.decision" for v in (1, 2, 3)])
+
+    def test_loads_on_two_ranks_and_three_from_the_nfs_tier_alone(self):
+        self.load_on(2, 0)
+        self.load_on(3, 1)
+
+    def test_an_older_version_reads_back_as_a_box(self):
+        import ckptdb.torch
+        from ckptdb.torch import Shard
+
+        sys.path.insert(0, HERE)
+        import reshard_job  # noqa: PLC0415
+
+        target = Shard(torch.zeros(3, 3), (12, 10), (5, 4))
+        got = ckptdb.torch.load_sharded(None, {"model": {"w1": target}}, step=2, tiers=self.spec)
+        self.assertTrue(torch.equal(got["model"]["w1"].tensor,
+                                    reshard_job.global_tensor("model/w1", 2)[5:8, 4:7]))
+
+    def test_export_merge_reads_the_nfs_tier_alone(self):
+        cli = os.environ.get("CKPTDB_CLI")
+        if not cli:
+            self.skipTest("CKPTDB_CLI is not set (ctest sets it)")
+        sys.path.insert(0, HERE)
+        import reshard_job  # noqa: PLC0415
+
+        out = os.path.join(self.dir, "merged.safetensors")
+        r = subprocess.run([cli, "export", "--tiers", self.spec, "--merge", "--out", out],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        tensors, _meta = read_safetensors(out)
+        w1 = reshard_job.global_tensor("model/w1", 3)
+        name = [n for n in tensors if n.endswith("w1")]
+        self.assertEqual(len(name), 1, sorted(tensors))
+        self.assertTrue(torch.equal(tensors[name[0]], w1))
+
+
 def read_safetensors(path):
     """An independent reader of the safetensors format (the spec, not ckptdb's code): the
     header, the metadata and every tensor."""
