@@ -365,6 +365,8 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
       }
     }
     if (!found) e.residency.push_back(res);
+    tiers_[d.target].backoff_ns = 0;  // the tier works: its next failure backs off from the start
+    demotion_tries_.erase({version, d.target});
     tiers_[d.target].demotions++;
     tiers_[d.target].write_ns += elapsed;
     if (e.has_stats) {
@@ -694,7 +696,8 @@ Status Db::RemoveTierWitness(size_t tier, uint64_t version) {
 
 void Db::BackOffLocked(size_t tier, const Status& offline) {
   TierState& t = tiers_[tier];
-  t.backoff_ns = t.backoff_ns == 0 ? kTierRetryFirstNs : std::min(2 * t.backoff_ns, kTierRetryMaxNs);
+  t.backoff_ns =
+      t.backoff_ns == 0 ? kTierRetryFirstNs : std::min(2 * t.backoff_ns, kTierRetryMaxNs);
   t.retry_ns = MonoNs() + t.backoff_ns;
   if (!offline.ok()) t.offline = offline;
   state_cv_.notify_all();  // wait_commit on that tier has its answer
@@ -707,7 +710,8 @@ int Db::ManagerWaitMsLocked() const {
   }
   if (next == UINT64_MAX) return -1;
   const uint64_t now = MonoNs();
-  return next <= now ? 0 : static_cast<int>(std::min<uint64_t>((next - now) / 1'000'000 + 1, 60'000));
+  return next <= now ? 0
+                     : static_cast<int>(std::min<uint64_t>((next - now) / 1'000'000 + 1, 60'000));
 }
 
 bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
@@ -727,7 +731,8 @@ bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
     std::vector<std::pair<uint64_t, ResidencyRecord>> copies;
     for (const auto& [version, e] : versions_) {
       for (const ResidencyRecord& r : e.residency) {
-        if (r.tier == t.name() && r.state == CKPTDB_RESIDENT_DURABLE) copies.emplace_back(version, r);
+        if (r.tier == t.name() && r.state == CKPTDB_RESIDENT_DURABLE)
+          copies.emplace_back(version, r);
       }
     }
     lock.unlock();
@@ -770,8 +775,8 @@ bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
           res.state = CKPTDB_RESIDENT_MISSING;
         }
       }
-      std::fprintf(stderr, "ckptdb: tier %s came back without %s's copy (%s)\n",
-                   t.name().c_str(), V(version).c_str(), r.path.c_str());
+      std::fprintf(stderr, "ckptdb: tier %s came back without %s's copy (%s)\n", t.name().c_str(),
+                   V(version).c_str(), r.path.c_str());
     }
     std::fprintf(stderr, "ckptdb: tier %s is back online\n", t.name().c_str());
     t.offline = Status::Ok();

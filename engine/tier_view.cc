@@ -22,7 +22,7 @@ namespace {
 // What the tier directories prove for one rank (engine/tier_view.h).
 struct ViewRecords {
   Identity id;
-  std::map<uint64_t, WitnessFile> witnesses;  // valid ones, the first of a version per tier order
+  std::map<uint64_t, WitnessFile> witnesses;   // valid ones, the first of a version per tier order
   std::map<uint64_t, DecisionFile> decisions;  // valid ones naming the job and its world size
   std::vector<std::string> problems;           // witnesses that failed to decode
 };
@@ -81,8 +81,7 @@ Status ListViewVersions(const std::vector<io::TierSpec>& specs, io::Io* io, cons
       continue;
     }
     if (id.world_size > 1 && !r.decisions.count(v)) {
-      left_out->push_back(version +
-                          " (no decision record of the job: rank 0's copy is not there)");
+      left_out->push_back(version + " (no decision record of the job: rank 0's copy is not there)");
       continue;
     }
     VersionRecord rec;
@@ -124,8 +123,8 @@ Status ListViewVersions(const std::vector<io::TierSpec>& specs, io::Io* io, cons
 Status BuildTierView(const DbOptions& options, io::Io* io, std::string* root) {
   std::vector<io::TierSpec> specs;
   CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(options.tiers, "", &specs));
-  const std::string what = "reading tiers \"" + options.tiers + "\" alone (rank " +
-                           std::to_string(options.rank) + ")";
+  const std::string what =
+      "reading tiers \"" + options.tiers + "\" alone (rank " + std::to_string(options.rank) + ")";
   ViewRecords records;
   CKPTDB_RETURN_IF_ERROR(LoadViewRecords(specs, io, options.rank, what, &records));
   CatalogBatch batch;
@@ -139,11 +138,11 @@ Status BuildTierView(const DbOptions& options, io::Io* io, std::string* root) {
   }
   // The view's catalog, in a private directory (mkdtemp: mode 0700, a name no one else has).
   const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp != nullptr && tmp[0] == '/' ? tmp : "/tmp") +
-                        "/ckptdb-view-XXXXXX";
+  std::string pattern =
+      std::string(tmp != nullptr && tmp[0] == '/' ? tmp : "/tmp") + "/ckptdb-view-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) {
-    return Status::FromErrno(errno, what + ": creating a directory for its catalog from " +
-                                        pattern);
+    return Status::FromErrno(errno,
+                             what + ": creating a directory for its catalog from " + pattern);
   }
   std::string spec_text;
   for (const io::TierSpec& spec : specs) {

@@ -18,8 +18,8 @@ namespace {
 bool Same(const ckpt::io::TierSpec& a, const ckpt::io::TierSpec& b) {
   return a.kind == b.kind && a.path == b.path && a.keep == b.keep && a.every == b.every &&
          a.capacity_bytes == b.capacity_bytes && a.replica_bytes == b.replica_bytes &&
-         a.name == b.name && a.host == b.host && a.remote_dir == b.remote_dir &&
-         a.port == b.port && a.mount_port == b.mount_port;
+         a.name == b.name && a.host == b.host && a.remote_dir == b.remote_dir && a.port == b.port &&
+         a.mount_port == b.mount_port;
 }
 
 }  // namespace

@@ -2,8 +2,9 @@
 // NFSv3 calls (rpc_nfs3_{read,write,commit}_async) for data, driven from each queue's Reap.
 //
 // Bounds: each queue keeps at most NfsOptions::max_in_flight calls in flight and at most
-// kMaxOutstanding requests, and the write verifiers of about kMaxVerifiers files; a short transfer is sent again at most kMaxTries times; a directory
-// lists at most kMaxDirEntries names; ReadFile reads at most kMaxReadFileBytes.
+// kMaxOutstanding requests, and the write verifiers of about kMaxVerifiers files; a short transfer
+// is sent again at most kMaxTries times; a directory lists at most kMaxDirEntries names; ReadFile
+// reads at most kMaxReadFileBytes.
 #include "io/nfs_io.h"
 
 #include <fcntl.h>
@@ -158,8 +159,8 @@ class Mount {
         return Status::IoError("nfs server " + where.Server() + " did not answer mounting " + dir +
                                ": " + why);
       }
-      refused = Status::FromErrno(-rc, "nfs server " + where.Server() + " refused to mount " +
-                                           dir + " (" + why + ")");
+      refused = Status::FromErrno(
+          -rc, "nfs server " + where.Server() + " refused to mount " + dir + " (" + why + ")");
     }
     return refused.WithContext("no export of nfs server " + where.Server() + " holds " +
                                where.path);
@@ -213,9 +214,7 @@ class NfsQueue final : public IoQueue {
   }
   Status Submit(std::span<const IoRequest> requests) override;
   Status Reap(size_t min_completions, std::vector<IoCompletion>* out, int timeout_ms) override;
-  size_t outstanding() const override {
-    return local_->outstanding() + ops_.size() + done_.size();
-  }
+  size_t outstanding() const override { return local_->outstanding() + ops_.size() + done_.size(); }
   int WaitFd() const override { return -1; }
 
  private:
@@ -237,9 +236,9 @@ class NfsQueue final : public IoQueue {
     IoRequest request;
     std::string server;
     std::vector<uint8_t> fh;
-    uint64_t next = 0;       // bytes of the request handed to calls so far
-    uint32_t in_flight = 0;  // its calls in flight
-    int error = 0;           // first errno
+    uint64_t next = 0;             // bytes of the request handed to calls so far
+    uint32_t in_flight = 0;        // its calls in flight
+    int error = 0;                 // first errno
     uint64_t eof_at = UINT64_MAX;  // a read: where the server said the file ends
     bool started = false;
   };
@@ -340,13 +339,14 @@ class NfsIoImpl final : public Io {
     NfsFile file;
     CKPTDB_RETURN_IF_ERROR(Lookup(fd, &file));
     // By path, then checked to be the same file: libnfs has no GETATTR by handle alone.
-    const std::string path = MakeNfsPath(file.where.host, file.where.port,
-                                         file.where.mount_port, file.where.path);
+    const std::string path =
+        MakeNfsPath(file.where.host, file.where.port, file.where.mount_port, file.where.path);
     nfs_stat_64 st{};
     CKPTDB_RETURN_IF_ERROR(Stat(file.where, path, &st));
     if (st.nfs_ino != file.fileid) {
-      return Status::FromErrno(ESTALE, "size of " + path + ": the file was replaced since it "
-                                       "was opened");
+      return Status::FromErrno(ESTALE, "size of " + path +
+                                           ": the file was replaced since it "
+                                           "was opened");
     }
     *bytes = st.nfs_size;
     return Status::Ok();
@@ -442,7 +442,8 @@ class NfsIoImpl final : public Io {
     nfs_stat_64 after{};
     CKPTDB_RETURN_IF_ERROR(Stat(b, to, &after).WithContext(what + ": checking the new name"));
     if (after.nfs_ino != before.nfs_ino) {
-      return Status::IoError(what + ": the server reports another file under the new name "
+      return Status::IoError(what +
+                             ": the server reports another file under the new name "
                              "after the rename");
     }
     nfs_stat_64 old{};
@@ -620,17 +621,16 @@ class NfsIoImpl final : public Io {
     if (it == exports_.end()) return "";
     std::string best;
     for (const std::string& e : it->second) {
-      const bool holds = e == "/" || where.path == e ||
-                         (where.path.starts_with(e) && where.path[e.size()] == '/');
+      const bool holds =
+          e == "/" || where.path == e || (where.path.starts_with(e) && where.path[e.size()] == '/');
       if (holds && e.size() >= best.size()) best = e;
     }
     return best;
   }
 
   Status Stat(const NfsLocation& where, const std::string& path, nfs_stat_64* st) {
-    return Call(where, "stat " + path, /*retry=*/true, [&](Mount& m) {
-      return nfs_stat64(m.nfs(), m.Inside(where.path).c_str(), st);
-    });
+    return Call(where, "stat " + path, /*retry=*/true,
+                [&](Mount& m) { return nfs_stat64(m.nfs(), m.Inside(where.path).c_str(), st); });
   }
 
   std::unique_ptr<Io> local_;
@@ -712,8 +712,8 @@ void NfsQueue::Issue() {
       }
       continue;
     }
-    const uint64_t max = r.op == IoRequest::Op::kRead ? conn.mount->read_max()
-                                                       : conn.mount->write_max();
+    const uint64_t max =
+        r.op == IoRequest::Op::kRead ? conn.mount->read_max() : conn.mount->write_max();
     while (op.error == 0 && op.next < r.length && conn.in_flight < limit) {
       const auto n = static_cast<uint32_t>(std::min<uint64_t>(max, r.length - op.next));
       op.started = true;

@@ -405,10 +405,9 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       const std::string_view option =
           Trim(rest.substr(start + 1, end == std::string_view::npos ? end : end - start - 1));
       start = end;
-      const std::string_view options_form =
-          ram   ? "keep=N, every=N, dir=PATH or replicas=SIZE"
-          : nfs ? "keep=N, every=N, port=N or mountport=N"
-                : "keep=N or every=N";
+      const std::string_view options_form = ram   ? "keep=N, every=N, dir=PATH or replicas=SIZE"
+                                            : nfs ? "keep=N, every=N, port=N or mountport=N"
+                                                  : "keep=N or every=N";
       if (option.empty()) {
         return error.Invalid(number, text, "empty option after ','",
                              std::string(options_form) + " after each ','");
@@ -440,8 +439,8 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
         seen = &seen_mount_port;
         port = &tier.mount_port;
       } else if (key == "port" || key == "mountport") {
-        return error.Invalid(number, text,
-                             "option \"" + std::string(key) + "\" is for an nfs tier", options_form);
+        return error.Invalid(number, text, "option \"" + std::string(key) + "\" is for an nfs tier",
+                             options_form);
       } else if (key == "dir" || key == "replicas") {
         return error.Invalid(
             number, text,
@@ -498,8 +497,7 @@ Status ParseTierSpecs(std::string_view spec, const std::string& base_dir,
       tier.path = MakeNfsPath(tier.host, tier.port, tier.mount_port, tier.remote_dir);
       tier.name = "nfs:" + tier.host + ":" + tier.remote_dir;
     } else {
-      tier.name =
-          ram ? std::string("ram") : std::string(TierKindName(tier.kind)) + ":" + tier.path;
+      tier.name = ram ? std::string("ram") : std::string(TierKindName(tier.kind)) + ":" + tier.path;
     }
     if (tier.name.size() > kMaxNameBytes) {
       return error.Invalid(

@@ -69,9 +69,8 @@ TEST_F(NfsTest, ClientWritesReadsRenamesAndListsOnTheServer) {
   const std::vector<uint8_t> data = RandomBytes((5 << 20) + 123, 7);
   int fd = -1;
   bool direct = true;
-  ASSERT_TRUE(nfs->Open(dir + "/f.tmp", {io::OpenOptions::Mode::kCreateWrite, false}, &fd,
-                        &direct)
-                  .ok());
+  ASSERT_TRUE(
+      nfs->Open(dir + "/f.tmp", {io::OpenOptions::Mode::kCreateWrite, false}, &fd, &direct).ok());
   EXPECT_FALSE(direct);
   EXPECT_GE(fd, io::kNfsFdBase);
   std::unique_ptr<io::IoQueue> q;
@@ -165,9 +164,8 @@ TEST_F(NfsTest, ClientNamesTheServerWhenItDoesNotAnswer) {
       << st.message();
   // Not an export at all: the server refuses every directory up to the root.
   ASSERT_TRUE(server_->Restart().ok());
-  st = nfs->ReadFile(io::MakeNfsPath("127.0.0.1", server_->port(), server_->mount_port(),
-                                     "/not/exported"),
-                     &text);
+  st = nfs->ReadFile(
+      io::MakeNfsPath("127.0.0.1", server_->port(), server_->mount_port(), "/not/exported"), &text);
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("no export"), std::string::npos) << st.message();
 }
@@ -317,8 +315,7 @@ TEST_F(NfsTierTest, ServerKilledMidDemotionAndRestartedResumesIt) {
   EXPECT_NE(NfsResidency()[2], CKPTDB_RESIDENT_DURABLE) << "a half-written copy never counts";
   int rc = ckptdb_wait_commit(db_, 2, "nfs", 2000);
   EXPECT_EQ(rc, CKPTDB_EIO) << ckptdb_last_error();
-  EXPECT_NE(std::string(ckptdb_last_error()).find("nfs:127.0.0.1:" + nfs_dir_),
-            std::string::npos)
+  EXPECT_NE(std::string(ckptdb_last_error()).find("nfs:127.0.0.1:" + nfs_dir_), std::string::npos)
       << ckptdb_last_error();
   // The first tier works on without the server.
   Commit(3);
@@ -439,8 +436,8 @@ TEST_F(NfsTierTest, TheNfsDirectoryAloneIsReadableByAnotherJob) {
   uint64_t latest = 0;
   ASSERT_EQ(ckptdb_latest(db_, &latest), CKPTDB_OK) << ckptdb_last_error();
   EXPECT_EQ(latest, 3u);
-  EXPECT_EQ(NfsResidency(), (std::map<uint64_t, int>{{2, CKPTDB_RESIDENT_DURABLE},
-                                                    {3, CKPTDB_RESIDENT_DURABLE}}));
+  EXPECT_EQ(NfsResidency(),
+            (std::map<uint64_t, int>{{2, CKPTDB_RESIDENT_DURABLE}, {3, CKPTDB_RESIDENT_DURABLE}}));
   ExpectRestores(2);
   ExpectRestores(3);
   std::vector<uint8_t> out(1 << 20);
@@ -450,8 +447,7 @@ TEST_F(NfsTierTest, TheNfsDirectoryAloneIsReadableByAnotherJob) {
   // A rank that wrote nothing there, and a directory no store wrote: NotFound, saying why.
   o.rank = 1;
   EXPECT_EQ(ckptdb_open(&o, &db_), CKPTDB_ENOTFOUND);
-  EXPECT_NE(std::string(ckptdb_last_error()).find("no commit witness of rank 1"),
-            std::string::npos)
+  EXPECT_NE(std::string(ckptdb_last_error()).find("no commit witness of rank 1"), std::string::npos)
       << ckptdb_last_error();
   // A segment whose bytes were damaged on the server: the view lists it, restore refuses it.
   o.rank = 0;

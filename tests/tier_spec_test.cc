@@ -274,8 +274,8 @@ TEST(TierSpecTest, RamTierTakesASizeAndADirectory) {
 
 TEST(TierSpecTest, NfsTierTakesAHostAPathAndPorts) {
   std::vector<TierSpec> tiers;
-  Status st = ParseTierSpecs("ram:8G;nfs:filer.example:/export//ck/./a/,every=10,port=2049", "/base",
-                             &tiers);
+  Status st = ParseTierSpecs("ram:8G;nfs:filer.example:/export//ck/./a/,every=10,port=2049",
+                             "/base", &tiers);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_EQ(tiers.size(), 2u);
   EXPECT_EQ(tiers[1].kind, TierKind::kNfs);

@@ -179,7 +179,8 @@ int RunExport(const ExportArgs& args) {
     return Fail(cmd, "--version '" + args.version + "' is not a version number", kExitUsage);
   }
   if (args.roots.empty() == args.tiers.empty()) {
-    return Fail(cmd, "give the store's roots, or --tiers to read tier directories alone", kExitUsage);
+    return Fail(cmd, "give the store's roots, or --tiers to read tier directories alone",
+                kExitUsage);
   }
   std::vector<Store> stores(args.roots.size());
   for (size_t i = 0; i < args.roots.size(); ++i) {

@@ -101,8 +101,8 @@ Status EnsureRpcbind(const std::string& work_dir) {
     if (::waitpid(pid, &status, WNOHANG) == pid) {
       // It exited: another process's rpcbind took the port first, or it failed.
       if (Listening(111)) return Status::Ok();
-      return Status::IoError("rpcbind exited with status " + std::to_string(status) +
-                             " (see " + work_dir + "/rpcbind.log)");
+      return Status::IoError("rpcbind exited with status " + std::to_string(status) + " (see " +
+                             work_dir + "/rpcbind.log)");
     }
   }
   if (!Listening(111)) {
