@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "engine/arena_gc.h"
 #include "engine/db.h"
 #include "engine/group_check.h"
 #include "engine/repair.h"
@@ -307,6 +308,36 @@ int ckptdb_serve(const ckptdb_options* o, ckptdb_server** out) {
     ckpt::Status st = ckpt::engine::ServeNodeMemory(d, &h->cluster);
     if (!st.ok()) return Fail(st);
     *out = h.release();
+    return CKPTDB_OK;
+  });
+}
+
+int ckptdb_gc(const char* dir, int remove, ckptdb_shm_fn fn, void* arg) {
+  return Guard("ckptdb_gc", [&] {
+    std::vector<ckpt::engine::ShmEntry> entries;
+    ckpt::Status st =
+        ckpt::engine::CollectSharedMemory(dir != nullptr ? dir : "/dev/shm", remove != 0, &entries);
+    if (!st.ok()) return Fail(st);
+    for (const ckpt::engine::ShmEntry& e : entries) {
+      ckptdb_shm_entry c{};
+      c.path = e.path.c_str();
+      c.kind = e.kind == ckpt::engine::ShmEntry::Kind::kArena      ? CKPTDB_SHM_ARENA
+               : e.kind == ckpt::engine::ShmEntry::Kind::kReplicas ? CKPTDB_SHM_REPLICAS
+                                                                   : CKPTDB_SHM_PARITY;
+      c.rank = e.rank;
+      c.job_id = e.job_id;
+      c.root = e.root.c_str();
+      c.bytes = e.bytes;
+      c.has_version = e.has_version ? 1 : 0;
+      c.newest_version = e.newest_version;
+      c.in_use = e.in_use ? 1 : 0;
+      c.root_exists = e.root_exists ? 1 : 0;
+      c.owned = e.owned ? 1 : 0;
+      c.orphan = e.orphan ? 1 : 0;
+      c.removed = e.removed ? 1 : 0;
+      c.problem = e.problem.c_str();
+      if (fn != nullptr && fn(arg, &c) != 0) break;
+    }
     return CKPTDB_OK;
   });
 }

@@ -8,14 +8,25 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "io/shared_memory.h"
+
 namespace ckpt::io {
 
 Status MappedFile::Open(const std::string& path, const MappedFileOptions& options,
                         std::shared_ptr<MappedFile>* out) {
+  // Held open under a shared flock for its life (io/shared_memory.h, LockShared): `ckptdb gc`
+  // never removes it meanwhile. A file gc removed between the open and the lock is gone.
+  auto lock = [&path](int fd) {
+    bool stale = false;
+    CKPTDB_RETURN_IF_ERROR(LockShared(fd, path, &stale));
+    if (stale) return Status::NotFound(path + ": removed (by ckptdb gc) as it was opened");
+    return Status::Ok();
+  };
   if (!options.read_only) {
     std::shared_ptr<MappedFile> m(new MappedFile());
     m->fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC | (options.create ? O_CREAT | O_EXCL : 0), 0600);
     if (m->fd_ < 0) return Status::FromErrno(errno, path);
+    CKPTDB_RETURN_IF_ERROR(lock(m->fd_));
     CKPTDB_RETURN_IF_ERROR(m->Resize(options.bytes, path));
     *out = std::move(m);
     return Status::Ok();
@@ -24,6 +35,7 @@ Status MappedFile::Open(const std::string& path, const MappedFileOptions& option
   m->writable_ = false;
   m->fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (m->fd_ < 0) return Status::FromErrno(errno, path);
+  CKPTDB_RETURN_IF_ERROR(lock(m->fd_));
   struct stat sb {};
   if (fstat(m->fd_, &sb) != 0) return Status::FromErrno(errno, path);
   if (sb.st_size > 0) {

@@ -1,6 +1,7 @@
 #include "io/shared_memory.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,6 +41,29 @@ SharedMemory::~SharedMemory() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+Status LockShared(int fd, const std::string& path, bool* stale) {
+  *stale = false;
+  for (int waited_ms = 0;; ++waited_ms) {
+    if (::flock(fd, LOCK_SH | LOCK_NB) == 0) break;
+    if (errno != EWOULDBLOCK && errno != EINTR) return Status::FromErrno(errno, "flock " + path);
+    if (waited_ms >= kMaxLockWaitMs) {
+      return Status::Busy(path + " is held exclusively for over " + std::to_string(kMaxLockWaitMs) +
+                          " ms (a ckptdb gc removing it?)");
+    }
+    ::usleep(1000);
+  }
+  struct stat by_fd {};
+  struct stat by_name {};
+  if (::fstat(fd, &by_fd) != 0) return Status::FromErrno(errno, "stat " + path);
+  if (::stat(path.c_str(), &by_name) != 0) {
+    if (errno != ENOENT) return Status::FromErrno(errno, "stat " + path);
+    *stale = true;
+  } else {
+    *stale = by_fd.st_dev != by_name.st_dev || by_fd.st_ino != by_name.st_ino;
+  }
+  return Status::Ok();
+}
+
 Status SharedMemory::Open(const std::string& path, const SharedMemoryOptions& options,
                           std::unique_ptr<SharedMemory>* out) {
   auto m = std::unique_ptr<SharedMemory>(new SharedMemory());
@@ -47,22 +71,37 @@ Status SharedMemory::Open(const std::string& path, const SharedMemoryOptions& op
   m->read_only_ = options.read_only;
   m->lock_ = options.lock;
   int flags = O_CLOEXEC | (options.read_only ? O_RDONLY : O_RDWR);
-  m->fd_ = ::open(path.c_str(), flags);
-  if (m->fd_ < 0 && errno == ENOENT && !options.read_only) {
-    CKPTDB_ASSERT(options.create_bytes % kPageBytes == 0 && options.create_bytes > 0);
-    m->fd_ = ::open(path.c_str(), flags | O_CREAT | O_EXCL, 0600);
-    if (m->fd_ >= 0) {
-      m->created_ = true;
-      Status st = Allocate(m->fd_, 0, options.create_bytes, path);
-      if (!st.ok()) {
-        ::unlink(path.c_str());
-        return st;
-      }
+  // Opened and locked shared (LockShared); a name that a gc unlinked in between is opened again,
+  // a bounded number of times (each needs a gc to remove the file anew).
+  for (int attempt = 0;; ++attempt) {
+    m->fd_ = ::open(path.c_str(), flags);
+    if (m->fd_ < 0 && errno == ENOENT && !options.read_only) {
+      CKPTDB_ASSERT(options.create_bytes % kPageBytes == 0 && options.create_bytes > 0);
+      m->fd_ = ::open(path.c_str(), flags | O_CREAT | O_EXCL, 0600);
+      if (m->fd_ >= 0) m->created_ = true;
+      if (m->fd_ < 0 && errno == EEXIST && attempt < 8) continue;  // another opener made it
+    }
+    if (m->fd_ < 0) {
+      return Status::FromErrno(errno, std::string("opening shared memory ") + path +
+                                          (options.read_only ? " for reading" : ""));
+    }
+    bool stale = false;
+    CKPTDB_RETURN_IF_ERROR(LockShared(m->fd_, path, &stale));
+    if (!stale) break;
+    ::close(m->fd_);
+    m->fd_ = -1;
+    m->created_ = false;
+    if (attempt >= 8) {
+      return Status::Busy("opening shared memory " + path +
+                          ": it was removed under this open 8 times running");
     }
   }
-  if (m->fd_ < 0) {
-    return Status::FromErrno(errno, std::string("opening shared memory ") + path +
-                                        (options.read_only ? " for reading" : ""));
+  if (m->created_) {
+    Status st = Allocate(m->fd_, 0, options.create_bytes, path);
+    if (!st.ok()) {
+      ::unlink(path.c_str());
+      return st;
+    }
   }
   struct stat st {};
   if (::fstat(m->fd_, &st) != 0) return Status::FromErrno(errno, "stat " + path);

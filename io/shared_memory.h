@@ -18,6 +18,16 @@
 
 namespace ckpt::io {
 
+// Every process that maps an arena, or a peer's replica or parity file, holds a shared flock on
+// it for as long as it has it open; `ckptdb gc` (engine/arena_gc.h) takes an exclusive one,
+// without waiting, before it unlinks a file, so a file some process has open is never removed,
+// and no scan of /proc is needed. LockShared takes the shared lock on fd, waiting out a gc's
+// brief exclusive one (at most kMaxLockWaitMs), then checks that `path` still names the file fd
+// is: gc may have unlinked it between the open and the lock. *stale says it did: close fd and
+// open the path again.
+inline constexpr int kMaxLockWaitMs = 2000;
+Status LockShared(int fd, const std::string& path, bool* stale);
+
 struct SharedMemoryOptions {
   bool read_only = false;  // map PROT_READ; the file must exist (NotFound otherwise)
   // Read-write: the size to create the file with when it does not exist. An existing file is

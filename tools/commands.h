@@ -18,6 +18,7 @@ void AddServeCommand(CLI::App& app, int* exit_code);
 void AddExportCommand(CLI::App& app, int* exit_code);  // and ckptdb_restore_slice for --merge
 void AddImportCommand(CLI::App& app, int* exit_code);
 void AddRepairCommand(CLI::App& app, int* exit_code);
+void AddGcCommand(CLI::App& app, int* exit_code);
 
 // The file name `ckptdb restore` writes tensor `name` to (one safe path component; see
 // tools/restore.cc and docs/cli.md).

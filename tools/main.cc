@@ -1,5 +1,5 @@
 // ckptdb: the command a user reaches for first (inspect, verify, restore, export, import, repair,
-// demo, plan, serve).
+// demo, plan, serve, gc).
 #include <CLI/CLI.hpp>
 
 #include "ckptdb/ckptdb.h"
@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   ckpt::tools::AddExportCommand(app, &exit_code);
   ckpt::tools::AddImportCommand(app, &exit_code);
   ckpt::tools::AddRepairCommand(app, &exit_code);
+  ckpt::tools::AddGcCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

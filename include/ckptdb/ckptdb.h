@@ -467,6 +467,43 @@ typedef struct ckptdb_repair_report {
 int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
                   ckptdb_repair_report* out);
 
+/* ---- Shared memory that outlives its store (ckptdb gc) ------------------------------------- */
+enum {
+  CKPTDB_SHM_ARENA = 0,    /* a ram tier's arena, ckptdb-<job id>-r<rank>.ram */
+  CKPTDB_SHM_REPLICAS = 1, /* a rank's peers' replicas, ckptdb-replicas-r<rank>/ */
+  CKPTDB_SHM_PARITY = 2    /* a rank's coding-group parity, ckptdb-parity-r<rank>/ */
+};
+
+/* One arena or replica or parity directory, as ckptdb_gc found it; strings are valid during the
+ * callback only. */
+typedef struct ckptdb_shm_entry {
+  const char* path;
+  uint32_t kind; /* CKPTDB_SHM_* */
+  uint32_t rank;
+  uint64_t job_id;         /* arenas: the header's */
+  const char* root;        /* arenas: the store's root the header names ("" when unreadable) */
+  uint64_t bytes;          /* the file's size, or the directory's files' */
+  uint32_t has_version;    /* 1: newest_version is set */
+  uint64_t newest_version; /* the newest copy indexed in the arena, or held in the directory */
+  uint32_t in_use;         /* a process has it (one of its files) open: never removed */
+  uint32_t root_exists;
+  uint32_t owned;  /* arenas: the root's store uses it; directories: an owned arena of the rank */
+  uint32_t orphan; /* arenas: root gone, or the root owns another arena; directories: no owned
+                      arena of the rank beside it */
+  uint32_t removed;
+  const char* problem; /* "" or why the header did not read, ownership is unknown, or the
+                          removal did not happen */
+} ckptdb_shm_entry;
+typedef int (*ckptdb_shm_fn)(void* arg, const ckptdb_shm_entry* entry);
+
+/* Lists the arenas and the replica and parity directories in dir (NULL: /dev/shm) and, with
+ * remove nonzero, removes the orphans no process has open (docs/cli.md, "gc"; every process that
+ * maps one holds a shared flock on it, and removal takes an exclusive one without waiting).
+ * Nothing is removed on a guess: an arena whose header does not read, or whose root's catalog
+ * cannot be read, is no orphan. fn (may be NULL) gets each entry after its removal was tried;
+ * a nonzero return stops the listing (CKPTDB_OK). ENOTFOUND: no directory dir. */
+int ckptdb_gc(const char* dir, int remove, ckptdb_shm_fn fn, void* arg);
+
 /* One coding group's version, as ckptdb_verify_groups found it. Arrays have `members` entries, in
  * the group's position order; everything is valid during the callback only. */
 typedef struct ckptdb_group_check {
