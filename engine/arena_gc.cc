@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -144,16 +145,24 @@ bool NewestIndexed(int fd, uint64_t bytes, const format::ArenaHeader& h, uint64_
 // tell (then e is no orphan).
 void CheckOwner(const std::string& path, const format::ArenaHeader& h, ShmEntry* e) {
   std::error_code ec;
-  e->root_exists = !h.root_path.empty() && h.root_path[0] == '/' && fs::exists(h.root_path, ec);
   if (h.root_path.empty() || h.root_path[0] != '/') {
     e->problem = "its header names no absolute root (\"" + h.root_path.substr(0, 200) +
                  "\"): whose it is cannot be told; reopen the store to record it";
     return;
   }
-  if (!e->root_exists) {
-    e->orphan = true;
+  // Gone only when the file system says so: a root it cannot look at (a permission, a shared
+  // file system that does not answer) is not gone.
+  struct stat root_stat {};
+  if (::stat(h.root_path.c_str(), &root_stat) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      e->orphan = true;
+    } else {
+      e->problem = "its root cannot be looked at (" + std::string(std::strerror(errno)) +
+                   "): whose it is cannot be told";
+    }
     return;
   }
+  e->root_exists = true;
   if (!fs::exists(h.root_path + "/catalog/CURRENT", ec)) {
     e->problem = "its root exists but holds no catalog: whose it is cannot be told";
     return;
@@ -306,7 +315,8 @@ Status CollectSharedMemory(const std::string& dir, bool remove, std::vector<ShmE
     if (!ParseArenaName(name, &job_id, &rank)) continue;
     ino_t ino = 0;
     ShmEntry e = ExamineArena(path, job_id, rank, &ino);
-    rank_owned[rank] = rank_owned[rank] || e.owned;
+    // An arena whose owner cannot be told keeps its rank's directories as if owned.
+    rank_owned[rank] = rank_owned[rank] || e.owned || !e.orphan;
     if (e.in_use) rank_in_use.insert(rank);
     if (remove && e.orphan && !e.in_use) {
       Status st = RemoveIfUnused(path, ino);
@@ -328,7 +338,11 @@ Status CollectSharedMemory(const std::string& dir, bool remove, std::vector<ShmE
     if (!fs::is_directory(path, ec) || fs::is_symlink(path, ec)) continue;
     std::vector<std::string> files, dirs;
     ShmEntry e = ExamineRankDir(path, kind, rank, &files, &dirs);
-    e.in_use = e.in_use || rank_in_use.count(rank) > 0;
+    // A replica or parity store holds a shared lock on its directory while it lives
+    // (io::DirLock); removal holds an exclusive one, taken without waiting, throughout.
+    Fd dir_fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW));
+    const bool dir_locked = dir_fd.fd >= 0 && ::flock(dir_fd.fd, LOCK_EX | LOCK_NB) == 0;
+    e.in_use = e.in_use || !dir_locked || rank_in_use.count(rank) > 0;
     e.owned = rank_owned[rank];
     e.orphan = e.problem.empty() && !e.owned;
     if (remove && e.orphan && !e.in_use) {

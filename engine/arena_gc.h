@@ -11,13 +11,15 @@
 //     A header that does not read, or a root whose catalog cannot be read, is never an orphan:
 //     nothing is removed on a guess.
 //   - replica and parity directories, ckptdb-replicas-r<rank> and ckptdb-parity-r<rank>: an
-//     orphan when no arena of that rank in the directory is owned by its root (a `ckptdb serve`
-//     daemon's have none).
+//     orphan when no arena of that rank in the directory is owned by its root or has an owner
+//     that cannot be told (a `ckptdb serve` daemon's have no arena beside them).
+//   - a root that cannot be looked at (EACCES, EIO: not ENOENT) is not gone.
 // Whatever a process has open is **in use** and never removed: every process that maps an arena,
-// replica or parity file holds a shared flock on it (io/shared_memory.h, LockShared), and removal
-// takes an exclusive one without waiting, checks that the name is still the file it examined,
-// and unlinks it under that lock; a replica or parity directory goes file by file, and stays
-// (with what is left) when one of its files is in use.
+// replica or parity file holds a shared flock on it (io/shared_memory.h, LockShared), and a
+// replica or parity store one on its directory for its life (io::DirLock); removal takes an
+// exclusive one without waiting, checks that the name is still the file it examined, and
+// unlinks it under that lock; a replica or parity directory goes file by file under its own
+// exclusive lock, and stays (with what is left) when one of its files is in use.
 #pragma once
 
 #include <cstdint>

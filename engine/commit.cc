@@ -457,6 +457,13 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
   CatalogBatch committed;
   committed.put_versions.push_back(rec);
   committed.put_stats.emplace_back(version, v->stats);
+  // Copies the commit made on nfs tiers (a first or commit tier there) get the tier's witness
+  // too, as a demotion's do (WriteTierWitness).
+  std::vector<size_t> nfs_copies;
+  for (const ResidencyRecord& r : v->residency) {
+    const int t = TierIndex(r.tier);
+    if (t >= 0 && tiers_[t].is_nfs() && r.state == CKPTDB_RESIDENT_DURABLE) nfs_copies.push_back(t);
+  }
   lock.unlock();
   CrashPoint("commit:before_committed");
   Status st = catalog_->Apply(committed, /*sync=*/true);
@@ -464,6 +471,7 @@ Status Db::WriteCommitted(std::unique_lock<std::mutex>& lock, LiveVersion* v, Ve
   if (st.ok()) {
     CrashPoint("commit:before_witness");
     witnessed = WriteWitness(rec);
+    for (size_t t : nfs_copies) WriteTierWitness(t, rec);
   }
   lock.lock();
   if (!witnessed.ok()) {

@@ -442,13 +442,7 @@ Status Db::OpenTiers(const std::vector<io::TierSpec>& specs) {
     if (specs[i].kind == io::TierKind::kRam) {
       CKPTDB_ASSERT(i == 0);
       t.ram = std::make_unique<RamTier>(io_, specs[i]);
-      // The header names the root absolute, so that `ckptdb gc` run from anywhere can tell
-      // whether the root still owns the arena (engine/arena_gc.h).
-      std::error_code ec;
-      std::string root = std::filesystem::absolute(options_.root, ec).lexically_normal().string();
-      while (root.size() > 1 && root.back() == '/') root.pop_back();
-      if (ec) root = options_.root;
-      Status st = t.ram->Open(identity_.job_id, identity_.rank, root, options_.read_only);
+      Status st = t.ram->Open(identity_.job_id, identity_.rank, options_.root, options_.read_only);
       if (t.ram->created()) ram_created_ = t.ram->path();
       CKPTDB_RETURN_IF_ERROR(st);
     } else {
@@ -763,6 +757,8 @@ Status Db::Close() {
   lock.unlock();
   for (std::thread& w : workers_) w.join();
   if (manager_.joinable()) manager_.join();
+  // A tier's retry may still be waiting on its server (each call bounded by its deadline).
+  if (tier_retry_.joinable()) tier_retry_.join();
   lock.lock();
   cluster_stop_ = true;
   cluster_cv_.notify_all();

@@ -612,8 +612,14 @@ class Db {
   // copy there is recorded, removed before the copy goes. Without mu_.
   void WriteTierWitness(size_t tier, const VersionRecord& record);
   Status RemoveTierWitness(size_t tier, uint64_t version);
+  // One offline tier tried again on tier_retry_ (RetryOfflineTiers starts it), without mu_.
+  void RetryTier(size_t tier, std::vector<std::pair<uint64_t, ResidencyRecord>> copies);
   // The manager's longest wait for completions: until the next tier retry, or -1 (none).
   int ManagerWaitMsLocked() const;
+  // A failed demotion: an nfs target backs off (offline if its server is gone), else the source
+  // is given up for the version. Unlocks around the probe of an nfs target.
+  void DemotionFailedLocked(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
+                            size_t target, const Status& st);
   // The tier waits before the next try (doubling, bounded); `offline` not Ok takes it offline.
   void BackOffLocked(size_t tier, const Status& offline);
   Status StartDemotion(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
@@ -826,6 +832,9 @@ class Db {
   // Demotions to an nfs tier that failed while its server answered, by (version, target): tried
   // again after the tier's backoff until kNfsDemotionTries.
   std::map<std::pair<uint64_t, size_t>, uint32_t> demotion_tries_;
+  // The thread that tries an offline tier again (one at a time; busy while it runs, mu_).
+  std::thread tier_retry_;
+  bool tier_retry_busy_ = false;
   std::set<uint64_t> stats_dirty_;  // versions whose figures changed since they were persisted
   Figures figures_;                 // ckptdb_stats' counters: atomics of their own, not under mu_
 

@@ -39,12 +39,8 @@ bool Db::PlanDemotion(std::unique_lock<std::mutex>& lock) {
         if (failed != failed_sources_.end() && failed->second.count(source)) continue;
         Status st = StartDemotion(lock, version, source, target, /*for_commit=*/false);
         if (st.ok()) return true;
-        failed_sources_[{version, target}].insert(source);
-        demotion_errors_[{version, target}] = st;
-        tiers_[target].demotion_failures++;
-        std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
-        state_cv_.notify_all();  // wait_commit on that tier has its answer
-        return true;             // state changed; plan again next round
+        DemotionFailedLocked(lock, version, source, target, st);
+        return true;  // state changed; plan again next round
       }
     }
   }
@@ -376,9 +372,6 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
   } else {
     // The catalog may say WRITING for it: recovery (or the next attempt) collects the file.
     lock.unlock();
-    // An nfs tier is asked whether its server still answers: if not, the tier goes offline and
-    // the demotion waits for it rather than counting as failed.
-    Status probe = tiers_[d.target].is_nfs() ? io_->SyncDir(target.spec().path) : Status::Ok();
     (void)target.RemoveSegment(version, identity_.rank);
     CatalogBatch batch;
     batch.delete_residency.emplace_back(version, res.tier);
@@ -386,17 +379,7 @@ void Db::EndDemotion(std::unique_lock<std::mutex>& lock, const Status& result) {
     lock.lock();
     std::erase_if(e.residency, [&](const ResidencyRecord& r) { return r.tier == res.tier; });
     if (!(closing_ && !options_.drain_on_close)) {
-      tiers_[d.target].demotion_failures++;
-      std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
-      if (tiers_[d.target].is_nfs() &&
-          (!probe.ok() || ++demotion_tries_[{version, d.target}] < kNfsDemotionTries)) {
-        BackOffLocked(d.target, probe.ok() ? Status::Ok()
-                                           : probe.WithContext("tier " + tiers_[d.target].name() +
-                                                               " is offline"));
-      } else {
-        failed_sources_[{version, d.target}].insert(d.source);
-        demotion_errors_[{version, d.target}] = st;
-      }
+      DemotionFailedLocked(lock, version, d.source, d.target, st);
     }
   }
   state_cv_.notify_all();
@@ -694,6 +677,35 @@ Status Db::RemoveTierWitness(size_t tier, uint64_t version) {
 
 // ---- Offline tiers -----------------------------------------------------------------------------
 
+// A demotion of `version` from `source` to `target` failed (at its start or its end). An nfs
+// target is asked whether its server still answers: if not, the tier goes offline and the
+// demotion waits for it; if so, it is tried again after the tier's backoff, kNfsDemotionTries
+// times in all. Anything else gives the source up for that version (wait_commit reports it).
+void Db::DemotionFailedLocked(std::unique_lock<std::mutex>& lock, uint64_t version, size_t source,
+                              size_t target, const Status& st) {
+  TierState& t = tiers_[target];
+  t.demotion_failures++;
+  std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
+  if (t.is_nfs()) {
+    // A call that waited out its deadline already says the server does not answer.
+    Status probe = st;
+    if (st.code() != CKPTDB_ETIMEDOUT) {
+      const std::string path = t.spec.path;
+      lock.unlock();
+      probe = io_->SyncDir(path);
+      lock.lock();
+    }
+    if (!probe.ok() || ++demotion_tries_[{version, target}] < kNfsDemotionTries) {
+      BackOffLocked(target, probe.ok() ? Status::Ok()
+                                       : probe.WithContext("tier " + t.name() + " is offline"));
+      return;
+    }
+  }
+  failed_sources_[{version, target}].insert(source);
+  demotion_errors_[{version, target}] = st;
+  state_cv_.notify_all();  // wait_commit on that tier has its answer
+}
+
 void Db::BackOffLocked(size_t tier, const Status& offline) {
   TierState& t = tiers_[tier];
   t.backoff_ns =
@@ -724,49 +736,67 @@ bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
       back = true;
       continue;
     }
-    // Opened again as at open: the marker checked (a directory recreated without it gets a
-    // new one only when it holds no segment), then this rank's temporary files collected and
-    // its recorded copies looked for.
-    Tier& tier = *t.dir;
+    // One offline tier at a time is tried, on a thread of its own: a server that does not answer
+    // costs each call its deadline, which the manager (commits to the other tiers) must not wait.
+    if (tier_retry_busy_) continue;
+    tier_retry_busy_ = true;
+    t.retry_ns = 0;  // the try sets the next one
     std::vector<std::pair<uint64_t, ResidencyRecord>> copies;
     for (const auto& [version, e] : versions_) {
       for (const ResidencyRecord& r : e.residency) {
-        if (r.tier == t.name() && r.state == CKPTDB_RESIDENT_DURABLE)
+        if (r.tier == t.name() && r.state == CKPTDB_RESIDENT_DURABLE) {
           copies.emplace_back(version, r);
+        }
       }
     }
     lock.unlock();
-    Status st = tier.Open(identity_.job_id, options_.read_only);
-    std::vector<SegmentFileName> files;
-    if (st.ok()) st = tier.ListSegments(&files);
-    for (size_t f = 0; st.ok() && f < files.size(); ++f) {
-      if (files[f].temporary && files[f].rank == identity_.rank && !options_.read_only) {
-        st = io_->Remove(tier.spec().path + "/" + files[f].name);
-      }
-    }
-    std::vector<std::pair<uint64_t, ResidencyRecord>> gone;
-    for (size_t c = 0; st.ok() && c < copies.size(); ++c) {
-      uint64_t bytes = 0;
-      Status found = io_->PathSize(copies[c].second.path, &bytes);
-      if (found.code() == CKPTDB_ENOTFOUND) {
-        gone.push_back(copies[c]);
-      } else if (!found.ok()) {
-        st = found;
-      }
-    }
-    if (st.ok() && !gone.empty() && !options_.read_only) {
-      CatalogBatch batch;
-      for (auto& [version, r] : gone) {
-        r.state = CKPTDB_RESIDENT_MISSING;
-        batch.put_residency.emplace_back(version, r);
-      }
-      st = catalog_->Apply(batch, /*sync=*/true);
-    }
+    if (tier_retry_.joinable()) tier_retry_.join();  // the last try, done (it cleared busy)
+    tier_retry_ = std::thread(
+        [this, i, copies = std::move(copies)]() mutable { RetryTier(i, std::move(copies)); });
     lock.lock();
-    if (!st.ok()) {
-      BackOffLocked(i, st.WithContext("tier " + t.name() + " is offline"));
-      continue;
+  }
+  return back;
+}
+
+// The tier opened again as at open: its marker checked (a directory recreated without one gets
+// a new one only when it holds no segment), this rank's temporary files collected, its recorded
+// `copies` looked for (those gone become MISSING). Runs on tier_retry_, without mu_ until the end.
+void Db::RetryTier(size_t i, std::vector<std::pair<uint64_t, ResidencyRecord>> copies) {
+  TierState& t = tiers_[i];  // tiers_ never changes size while the store is open
+  // A new Tier object: Open sets fields that stats read under mu_ from the one in place.
+  auto fresh = std::make_unique<Tier>(io_, t.spec);
+  Tier& tier = *fresh;
+  Status st = tier.Open(identity_.job_id, options_.read_only);
+  std::vector<SegmentFileName> files;
+  if (st.ok()) st = tier.ListSegments(&files);
+  for (size_t f = 0; st.ok() && f < files.size(); ++f) {
+    if (files[f].temporary && files[f].rank == identity_.rank && !options_.read_only) {
+      st = io_->Remove(tier.spec().path + "/" + files[f].name);
     }
+  }
+  std::vector<std::pair<uint64_t, ResidencyRecord>> gone;
+  for (size_t c = 0; st.ok() && c < copies.size(); ++c) {
+    uint64_t bytes = 0;
+    Status found = io_->PathSize(copies[c].second.path, &bytes);
+    if (found.code() == CKPTDB_ENOTFOUND) {
+      gone.push_back(copies[c]);
+    } else if (!found.ok()) {
+      st = found;
+    }
+  }
+  if (st.ok() && !gone.empty() && !options_.read_only) {
+    CatalogBatch batch;
+    for (auto& [version, r] : gone) {
+      r.state = CKPTDB_RESIDENT_MISSING;
+      batch.put_residency.emplace_back(version, r);
+    }
+    st = catalog_->Apply(batch, /*sync=*/true);
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  tier_retry_busy_ = false;
+  if (!st.ok()) {
+    BackOffLocked(i, st.WithContext("tier " + t.name() + " is offline"));
+  } else {
     for (const auto& [version, r] : gone) {
       auto it = versions_.find(version);
       if (it == versions_.end()) continue;
@@ -779,13 +809,13 @@ bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
                    V(version).c_str(), r.path.c_str());
     }
     std::fprintf(stderr, "ckptdb: tier %s is back online\n", t.name().c_str());
+    t.dir = std::move(fresh);
     t.offline = Status::Ok();
     t.retry_ns = 0;
     t.backoff_ns = 0;
     state_cv_.notify_all();
-    back = true;
   }
-  return back;
+  WakeManager();
 }
 
 }  // namespace ckpt::engine

@@ -107,9 +107,9 @@ void Db::ManagerLoop() {
   for (;;) {
     bool progress = ManagerStepLocked(lock);
     if (stopping_) break;
+    const int wait_ms = progress ? 0 : ManagerWaitMsLocked();
     lock.unlock();
     std::vector<io::IoCompletion> done;
-    const int wait_ms = progress ? 0 : ManagerWaitMsLocked();
     Status st = queue_->Reap(progress ? 0 : 1, &done, wait_ms);
     lock.lock();
     // What Reap returned counts even when it also failed. A wait that ran out is a tier's

@@ -131,6 +131,8 @@ Status ParityStore::Open(io::Io* io, const std::string& dir, Writer writer, uint
       new ParityStore(io, dir, std::move(writer), keep, budget_bytes));
   io = store->io_;
   CKPTDB_RETURN_IF_ERROR(io->CreateDirs(dir).WithContext("creating the parity directory"));
+  // Held while the store lives: ckptdb gc removes nothing in the directory meanwhile.
+  CKPTDB_RETURN_IF_ERROR(io::DirLock::Take(dir, &store->dir_lock_));
   std::vector<std::string> names;
   CKPTDB_RETURN_IF_ERROR(io->ListDir(dir, &names).WithContext("listing the parity directory"));
   std::vector<std::pair<uint32_t, std::string>> stale;

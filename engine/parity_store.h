@@ -114,6 +114,7 @@ class ParityStore {
   const std::unique_ptr<io::Io> owned_io_;
   io::Io* const io_;
   const std::string dir_;
+  std::unique_ptr<io::DirLock> dir_lock_;  // a shared flock on dir_ (io/shared_memory.h)
   const Writer writer_;
   const uint32_t keep_;
   const uint64_t budget_bytes_;

@@ -8,6 +8,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <unordered_map>
 
 #include "engine/internal.h"
@@ -28,8 +29,15 @@ std::string RamTier::ArenaPath(const std::string& dir, uint64_t job_id, uint32_t
   return dir + b;
 }
 
-Status RamTier::Open(uint64_t job_id, uint32_t rank, const std::string& root_path, bool read_only) {
+Status RamTier::Open(uint64_t job_id, uint32_t rank, const std::string& given_root,
+                     bool read_only) {
   CKPTDB_ASSERT(spec_.kind == io::TierKind::kRam);
+  // The header names the root absolute, so that `ckptdb gc` run from anywhere can tell whether
+  // the root still owns the arena (engine/arena_gc.h).
+  std::error_code ec;
+  std::string root_path = std::filesystem::absolute(given_root, ec).lexically_normal().string();
+  while (root_path.size() > 1 && root_path.back() == '/') root_path.pop_back();
+  if (ec || given_root.empty()) root_path = given_root;
   read_only_ = read_only;
   path_ = ArenaPath(spec_.path, job_id, rank);
   if (root_path.size() > format::kArenaMaxRootPathBytes ||

@@ -79,6 +79,8 @@ Status ReplicaStore::Open(io::Io* io, const std::string& dir, uint32_t keep, uin
   std::unique_ptr<ReplicaStore> store(new ReplicaStore(io, dir, keep, budget_bytes));
   io = store->io_;
   CKPTDB_RETURN_IF_ERROR(io->CreateDirs(dir).WithContext("creating the replica directory"));
+  // Held while the store lives: ckptdb gc removes nothing in the directory meanwhile.
+  CKPTDB_RETURN_IF_ERROR(io::DirLock::Take(dir, &store->dir_lock_));
   std::vector<std::string> names;
   CKPTDB_RETURN_IF_ERROR(io->ListDir(dir, &names).WithContext("listing the replica directory"));
   std::vector<std::pair<uint32_t, std::string>> stale;

@@ -38,6 +38,7 @@
 
 #include "io/io.h"
 #include "io/mapped_file.h"
+#include "io/shared_memory.h"
 #include "util/status.h"
 
 namespace ckpt::engine {
@@ -162,6 +163,7 @@ class ReplicaStore {
   const std::unique_ptr<io::Io> owned_io_;
   io::Io* const io_;
   const std::string dir_;
+  std::unique_ptr<io::DirLock> dir_lock_;  // a shared flock on dir_ (io/shared_memory.h)
   const uint32_t keep_;
   const uint64_t budget_bytes_;
   mutable std::mutex mu_;

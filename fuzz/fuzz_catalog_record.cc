@@ -70,6 +70,16 @@ void CheckWitnessAndLog(const std::string& in) {
   } else if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_ENOTSUP) {
     std::abort();
   }
+  ckpt::format::JobDecision d;
+  st = ckpt::format::DecodeJobDecision(bytes, "fuzz", &d);
+  if (st.ok()) {
+    const std::vector<uint8_t> again = ckpt::format::EncodeJobDecision(d);
+    if (again.size() != in.size() || std::memcmp(again.data(), in.data(), in.size()) != 0) {
+      std::abort();  // every byte of a decision record is read or checked
+    }
+  } else if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_ENOTSUP) {
+    std::abort();
+  }
   const ckpt::engine::LogScan scan = ckpt::engine::ScanCatalogLog(bytes);
   if (scan.damaged && scan.bad_offset >= in.size()) std::abort();
   if (scan.valid_after && (!scan.damaged || scan.next_valid_offset <= scan.bad_offset ||

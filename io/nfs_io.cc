@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -45,9 +46,14 @@ constexpr size_t kMaxVerifiers = 1024;
 constexpr int kServiceIntervalMs = 100;
 // A WRITE3/READ3 carries at most this much even where the server allows more.
 constexpr uint64_t kMaxTransferBytes = uint64_t{1} << 20;
+// A metadata call that failed faster than this on a broken connection is tried again on a new
+// one (the connection was stale); a slower failure is the server not answering.
+constexpr uint64_t kQuickFailureNs = 1'000'000'000;
+// A queue whose connect failed fails its requests to that server at once for this long.
+constexpr uint64_t kReconnectAfterNs = 1'000'000'000;
 
-// libnfs's sync calls report a failed or cancelled RPC as EFAULT or EINTR (it has no errno of
-// its own for them); sockets add the rest.
+// libnfs reports a failed RPC as EFAULT and a cancelled or timed-out one as EINTR (it has no
+// errno of its own for them); sockets add the rest.
 bool IsConnectionError(int err) {
   switch (err) {
     case EFAULT:
@@ -84,6 +90,12 @@ bool CopyHandle(nfsfh* fh, std::vector<uint8_t>* out) {
   return true;
 }
 
+// libnfs's last error text; it may have none (NULL).
+std::string ErrorOf(nfs_context* nfs) {
+  const char* e = nfs_get_error(nfs);
+  return e != nullptr ? e : "no detail from libnfs";
+}
+
 std::string BareHost(const std::string& host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     return host.substr(1, host.size() - 2);
@@ -97,6 +109,25 @@ std::string ParentOf(const std::string& path) {
   return path.substr(0, slash);
 }
 
+// A call made through libnfs's asynchronous API and waited for (Mount::Run). It lives on the heap,
+// owned by its Mount, not in the waiter's frame: libnfs's own synchronous calls keep their
+// completion on the stack and return when their wait fails (a broken connection, a signal during
+// poll) while the request stays queued, and destroying the context later completes it into a
+// frame that is gone. A call given up on keeps its record, without its output, until the context
+// is destroyed.
+struct Pending {
+  bool done = false;
+  int status = 0;
+  std::function<void(int status, void* data)> on_data;  // copies the result out; data is libnfs's
+};
+
+void Completed(int status, nfs_context*, void* data, void* private_data) {
+  auto* p = static_cast<Pending*>(private_data);
+  p->done = true;
+  p->status = status;
+  if (p->on_data) p->on_data(status, data);
+}
+
 // One libnfs context mounted on one export of one server; its owner's alone.
 class Mount {
  public:
@@ -104,7 +135,106 @@ class Mount {
   Mount(const Mount&) = delete;
   Mount& operator=(const Mount&) = delete;
   ~Mount() {
+    // The context first: it completes (cancels) what is still queued, into records still alive.
     if (nfs_ != nullptr) nfs_destroy_context(nfs_);
+    pending_.clear();
+  }
+
+  // Starts a call (start(cb, private) queues it; nonzero: not queued) and services the
+  // connection until it completes: its status (0 or bytes, or -errno), or -EIO when the
+  // connection broke or its deadline passed (broken() then says so: drop this Mount).
+  int Run(const std::function<int(nfs_cb, void*)>& start,
+          std::function<void(int, void*)> on_data = nullptr) {
+    auto record = std::make_unique<Pending>();
+    Pending* p = record.get();
+    p->on_data = std::move(on_data);
+    pending_.push_back(std::move(record));
+    if (start(Completed, p) != 0) {
+      pending_.pop_back();  // not queued: no callback will come
+      broken_ = true;
+      return -EIO;
+    }
+    const uint64_t deadline = MonoNs() + (static_cast<uint64_t>(timeout_ms_) + 1000) * 1'000'000;
+    // Bounded by the deadline: every round polls for at most kServiceIntervalMs.
+    while (!p->done) {
+      pollfd pfd{nfs_get_fd(nfs_), static_cast<short>(nfs_which_events(nfs_)), 0};
+      const int rc = ::poll(&pfd, 1, kServiceIntervalMs);
+      if (rc < 0 && errno != EINTR) broken_ = true;
+      if (!broken_ && nfs_service(nfs_, rc > 0 ? pfd.revents : 0) < 0) broken_ = true;
+      if (!p->done && (broken_ || MonoNs() > deadline)) {
+        broken_ = true;
+        p->on_data = nullptr;  // its output would go to a frame that returns now
+        return -EIO;
+      }
+    }
+    const int status = p->status;
+    std::erase_if(pending_, [p](const std::unique_ptr<Pending>& r) { return r.get() == p; });
+    return status;
+  }
+  bool broken() const { return broken_; }
+
+  // The calls the metadata path makes, each over its asynchronous form: 0 (or bytes) or -errno.
+  int Stat(const std::string& inside, nfs_stat_64* st) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_stat64_async(nfs_, inside.c_str(), cb, p); },
+               [st](int status, void* data) {
+                 if (status == 0) *st = *static_cast<nfs_stat_64*>(data);
+               });
+  }
+  int Fstat(nfsfh* fh, nfs_stat_64* st) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_fstat64_async(nfs_, fh, cb, p); },
+               [st](int status, void* data) {
+                 if (status == 0) *st = *static_cast<nfs_stat_64*>(data);
+               });
+  }
+  // Opens (create: creates) `inside`; *fh is the caller's to Close.
+  int Open(const std::string& inside, int flags, bool create, nfsfh** fh) {
+    return Run(
+        [&](nfs_cb cb, void* p) {
+          return create ? nfs_create_async(nfs_, inside.c_str(), flags, 0644, cb, p)
+                        : nfs_open_async(nfs_, inside.c_str(), flags, cb, p);
+        },
+        [fh](int status, void* data) {
+          if (status == 0) *fh = static_cast<nfsfh*>(data);
+        });
+  }
+  int Close(nfsfh* fh) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_close_async(nfs_, fh, cb, p); });
+  }
+  int Truncate(nfsfh* fh) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_ftruncate_async(nfs_, fh, 0, cb, p); });
+  }
+  int Mkdir(const std::string& inside) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_mkdir_async(nfs_, inside.c_str(), cb, p); });
+  }
+  int Rmdir(const std::string& inside) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_rmdir_async(nfs_, inside.c_str(), cb, p); });
+  }
+  int Unlink(const std::string& inside) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_unlink_async(nfs_, inside.c_str(), cb, p); });
+  }
+  int Rename(const std::string& from, const std::string& to) {
+    return Run([&](nfs_cb cb, void* p) {
+      return nfs_rename_async(nfs_, from.c_str(), to.c_str(), cb, p);
+    });
+  }
+  int Opendir(const std::string& inside, nfsdir** dir) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_opendir_async(nfs_, inside.c_str(), cb, p); },
+               [dir](int status, void* data) {
+                 if (status == 0) *dir = static_cast<nfsdir*>(data);
+               });
+  }
+  int Pread(nfsfh* fh, uint64_t offset, uint64_t count, void* out) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_pread_async(nfs_, fh, offset, count, cb, p); },
+               [out, count](int status, void* data) {
+                 if (status > 0) std::memcpy(out, data, std::min<uint64_t>(status, count));
+               });
+  }
+  int Pwrite(nfsfh* fh, uint64_t offset, uint64_t count, const void* in) {
+    return Run(
+        [&](nfs_cb cb, void* p) { return nfs_pwrite_async(nfs_, fh, offset, count, in, cb, p); });
+  }
+  int Fsync(nfsfh* fh) {
+    return Run([&](nfs_cb cb, void* p) { return nfs_fsync_async(nfs_, fh, cb, p); });
   }
 
   // Connects to where.Server() and mounts the export that holds where.path: `export_dir` when
@@ -137,11 +267,19 @@ class Mount {
                                "&mountport=" + std::to_string(where.mount_port);
       nfs_url* url = nfs_parse_url_dir(m->nfs_, args.c_str());
       if (url == nullptr) {
-        return Status::Internal("nfs: libnfs refused its port arguments: " +
-                                std::string(nfs_get_error(m->nfs_)));
+        return Status::Internal("nfs: libnfs refused its port arguments: " + ErrorOf(m->nfs_));
       }
       nfs_destroy_url(url);
-      const int rc = nfs_mount(m->nfs_, BareHost(where.host).c_str(), dir.c_str());
+      m->timeout_ms_ = timeout_ms;
+      const std::string host = BareHost(where.host);
+      std::string answer;
+      const int rc = m->Run(
+          [&](nfs_cb cb, void* p) {
+            return nfs_mount_async(m->nfs_, host.c_str(), dir.c_str(), cb, p);
+          },
+          [&answer](int status, void* data) {
+            if (status < 0 && data != nullptr) answer = static_cast<const char*>(data);
+          });
       if (rc == 0) {
         m->export_ = dir;
         m->read_max_ = std::min<uint64_t>(nfs_get_readmax(m->nfs_), kMaxTransferBytes);
@@ -152,10 +290,10 @@ class Mount {
         *out = std::move(m);
         return Status::Ok();
       }
-      const std::string why = nfs_get_error(m->nfs_);
+      const std::string why = answer.empty() ? ErrorOf(m->nfs_) : answer;
       // MNT refused this directory (not an export): try its parent. Anything else is the
       // server or the network.
-      if (why.find("MNT3ERR") == std::string::npos) {
+      if (m->broken() || why.find("MNT3ERR") == std::string::npos) {
         return Status::IoError("nfs server " + where.Server() + " did not answer mounting " + dir +
                                ": " + why);
       }
@@ -189,6 +327,9 @@ class Mount {
   std::string export_;
   uint64_t read_max_ = 0;
   uint64_t write_max_ = 0;
+  int timeout_ms_ = 10'000;
+  bool broken_ = false;
+  std::vector<std::unique_ptr<Pending>> pending_;
 };
 
 struct NfsFile {
@@ -222,6 +363,7 @@ class NfsQueue final : public IoQueue {
   struct Conn {
     std::unique_ptr<Mount> mount;
     uint32_t in_flight = 0;
+    uint64_t failed_ns = 0;  // when a connect last failed (0: it did not)
   };
   // One READ3, WRITE3 or COMMIT3 in flight.
   struct Call {
@@ -298,24 +440,24 @@ class NfsIoImpl final : public Io {
       int rc = 0;
       switch (options.mode) {
         case OpenOptions::Mode::kRead:
-          rc = nfs_open(m.nfs(), inside.c_str(), O_RDONLY, &fh);
+          rc = m.Open(inside, O_RDONLY, /*create=*/false, &fh);
           break;
         case OpenOptions::Mode::kCreateWrite:
-          rc = nfs_create(m.nfs(), inside.c_str(), O_WRONLY | O_TRUNC, 0644, &fh);
+          rc = m.Open(inside, O_WRONLY | O_TRUNC, /*create=*/true, &fh);
           break;
         case OpenOptions::Mode::kWrite:
-          rc = nfs_open(m.nfs(), inside.c_str(), O_WRONLY, &fh);
+          rc = m.Open(inside, O_WRONLY, /*create=*/false, &fh);
           break;
       }
       if (rc != 0) return rc;
       nfs_stat_64 st{};
-      rc = nfs_fstat64(m.nfs(), fh, &st);
+      rc = m.Fstat(fh, &st);
       if (rc == 0 && options.mode == OpenOptions::Mode::kCreateWrite && st.nfs_size != 0) {
-        rc = nfs_ftruncate(m.nfs(), fh, 0);
+        rc = m.Truncate(fh);
       }
       if (!CopyHandle(fh, &file.fh)) rc = -EIO;
       file.fileid = st.nfs_ino;
-      nfs_close(m.nfs(), fh);
+      if (!m.broken()) m.Close(fh);
       return rc;
     });
     if (!st.ok()) return st;
@@ -363,10 +505,10 @@ class NfsIoImpl final : public Io {
         const std::string prefix = inside.substr(0, end);
         if (prefix.size() > 1) {
           if (++depth > kMaxDirDepth) return -ENAMETOOLONG;
-          int rc = nfs_mkdir(m.nfs(), prefix.c_str());
+          int rc = m.Mkdir(prefix);
           if (rc == -EEXIST) {
             nfs_stat_64 st{};
-            rc = nfs_stat64(m.nfs(), prefix.c_str(), &st);
+            rc = m.Stat(prefix, &st);
             if (rc == 0 && !S_ISDIR(st.nfs_mode)) rc = -ENOTDIR;
           }
           if (rc != 0) return rc;
@@ -387,7 +529,7 @@ class NfsIoImpl final : public Io {
     CKPTDB_RETURN_IF_ERROR(Call(where, "list directory " + path, true, [&](Mount& m) {
       found.clear();
       nfsdir* dir = nullptr;
-      const int rc = nfs_opendir(m.nfs(), m.Inside(where.path).c_str(), &dir);
+      const int rc = m.Opendir(m.Inside(where.path), &dir);
       if (rc != 0) return rc;
       for (nfsdirent* e = nfs_readdir(m.nfs(), dir); e != nullptr; e = nfs_readdir(m.nfs(), dir)) {
         if (std::strcmp(e->name, ".") == 0 || std::strcmp(e->name, "..") == 0) continue;
@@ -432,7 +574,7 @@ class NfsIoImpl final : public Io {
     nfs_stat_64 before{};
     CKPTDB_RETURN_IF_ERROR(Stat(a, from, &before).WithContext(what));
     Status st = Call(a, what, /*retry=*/true, [&](Mount& m) {
-      const int rc = nfs_rename(m.nfs(), m.Inside(a.path).c_str(), m.Inside(b.path).c_str());
+      const int rc = m.Rename(m.Inside(a.path), m.Inside(b.path));
       // A retried RENAME whose first answer was lost finds its source gone: the check below
       // decides.
       return rc == -ENOENT ? 0 : rc;
@@ -461,12 +603,10 @@ class NfsIoImpl final : public Io {
     CKPTDB_RETURN_IF_ERROR(ParseNfsPath(path, &where));
     return Call(where, "remove " + path, /*retry=*/true, [&](Mount& m) {
       const std::string inside = m.Inside(where.path);
-      int rc = nfs_unlink(m.nfs(), inside.c_str());
+      int rc = m.Unlink(inside);
       if (rc == -EISDIR || rc == -EPERM) {
         nfs_stat_64 st{};
-        if (nfs_stat64(m.nfs(), inside.c_str(), &st) == 0 && S_ISDIR(st.nfs_mode)) {
-          rc = nfs_rmdir(m.nfs(), inside.c_str());
-        }
+        if (m.Stat(inside, &st) == 0 && S_ISDIR(st.nfs_mode)) rc = m.Rmdir(inside);
       }
       return rc == -ENOENT ? 0 : rc;
     });
@@ -492,11 +632,11 @@ class NfsIoImpl final : public Io {
     CKPTDB_RETURN_IF_ERROR(Call(where, "read " + path, /*retry=*/true, [&](Mount& m) {
       data.clear();
       nfsfh* fh = nullptr;
-      int rc = nfs_open(m.nfs(), m.Inside(where.path).c_str(), O_RDONLY, &fh);
+      int rc = m.Open(m.Inside(where.path), O_RDONLY, /*create=*/false, &fh);
       if (rc != 0) return rc;
       char chunk[16384];
       for (;;) {
-        const int n = nfs_read(m.nfs(), fh, sizeof chunk, chunk);
+        const int n = m.Pread(fh, data.size(), sizeof chunk, chunk);
         if (n < 0) {
           rc = n;
           break;
@@ -508,7 +648,7 @@ class NfsIoImpl final : public Io {
         }
         data.append(chunk, static_cast<size_t>(n));
       }
-      nfs_close(m.nfs(), fh);
+      if (!m.broken()) m.Close(fh);
       return rc;
     }));
     if (too_big) {
@@ -529,21 +669,20 @@ class NfsIoImpl final : public Io {
     tmp_where.path += ".tmp";
     Status st = Call(where, "write " + tmp, /*retry=*/true, [&](Mount& m) {
       nfsfh* fh = nullptr;
-      int rc = nfs_create(m.nfs(), m.Inside(tmp_where.path).c_str(), O_WRONLY | O_TRUNC | O_SYNC,
-                          0644, &fh);
+      int rc = m.Open(m.Inside(tmp_where.path), O_WRONLY | O_TRUNC | O_SYNC, /*create=*/true, &fh);
       if (rc != 0) return rc;
       nfs_stat_64 st{};
-      rc = nfs_fstat64(m.nfs(), fh, &st);
-      if (rc == 0 && st.nfs_size != 0) rc = nfs_ftruncate(m.nfs(), fh, 0);
+      rc = m.Fstat(fh, &st);
+      if (rc == 0 && st.nfs_size != 0) rc = m.Truncate(fh);
       for (size_t done = 0; rc == 0 && done < contents.size();) {
         const size_t n = std::min<size_t>(contents.size() - done, m.write_max());
-        const int w = nfs_pwrite(m.nfs(), fh, done, n, contents.data() + done);
+        const int w = m.Pwrite(fh, done, n, contents.data() + done);
         if (w < 0) rc = w;
         if (w == 0) rc = -EIO;
         if (w > 0) done += static_cast<size_t>(w);
       }
-      if (rc == 0) rc = nfs_fsync(m.nfs(), fh);
-      nfs_close(m.nfs(), fh);
+      if (rc == 0) rc = m.Fsync(fh);
+      if (!m.broken()) m.Close(fh);
       return rc;
     });
     if (st.ok()) st = Rename(tmp, path);
@@ -595,17 +734,20 @@ class NfsIoImpl final : public Io {
         std::lock_guard<std::mutex> files_guard(mu_);
         exports_[server].insert(m->export_dir());
       }
+      const uint64_t start_ns = MonoNs();
       const int rc = op(*m);
       if (rc == 0) return Status::Ok();
-      const std::string why = nfs_get_error(m->nfs());
-      // libnfs reports a connection that broke inside a sync call as EIO ("nfs_service
-      // failed"), like a server's NFS3ERR_IO: both are tried once more on a new connection,
-      // and so is a stale handle (the export was recreated: a new mount looks the path up from
-      // a fresh root handle).
-      const bool dropped = IsConnectionError(-rc) || why.find("nfs_service") != std::string::npos;
+      const std::string why = ErrorOf(m->nfs());
+      // A connection that broke (an old one, to a server that restarted since) or a server's
+      // NFS3ERR_IO is tried once more on a new connection, and so is a stale handle (the export
+      // was recreated: a new mount looks the path up from a fresh root handle). A call that
+      // waited out its deadline is not: the server does not answer, and its caller would wait
+      // twice as long.
+      const bool dropped = m->broken() || IsConnectionError(-rc);
+      const bool quick = MonoNs() - start_ns < kQuickFailureNs;
       if (dropped || rc == -EIO || rc == -ESTALE) {
         m.reset();
-        if (attempt == 0 && (retry || rc == -ESTALE)) continue;
+        if (attempt == 0 && ((retry && quick) || rc == -ESTALE)) continue;
       }
       if (dropped) {
         return Status::IoError(what + ": nfs server " + server + " did not answer (" + why + ")");
@@ -630,7 +772,7 @@ class NfsIoImpl final : public Io {
 
   Status Stat(const NfsLocation& where, const std::string& path, nfs_stat_64* st) {
     return Call(where, "stat " + path, /*retry=*/true,
-                [&](Mount& m) { return nfs_stat64(m.nfs(), m.Inside(where.path).c_str(), st); });
+                [&](Mount& m) { return m.Stat(m.Inside(where.path), st); });
   }
 
   std::unique_ptr<Io> local_;
@@ -668,12 +810,20 @@ void NfsQueue::AddNfs(const IoRequest& r) {
   const std::string server = file.where.Server();
   Conn& conn = conns_[server];
   if (conn.mount == nullptr) {
+    // A server that did not answer a moment ago fails the requests after it at once: each
+    // connect may wait out the deadline.
+    if (conn.failed_ns != 0 && MonoNs() - conn.failed_ns < kReconnectAfterNs) {
+      done_.push_back({r.tag, -ECONNREFUSED});
+      return;
+    }
     st = io_->ConnectData(file.where, &conn.mount);
     if (!st.ok()) {
+      conn.failed_ns = MonoNs();
       std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());
       done_.push_back({r.tag, -ECONNREFUSED});
       return;
     }
+    conn.failed_ns = 0;
   }
   if (r.op == IoRequest::Op::kWrite && verifiers_.size() > kMaxVerifiers) {
     // Files closed without a COMMIT leave their entry: dropped once the file is gone.
@@ -974,6 +1124,9 @@ Status NfsQueue::Reap(size_t min_completions, std::vector<IoCompletion>* out, in
   // Bounded by the deadline, or (none) by the requests outstanding: each round services the
   // connections, and a connection that stops answering fails its calls at libnfs's deadline.
   for (;;) {
+    // libnfs sends queued calls and checks their deadlines only when serviced: every round does,
+    // even one that asks for nothing and waits for nothing.
+    if (!ops_.empty()) Service(0);
     if (local_->outstanding() > 0) {
       const size_t before = out->size();
       Status st = local_->Reap(0, out, 0);

@@ -4,10 +4,13 @@
 // which the Io of NewPosixIo (io.h) sends here; every other path goes to the local file system.
 //
 // What it guarantees, and how:
-//   - Metadata (open, create, mkdir, list, stat, rename, remove) is synchronous, one connection
-//     per server shared under a mutex. A connection that fails or misses its deadline is dropped
-//     and opened again on the next call; a call is retried once on a fresh connection where
-//     repeating it is harmless (a rename is checked instead: see below).
+//   - Metadata (open, create, mkdir, list, stat, rename, remove) is synchronous to its caller,
+//     one connection per server shared under a mutex, each call made through libnfs's
+//     asynchronous API and waited for with its completion owned by the connection (libnfs's own
+//     synchronous calls leave a stack frame behind when their wait fails). A connection that
+//     fails or misses its deadline is dropped and opened again on the next call; a call that
+//     failed at once on a broken connection is tried once more on a fresh one (a rename is
+//     checked instead: see below), one that waited out its deadline is not.
 //   - Data goes through each IoQueue's own connection, asynchronously: a request is cut into
 //     READ3/WRITE3 calls of at most the server's rsize/wsize, several in flight (NfsOptions), and
 //     the queue's Reap drives the connection's event loop beside the local io_uring's.

@@ -64,6 +64,21 @@ Status LockShared(int fd, const std::string& path, bool* stale) {
   return Status::Ok();
 }
 
+Status DirLock::Take(const std::string& dir, std::unique_ptr<DirLock>* out) {
+  std::unique_ptr<DirLock> lock(new DirLock());
+  lock->fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (lock->fd_ < 0) return Status::FromErrno(errno, "opening directory " + dir);
+  bool stale = false;
+  CKPTDB_RETURN_IF_ERROR(LockShared(lock->fd_, dir, &stale));
+  if (stale) return Status::Busy("directory " + dir + " was removed (by ckptdb gc) as it opened");
+  *out = std::move(lock);
+  return Status::Ok();
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 Status SharedMemory::Open(const std::string& path, const SharedMemoryOptions& options,
                           std::unique_ptr<SharedMemory>* out) {
   auto m = std::unique_ptr<SharedMemory>(new SharedMemory());

@@ -28,6 +28,21 @@ namespace ckpt::io {
 inline constexpr int kMaxLockWaitMs = 2000;
 Status LockShared(int fd, const std::string& path, bool* stale);
 
+// A shared flock on a directory for the holder's life: a replica or parity store holds one on its
+// directory, so `ckptdb gc` removes nothing in it (replicas kept by name and mapped only when
+// read, or served by path, are in use too).
+class DirLock {
+ public:
+  static Status Take(const std::string& dir, std::unique_ptr<DirLock>* out);
+  ~DirLock();
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  DirLock() = default;
+  int fd_ = -1;
+};
+
 struct SharedMemoryOptions {
   bool read_only = false;  // map PROT_READ; the file must exist (NotFound otherwise)
   // Read-write: the size to create the file with when it does not exist. An existing file is

@@ -294,6 +294,43 @@ TEST(CommitWitness, EveryDamageIsRefused) {
   }
 }
 
+// The job's decision record (docs/format.md section 17): every field read back, every flipped
+// bit and every truncation refused, the name's form exact.
+TEST(DecisionRecord, EveryFieldRoundTripsAndEveryDamageIsRefused) {
+  format::JobDecision d;
+  d.job_id = 0x0123456789abcdefULL;
+  d.version = 42;
+  d.world_size = 8;
+  d.decided_unix_ns = 1795752493126020121ULL;
+  const std::vector<uint8_t> good = format::EncodeJobDecision(d);
+  ASSERT_EQ(good.size(), format::kDecisionBytes);
+  EXPECT_EQ(std::string(good.begin(), good.begin() + 8), "CKPTDEC1");
+  format::JobDecision back;
+  ASSERT_TRUE(format::DecodeJobDecision(good, "good", &back).ok());
+  EXPECT_EQ(back.job_id, d.job_id);
+  EXPECT_EQ(back.version, d.version);
+  EXPECT_EQ(back.world_size, d.world_size);
+  EXPECT_EQ(back.decided_unix_ns, d.decided_unix_ns);
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}}) {
+      std::vector<uint8_t> bad = good;
+      bad[i] ^= mask;
+      Status st = format::DecodeJobDecision(bad, "bad", &back);
+      EXPECT_EQ(st.code(), CKPTDB_ECORRUPT) << "byte " << i << ": " << st.ToString();
+    }
+  }
+  for (size_t n = 0; n < good.size(); ++n) {
+    EXPECT_FALSE(format::DecodeJobDecision(std::span(good.data(), n), "short", &back).ok()) << n;
+  }
+  uint64_t v = 0;
+  EXPECT_EQ(format::DecisionFileName(3), "v00000000000000000003.decision");
+  EXPECT_TRUE(format::ParseDecisionFileName("v18446744073709551615.decision", &v));
+  EXPECT_EQ(v, UINT64_MAX);
+  EXPECT_FALSE(format::ParseDecisionFileName("v18446744073709551616.decision", &v));
+  EXPECT_FALSE(format::ParseDecisionFileName("v00000000000000000003.decision.tmp", &v));
+  EXPECT_FALSE(format::ParseDecisionFileName("v0000000000000000000x.decision", &v));
+}
+
 TEST(CommitWitness, FileNames) {
   uint64_t v = 0;
   uint32_t r = 0;
