@@ -244,23 +244,7 @@ class NfsTierTest : public NfsTest {
     ASSERT_EQ(Open(), CKPTDB_OK) << ckptdb_last_error();
   }
   std::map<uint64_t, int> NfsResidency() {
-    struct Arg {
-      std::string tier;
-      std::map<uint64_t, int> out;
-    } arg{"nfs:127.0.0.1:" + nfs_dir_, {}};
-    EXPECT_EQ(ckptdb_list_versions(
-                  db_,
-                  [](void* p, const ckptdb_version_info* i) {
-                    auto* a = static_cast<Arg*>(p);
-                    for (uint32_t k = 0; k < i->residency_count; ++k) {
-                      if (a->tier == i->residency[k].tier)
-                        a->out[i->version] = i->residency[k].state;
-                    }
-                    return 0;
-                  },
-                  &arg),
-              CKPTDB_OK);
-    return arg.out;
+    return test::ResidencyOn(db_, "nfs:127.0.0.1:" + nfs_dir_);
   }
 
   TempDir mem_{"/dev/shm"};

@@ -66,6 +66,25 @@ int RunCommand(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+std::map<uint64_t, int> ResidencyOn(ckptdb* db, const std::string& tier) {
+  struct Arg {
+    std::string tier;
+    std::map<uint64_t, int> out;
+  } arg{tier, {}};
+  const int rc = ckptdb_list_versions(
+      db,
+      [](void* p, const ckptdb_version_info* i) {
+        auto* a = static_cast<Arg*>(p);
+        for (uint32_t k = 0; k < i->residency_count; ++k) {
+          if (a->tier == i->residency[k].tier) a->out[i->version] = i->residency[k].state;
+        }
+        return 0;
+      },
+      &arg);
+  if (rc != CKPTDB_OK) std::fprintf(stderr, "ResidencyOn: %s\n", ckptdb_last_error());
+  return arg.out;
+}
+
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

@@ -5,8 +5,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "ckptdb/ckptdb.h"
 
 namespace ckpt::test {
 
@@ -49,6 +52,10 @@ uint64_t EnvCount(const char* name, uint64_t fallback);
       return 1;                                                         \
     }                                                                   \
   } while (0)
+
+// version -> state of its copy on `tier` (by name) in db's list of versions (ckptdb_list_versions;
+// no entry when none is listed).
+std::map<uint64_t, int> ResidencyOn(ckptdb* db, const std::string& tier);
 
 std::string ReadWholeFile(const std::string& path);
 void WriteWholeFile(const std::string& path, const std::string& contents);

@@ -63,25 +63,8 @@ class TierManagerTest : public ::testing::Test {
     }
     return out;
   }
-  // version -> state of its copy on `tier` (0 when none is listed).
   std::map<uint64_t, int> Residency(const std::string& tier) {
-    struct Arg {
-      std::string tier;
-      std::map<uint64_t, int> out;
-    } arg{tier, {}};
-    EXPECT_EQ(ckptdb_list_versions(
-                  db_,
-                  [](void* p, const ckptdb_version_info* i) {
-                    auto* a = static_cast<Arg*>(p);
-                    for (uint32_t k = 0; k < i->residency_count; ++k) {
-                      if (a->tier == i->residency[k].tier)
-                        a->out[i->version] = i->residency[k].state;
-                    }
-                    return 0;
-                  },
-                  &arg),
-              CKPTDB_OK);
-    return arg.out;
+    return test::ResidencyOn(db_, tier);
   }
   void ExpectRestores(uint64_t v) {
     std::vector<uint8_t> out(200 << 10);
