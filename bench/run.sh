@@ -21,14 +21,14 @@ echo "== issue 23: a 1 GiB shard put lazily, 20 runs on new arenas: blocked time
 "$build/bench_async" --mode stall --gib 1 --runs 20
 echo
 echo "== issue 24: demotion to and restore from an nfs tier against raw libnfs (nfs-ganesha on"
-echo "   loopback, tests/support's nfs_fixture; 256 MiB, 5 rounds) =="
+echo "   loopback, tests/support's nfs_fixture; 256 MiB, 9 rounds) =="
 nfs_work=$(mktemp -d /var/tmp/ckptdb-bench-nfs-XXXXXX)
 mkdir -p "$nfs_work/export" "$nfs_work/server"
 exec {nfs_in}> >("$build/tests/nfs_fixture" "$nfs_work/export" "$nfs_work/server" > "$nfs_work/ports")
 for _ in $(seq 100); do [[ -s $nfs_work/ports ]] && break; sleep 0.1; done
 read -r nfs_port nfs_mount_port < "$nfs_work/ports"
 "$build/bench_nfs" --export "$nfs_work/export" --port "$nfs_port" --mountport "$nfs_mount_port" \
-  --mib 256 --rounds 5
+  --mib 256 --rounds 9
 exec {nfs_in}>&-  # the fixture stops the server when its stdin closes
 sleep 1
 rm -rf "$nfs_work"
