@@ -98,7 +98,9 @@ typedef struct ckptdb_tensor_info {
 
 /* ---- Options ------------------------------------------------------------------------------ */
 typedef struct ckptdb_options {
-  /* Directory holding this rank's catalog. Env: CKPTDB_ROOT. Required. */
+  /* Directory holding this rank's catalog. Env: CKPTDB_ROOT. Required, except for a read-only
+   * open with tiers, which then reads those tier directories alone (a job's nfs tier after its
+   * roots are gone; docs/api.md, "Reading a tier directory alone"). */
   const char* root;
   /* Tier spec, fastest first, e.g. "ram:8G,keep=2;disk:/nvme/ck,every=10,keep=3".
    * Env: CKPTDB_TIERS. Default: "disk:<root>/segments". See docs/api.md for the grammar. */
