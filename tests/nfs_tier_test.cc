@@ -30,6 +30,13 @@ using test::NfsServer;
 using test::RandomBytes;
 using test::TempDir;
 
+// Restarts the killed server on its ports, or fails the test with why (its log's tail included).
+#define ASSERT_RESTARTS(server)                          \
+  do {                                                   \
+    const Status restarted = (server)->Restart();        \
+    ASSERT_TRUE(restarted.ok()) << restarted.ToString(); \
+  } while (0)
+
 uint64_t Seed(uint64_t version) { return version * 1000003; }
 
 // Each test's server exports a directory of its own under /var/tmp (a disk file system, as a
@@ -137,7 +144,7 @@ TEST_F(NfsTest, CommitAfterAServerRestartFailsOnTheChangedVerifier) {
   // ganesha's write verifier is its start time in seconds: a restart within the same second
   // would keep it (and an NFS client could not tell).
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  ASSERT_TRUE(server_->Restart().ok()) << server_->LogTail();
+  ASSERT_RESTARTS(server_);
   // The first sync finds the old connection dead; the next goes over a new one and meets the
   // new verifier; so does every later one.
   for (int i = 0; i < 3; ++i) {
@@ -163,7 +170,7 @@ TEST_F(NfsTest, ClientNamesTheServerWhenItDoesNotAnswer) {
   EXPECT_NE(st.message().find("127.0.0.1:" + std::to_string(server_->port())), std::string::npos)
       << st.message();
   // Not an export at all: the server refuses every directory up to the root.
-  ASSERT_TRUE(server_->Restart().ok());
+  ASSERT_RESTARTS(server_);
   st = nfs->ReadFile(
       io::MakeNfsPath("127.0.0.1", server_->port(), server_->mount_port(), "/not/exported"), &text);
   EXPECT_FALSE(st.ok());
@@ -304,7 +311,7 @@ TEST_F(NfsTierTest, ServerKilledMidDemotionAndRestartedResumesIt) {
   // The first tier works on without the server.
   Commit(3);
   ExpectRestores(2, kBig);
-  ASSERT_TRUE(server_->Restart().ok()) << server_->LogTail();
+  ASSERT_RESTARTS(server_);
   ASSERT_EQ(WaitNfs(2), CKPTDB_OK) << ckptdb_last_error();
   ASSERT_EQ(WaitNfs(3), CKPTDB_OK) << ckptdb_last_error();
   for (const std::string& n : Files(nfs_dir_)) EXPECT_FALSE(n.ends_with(".tmp")) << n;
@@ -322,7 +329,7 @@ TEST_F(NfsTierTest, UnreachableServerAtOpenLeavesTheOtherTiersWorking) {
   EXPECT_EQ(ckptdb_wait_commit(db_, 1, "nfs", -1), CKPTDB_EIO);
   const std::string why = ckptdb_last_error();
   EXPECT_NE(why.find("tier nfs:127.0.0.1:" + nfs_dir_ + " is offline"), std::string::npos) << why;
-  ASSERT_TRUE(server_->Restart().ok()) << server_->LogTail();
+  ASSERT_RESTARTS(server_);
   ASSERT_EQ(WaitNfs(1), CKPTDB_OK) << ckptdb_last_error();
   Commit(2);
   ASSERT_EQ(WaitNfs(2), CKPTDB_OK) << ckptdb_last_error();
@@ -372,7 +379,7 @@ TEST_F(NfsTierTest, StaleHandlesAfterTheExportIsRecreated) {
   const std::string old = export_ + ".old";
   fs::rename(export_, old);
   fs::copy(old, export_, fs::copy_options::recursive);
-  ASSERT_TRUE(server_->Restart().ok()) << server_->LogTail();
+  ASSERT_RESTARTS(server_);
   Commit(2);
   ASSERT_EQ(WaitNfs(2), CKPTDB_OK) << ckptdb_last_error();
   DropFirstTierAndReopen();

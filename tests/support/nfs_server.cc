@@ -2,14 +2,18 @@
 #include "tests/support/nfs_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -24,11 +28,6 @@ constexpr const char* kGanesha = "/usr/bin/ganesha.nfsd";
 constexpr const char* kRpcbind = "/usr/sbin/rpcbind";
 constexpr int kStartTries = 3;
 constexpr auto kReadyWait = std::chrono::seconds(30);
-
-// The rpcbind this process started (-1: none), and how many servers use it.
-std::mutex g_rpcbind_mu;
-pid_t g_rpcbind_pid = -1;
-int g_servers = 0;
 
 bool Listening(uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -90,8 +89,96 @@ void Stop(pid_t pid, int first_signal) {
   ::waitpid(pid, nullptr, 0);
 }
 
+// rpcbind is shared by every test process on the machine (ctest runs several at once), so one
+// that a test started may be stopped only by the last process using it, whichever started it.
+// Two lock files order this. Every decision (take a use, start, give the last use back and stop)
+// is made holding the gate exclusively; each process using rpcbind holds a shared lock on the
+// users file, so the last one is the one that can take it exclusively. The gate file holds the
+// pid of the rpcbind a test started (empty when the running one is not a test's).
+constexpr const char* kRpcbindGate = "/tmp/ckptdb-test-rpcbind.gate";
+constexpr const char* kRpcbindUsers = "/tmp/ckptdb-test-rpcbind.users";
+
+// This process's servers, and its shared lock on kRpcbindUsers while there are any.
+std::mutex g_rpcbind_mu;
+int g_servers = 0;
+int g_users_fd = -1;
+
+// The gate, held exclusively for its lifetime.
+class RpcbindGate {
+ public:
+  RpcbindGate() : fd_(::open(kRpcbindGate, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) {
+    if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RpcbindGate() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  RpcbindGate(const RpcbindGate&) = delete;
+  RpcbindGate& operator=(const RpcbindGate&) = delete;
+
+  bool ok() const { return fd_ >= 0; }
+  pid_t StartedPid() const {
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    return n > 0 ? static_cast<pid_t>(std::atol(buf)) : -1;
+  }
+  void SetStartedPid(pid_t pid) {
+    const std::string text = pid > 0 ? std::to_string(pid) : "";
+    if (::ftruncate(fd_, 0) != 0 ||
+        ::pwrite(fd_, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+      std::fprintf(stderr, "nfs_server: cannot record rpcbind's pid in %s\n", kRpcbindGate);
+    }
+  }
+
+ private:
+  int fd_;
+};
+
+// Whether pid is rpcbind (a pid recorded by a test that crashed may since name another program).
+bool IsRpcbind(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/comm");
+  std::string comm;
+  return std::getline(f, comm) && comm == "rpcbind";
+}
+
+// Whether pid has exited: reaped here, gone, or a zombie (of the process that started it).
+bool Exited(pid_t pid) {
+  if (::waitpid(pid, nullptr, WNOHANG) == pid) return true;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat)) return true;
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+// Stops an rpcbind that may be another process's child: SIGTERM, then SIGKILL after 5 s.
+void StopRpcbind(pid_t pid) {
+  ::kill(pid, SIGTERM);
+  for (int i = 0; i < 500 && !Exited(pid); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!Exited(pid)) ::kill(pid, SIGKILL);
+}
+
 Status EnsureRpcbind(const std::string& work_dir) {
   std::lock_guard<std::mutex> guard(g_rpcbind_mu);
+  RpcbindGate gate;
+  if (!gate.ok()) {
+    return Status::IoError(std::string("locking ") + kRpcbindGate + ": " + std::strerror(errno));
+  }
+  if (g_servers == 0) {
+    // Never blocks: the users file is held exclusively only under the gate.
+    g_users_fd = ::open(kRpcbindUsers, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (g_users_fd < 0 || ::flock(g_users_fd, LOCK_SH) != 0) {
+      const Status st =
+          Status::IoError(std::string("locking ") + kRpcbindUsers + ": " + std::strerror(errno));
+      if (g_users_fd >= 0) ::close(g_users_fd);
+      g_users_fd = -1;
+      return st;
+    }
+  }
   ++g_servers;
   if (Listening(111)) return Status::Ok();
   const pid_t pid = Spawn({kRpcbind, "-f"}, work_dir + "/rpcbind.log");
@@ -99,8 +186,6 @@ Status EnsureRpcbind(const std::string& work_dir) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     int status = 0;
     if (::waitpid(pid, &status, WNOHANG) == pid) {
-      // It exited: another process's rpcbind took the port first, or it failed.
-      if (Listening(111)) return Status::Ok();
       return Status::IoError("rpcbind exited with status " + std::to_string(status) + " (see " +
                              work_dir + "/rpcbind.log)");
     }
@@ -109,15 +194,23 @@ Status EnsureRpcbind(const std::string& work_dir) {
     Stop(pid, SIGTERM);
     return Status::IoError("rpcbind did not listen on port 111 within 5 s");
   }
-  g_rpcbind_pid = pid;
+  gate.SetStartedPid(pid);
   return Status::Ok();
 }
 
 void ReleaseRpcbind() {
   std::lock_guard<std::mutex> guard(g_rpcbind_mu);
-  if (--g_servers > 0 || g_rpcbind_pid < 0) return;
-  Stop(g_rpcbind_pid, SIGTERM);
-  g_rpcbind_pid = -1;
+  if (--g_servers > 0) return;
+  RpcbindGate gate;
+  // The last user anywhere stops the rpcbind a test started. Without the gate, rpcbind is left
+  // running rather than stopped under another process's feet.
+  if (gate.ok() && ::flock(g_users_fd, LOCK_EX | LOCK_NB) == 0) {
+    const pid_t pid = gate.StartedPid();
+    if (pid > 0 && IsRpcbind(pid)) StopRpcbind(pid);
+    gate.SetStartedPid(-1);
+  }
+  ::close(g_users_fd);
+  g_users_fd = -1;
 }
 
 }  // namespace
@@ -157,6 +250,13 @@ Status NfsServer::Start(const std::string& export_dir, const std::string& work_d
 }
 
 Status NfsServer::Launch() {
+  // One ganesha starts at a time on the machine: each clears the NFS and MOUNT programs'
+  // registrations with rpcbind, then registers its own, and one starting beside another can find
+  // the other's registration there and exit ("Cannot register NFS V3 on TCP").
+  RpcbindGate gate;
+  if (!gate.ok()) {
+    return Status::IoError(std::string("locking ") + kRpcbindGate + ": " + std::strerror(errno));
+  }
   const std::string conf = work_dir_ + "/ganesha.conf";
   {
     std::ofstream f(conf, std::ios::trunc);
@@ -166,10 +266,20 @@ Status NfsServer::Launch() {
       << "EXPORT { Export_Id = 1; Path = " << export_dir_
       << "; Pseudo = /export; Access_Type = RW; Squash = No_Root_Squash; Protocols = 3; "
          "Transports = TCP; SecType = sys; FSAL { Name = VFS; } }\n"
-      << "LOG { Default_Log_Level = WARN; }\n";
+      << "LOG { Default_Log_Level = WARN; Components { NFS_STARTUP = EVENT; } }\n";
     if (!f) return Status::IoError("writing " + conf);
   }
   const std::string log = work_dir_ + "/ganesha.log";
+  // Registered with rpcbind once it logs this (the log is appended to across restarts).
+  auto initialized = [&log] {
+    std::ifstream f(log);
+    int n = 0;
+    for (std::string line; std::getline(f, line);) {
+      n += line.find("NFS SERVER INITIALIZED") != std::string::npos;
+    }
+    return n;
+  };
+  const int before = initialized();
   pid_ = Spawn({kGanesha, "-F", "-f", conf, "-L", log, "-p", work_dir_ + "/ganesha.pid"},
                work_dir_ + "/ganesha.out");
   const auto deadline = std::chrono::steady_clock::now() + kReadyWait;
@@ -180,7 +290,7 @@ Status NfsServer::Launch() {
       return Status::IoError("ganesha.nfsd exited at start (status " + std::to_string(status) +
                              "): " + LogTail());
     }
-    if (Listening(port_) && Listening(mount_port_)) return Status::Ok();
+    if (Listening(port_) && Listening(mount_port_) && initialized() > before) return Status::Ok();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   Stop(pid_, SIGKILL);
@@ -216,7 +326,8 @@ std::string NfsServer::LogTail() const {
   std::vector<std::string> lines;
   for (std::string line; std::getline(f, line);) {
     if (line.find("DBUS") != std::string::npos || line.find("krb5") != std::string::npos ||
-        line.find("SetComponentLogLevel") != std::string::npos) {
+        line.find("SetComponentLogLevel") != std::string::npos ||
+        line.find(":NFS STARTUP :EVENT :") != std::string::npos) {
       continue;
     }
     lines.push_back(line);

@@ -3,9 +3,11 @@
 // test with nothing left running (../shared/nfs/ has the configuration it grew from).
 //
 // ganesha registers its programs with rpcbind and will not start without one. rpcbind listens on
-// the machine's fixed port 111: a running one is reused; otherwise one is started here and
-// stopped when the last server of this process goes. Clients connect with explicit ports
-// (nfs:HOST:/PATH,port=N,mountport=N), never through the portmapper.
+// the machine's fixed port 111: a running one is reused; otherwise one is started here. Test
+// processes run side by side share it, so the one a test started is stopped by the last process
+// using it, whichever started it (lock files /tmp/ckptdb-test-rpcbind.{gate,users} count them).
+// Clients connect with explicit ports (nfs:HOST:/PATH,port=N,mountport=N), never through the
+// portmapper.
 #pragma once
 
 #include <sys/types.h>
