@@ -30,9 +30,18 @@ bool ElementsAligned(const V* v) {
   return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % 8 == 0;
 }
 
-// A deduplicated tensor (REFT's ARC): the slices it holds are exactly the pieces its member
-// keeps by the group's layout, and its chunks are those pieces in order, each one the piece's
-// length and hash.
+bool HasArc(const fb::Replicas& group) {
+  return group.protection() == fb::ReplicaProtection::Arc ||
+         group.protection() == fb::ReplicaProtection::ArcAec;
+}
+bool HasAec(const fb::Replicas& group) {
+  return group.protection() == fb::ReplicaProtection::Aec ||
+         group.protection() == fb::ReplicaProtection::ArcAec;
+}
+
+// A deduplicated tensor (REFT's ARC and AEC): the slices it holds are exactly the pieces its
+// member keeps by the group's layout, and its chunks are those pieces in order, each one the
+// piece's length and hash; then, with AEC, its parity units, each of its unit's length.
 template <typename Bad>
 Status CheckSlices(const fb::Manifest& m, const fb::Tensor& t, const fb::Replicas& group,
                    const std::string& label, const Bad& bad) {
@@ -45,7 +54,8 @@ Status CheckSlices(const fb::Manifest& m, const fb::Tensor& t, const fb::Replica
     return bad(label + " does not list its slices and the xxh3 of each of its " +
                std::to_string(n) + " pieces");
   }
-  const auto held = HeldPieces(n, group.members()->size(), group.position());
+  const uint32_t count = group.members()->size();
+  const auto held = HeldPieces(n, count, group.position(), HasArc(group));
   bool same = held.size() == slice_count;
   for (uint32_t i = 0; same && i < slice_count; ++i) {
     const fb::Slice* s = t.slices()->Get(i);
@@ -54,7 +64,7 @@ Status CheckSlices(const fb::Manifest& m, const fb::Tensor& t, const fb::Replica
   }
   if (!same) {
     return bad(label + " holds slices other than member " + std::to_string(group.position()) +
-               " of " + std::to_string(group.members()->size()) + " keeps");
+               " of " + std::to_string(count) + " keeps");
   }
   uint32_t c = t.first_chunk();
   const uint32_t end_chunk = t.first_chunk() + t.chunk_count();
@@ -68,18 +78,43 @@ Status CheckSlices(const fb::Manifest& m, const fb::Tensor& t, const fb::Replica
     }
   }
   if (c != end_chunk) return bad(label + " has chunks past its slices");
+  const bool arc = HasArc(group);
+  const uint64_t units = HasAec(group) ? AecUnits(n, count, arc, group.position()) : 0;
+  if (t.parity_chunks() != units) {
+    return bad(label + " has " + std::to_string(t.parity_chunks()) + " parity units; member " +
+               std::to_string(group.position()) + " of " + std::to_string(count) + " keeps " +
+               std::to_string(units));
+  }
+  for (uint64_t u = 0; u < units; ++u) {
+    const uint64_t bytes =
+        AecUnitBytes(n, piece, full, AecUnitPieces(n, count, arc, group.position(), u));
+    if (m.chunks()->Get(end_chunk + static_cast<uint32_t>(u))->payload_bytes() != bytes) {
+      return bad(label + " parity unit " + std::to_string(u) + " is not " + std::to_string(bytes) +
+                 " bytes");
+    }
+  }
   return Status::Ok();
 }
 
 }  // namespace
 
-std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count,
-                                                      uint32_t position) {
+uint32_t SliceOf(uint64_t n, uint32_t count, uint64_t p) {
+  CKPTDB_ASSERT(p < n && count >= 1);
+  // n * s / count <= p < n * (s + 1) / count; the estimate is off by at most one either way.
+  auto s = static_cast<uint32_t>(std::min<uint64_t>(count - 1, p * count / n));
+  while (s > 0 && SlicePieces(n, count, s).first > p) --s;
+  while (s + 1 < count && SlicePieces(n, count, s).second <= p) ++s;
+  return s;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count, uint32_t position,
+                                                      bool arc) {
   CKPTDB_ASSERT(count >= 2 && position < count);
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (uint32_t s : {position, (position + 1) % count}) {
     auto [first, end] = SlicePieces(n, count, s);
     if (first < end) ranges.emplace_back(first, end);
+    if (!arc) break;
   }
   std::sort(ranges.begin(), ranges.end());
   if (ranges.size() == 2 && ranges[0].second == ranges[1].first) {
@@ -87,6 +122,80 @@ std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count
     ranges.pop_back();
   }
   return ranges;
+}
+
+AecPlace AecPlaceOf(uint64_t n, uint32_t count, bool arc, uint64_t p) {
+  CKPTDB_ASSERT(count >= 3);
+  const uint32_t spread = AecSpread(count, arc);
+  const uint32_t s = SliceOf(n, count, p);
+  const uint64_t t = p - SlicePieces(n, count, s).first;
+  return {static_cast<uint32_t>((s + 1 + t % spread) % count), t / spread};
+}
+
+namespace {
+// The first piece (counted within slice s) that slice s gives member h's units, or spread and
+// above when h does not protect slice s.
+uint32_t AecFirst(uint32_t count, uint32_t s, uint32_t h) { return (h + count - s - 1) % count; }
+}  // namespace
+
+uint64_t AecUnits(uint64_t n, uint32_t count, bool arc, uint32_t holder) {
+  CKPTDB_ASSERT(count >= 3 && holder < count);
+  const uint32_t spread = AecSpread(count, arc);
+  uint64_t units = 0;
+  for (uint32_t s = 0; s < count; ++s) {
+    const uint64_t k = AecFirst(count, s, holder);
+    const auto [first, end] = SlicePieces(n, count, s);
+    if (k < spread && end - first > k) units = std::max(units, (end - first - k - 1) / spread + 1);
+  }
+  return units;
+}
+
+std::vector<uint64_t> AecUnitPieces(uint64_t n, uint32_t count, bool arc, uint32_t holder,
+                                    uint64_t unit) {
+  CKPTDB_ASSERT(count >= 3 && holder < count);
+  const uint32_t spread = AecSpread(count, arc);
+  std::vector<uint64_t> pieces;
+  for (uint32_t s = 0; s < count; ++s) {
+    const uint64_t k = AecFirst(count, s, holder);
+    if (k >= spread) continue;  // its own slice (k = count - 1), or the one before with ARC
+    const auto [first, end] = SlicePieces(n, count, s);
+    const uint64_t t = k + unit * spread;
+    if (t < end - first) pieces.push_back(first + t);
+  }
+  return pieces;  // slices ascend, so their pieces do
+}
+
+bool GroupRestores(uint32_t count, bool arc, bool aec, const std::vector<bool>& alive) {
+  CKPTDB_ASSERT(alive.size() == count && (!aec || count >= 3));
+  std::vector<uint32_t> broken;  // slices no member keeps whole
+  for (uint32_t s = 0; s < count; ++s) {
+    if (!alive[s] && !(arc && alive[(s + count - 1) % count])) broken.push_back(s);
+  }
+  if (broken.empty()) return true;
+  if (!aec) return false;
+  // A broken slice is decoded from each protecting member's units, whose other pieces must be
+  // read whole: so no protecting member may be lost or protect another broken slice.
+  const uint32_t spread = AecSpread(count, arc);
+  std::vector<uint32_t> broken_protected(count, 0);
+  for (uint32_t s : broken) {
+    for (uint32_t k = 0; k < spread; ++k) ++broken_protected[(s + 1 + k) % count];
+  }
+  for (uint32_t s : broken) {
+    for (uint32_t k = 0; k < spread; ++k) {
+      const uint32_t h = (s + 1 + k) % count;
+      if (!alive[h] || broken_protected[h] > 1) return false;
+    }
+  }
+  return true;
+}
+
+uint64_t AecUnitBytes(uint64_t n, uint64_t piece_bytes, uint64_t full_bytes,
+                      const std::vector<uint64_t>& pieces) {
+  uint64_t bytes = 0;
+  for (uint64_t p : pieces) {
+    bytes = std::max(bytes, p + 1 == n ? full_bytes - p * piece_bytes : piece_bytes);
+  }
+  return bytes;
 }
 
 std::vector<uint64_t> KeptPieces(const fb::Tensor& t, uint64_t piece_bytes) {
@@ -156,10 +265,12 @@ std::vector<uint8_t> BuildManifest(const ManifestContents& c) {
       dedup = true;
     }
     CKPTDB_ASSERT(!t.packed || (t.full_bytes == 0 && t.chunk_count == 1 && t.bytes > 0));
+    CKPTDB_ASSERT(t.parity_chunks == 0 || (t.full_bytes != 0 && c.replicas.aec));
     packed |= t.packed;
     tensors.push_back(fb::CreateTensor(b, name, static_cast<fb::DType>(t.dtype), shape, gshape,
                                        goffset, t.bytes, t.first_chunk, t.chunk_count, t.full_bytes,
-                                       slices, piece_xxh3, t.packed, t.pack_offset, t.pack_xxh3));
+                                       slices, piece_xxh3, t.packed, t.pack_offset, t.pack_xxh3,
+                                       t.parity_chunks));
     data_bytes += t.bytes;
   }
   CKPTDB_ASSERT(!dedup || c.replicas.present);
@@ -185,14 +296,19 @@ std::vector<uint8_t> BuildManifest(const ManifestContents& c) {
                            c.created_unix_ns, b.CreateString(c.writer));
   flatbuffers::Offset<fb::Replicas> replicas;
   if (c.replicas.present) {
-    replicas = fb::CreateReplicas(b, fb::ReplicaProtection::Arc, c.replicas.group,
-                                  b.CreateVector(c.replicas.members), c.replicas.position,
-                                  c.replicas.piece_bytes, c.replicas.replicated_only);
+    CKPTDB_ASSERT(c.replicas.arc || c.replicas.aec);
+    const fb::ReplicaProtection protection = !c.replicas.aec  ? fb::ReplicaProtection::Arc
+                                             : c.replicas.arc ? fb::ReplicaProtection::ArcAec
+                                                              : fb::ReplicaProtection::Aec;
+    replicas =
+        fb::CreateReplicas(b, protection, c.replicas.group, b.CreateVector(c.replicas.members),
+                           c.replicas.position, c.replicas.piece_bytes, c.replicas.replicated_only);
   }
   // The oldest format version that can hold the manifest, so older readers read what they can.
-  const uint32_t version = packed               ? kManifestVersionPacked
-                           : c.replicas.present ? kManifestVersionDedup
-                                                : kFormatVersion;
+  const uint32_t version = c.replicas.present && c.replicas.aec ? kManifestVersionParity
+                           : packed                             ? kManifestVersionPacked
+                           : c.replicas.present                 ? kManifestVersionDedup
+                                                                : kFormatVersion;
   auto root =
       fb::CreateManifest(b, version, prov, tensor_vec, chunk_vec, redundancy, data_bytes, replicas);
   b.Finish(root, fb::ManifestIdentifier());
@@ -212,14 +328,15 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
   const fb::Manifest* m = fb::GetManifest(bytes.data());
   const uint32_t format_version = m->format_version();
   if (format_version != kFormatVersion && format_version != kManifestVersionDedup &&
-      format_version != kManifestVersionPacked) {
+      format_version != kManifestVersionPacked && format_version != kManifestVersionParity) {
     return bad("has format version " + std::to_string(format_version));
   }
   // Format version 2: the replica group whose deduplicated shards the segment holds slices of.
-  // Version 3 (packed tensors) may have one or not.
+  // Version 3 (packed tensors) may have one or not; version 4 (AEC's parity) has one.
   const fb::Replicas* group = m->replicas();
   if (format_version != kManifestVersionPacked &&
-      (group != nullptr) != (format_version == kManifestVersionDedup)) {
+      (group != nullptr) !=
+          (format_version == kManifestVersionDedup || format_version == kManifestVersionParity)) {
     return bad("has format version " + std::to_string(m->format_version()) +
                (group != nullptr ? " and a replica group" : " and no replica group"));
   }
@@ -229,10 +346,12 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     for (uint32_t i = 1; i < count; ++i) {
       ascending = ascending && group->members()->Get(i - 1) < group->members()->Get(i);
     }
-    if (group->protection() != fb::ReplicaProtection::Arc || count < 2 ||
-        count > kMaxReplicaMembers || !ascending || group->position() >= count ||
-        group->piece_bytes() == 0 || !IsAligned(group->piece_bytes()) ||
-        group->piece_bytes() > kMaxChunkBytes) {
+    // ARC alone up to version 3; AEC (parity of 2 or more other slices) in version 4 only.
+    const bool aec = HasAec(*group);
+    if (!(HasArc(*group) || aec) || aec != (format_version == kManifestVersionParity) ||
+        count < (aec ? 3u : 2u) || count > kMaxReplicaMembers || !ascending ||
+        group->position() >= count || group->piece_bytes() == 0 ||
+        !IsAligned(group->piece_bytes()) || group->piece_bytes() > kMaxChunkBytes) {
       return bad("replica group is out of range or inconsistent");
     }
   }
@@ -325,10 +444,11 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     uint64_t end = uint64_t{t->first_chunk()} + t->chunk_count();
     if (end > chunk_count) return bad(label + " names chunks beyond the chunk list");
     if (t->packed()) {
-      if (format_version != kManifestVersionPacked || dedup || t->chunk_count() != 1 ||
-          t->bytes() == 0) {
+      if ((format_version != kManifestVersionPacked && format_version != kManifestVersionParity) ||
+          dedup || t->chunk_count() != 1 || t->bytes() == 0 || t->parity_chunks() != 0) {
         return bad(label + " is packed but is not one non-empty shard in one chunk of a version " +
-                   std::to_string(kManifestVersionPacked) + " manifest");
+                   std::to_string(kManifestVersionPacked) + " or " +
+                   std::to_string(kManifestVersionParity) + " manifest");
       }
       const uint64_t payload = m->chunks()->Get(t->first_chunk())->payload_bytes();
       if (t->pack_offset() > payload || t->bytes() > payload - t->pack_offset()) {
@@ -341,6 +461,10 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     if (t->pack_offset() != 0 || t->pack_xxh3() != 0) {
       return bad(label + " has a pack offset or hash but is not packed");
     }
+    if (t->parity_chunks() != 0 && (!dedup || t->parity_chunks() > chunk_count - end)) {
+      return bad(label + " has parity units but is not deduplicated, or they run past the " +
+                 "chunk list");
+    }
     uint64_t sum = 0;
     for (uint32_t c = t->first_chunk(); c < end; ++c) {
       uint64_t p = m->chunks()->Get(c)->payload_bytes();
@@ -352,7 +476,8 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
                  std::to_string(sum));
     }
     if (dedup) CKPTDB_RETURN_IF_ERROR(CheckSlices(*m, *t, *group, label, bad));
-    if (t->chunk_count() > 0) ranges.emplace_back(t->first_chunk(), t->chunk_count());
+    const uint32_t owned = t->chunk_count() + t->parity_chunks();  // both bounded by chunk_count
+    if (owned > 0) ranges.emplace_back(t->first_chunk(), owned);
     data_bytes += t->bytes();
   }
   // A chunk of packed tensors holds only them, without overlap, and ends where the last ends

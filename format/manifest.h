@@ -26,6 +26,10 @@ inline constexpr uint32_t kManifestVersionDedup = 2;
 // A manifest with packed tensors (small shards sharing a chunk, TensorEntry::packed) has format
 // version 3, with or without a replica group; readers of versions 1 and 2 refuse it.
 inline constexpr uint32_t kManifestVersionPacked = 3;
+// A manifest of an "aec" or "arc+aec" replica group (parity units of the other members'
+// slices, TensorEntry::parity_chunks) has format version 4, with or without packed tensors;
+// readers of versions 1 to 3 refuse it.
+inline constexpr uint32_t kManifestVersionParity = 4;
 
 struct TensorEntry {
   std::string name;
@@ -47,6 +51,9 @@ struct TensorEntry {
   bool packed = false;
   uint64_t pack_offset = 0;
   uint64_t pack_xxh3 = 0;
+  // A deduplicated shard of an "aec" group: its parity units, in the parity_chunks chunks after
+  // its slices' (fb::Tensor.parity_chunks).
+  uint32_t parity_chunks = 0;
 };
 
 struct ChunkEntry {
@@ -76,6 +83,8 @@ struct ReplicasEntry {
   uint32_t position = 0;
   uint64_t piece_bytes = 0;
   bool replicated_only = false;  // no member put private shards (a job without redundancy)
+  bool arc = true;               // members keep the next member's slice (REFT's ARC)
+  bool aec = false;              // members keep parity units of the others' slices (REFT's AEC)
 };
 
 // Pieces [first, end) of n that member `position` of `count` keeps as slice `position` of a
@@ -84,10 +93,51 @@ inline std::pair<uint64_t, uint64_t> SlicePieces(uint64_t n, uint32_t count, uin
   return {n * s / count, n * (s + 1) / count};
 }
 
-// The pieces a member keeps of a deduplicated shard of n pieces: its own slice and the next
-// member's (its ARC copy), as sorted disjoint [first, end) ranges.
-std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count,
-                                                      uint32_t position);
+// A replica group's protection as ckptdb_declare_replicas names it, by its fb::ReplicaProtection
+// value: "none", "arc", "aec", "arc+aec" ("?" out of range).
+inline const char* ProtectionName(uint8_t protection) {
+  constexpr const char* kNames[] = {"none", "arc", "aec", "arc+aec"};
+  return protection < 4 ? kNames[protection] : "?";
+}
+
+// Whether a deduplicated replica group of `count` members (3 or more with AEC) can restore every
+// member's shards when only the members `alive` says (by position) keep their copies, slice by
+// slice: a slice whose member, or with ARC the member before it, is alive is read whole; one
+// that is not is decoded (AEC) when every member protecting it is alive and every other slice
+// their units hold pieces of is read whole. Conservative: a shard too small to give every
+// protecting member a piece may be restored where this says no.
+bool GroupRestores(uint32_t count, bool arc, bool aec, const std::vector<bool>& alive);
+
+// The slice of `count` that piece p of n lies in (n > p).
+uint32_t SliceOf(uint64_t n, uint32_t count, uint64_t p);
+
+// The pieces a member keeps of a deduplicated shard of n pieces: its own slice and, with `arc`,
+// the next member's (its ARC copy), as sorted disjoint [first, end) ranges.
+std::vector<std::pair<uint64_t, uint64_t>> HeldPieces(uint64_t n, uint32_t count, uint32_t position,
+                                                      bool arc = true);
+
+// REFT's AEC, cut at pieces (count >= 3). Each slice is protected by `spread` other members:
+// count - 1 (all the others) for "aec", count - 2 for "arc+aec" (all but the member before it,
+// which keeps the slice's ARC copy, so that any two lost members can be restored). Piece t of
+// slice s (t counted from the slice's first piece) is protected by the parity that member
+// h = (s + 1 + t mod spread) mod count keeps, in its unit t / spread; h's unit u is the XOR of
+// the u-th piece each slice gives it. A member so keeps about 1 / (count * spread) of the shard
+// as parity. A slice lost with its ARC copy is decoded from its holders' units and the other
+// pieces of each unit.
+inline uint32_t AecSpread(uint32_t count, bool arc) { return arc ? count - 2 : count - 1; }
+struct AecPlace {
+  uint32_t holder = 0;
+  uint64_t unit = 0;
+};
+AecPlace AecPlaceOf(uint64_t n, uint32_t count, bool arc, uint64_t p);
+// How many parity units member `holder` keeps.
+uint64_t AecUnits(uint64_t n, uint32_t count, bool arc, uint32_t holder);
+// The pieces XORed into unit `unit` of member `holder`, ascending (one per slice at most).
+std::vector<uint64_t> AecUnitPieces(uint64_t n, uint32_t count, bool arc, uint32_t holder,
+                                    uint64_t unit);
+// The length of a unit: its longest piece's (only the shard's last piece may be short).
+uint64_t AecUnitBytes(uint64_t n, uint64_t piece_bytes, uint64_t full_bytes,
+                      const std::vector<uint64_t>& pieces);
 
 struct ManifestContents {
   uint64_t job_id = 0;
@@ -100,7 +150,7 @@ struct ManifestContents {
   std::vector<TensorEntry> tensors;  // any order: Build sorts by name
   std::vector<ChunkEntry> chunks;    // in file order
   RedundancyEntry redundancy;
-  ReplicasEntry replicas;  // an "arc" replica group's; required when a tensor is deduplicated
+  ReplicasEntry replicas;  // a deduplicating replica group's; required by a deduplicated tensor
 };
 
 // Serializes contents (tensors sorted by name). Asserts that names are unique.

@@ -53,11 +53,18 @@ void Walk(const ManifestView& view, uint64_t data_end) {
   const fb::Manifest& m = view.root();
   const uint32_t version = m.format_version();
   Check(version == kFormatVersion || version == kManifestVersionDedup ||
-        version == kManifestVersionPacked);
+        version == kManifestVersionPacked || version == kManifestVersionParity);
   if (version != kManifestVersionPacked) {
-    Check((m.replicas() != nullptr) == (version == kManifestVersionDedup));
+    Check((m.replicas() != nullptr) ==
+          (version == kManifestVersionDedup || version == kManifestVersionParity));
   }
+  bool aec = false;
   if (const fb::Replicas* g = m.replicas()) {
+    aec = g->protection() == fb::ReplicaProtection::Aec ||
+          g->protection() == fb::ReplicaProtection::ArcAec;
+    Check(aec || g->protection() == fb::ReplicaProtection::Arc);
+    Check(aec == (version == kManifestVersionParity));
+    Check(!aec || g->members()->size() >= 3);
     Check(g->members() != nullptr && g->members()->size() >= 2 &&
           g->members()->size() <= kMaxReplicaMembers && g->position() < g->members()->size());
     Check(g->piece_bytes() > 0 && IsAligned(g->piece_bytes()));
@@ -120,14 +127,16 @@ void Walk(const ManifestView& view, uint64_t data_end) {
         held += s->bytes();
       }
       Check(held == t.bytes());
+      Check(aec || t.parity_chunks() == 0);
     } else {
       Check(!t.slices() || t.slices()->size() == 0);
+      Check(t.parity_chunks() == 0);
     }
     Check(uint64_t{t.first_chunk()} + t.chunk_count() <= chunk_count);
     if (t.packed()) {
       // A packed shard: one non-empty part of one chunk that only packed shards share.
-      Check(version == kManifestVersionPacked && t.full_bytes() == 0 && t.chunk_count() == 1 &&
-            t.bytes() > 0);
+      Check((version == kManifestVersionPacked || version == kManifestVersionParity) &&
+            t.full_bytes() == 0 && t.chunk_count() == 1 && t.bytes() > 0);
       const uint32_t c = t.first_chunk();
       const uint64_t payload = view.chunk(c).payload_bytes();
       Check(t.pack_offset() <= payload && t.bytes() <= payload - t.pack_offset());
@@ -146,6 +155,14 @@ void Walk(const ManifestView& view, uint64_t data_end) {
       owner_count[c] = 1;
     }
     Check(sum == t.bytes());
+    // AEC's parity units follow its slices' chunks, each non-empty and its own.
+    const uint64_t parity_end = uint64_t{t.first_chunk()} + t.chunk_count() + t.parity_chunks();
+    Check(parity_end <= chunk_count);
+    for (uint64_t c = uint64_t{t.first_chunk()} + t.chunk_count(); c < parity_end; ++c) {
+      Check(view.chunk(static_cast<uint32_t>(c)).payload_bytes() > 0);
+      Check(owner_count[c] == 0);
+      owner_count[c] = 1;
+    }
     data_bytes += t.bytes();
   }
   for (uint32_t c = 0; c < chunk_count; ++c) Check(owner_count[c] != 0);
