@@ -13,6 +13,7 @@
 #include "format/checksum.h"
 #include "format/segment_format.h"
 #include "format/segment_writer.h"
+#include "redundancy/erasure_code.h"
 #include "util/assert.h"
 
 namespace ckpt::engine {
@@ -52,6 +53,26 @@ uint64_t Db::CopyPack(uint8_t* payload, const std::vector<PackPart>& parts,
     at = p.offset + p.bytes;
   }
   return format::Xxh3(payload, at);
+}
+
+// An AEC parity unit's payload (docs/format.md, "AEC parity units"): the XOR of its parts,
+// pieces of the caller's shard, each zero-padded to the unit's `bytes`. A device shard's pieces
+// are copied to the host first, one at a time.
+Status Db::XorParts(uint8_t* payload, uint64_t bytes, const std::vector<PackPart>& parts,
+                    int device) {
+  std::memset(payload, 0, bytes);
+  std::vector<uint8_t> staged;
+  for (const PackPart& p : parts) {
+    CKPTDB_ASSERT(p.offset == 0 && p.bytes <= bytes);
+    const uint8_t* src = p.src;
+    if (device >= 0) {
+      staged.resize(p.bytes);
+      CKPTDB_RETURN_IF_ERROR(device_->CopyToHost(device, staged.data(), p.src, p.bytes));
+      src = staged.data();
+    }
+    redundancy::XorInto(payload, src, p.bytes);
+  }
+  return Status::Ok();
 }
 
 Status ValidateName(const char* name, const std::string& call) {
@@ -338,8 +359,21 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   // A pack's parts never change once made, and the deque keeps them where they are.
   const std::vector<PackPart>* parts = c.pack != kNoPack ? &v->packs[c.pack] : nullptr;
   std::vector<uint64_t> part_xxh3;
+  const bool parity = c.parity;
   lock.unlock();
-  if (parts != nullptr) {
+  if (parity) {
+    // An AEC parity unit: its parts XORed (device memory through the host).
+    Status st = XorParts(record + kBlockBytes, c.payload_bytes, *parts, c.device);
+    if (!st.ok()) {
+      lock.lock();
+      FailLocked(v, st.WithContext("capture of parity chunk " + std::to_string(index) + " of " +
+                                   V(v->version)));
+      c.home = Home::kDropped;
+      FinishChunkLocked(v, &c);
+      return;
+    }
+    rh.payload_xxh3 = format::Xxh3(record + kBlockBytes, c.payload_bytes);
+  } else if (parts != nullptr) {
     rh.payload_xxh3 = CopyPack(record + kBlockBytes, *parts, &part_xxh3);
   } else if (c.device >= 0) {
     // The device's copy engine on this worker's own stream, waited for on its event; then the

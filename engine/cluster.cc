@@ -707,8 +707,8 @@ Status Cluster::AskCoordinator(uint16_t type, std::vector<uint8_t> body,
 }
 
 Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
-                              const std::vector<uint32_t>& members, bool arc, uint64_t chunk_bytes,
-                              const std::vector<ReplicaDigest>& digests) {
+                              const std::vector<uint32_t>& members, uint8_t protection,
+                              uint64_t chunk_bytes, const std::vector<ReplicaDigest>& digests) {
   const std::string what = "v" + std::to_string(version) + ": comparing replica group " +
                            std::to_string(group) + " (ranks " + RankList(members) + ")";
   auto body = [&](bool poll) {
@@ -721,7 +721,7 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
   };
   WireWriter list;
   list.U64(chunk_bytes);
-  list.U8(arc ? 1 : 0);
+  list.U8(protection);
   list.U32(static_cast<uint32_t>(members.size()));
   for (uint32_t r : members) list.U32(r);
   list.U32(static_cast<uint32_t>(digests.size()));

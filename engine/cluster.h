@@ -171,7 +171,8 @@ class Cluster {
   // ranks that differ, or the members' disagreement on the group itself.
   using ReplicaDigest = engine::ReplicaDigest;
   Status CheckReplicas(uint64_t version, uint32_t group, const std::vector<uint32_t>& members,
-                       bool arc, uint64_t chunk_bytes, const std::vector<ReplicaDigest>& digests);
+                       uint8_t protection, uint64_t chunk_bytes,
+                       const std::vector<ReplicaDigest>& digests);
   // Pushes a version's segment image to this rank's placement peers and waits for each to
   // acknowledge a verified copy. Ok at once when replicas = 1.
   Status Replicate(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);

@@ -128,10 +128,10 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
                                          : v->hash_pieces[static_cast<size_t>(-1 - source)].xxh3);
     }
   }
-  // A version with replicated shards of an "arc" group records the group (docs/format.md),
-  // also when every shard is kept whole (two members, small shards): what a member that lost
-  // its own copy lays its shards out from, and what holdings advertise.
-  if (replica_group_ && replica_group_->arc && !v->replicated_names.empty()) {
+  // A version with replicated shards of an "arc", "aec" or "arc+aec" group records the group
+  // (docs/format.md), also when every shard is kept whole (two members, small shards): what a
+  // member that lost its own copy lays its shards out from, and what holdings advertise.
+  if (replica_group_ && replica_group_->dedup() && !v->replicated_names.empty()) {
     const ReplicaGroup& g = *replica_group_;
     mc.replicas.present = true;
     mc.replicas.group = g.group;
@@ -139,10 +139,12 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
     mc.replicas.position = static_cast<uint32_t>(
         std::find(g.members.begin(), g.members.end(), identity_.rank) - g.members.begin());
     mc.replicas.piece_bytes = options_.chunk_bytes;
+    mc.replicas.arc = g.arc;
+    mc.replicas.aec = g.aec;
     // Without the job's redundancy every member put replicated shards only (put_shard refuses
     // others): a member's lost segment is its group's slices.
     mc.replicas.replicated_only = cluster_->options().replicas <= 1 && !cluster_->options().code;
-    arc_versions_[version] = {g.group, g.members, mc.replicas.replicated_only};
+    arc_versions_[version] = {g.group, g.members, mc.replicas.replicated_only, g.protection()};
   }
   // The manifest takes the tensors: no put comes after a commit. A replica group's shards stay,
   // for the comparison of replicas (kReplicate).
@@ -360,8 +362,8 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
   }
   const uint64_t chunk_bytes = options_.chunk_bytes;
   PostClusterJob([this, version, generation, file_bytes, extents, group, digests, chunk_bytes] {
-    Status rs = group ? cluster_->CheckReplicas(version, group->group, group->members, group->arc,
-                                                chunk_bytes, digests)
+    Status rs = group ? cluster_->CheckReplicas(version, group->group, group->members,
+                                                group->protection(), chunk_bytes, digests)
                       : Status::Ok();
     if (rs.ok() && group) {
       // The job may have given the version up while the group compared: protect nothing then.

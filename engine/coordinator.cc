@@ -13,6 +13,7 @@
 #include "engine/cluster_internal.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
+#include "format/manifest.h"
 #include "format/segment_format.h"
 #include "util/assert.h"
 #include "util/clock.h"
@@ -534,7 +535,7 @@ void Coordinator::HandleRecoverable(const Request& request, Reply* reply) {
     }
     if (auto a = arc.find(rank); a != arc.end()) {
       mine = a->second;
-      how = "its replica group's slices, each kept by two members";
+      how = "its replica group's slices (and parity)";
     }
     if (mine < 0) {
       ++info.ranks_lost;
@@ -595,39 +596,56 @@ bool Coordinator::RebuildableLocked(uint32_t rank, uint64_t version) const {
 
 std::map<uint32_t, int32_t> Coordinator::ArcSparesLocked(uint64_t version) const {
   std::map<uint32_t, int32_t> spares;
-  // The groups whose every member's segment holds only replicated shards: from this
-  // coordinator's own comparisons of the version (until the members' holdings list it; a group
-  // compared in a job without redundancy), or from live members' holdings.
-  std::set<std::vector<uint32_t>> groups;
+  // The groups whose every member's segment holds only replicated shards, with their
+  // protection: from this coordinator's own comparisons of the version (until the members'
+  // holdings list it; a group compared in a job without redundancy), or from live members'
+  // holdings.
+  std::map<std::vector<uint32_t>, uint8_t> groups;
   if (!options_.code && options_.replicas <= 1) {
     for (auto it = replica_checks_.lower_bound({version, 0});
          it != replica_checks_.end() && it->first.first == version; ++it) {
       const ReplicaCheckState& c = it->second;
-      if (c.arc && c.result && c.result->ok()) groups.insert(c.members);
+      if (c.protection != 0 && c.result && c.result->ok()) groups[c.members] = c.protection;
     }
   }
   for (const Member& m : members_) {
     if (!m.registered || m.dead) continue;
     for (const ArcReport& a : m.arc) {
-      if (a.version == version && a.replicated_only) groups.insert(a.members);
+      if (a.version == version && a.replicated_only) groups[a.members] = a.protection;
     }
   }
-  // Slice s is kept by member s and, as its ARC copy, by member s - 1, each on its own node
-  // (declare_replicas refuses two on one), from any of its tiers.
-  for (const std::vector<uint32_t>& g : groups) {
+  // A member keeps its slices (and parity) on any of its tiers, each member on its own node
+  // (declare_replicas refuses two on one). Its spare: how many more members the group can lose,
+  // any of them, and still restore every member (format::GroupRestores), counted up to 2.
+  for (const auto& [g, protection] : groups) {
     const auto count = static_cast<uint32_t>(g.size());
-    auto keeps = [&](uint32_t q) {
-      if (g[q] >= members_.size()) return false;
-      const Member& m = members_[g[q]];
-      return m.registered && !m.dead &&
-             (m.voted.count(version) || std::find(m.local_versions.begin(), m.local_versions.end(),
-                                                  version) != m.local_versions.end());
-    };
-    int32_t spare = INT32_MAX;
-    for (uint32_t s = 0; s < count; ++s) {
-      const int32_t keepers = (keeps(s) ? 1 : 0) + (keeps((s + count - 1) % count) ? 1 : 0);
-      spare = std::min(spare, keepers - 1);
+    const bool arc = (protection & 1) != 0;
+    const bool aec = (protection & 2) != 0 && count >= 3;
+    std::vector<bool> alive(count);
+    std::vector<uint32_t> up;
+    for (uint32_t q = 0; q < count; ++q) {
+      const Member* m = g[q] < members_.size() ? &members_[g[q]] : nullptr;
+      alive[q] =
+          m != nullptr && m->registered && !m->dead &&
+          (m->voted.count(version) || std::find(m->local_versions.begin(), m->local_versions.end(),
+                                                version) != m->local_versions.end());
+      if (alive[q]) up.push_back(q);
     }
+    auto survives = [&](std::initializer_list<uint32_t> lost) {
+      std::vector<bool> left = alive;
+      for (uint32_t q : lost) left[q] = false;
+      return format::GroupRestores(count, arc, aec, left);
+    };
+    int32_t spare = survives({}) ? 0 : -1;
+    bool singles = spare == 0;
+    for (size_t i = 0; i < up.size() && singles; ++i) singles = survives({up[i]});
+    if (singles) spare = 1;
+    // Pairs only in groups of up to 64 (2,016 pairs): a larger group reports at most 1.
+    bool pairs = singles && up.size() <= 64;
+    for (size_t i = 0; i < up.size() && pairs; ++i) {
+      for (size_t j = i + 1; j < up.size() && pairs; ++j) pairs = survives({up[i], up[j]});
+    }
+    if (pairs) spare = 2;
     for (uint32_t rank : g) spares[rank] = spare;
   }
   return spares;

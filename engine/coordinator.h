@@ -129,7 +129,7 @@ class Coordinator {
  private:
   struct ReplicaCheckState {
     std::vector<uint32_t> members;
-    bool arc = false;  // the protection every member must have declared
+    uint8_t protection = 0;  // the one every member must have declared (fb::ReplicaProtection)
     uint64_t chunk_bytes = 0;
     std::map<uint32_t, std::vector<ReplicaDigest>> posted;  // by rank
     std::optional<Status> result;

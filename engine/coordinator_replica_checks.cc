@@ -49,10 +49,11 @@ void Coordinator::HandleReplicaCheck(const Request& request, Reply* reply) {
   }
   WireReader p(request.payload, "replica digests from " + R(rank));
   const uint64_t chunk_bytes = p.U64("chunk_bytes");
-  const bool arc = p.U8("protection") != 0;
+  const uint8_t protection = p.U8("protection");
   const uint32_t n = p.U32("members");
-  if (n < 2 || n > format::kMaxReplicaMembers) {
-    return Fail(reply, Status::Invalid(R(rank) + ": a replica group of " + std::to_string(n)));
+  if (n < 2 || n > format::kMaxReplicaMembers || protection > 3 || (protection >= 2 && n < 3)) {
+    return Fail(reply, Status::Invalid(R(rank) + ": a replica group of " + std::to_string(n) +
+                                       " with protection " + std::to_string(protection)));
   }
   std::vector<uint32_t> members;
   for (uint32_t i = 0; i < n && p.ok(); ++i) members.push_back(p.U32("member"));
@@ -89,9 +90,9 @@ void Coordinator::HandleReplicaCheck(const Request& request, Reply* reply) {
       old = old->second.result ? replica_checks_.erase(old) : std::next(old);
     }
     while (replica_checks_.size() >= cap) replica_checks_.erase(replica_checks_.begin());
-    it =
-        replica_checks_.emplace(key, ReplicaCheckState{members, arc, chunk_bytes, {}, std::nullopt})
-            .first;
+    it = replica_checks_
+             .emplace(key, ReplicaCheckState{members, protection, chunk_bytes, {}, std::nullopt})
+             .first;
   }
   ReplicaCheckState& c = it->second;
   // Every post is held against the group as first reported, decided or not.
@@ -104,10 +105,11 @@ void Coordinator::HandleReplicaCheck(const Request& request, Reply* reply) {
     return Fail(reply, mismatch);
   }
   if (!c.result) {
-    if (c.arc != arc) {
+    if (c.protection != protection) {
       c.result = Status::Corrupt(what + ": " + R(rank) + " declared protection '" +
-                                 (arc ? "arc" : "none") + "', another member '" +
-                                 (c.arc ? "arc" : "none") + "' (every member must declare one)");
+                                 format::ProtectionName(protection) + "', another member '" +
+                                 format::ProtectionName(c.protection) +
+                                 "' (every member must declare one)");
       c.posted.clear();
     } else if (c.chunk_bytes != chunk_bytes) {
       c.result = Status::Corrupt(what + ": " + R(rank) + " cuts its shards in chunks of " +

@@ -45,6 +45,7 @@
 #include "engine/figures.h"
 #include "engine/job_commit.h"
 #include "engine/ram_tier.h"
+#include "engine/restore_plan.h"
 #include "engine/staging_ring.h"
 #include "engine/tier.h"
 #include "engine/witness.h"
@@ -192,6 +193,7 @@ class Db {
     uint8_t direct_writes = 0;           // kDirect: its writes still in flight
     int device = -1;                     // >= 0: src is that GPU's memory, read by its copy engine
     uint32_t pack = kNoPack;             // a pack of small shards: its parts, v->packs[pack]
+    bool parity = false;                 // the pack's parts are XORed: an AEC parity unit
     Home home = Home::kQueued;
   };
   // A small shard in a pack (a chunk that several shards of one put call share, docs/format.md):
@@ -282,49 +284,6 @@ class Db {
     std::unique_ptr<format::SegmentReader> reader;
   };
 
-  // ---- The restore planner's state for one tensor (read.cc, peer_restore.cc) ------------------
-  // Sources are tried fastest first (DESIGN.md section 7: local ram, a peer's memory, then the
-  // slower tiers); each reads only the chunks still pending and keeps those that fail its checks
-  // pending for the next.
-  struct RestorePlan {
-    std::string what;
-    bool laid_out = false;  // first/count/chunk sizes known, from the first readable manifest
-    uint32_t first = 0;
-    uint32_t count = 0;
-    std::vector<uint64_t> chunk_bytes;  // chunk first + i's payload bytes
-    std::vector<uint64_t> dst_offset;   // where chunk first + i goes in the caller's buffer
-    std::vector<uint32_t> pending;      // chunk indexes not yet read and verified, sorted
-    std::vector<std::pair<std::string, uint64_t>> served;  // bytes by source, in order tried
-    std::string errors;
-    uint64_t chunk_failures = 0;
-    // A deduplicated replicated shard (REFT's ARC): the segment's chunks are the pieces its
-    // member keeps; the others are gathered from the replica group's members (GatherSlices).
-    struct Dedup {
-      uint64_t full_bytes = 0;
-      uint64_t piece_bytes = 0;
-      std::vector<uint64_t> piece_xxh3;  // every piece's, from this rank's manifest
-      std::vector<uint32_t> members;
-      uint32_t position = 0;
-      std::vector<bool> have;  // by piece: in the caller's buffer and verified
-    };
-    std::optional<Dedup> dedup;
-    // What of a chunk the plan reads: its whole payload, or a packed shard's part of it (the
-    // shard's own offset, length and xxh3; docs/format.md, "Packed shards").
-    struct ChunkPart {
-      uint64_t offset = 0;
-      uint64_t bytes = 0;
-      uint64_t xxh3 = 0;
-    };
-    std::optional<ChunkPart> packed;
-    ChunkPart PartOf(const fb::Chunk& c) const {
-      return packed ? *packed : ChunkPart{0, c.payload_bytes(), c.xxh3()};
-    }
-    const ByteRanges* wanted = nullptr;  // restore_slice's ranges; a deduplicated shard ignores it
-    void Note(const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
-    void Served(const std::string& source, uint64_t bytes) {
-      if (bytes > 0) served.emplace_back(source, bytes);
-    }
-  };
   // A member of this rank's replica group whose own segment (or a replica of it) a restore
   // gathers slices from, its manifest read once per version restored.
   struct ArcMember {
@@ -468,6 +427,9 @@ class Db {
                       const std::vector<uint32_t>& packable, std::vector<uint32_t>* own_chunks);
   // A pack's payload at most: kPackBytes, or chunk_bytes when smaller.
   uint64_t PackLimit() const;
+  // REFT's AEC: lays out and queues this member's parity units of deduplicated shard s (t).
+  void AddParityLocked(LiveVersion* v, const PreparedShard& s, uint32_t count, uint32_t position,
+                       format::TensorEntry* t, std::vector<uint32_t>* own_chunks);
   // The shards of one call put into `version` (PutShard: one, PutShards: many): checked in
   // order, the first refusal returned with `context(i)` and nothing changed; then laid out and
   // queued under one lock.
@@ -486,6 +448,8 @@ class Db {
   bool ChunkCapturedLocked(LiveVersion* v, uint32_t index, uint64_t xxh3);
   static uint64_t CopyPack(uint8_t* payload, const std::vector<PackPart>& parts,
                            std::vector<uint64_t>* part_xxh3);
+  // An AEC parity unit's payload: the XOR of `parts` (on `device` when >= 0), zero-padded.
+  Status XorParts(uint8_t* payload, uint64_t bytes, const std::vector<PackPart>& parts, int device);
   bool AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
                       uint64_t bytes, StagingRing::Region* out);
   void FailLocked(LiveVersion* v, const Status& st);
@@ -579,10 +543,20 @@ class Db {
   // decoded; peer_restore.cc).
   Status RestoreFromRebuild(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
                             RestorePlan* plan);
-  // The restore planner's last step for a deduplicated shard (REFT's ARC, peer_restore.cc): the
-  // pieces this rank does not keep, from each slice's owner and then from the member keeping its
-  // ARC copy, each checked against this rank's own xxh3 of it. What none supplies stays !have.
+  // The restore planner's last step for a deduplicated shard (REFT's ARC and AEC,
+  // peer_restore.cc): the pieces this rank does not keep, from each slice's owner, then from the
+  // member keeping its ARC copy, then decoded from AEC's parity units (DecodeSlices,
+  // aec_restore.cc), each checked against this rank's own xxh3 of it. What none supplies stays
+  // !have.
   void GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan);
+  void DecodeSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan);
+  void ReadOwnParityUnits(uint64_t version, const std::string& name,
+                          const std::vector<uint64_t>& units, const std::vector<uint64_t>& bytes,
+                          uint8_t* out, std::vector<Status>* results);
+  void FetchParityUnits(uint64_t version, const std::string& name, RestorePlan* plan,
+                        uint32_t holder, const std::vector<uint64_t>& units,
+                        const std::vector<uint64_t>& bytes, uint8_t* out,
+                        std::vector<Status>* results);
   void GatherSlice(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan,
                    uint32_t s, uint32_t q, const ReplicaHolder& holder);
   // Opens member `owner`'s segment of `version` (its framing and manifest, fetched) on `holder`:
@@ -865,7 +839,10 @@ class Db {
   struct ReplicaGroup {
     uint32_t group = 0;
     std::vector<uint32_t> members;  // ascending
-    bool arc = false;  // protection "arc": replicated shards are deduplicated (REFT's ARC)
+    bool arc = false;  // "arc", "arc+aec": members keep the next member's slice (REFT's ARC)
+    bool aec = false;  // "aec", "arc+aec": and parity of the others' slices (REFT's AEC)
+    bool dedup() const { return arc || aec; }  // replicated shards are cut into slices
+    uint8_t protection() const { return (arc ? 1 : 0) | (aec ? 2 : 0); }  // fb::ReplicaProtection
   };
   std::optional<ReplicaGroup> replica_group_;
   // Versions whose manifest records an "arc" replica group (mu_): written at commit, read back
@@ -874,6 +851,7 @@ class Db {
     uint32_t group = 0;
     std::vector<uint32_t> members;
     bool replicated_only = false;
+    uint8_t protection = 1;  // fb::ReplicaProtection
   };
   std::map<uint64_t, ArcVersion> arc_versions_;
   std::vector<std::thread> workers_;

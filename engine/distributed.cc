@@ -108,8 +108,8 @@ Status Db::StartCluster() {
     for (auto it = arc_versions_.rbegin();
          it != arc_versions_.rend() && out.arc.size() < kMaxArcReports; ++it) {
       if (live_.count(it->first) && !in_ram.count(it->first)) continue;  // not voted for yet
-      out.arc.push_back(
-          {it->first, it->second.group, it->second.replicated_only, it->second.members});
+      out.arc.push_back({it->first, it->second.group, it->second.replicated_only,
+                         it->second.members, it->second.protection});
     }
     return out;
   };
@@ -378,14 +378,9 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
                            const char* protection) {
   const std::string what = "declare_replicas group " + std::to_string(group);
   const std::string scheme = protection == nullptr ? "none" : protection;
-  if (scheme == "aec") {
-    return Status::NotSupported(what +
-                                ": protection 'aec' (each member keeping parity of the others' "
-                                "slices) is not in this build; \"arc\" keeps a copy of the next "
-                                "member's slice");
-  }
-  if (scheme != "none" && scheme != "arc") {
-    return Status::Invalid(what + ": protection '" + scheme + "' is not none, arc or aec");
+  if (scheme != "none" && scheme != "arc" && scheme != "aec" && scheme != "arc+aec") {
+    return Status::Invalid(what + ": protection '" + scheme.substr(0, 64) +
+                           "' is not none, arc, aec or arc+aec");
   }
   if (options_.read_only) return Status::State(what + ": the store is open read-only");
   if (cluster_ == nullptr) {
@@ -408,26 +403,32 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
     return Status::Invalid(what + ": this rank (" + std::to_string(options_.rank) +
                            ") is not among its members");
   }
-  const bool arc = scheme == "arc";
+  const bool arc = scheme == "arc" || scheme == "arc+aec";
+  const bool aec = scheme == "aec" || scheme == "arc+aec";
   const bool job_redundancy = cluster_->options().replicas > 1 || cluster_->options().code;
-  if (arc && cluster_->options().code) {
-    return Status::NotSupported(what +
-                                ": protection 'arc' with a coding group (ec:K+M, xor:K): a "
+  if ((arc || aec) && cluster_->options().code) {
+    return Status::NotSupported(what + ": protection '" + scheme +
+                                "' with a coding group (ec:K+M, xor:K): a "
                                 "member's slices are read from its tiers or its replicas, not "
                                 "rebuilt; use redundancy none or replicate:M");
   }
-  if (arc) {
-    // ARC's copy of a member's slice is kept by the member before it: on another node, or the
-    // loss of that node would take both.
+  if (aec && count < 3) {
+    return Status::Invalid(what + ": protection '" + scheme +
+                           "' needs 3 or more members (with 2, the parity of the other's slice "
+                           "is a copy of it: use \"arc\")");
+  }
+  if (arc || aec) {
+    // ARC's copy of a member's slice is kept by the member before it, AEC's parity of it by the
+    // members after it: each on another node, or the loss of one node would take both.
     std::map<std::string, uint32_t> on_node;
     for (uint32_t rank : list) {
       ReplicaHolder m;
       CKPTDB_RETURN_IF_ERROR(cluster_->MemberAt(rank, &m).WithContext(what));
       auto [it, fresh] = on_node.emplace(m.node_id, rank);
       if (!fresh) {
-        return Status::Invalid(what + ": protection 'arc' needs its members on distinct nodes; " +
-                               R(it->second) + " and " + R(rank) + " are both on node " +
-                               m.node_id);
+        return Status::Invalid(what + ": protection '" + scheme +
+                               "' needs its members on distinct nodes; " + R(it->second) + " and " +
+                               R(rank) + " are both on node " + m.node_id);
       }
     }
   }
@@ -435,13 +436,13 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   if (replica_group_) {
     if (replica_group_->group == group && replica_group_->members == list &&
-        replica_group_->arc == arc) {
+        replica_group_->arc == arc && replica_group_->aec == aec) {
       return Status::Ok();
     }
     return Status::State(what + ": this handle declared replica group " +
                          std::to_string(replica_group_->group) + " already");
   }
-  if (arc && !job_redundancy) {
+  if ((arc || aec) && !job_redundancy) {
     // Without the job's redundancy a member's whole segment must be derivable from its group:
     // shards put before, not replicated, would have no copy on another node.
     for (const auto& [version, v] : live_) {
@@ -452,7 +453,7 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
       }
     }
   }
-  replica_group_ = ReplicaGroup{group, std::move(list), arc};
+  replica_group_ = ReplicaGroup{group, std::move(list), arc, aec};
   return Status::Ok();
 }
 

@@ -39,6 +39,7 @@ std::vector<uint8_t> EncodeHoldings(HoldingsReport r) {
     w.U8(a.replicated_only ? 1 : 0);
     w.U32(static_cast<uint32_t>(a.members.size()));
     for (uint32_t rank : a.members) w.U32(rank);
+    w.U8(a.protection);
   }
   return w.Take();
 }
@@ -87,6 +88,12 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, Holdi
       if (a.members[j - 1] >= a.members[j]) {
         return Status::Corrupt(what + ": an arc group's members are not ascending");
       }
+    }
+    a.protection = h.U8("protection");
+    if (h.ok() &&
+        (a.protection < 1 || a.protection > 3 || (a.protection >= 2 && a.members.size() < 3))) {
+      return Status::Corrupt(what + ": an arc group of " + std::to_string(a.members.size()) +
+                             " members with protection " + std::to_string(a.protection));
     }
     out->arc.push_back(std::move(a));
   }

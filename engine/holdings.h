@@ -22,6 +22,7 @@ struct ArcReport {
   bool replicated_only = false;   // written in a job without redundancy: no member has private
                                   // shards, so a lost member's segment is its group's slices
   std::vector<uint32_t> members;  // ascending
+  uint8_t protection = 1;         // fb::ReplicaProtection: Arc 1, Aec 2, ArcAec 3
   bool operator==(const ArcReport&) const = default;
 };
 

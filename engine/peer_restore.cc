@@ -147,7 +147,8 @@ void Db::LearnArcVersions() {
                            std::lock_guard<std::mutex> lock(mu_);
                            arc_versions_[version] = {g->group(),
                                                      {g->members()->begin(), g->members()->end()},
-                                                     g->replicated_only()};
+                                                     g->replicated_only(),
+                                                     static_cast<uint8_t>(g->protection())};
                          }
                          return Status::Ok();
                        });
@@ -233,7 +234,7 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
   std::vector<uint32_t> declared;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!replica_group_ || !replica_group_->arc) {
+    if (!replica_group_ || !replica_group_->dedup()) {
       return Status::Ok();  // nothing to lay out from: the caller reports the missing copy
     }
     declared = replica_group_->members;
@@ -284,6 +285,9 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
     d.members = members;
     d.position = static_cast<uint32_t>(std::find(members.begin(), members.end(), options_.rank) -
                                        members.begin());
+    d.arc = g.protection() != fb::ReplicaProtection::Aec;
+    d.aec = g.protection() == fb::ReplicaProtection::Aec ||
+            g.protection() == fb::ReplicaProtection::ArcAec;
     d.have.assign(d.piece_xxh3.size(), false);
     plan->laid_out = true;
     plan->first = 0;
@@ -381,8 +385,9 @@ void Db::GatherSlice(uint64_t version, const std::string& name, uint8_t* out, Re
 
 // Every slice from the member that owns it (the load spread over the group), then what is still
 // missing from the member before it, which keeps its ARC copy, then (a job with replicas) from
-// holders of either one's replica. A piece is used only when it matches this rank's own xxh3 of
-// it (taken from its own replica at capture; from a member's manifest when its own is lost).
+// holders of either one's replica, then (AEC) decoded from the members' parity units. A piece is
+// used only when it matches this rank's own xxh3 of it (taken from its own replica at capture;
+// from a member's manifest when its own is lost).
 void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, RestorePlan* plan) {
   RestorePlan::Dedup& d = *plan->dedup;
   if (cluster_ == nullptr) {
@@ -401,7 +406,7 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
     }
     return false;
   };
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = 0; pass < (d.arc ? 2 : 1); ++pass) {
     for (uint32_t s = 0; s < count; ++s) {
       const uint32_t q = pass == 0 ? s : (s + count - 1) % count;
       if (q == d.position || !missing(s)) continue;
@@ -417,7 +422,7 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
   if (cluster_->options().replicas > 1) {
     for (uint32_t s = 0; s < count; ++s) {
       for (uint32_t q : {s, (s + count - 1) % count}) {
-        if (q == d.position || !missing(s)) continue;
+        if (q == d.position || !missing(s) || (q != s && !d.arc)) continue;
         // Asked of the coordinator once per member and version, not per tensor.
         auto known = arc_holders_.find(d.members[q]);
         if (known == arc_holders_.end()) {
@@ -435,6 +440,9 @@ void Db::GatherSlices(uint64_t version, const std::string& name, uint8_t* out, R
       }
     }
   }
+  bool any_missing = false;
+  for (uint32_t s = 0; s < count && !any_missing; ++s) any_missing = missing(s);
+  if (d.aec && any_missing) DecodeSlices(version, name, out, plan);
   // Members that failed are skipped for the rest of this version's tensors while restores
   // succeed; one that fails lets a later call ask them again (they may be back).
   for (uint32_t s = 0; s < count; ++s) {

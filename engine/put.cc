@@ -291,14 +291,19 @@ void Db::AddShardLocked(LiveVersion* v, PreparedShard&& s, std::vector<uint32_t>
   const unsigned flags = s.flags;
   const uint64_t chunk_bytes = options_.chunk_bytes;
   const uint64_t chunks_needed = (nbytes + chunk_bytes - 1) / chunk_bytes;
-  // REFT's ARC: a replicated shard of an "arc" replica group is cut into chunk-sized pieces and
-  // this member keeps only its own slice of them and the next member's; the rest is only hashed.
+  // REFT's ARC and AEC: a replicated shard of an "arc", "aec" or "arc+aec" replica group is cut
+  // into chunk-sized pieces and this member keeps only its own slice of them and, with ARC, the
+  // next member's; the rest is only hashed. With AEC it also keeps parity units of the others'.
   std::vector<std::pair<uint64_t, uint64_t>> held{{0, chunks_needed}};
-  if ((flags & CKPTDB_PUT_REPLICATED) && replica_group_->arc && chunks_needed > 0) {
+  const bool sliced = (flags & CKPTDB_PUT_REPLICATED) && replica_group_->dedup() && chunks_needed;
+  uint32_t count = 0;
+  uint32_t position = 0;
+  if (sliced) {
     const std::vector<uint32_t>& members = replica_group_->members;
-    const auto position = static_cast<uint32_t>(
-        std::find(members.begin(), members.end(), identity_.rank) - members.begin());
-    held = format::HeldPieces(chunks_needed, static_cast<uint32_t>(members.size()), position);
+    count = static_cast<uint32_t>(members.size());
+    position = static_cast<uint32_t>(std::find(members.begin(), members.end(), identity_.rank) -
+                                     members.begin());
+    held = format::HeldPieces(chunks_needed, count, position, replica_group_->arc);
   }
   const bool dedup = held.size() != 1 || held[0] != std::make_pair(uint64_t{0}, chunks_needed);
   // The layout is fixed now, so chunks can be captured by any thread in any order: chunk k's
@@ -343,6 +348,8 @@ void Db::AddShardLocked(LiveVersion* v, PreparedShard&& s, std::vector<uint32_t>
     }
   }
   t.chunk_count = static_cast<uint32_t>(v->chunks.size() - t.first_chunk);
+  if (sliced && replica_group_->aec && dedup)
+    AddParityLocked(v, s, count, position, &t, own_chunks);
   if (dedup) {
     t.full_bytes = nbytes;
     t.bytes = stored;
@@ -358,6 +365,42 @@ void Db::AddShardLocked(LiveVersion* v, PreparedShard&& s, std::vector<uint32_t>
   v->names.insert(t.name);
   if (flags & CKPTDB_PUT_REPLICATED) v->replicated_names.insert(t.name);
   v->tensors.push_back(std::move(t));
+}
+
+// REFT's AEC: this member's parity units of deduplicated shard t, chunks after its slices'.
+// Each is captured like a pack, its parts (pieces of the caller's buffer) XORed.
+void Db::AddParityLocked(LiveVersion* v, const PreparedShard& s, uint32_t count, uint32_t position,
+                         format::TensorEntry* t, std::vector<uint32_t>* own_chunks) {
+  const uint64_t chunk_bytes = options_.chunk_bytes;
+  const uint64_t n = (s.nbytes + chunk_bytes - 1) / chunk_bytes;
+  const bool arc = replica_group_->arc;
+  const uint64_t units = format::AecUnits(n, count, arc, position);
+  for (uint64_t u = 0; u < units; ++u) {
+    const std::vector<uint64_t> pieces = format::AecUnitPieces(n, count, arc, position, u);
+    std::vector<PackPart> parts;
+    for (uint64_t p : pieces) {
+      const uint64_t off = p * chunk_bytes;
+      parts.push_back({s.data + off, 0, std::min(chunk_bytes, s.nbytes - off), 0});
+    }
+    ChunkSlot c;
+    c.record_offset = v->next_offset;
+    c.payload_bytes = format::AecUnitBytes(n, chunk_bytes, s.nbytes, pieces);
+    c.device = s.device;
+    c.pack = static_cast<uint32_t>(v->packs.size());
+    c.parity = true;
+    v->next_offset += format::RecordBytes(c.payload_bytes);
+    v->chunks.push_back(c);
+    v->packs.push_back(std::move(parts));
+    const auto index = static_cast<uint32_t>(v->chunks.size() - 1);
+    if (s.flags & CKPTDB_PUT_COPY_NOW) {
+      own_chunks->push_back(index);
+    } else {
+      tasks_.push_back(Task{v->version, index, kNoPiece, nullptr});
+    }
+  }
+  t->parity_chunks = static_cast<uint32_t>(units);
+  v->uncaptured += units;
+  if (!v->ram) v->unwritten += units;
 }
 
 uint64_t Db::PackLimit() const { return std::min(kPackBytes, options_.chunk_bytes); }

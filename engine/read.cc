@@ -364,6 +364,9 @@ Status Db::LayOut(const format::ManifestView& m, const std::string& name, size_t
       d.piece_xxh3.assign(t->piece_xxh3()->begin(), t->piece_xxh3()->end());
       d.members.assign(g.members()->begin(), g.members()->end());
       d.position = g.position();
+      d.arc = g.protection() != fb::ReplicaProtection::Aec;
+      d.aec = g.protection() == fb::ReplicaProtection::Aec ||
+              g.protection() == fb::ReplicaProtection::ArcAec;
       d.have.assign(d.piece_xxh3.size(), false);
       for (uint64_t piece : format::KeptPieces(*t, d.piece_bytes)) {
         starts.push_back(piece * d.piece_bytes);
@@ -794,6 +797,11 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
       d.nbytes = format::ShardBytes(t);  // what a restore fills; a deduplicated shard keeps less
       d.chunk_count = t.chunk_count();
       d.kept_bytes = t.bytes();
+      d.parity_chunks = t.parity_chunks();
+      const uint32_t parity_first = t.first_chunk() + t.chunk_count();
+      for (uint32_t c = parity_first; c < parity_first + d.parity_chunks; ++c) {
+        d.parity_bytes += m.chunk(c).payload_bytes();
+      }
       if (fn(arg, &d) != 0) break;
     }
     return Status::Ok();

@@ -9,9 +9,6 @@
 #include "util/assert.h"
 
 namespace ckpt::redundancy {
-namespace {
-
-bool Aligned32(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 31) == 0; }
 
 // dst ^= src; the compiler vectorizes it, and it runs at memory speed like xor_gen, which needs
 // 32-byte aligned blocks that pieces of a segment image need not be.
@@ -26,6 +23,10 @@ void XorInto(uint8_t* dst, const uint8_t* src, size_t bytes) {
   }
   for (; i < bytes; ++i) dst[i] ^= src[i];
 }
+
+namespace {
+
+bool Aligned32(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 31) == 0; }
 
 bool ParseCount(const std::string& text, uint32_t* out) {
   if (text.empty() || text.size() > 2 ||

@@ -40,6 +40,9 @@ inline constexpr uint32_t kMaxCodeBlocks = 32;
 // kMaxCodeBlocks). Invalid names the text and the form expected.
 Status ParseCodeSpec(const std::string& text, CodeSpec* out);
 
+// dst ^= src over `bytes` bytes, any alignment, at memory speed.
+void XorInto(uint8_t* dst, const uint8_t* src, size_t bytes);
+
 class ErasureCode {
  public:
   static Status Make(const CodeSpec& spec, std::unique_ptr<ErasureCode>* out);

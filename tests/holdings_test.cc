@@ -25,7 +25,8 @@ HoldingsReport Full() {
   r.parity = {{0, 7}, {0, 8}, {1, 9}};
   r.voted_through = 10;
   r.memory = {10, 9};
-  r.arc = {ArcReport{9, 3, true, {0, 2, 5, 7}}, ArcReport{8, 3, false, {1, 4}}};
+  r.arc = {ArcReport{9, 3, true, {0, 2, 5, 7}, 2}, ArcReport{8, 3, false, {1, 4}},
+           ArcReport{7, 3, true, {0, 2, 5}, 3}};
   return r;
 }
 
@@ -94,6 +95,20 @@ TEST(HoldingsTest, AnythingTheWriterCannotWriteIsRefused) {
               HasSubstr("an arc group of 1 members"));
   EXPECT_THAT(refused(with_arc({1, 0, false, {0, 1}}, 2), "flag 2"),
               HasSubstr("replicated_only is 2"));
+  // Its protection (the report's last byte): Arc 1, Aec 2 or ArcAec 3, AEC with 3 or more.
+  auto with_protection = [](ArcReport a, uint8_t protection) {
+    HoldingsReport r;
+    r.arc = {std::move(a)};
+    std::vector<uint8_t> b = EncodeHoldings(r);
+    b.back() = protection;
+    return b;
+  };
+  for (uint8_t p : {0, 4, 255}) {
+    EXPECT_THAT(refused(with_protection({1, 0, false, {0, 1, 2}}, p), "protection"),
+                HasSubstr("with protection " + std::to_string(p)));
+  }
+  EXPECT_THAT(refused(with_protection({1, 0, false, {0, 1}}, 2), "aec of 2"),
+              HasSubstr("an arc group of 2 members with protection 2"));
 }
 
 // The fuzzer's seeds (fuzz/corpus/holdings/). They pin nothing: regenerate freely.
@@ -109,6 +124,8 @@ TEST(HoldingsTest, DISABLED_RegenerateSeeds) {
   arc.memory = {4};
   arc.arc = {ArcReport{4, 0, true, {0, 1, 2, 3, 4, 5, 6, 7}}};
   write("arc-only", arc);
+  arc.arc = {ArcReport{4, 0, true, {0, 1, 2, 3}, 3}};
+  write("arc-aec", arc);
 }
 
 }  // namespace

@@ -123,6 +123,7 @@ int ListTensors(ckptdb* db, uint64_t version, std::vector<TensorRecord>* out) {
     r.bytes = t->nbytes;
     r.chunk_count = t->chunk_count;
     r.kept_bytes = t->kept_bytes;
+    r.parity_bytes = t->parity_bytes;
     records->push_back(std::move(r));
     return 0;
   };

@@ -86,7 +86,8 @@ struct TensorRecord {
   std::vector<uint64_t> global_offset;  // empty when the shard is the whole tensor
   uint64_t bytes = 0;
   uint32_t chunk_count = 0;
-  uint64_t kept_bytes = 0;  // less than bytes: a shard an "arc" replica group deduplicated
+  uint64_t kept_bytes = 0;    // less than bytes: a shard its replica group deduplicated
+  uint64_t parity_bytes = 0;  // its AEC parity units ("aec", "arc+aec" groups)
 };
 
 // The tensors of committed `version`, in name order. Returns a ckptdb status.

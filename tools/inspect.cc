@@ -143,6 +143,7 @@ nlohmann::ordered_json VersionJson(const VersionRecord& v, const Detail* d) {
     tj["global_offset"] = t.global_offset;
     tj["bytes"] = t.bytes;
     tj["kept_bytes"] = t.kept_bytes;
+    tj["parity_bytes"] = t.parity_bytes;
     tj["chunk_count"] = t.chunk_count;
     if (d->chunked) {
       tj["chunks"] = nlohmann::ordered_json::array();
@@ -217,11 +218,15 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
       std::printf("  %-*s  shard at %s of global %s\n", static_cast<int>(width), "",
                   FormatShape(t.global_offset).c_str(), FormatShape(t.global_shape).c_str());
     }
-    if (t.kept_bytes != t.bytes) {
+    if (t.kept_bytes != t.bytes || t.parity_bytes != 0) {
+      const std::string parity =
+          t.parity_bytes == 0
+              ? ""
+              : " and " + HumanBytes(t.parity_bytes) + " of AEC parity of the others' slices";
       std::printf(
-          "  %-*s  deduplicated by its \"arc\" replica group: this segment keeps %s of it (its "
-          "own slice and the next member's); a restore gathers the rest from the group\n",
-          static_cast<int>(width), "", HumanBytes(t.kept_bytes).c_str());
+          "  %-*s  deduplicated by its replica group: this segment keeps %s of it (its own slice "
+          "and, with ARC, the next member's)%s; a restore gathers the rest from the group\n",
+          static_cast<int>(width), "", HumanBytes(t.kept_bytes).c_str(), parity.c_str());
     }
     if (d.chunked) {
       for (size_t c = 0; c < d.chunks[i].size(); c++) {

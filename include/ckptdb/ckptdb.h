@@ -220,7 +220,17 @@ int ckptdb_put_shards(ckptdb* db, uint64_t version, const ckptdb_shard* shards, 
  *    a member that lost its node restores from its group alone; ckptdb_latest and
  *    ckptdb_recoverable count each slice's two keepers. Not with ec:K+M or xor:K (ENOTSUP).
  *    Declare it again after a restart, before restoring.
- *  - "aec" (parity of the peers' slices): ENOTSUP in this build.
+ *  - "aec" (REFT's AEC): member i keeps slice i and, instead of a copy of another's slice,
+ *    parity units of the other members' slices: piece t of slice s is XORed into a unit kept by
+ *    member s + 1 + (t mod (count - 1)) (docs/format.md, "AEC parity units"), so a member keeps
+ *    about 1/(count (count - 1)) of each shard as parity, computed at capture from its own
+ *    replica (no network bytes). One lost member's slices are decoded from the others' units and
+ *    slices, each piece checked against this rank's own hash. Needs 3 or more members.
+ *  - "arc+aec": both; the parity of slice s is then kept by the count - 2 members other than s
+ *    and s - 1 (which keeps its ARC copy), so any two lost members are restored (about
+ *    1/(count (count - 2)) more per shard).
+ *  Each of "arc", "aec" and "arc+aec": members on distinct nodes; in a job without redundancy,
+ *  replicated shards only; latest and recoverable count what the members left can restore.
  * Call it after open, before the first put that uses it; again with the same arguments is a
  * no-op. Errors: EINVAL (bad arguments, world_size 1, members not as above or two on one node
  * with "arc"), ESTATE (declared before with other arguments, read-only handle, "arc" without
@@ -328,6 +338,10 @@ typedef struct ckptdb_tensor_desc {
                                     replica group deduplicated, only its slices' */
   uint64_t kept_bytes;           /* the bytes those chunks hold: nbytes, or less for such a
                                     shard */
+  uint32_t parity_chunks;        /* of a shard an "aec" or "arc+aec" group deduplicated: the
+                                    parity units this segment keeps of the other members' slices
+                                    (REFT's AEC), in chunks of their own; 0 otherwise */
+  uint64_t parity_bytes;         /* the bytes those units hold */
 } ckptdb_tensor_desc;
 
 /* Return nonzero to stop the listing early. */

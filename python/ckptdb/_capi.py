@@ -209,6 +209,8 @@ class _TensorDesc(ctypes.Structure):
         ("nbytes", ctypes.c_uint64),
         ("chunk_count", ctypes.c_uint32),
         ("kept_bytes", ctypes.c_uint64),
+        ("parity_chunks", ctypes.c_uint32),
+        ("parity_bytes", ctypes.c_uint64),
     ]
 
 

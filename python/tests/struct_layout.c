@@ -49,6 +49,8 @@ int main(void) {
   FIELD(ckptdb_tensor_desc, nbytes);
   FIELD(ckptdb_tensor_desc, chunk_count);
   FIELD(ckptdb_tensor_desc, kept_bytes);
+  FIELD(ckptdb_tensor_desc, parity_chunks);
+  FIELD(ckptdb_tensor_desc, parity_bytes);
   printf("ckptdb_box %zu\n", sizeof(ckptdb_box));
   FIELD(ckptdb_box, ndim);
   FIELD(ckptdb_box, offset);

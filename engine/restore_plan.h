@@ -1,0 +1,61 @@
+// The restore planner's state for one tensor (Db::Restore, read.cc; peer_restore.cc;
+// DESIGN.md section 7). Sources are tried fastest first (local ram, a peer's memory, then the
+// slower tiers); each reads only the chunks still pending and keeps those that fail its checks
+// pending for the next.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "format/manifest.h"
+
+namespace ckpt::engine {
+
+struct RestorePlan {
+  std::string what;
+  bool laid_out = false;  // first/count/chunk sizes known, from the first readable manifest
+  uint32_t first = 0;
+  uint32_t count = 0;
+  std::vector<uint64_t> chunk_bytes;  // chunk first + i's payload bytes
+  std::vector<uint64_t> dst_offset;   // where chunk first + i goes in the caller's buffer
+  std::vector<uint32_t> pending;      // chunk indexes not yet read and verified, sorted
+  std::vector<std::pair<std::string, uint64_t>> served;  // bytes by source, in order tried
+  std::string errors;
+  uint64_t chunk_failures = 0;
+  // A deduplicated replicated shard (REFT's ARC and AEC): the segment's chunks are the pieces
+  // its member keeps; the others are gathered from the replica group's members, or decoded from
+  // the parity units they keep (GatherSlices).
+  struct Dedup {
+    uint64_t full_bytes = 0;
+    uint64_t piece_bytes = 0;
+    std::vector<uint64_t> piece_xxh3;  // every piece's, from this rank's manifest
+    std::vector<uint32_t> members;
+    uint32_t position = 0;
+    bool arc = true;         // member q keeps slice q + 1 too
+    bool aec = false;        // members keep parity units (format::AecPlaceOf)
+    std::vector<bool> have;  // by piece: in the caller's buffer and verified
+  };
+  std::optional<Dedup> dedup;
+  // What of a chunk the plan reads: its whole payload, or a packed shard's part of it (the
+  // shard's own offset, length and xxh3; docs/format.md, "Packed shards").
+  struct ChunkPart {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint64_t xxh3 = 0;
+  };
+  std::optional<ChunkPart> packed;
+  ChunkPart PartOf(const fb::Chunk& c) const {
+    return packed ? *packed : ChunkPart{0, c.payload_bytes(), c.xxh3()};
+  }
+  // restore_slice's ranges, [begin, end); a deduplicated shard ignores them.
+  const std::vector<std::pair<uint64_t, uint64_t>>* wanted = nullptr;
+  void Note(const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
+  void Served(const std::string& source, uint64_t bytes) {
+    if (bytes > 0) served.emplace_back(source, bytes);
+  }
+};
+
+}  // namespace ckpt::engine
