@@ -214,7 +214,15 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
   FailureModel model(nodes);
   // Each node's snapshot: everything it saved.
   std::vector<std::vector<int>> saved(static_cast<size_t>(nodes));
-  const int subs = m - 1;
+  // AEC's parity of slice j spans the m - 1 other members (REFT's layout), or with ARC (shift 1)
+  // beside it the m - 2 members other than j - 1, which keeps j's copy: ckptdb's "arc+aec"
+  // (format::AecSpread), which survives any two losses where REFT's layout does not.
+  bool arc1 = false, aec = false;
+  for (const ReftScheme& s : schemes) {
+    arc1 |= s.kind == ReftScheme::kArc && s.shift == 1;
+    aec |= s.kind == ReftScheme::kAec;
+  }
+  const int subs = arc1 && aec ? m - 2 : m - 1;
   for (int base = 0; base < nodes; base += m) {
     const std::string sg = "SG " + Str(base / m);
     std::vector<int> slice(static_cast<size_t>(m));
@@ -243,13 +251,12 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
           save(parity, p);
           std::vector<int> blocks;
           for (int i = 0; i < m; ++i) {
-            if (i != p) {
-              blocks.push_back(
-                  sub[static_cast<size_t>(i)][static_cast<size_t>(((p - i - 1) % m + m) % m)]);
-            }
+            const int k = ((p - i - 1) % m + m) % m;  // m - 1 for i == p
+            if (k < subs) blocks.push_back(sub[static_cast<size_t>(i)][static_cast<size_t>(k)]);
           }
+          const int data = static_cast<int>(blocks.size());
           blocks.push_back(parity);
-          model.AddCode(std::move(blocks), m - 1);
+          model.AddCode(std::move(blocks), data);
         }
       }
     }
@@ -262,7 +269,7 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
   }
   double per_node = 1.0 / m;
   for (const ReftScheme& s : schemes) {
-    per_node += s.kind == ReftScheme::kArc ? 1.0 / m : 1.0 / (m * (m - 1.0));
+    per_node += s.kind == ReftScheme::kArc ? 1.0 / m : 1.0 / (m * static_cast<double>(subs));
   }
   if (replicas != nullptr) {
     if (replicas->nodes != nodes) return Status::Invalid("the replica placement has other nodes");

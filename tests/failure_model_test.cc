@@ -91,12 +91,15 @@ TEST(FailureModelTest, ReftStackingClaim) {
   // Holds: two ARC copies at different shifts put every slice on 3 nodes.
   EXPECT_EQ(Tolerance(4, 4, {"arc", "arc:2"}), 2);
   EXPECT_EQ(Tolerance(5, 5, {"arc", "arc:2"}), 2);
-  // Does not hold: ARC and AEC in a group of 3. Losing nodes 0 and 1 loses slice 1: its copy was
-  // on node 0, and one of its sub-slices is covered only by node 0's parity.
+  // ARC and AEC as ckptdb builds them ("arc+aec"): slice j's parity is kept off node j - 1,
+  // which holds its ARC copy, so any two losses are survived (with REFT's layout, parity over all
+  // m - 1 others, losing nodes 0 and 1 of a group of 3 lost slice 1: its copy was on node 0, and
+  // one of its sub-slices was covered only by node 0's parity). Three are not.
+  for (int m : {3, 4, 5, 6}) EXPECT_EQ(Tolerance(m, m, {"arc", "aec"}), 2) << m;
   std::vector<int> set;
   std::string lost;
-  EXPECT_EQ(Tolerance(3, 3, {"arc", "aec"}, &set, &lost), 1);
-  EXPECT_EQ(set.size(), 2u);
+  EXPECT_EQ(Tolerance(4, 4, {"arc", "aec"}, &set, &lost), 2);
+  EXPECT_EQ(set.size(), 3u);
   EXPECT_NE(lost.find("slice"), std::string::npos) << lost;
   // Nor the same parameters twice (no new redundancy).
   EXPECT_EQ(Tolerance(4, 4, {"arc", "arc"}), 1);
@@ -105,7 +108,7 @@ TEST(FailureModelTest, ReftStackingClaim) {
 TEST(FailureModelTest, MemoryPerNode) {
   FailureModel model(1);
   ASSERT_TRUE(BuildReftModel(8, 4, Schemes({"arc", "aec"}), nullptr, nullptr, &model).ok());
-  EXPECT_NEAR(model.memory_per_node, 0.25 + 0.25 + 1.0 / 12, 1e-12);
+  EXPECT_NEAR(model.memory_per_node, 0.25 + 0.25 + 1.0 / 8, 1e-12);  // parity over 2 members
   Placement replicas;
   ASSERT_TRUE(ComputePlacement(8, 2, PlacementStrategy::kMixed, &replicas).ok());
   ASSERT_TRUE(BuildReftModel(8, 4, Schemes({"aec"}), &replicas, nullptr, &model).ok());

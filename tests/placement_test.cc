@@ -562,15 +562,17 @@ TEST(PlanCliTest, ReftStackingAndRanksPerNode) {
   EXPECT_EQ(holds.code, 0) << holds.output;
   EXPECT_TRUE(Has(holds, "so it tolerates 2: the claim holds here")) << holds.output;
   EXPECT_TRUE(Has(holds, "2         100.0%")) << holds.output;
-  Result fails = Plan("--nodes 4 --dp 4 --reft arc --reft aec --json");
-  ASSERT_EQ(fails.code, 0) << fails.output;
-  nlohmann::json j = nlohmann::json::parse(fails.output);
-  EXPECT_EQ(j["reft_stacking_claim"]["holds"], false);
-  EXPECT_EQ(j["reft_stacking_claim"]["tolerated_in_sharding_group"], 1);
-  EXPECT_EQ(j["reft_stacking_claim"]["smallest_loss"], (std::vector<int>{0, 1}));
-  EXPECT_NEAR(j["memory_per_node"].get<double>(), 0.25 + 0.25 + 1.0 / 12, 1e-12);
-  // The two adjacent losses of 6 pairs lose a slice: 4 of them.
-  EXPECT_NEAR(j["failures"][1]["recovery_probability"].get<double>(), 2.0 / 6, 1e-12);
+  // ARC with AEC as ckptdb builds it ("arc+aec": slice j's parity off node j - 1): every pair
+  // of the 4 is survived, no triple; each node keeps 1/4 + 1/4 + 1/(4*2) of the model.
+  Result both = Plan("--nodes 4 --dp 4 --reft arc --reft aec --json");
+  ASSERT_EQ(both.code, 0) << both.output;
+  nlohmann::json j = nlohmann::json::parse(both.output);
+  EXPECT_EQ(j["reft_stacking_claim"]["holds"], true);
+  EXPECT_EQ(j["reft_stacking_claim"]["tolerated_in_sharding_group"], 2);
+  EXPECT_EQ(j["reft_stacking_claim"]["smallest_loss"], (std::vector<int>{0, 1, 2}));
+  EXPECT_NEAR(j["memory_per_node"].get<double>(), 0.25 + 0.25 + 1.0 / 8, 1e-12);
+  EXPECT_NEAR(j["failures"][1]["recovery_probability"].get<double>(), 1.0, 1e-12);
+  EXPECT_NEAR(j["failures"][2]["recovery_probability"].get<double>(), 0.0, 1e-12);
   Result ranks = Plan("--nodes 8 --ec 4+2 --ranks-per-node 3");
   EXPECT_EQ(ranks.code, 0) << ranks.output;
   EXPECT_TRUE(Has(ranks, "group 1: nodes 6 7 0 1 2 3")) << ranks.output;
