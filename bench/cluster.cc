@@ -28,13 +28,16 @@
 //              disk tier read by a process whose reads of that disk are throttled (cgroup blkio,
 //              v1 read_bps_device or v2 io.max) to a tenth of the raw read rate measured in (b):
 //              a stand-in for a slow shared tier (ckptdb has no nfs tier yet).
-//   arc        REFT's ARC against plain replica groups: m ranks on m nodes, no redundancy, one
-//              replica group holding the same state, every shard put as replicated, declared
-//              "none" (each keeps the whole state) and "arc" (each keeps its slice and the next
-//              member's, hashing the rest). Per config: the bytes a rank keeps against its state
-//              (the ideal is 2/m), put + wait_capture and commit times, and the time every rank
-//              takes to restore its whole state at once (checked byte for byte), arc against none
-//              in the same run; and the bytes sent to peers at capture (none: 0).
+//   arc        REFT's ARC and AEC against plain replica groups: m ranks on m nodes, no
+//              redundancy, one replica group holding the same state, every shard put as
+//              replicated, declared "none" (each keeps the whole state), "arc" (its slice and the
+//              next member's, hashing the rest), "aec" (its slice and XOR parity of the others')
+//              and "arc+aec" (m >= 3 for the last two). Per config: the bytes a rank keeps
+//              against its state (ideal 2/m, 1/m + 1/(m(m-1)), 2/m + 1/(m(m-2))), put +
+//              wait_capture and commit times, the time every rank takes to restore its whole
+//              state at once (checked byte for byte), and the same once rank m-1's store is
+//              closed (ARC reads its slice's copy, AEC decodes it), each against none in the same
+//              run; and the bytes sent to peers at capture (none: 0).
 //
 //   hostile    Commit latency of 2 ranks (replicate:2, --commit-kib a rank) while a thread of
 //              the parent connects to the coordinator's port as fast as it can: random bytes,
@@ -1295,6 +1298,7 @@ struct ArcResult {
   double kept_ratio = 0;  // the bytes the ranks keep (their segments' chunks) / their state
   std::vector<double> capture_ms, commit_ms;  // per rank and measured version
   std::vector<double> restore_s;              // per rank: its whole state, all ranks at once
+  std::vector<double> degraded_s;             // the same with the last rank's store gone
   double sent = 0;                            // replica_bytes_sent, all ranks
 };
 
@@ -1324,31 +1328,49 @@ ArcResult ArcJob(const Args& a, uint32_t ranks, const char* protection, size_t b
           RANK_CHECK(ckptdb_commit(db, v, 0), "commit");
           g_shared->t1[rank][v] = Since(t1) * 1e3;
         }
+        // What the segment keeps: its slices' chunks and (AEC) its parity units.
         uint64_t kept = 0;
-        auto add = [](void* arg, const ckptdb_chunk_desc* c) {
-          *static_cast<uint64_t*>(arg) += c->payload_bytes;
+        auto add = [](void* arg, const ckptdb_tensor_desc* t) {
+          *static_cast<uint64_t*>(arg) += t->kept_bytes + t->parity_bytes;
           return 0;
         };
-        for (const std::string& name : s.names) {
-          RANK_CHECK(ckptdb_list_chunks(db, versions, name.c_str(), add, &kept, nullptr), "list");
-        }
+        RANK_CHECK(ckptdb_list(db, versions, add, &kept), "list");
         g_shared->value[rank][0] = static_cast<double>(kept);
         std::vector<uint8_t> out(s.shard_bytes);
+        auto restore_all = [&] {
+          for (size_t i = 0; i < s.shards.size(); ++i) {
+            RANK_CHECK(ckptdb_restore(db, versions, s.names[i].c_str(), out.data(), out.size(), 0),
+                       "restore");
+            if (std::memcmp(out.data(), s.shards[i], out.size()) != 0) {
+              std::fprintf(stderr, "rank %u: %s restored wrong\n", rank, s.names[i].c_str());
+              return 1;
+            }
+          }
+          return 0;
+        };
         Barrier();
         const auto t2 = Clock::now();
-        for (size_t i = 0; i < s.shards.size(); ++i) {
-          RANK_CHECK(ckptdb_restore(db, versions, s.names[i].c_str(), out.data(), out.size(), 0),
-                     "restore");
-          if (std::memcmp(out.data(), s.shards[i], out.size()) != 0) {
-            std::fprintf(stderr, "rank %u: %s restored wrong\n", rank, s.names[i].c_str());
-            return 1;
-          }
-        }
+        if (restore_all() != 0) return 1;
         g_shared->value[rank][1] = Since(t2);
         ckptdb_stats_t st;
         ckptdb_stats(db, &st);
         g_shared->value[rank][2] = static_cast<double>(st.replica_bytes_sent);
-        RANK_CHECK(CloseRanks(db, rank, ranks), "close");
+        // Degraded: the last rank's store goes (its memory with it) and the others restore again:
+        // "none" from its own copy, ARC the lost slice from the member before it, AEC decoding it
+        // from the others' parity units.
+        const uint32_t lost = ranks - 1;
+        Barrier();
+        if (rank == lost) RANK_CHECK(ckptdb_close(db), "close");
+        Barrier();
+        if (rank != lost) {
+          const auto t3 = Clock::now();
+          if (restore_all() != 0) return 1;
+          g_shared->value[rank][3] = Since(t3);
+        }
+        Barrier();
+        if (rank != 0 && rank != lost) RANK_CHECK(ckptdb_close(db), "close");
+        Barrier();
+        if (rank == 0) RANK_CHECK(ckptdb_close(db), "close");
         return 0;
       },
       a.timeout_s);
@@ -1358,6 +1380,7 @@ ArcResult ArcJob(const Args& a, uint32_t ranks, const char* protection, size_t b
   for (uint32_t r = 0; r < ranks; ++r) {
     kept += g_shared->value[r][0];
     res.restore_s.push_back(g_shared->value[r][1]);
+    if (r != ranks - 1) res.degraded_s.push_back(g_shared->value[r][3]);
     res.sent += g_shared->value[r][2];
     for (int v = 2; v <= versions; ++v) {  // version 1 pays the arena's first touch
       res.capture_ms.push_back(g_shared->t0[r][v]);
@@ -1374,39 +1397,58 @@ void Arc(const Args& a) {
   const int versions = a.versions ? a.versions : 4;
   const std::string tls = ApplyTls(a.tls.front());
   std::printf(
-      "== REFT's ARC: m ranks on m nodes holding the same %zu MiB state, one replica group, no "
-      "redundancy, UCX_TLS=%s; \"none\" keeps it whole, \"arc\" each rank's 2 slices ==\n",
+      "== REFT's ARC and AEC: m ranks on m nodes holding the same %zu MiB state, one replica "
+      "group, no redundancy, UCX_TLS=%s; \"none\" keeps it whole, \"arc\" each rank's 2 "
+      "slices, \"aec\" its slice and parity of the others', \"arc+aec\" both ==\n",
       bytes / kMiB, tls.c_str());
   Perf bw = PerfOne(tls, "ucp_am_bw", kPieceBytes, 200);
   if (bw.ok) {
     std::printf("  limit: ucx_perftest ucp_am_bw, one pair, %zu MiB messages: %.2f GB/s\n",
                 kPieceBytes / kMiB, bw.gbs);
   }
-  std::printf("  %-3s %-5s %9s %9s %13s %12s %14s %12s %11s\n", "m", "group", "kept", "ideal",
-              "capture ms", "commit ms", "restore s", "restore GB/s", "sent at cap");
+  std::printf("  %-3s %-8s %8s %8s %11s %10s %10s %13s %11s %12s\n", "m", "group", "kept", "ideal",
+              "capture ms", "commit ms", "restore s", "restore GB/s", "degraded s", "sent at cap");
   for (uint32_t m : a.ranks) {
     if (m < 2 || m > kMaxRanks) continue;
-    ArcResult none = ArcJob(a, m, "none", bytes, versions);
-    ArcResult arc = ArcJob(a, m, "arc", bytes, versions);
-    for (const auto* r : {&none, &arc}) {
-      const bool is_arc = r == &arc;
-      if (!r->ok) {
-        std::printf("  %-3u %-5s failed (see stderr)\n", m, is_arc ? "arc" : "none");
+    struct Row {
+      const char* protection;
+      double ideal;  // the kept fraction REFT's arithmetic gives
+      ArcResult r;
+    };
+    std::vector<Row> rows = {{"none", 1.0, {}}, {"arc", 2.0 / m, {}}};
+    if (m >= 3) {
+      rows.push_back({"aec", 1.0 / m + 1.0 / (m * (m - 1.0)), {}});
+      rows.push_back({"arc+aec", 2.0 / m + 1.0 / (m * (m - 2.0)), {}});
+    }
+    for (Row& row : rows) row.r = ArcJob(a, m, row.protection, bytes, versions);
+    for (const Row& row : rows) {
+      const ArcResult& r = row.r;
+      if (!r.ok) {
+        std::printf("  %-3u %-8s failed (see stderr)\n", m, row.protection);
         continue;
       }
-      const double restore = Median(r->restore_s);
-      std::printf("  %-3u %-5s %8.1f%% %8.1f%% %13.1f %12.1f %14.3f %12.2f %11.0f\n", m,
-                  is_arc ? "arc" : "none", 100 * r->kept_ratio, is_arc ? 100.0 * 2 / m : 100.0,
-                  Median(r->capture_ms), Median(r->commit_ms), restore, bytes / restore / 1e9,
-                  r->sent);
+      const double restore = Median(r.restore_s);
+      std::printf("  %-3u %-8s %7.1f%% %7.1f%% %11.1f %10.1f %10.3f %13.2f %11.3f %12.0f\n", m,
+                  row.protection, 100 * r.kept_ratio, 100 * std::min(1.0, row.ideal),
+                  Median(r.capture_ms), Median(r.commit_ms), restore, bytes / restore / 1e9,
+                  Median(r.degraded_s), r.sent);
     }
-    if (none.ok && arc.ok) {
-      std::printf("      arc / none: memory %.2f, capture %.2f, commit %.2f, restore %.2f\n",
-                  arc.kept_ratio / none.kept_ratio,
-                  Median(arc.capture_ms) / Median(none.capture_ms),
-                  Median(arc.commit_ms) / Median(none.commit_ms),
-                  Median(arc.restore_s) / Median(none.restore_s));
+    const ArcResult& none = rows[0].r;
+    for (size_t i = 1; i < rows.size(); ++i) {
+      const ArcResult& r = rows[i].r;
+      if (!none.ok || !r.ok) continue;
+      std::printf(
+          "      %s / none: memory %.2f, capture %.2f, commit %.2f, restore %.2f, degraded "
+          "restore %.2f\n",
+          rows[i].protection, r.kept_ratio / none.kept_ratio,
+          Median(r.capture_ms) / Median(none.capture_ms),
+          Median(r.commit_ms) / Median(none.commit_ms),
+          Median(r.restore_s) / Median(none.restore_s),
+          Median(r.degraded_s) / Median(none.degraded_s));
+    }
+    if (none.ok && rows[1].r.ok) {
       // What arc's restores moved: every rank gathers the (1 - kept) of its state it lacks.
+      const ArcResult& arc = rows[1].r;
       const double gathered = (1 - arc.kept_ratio) * static_cast<double>(bytes) * m;
       const double slowest = *std::max_element(arc.restore_s.begin(), arc.restore_s.end());
       std::printf(
@@ -1417,9 +1459,10 @@ void Arc(const Args& a) {
     }
   }
   std::printf(
-      "  (kept: the chunks of the ranks' segments over their states; capture: put_shard of every "
-      "shard + wait_capture; restore: every rank restores its whole state at once, the median "
-      "rank; medians over ranks and versions 2..%d)\n",
+      "  (kept: the slices' chunks and parity units of the ranks' segments over their states; "
+      "capture: put_shard of every shard + wait_capture; restore: every rank restores its whole "
+      "state at once, the median rank; degraded: the same by the others once rank m-1's store "
+      "is closed; medians over ranks and versions 2..%d)\n",
       versions);
 }
 

@@ -238,6 +238,43 @@ TEST_F(CliTest, VerifyIsCleanThenNamesAFlippedByte) {
   EXPECT_EQ(r.code, 2) << r.output;
 }
 
+// `ckptdb demo --protection aec`: four ranks holding the same state in one replica group (REFT's
+// AEC), node 3 lost; every rank restores bit for bit, slice 3 decoded from the others' parity
+// units (aec:rankN); inspect shows what a member keeps. Bad combinations exit 2, naming why.
+TEST_F(CliTest, DemoWithAecRestoresTheLostNodeFromParity) {
+  TempDir demo("/dev/shm");
+  const std::string root = demo.Sub("job");
+  const std::string ram = demo.Sub("ram");
+  Result r = Cli("demo --protection aec --mib-per-rank 8 --iterations 3 --compute-ms 50 --root " +
+                 Quote(root) + " --ram-dir " + Quote(ram));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("protection aec"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("aec:rank"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(" NO\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ok: every rank restored v3 bit for bit"), std::string::npos) << r.output;
+  r = Cli("inspect " + Quote(root + "/node0/rank0") + " --version 3");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("of AEC parity of the others' slices"), std::string::npos) << r.output;
+  r = Cli("inspect " + Quote(root + "/node0/rank0") + " --version 3 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  uint64_t parity = 0;
+  for (const auto& t : j["versions"][0]["tensors"]) parity += t["parity_bytes"].get<uint64_t>();
+  EXPECT_GT(parity, 0u) << r.output;
+
+  r = Cli("demo --protection aec --ranks 4 --nodes 2 --root " + Quote(root) + " --ram-dir " +
+          Quote(ram));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("one rank per node"), std::string::npos) << r.output;
+  r = Cli("demo --protection aec --ranks 2 --nodes 2 --root " + Quote(root) + " --ram-dir " +
+          Quote(ram));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("3 or more of them with AEC"), std::string::npos) << r.output;
+  r = Cli("demo --protection xor --root " + Quote(root));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--protection"), std::string::npos) << r.output;
+}
+
 // verify of a coding group's roots, as a user runs it after `ckptdb demo --redundancy xor:3`
 // (four ranks on four simulated nodes, node 3 lost and rebuilt): the group's parity recomputed
 // and its spare counted; a flipped byte in a parity block is a problem (exit 1); one root says

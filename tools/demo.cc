@@ -343,6 +343,14 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--redundancy", cluster->redundancy,
                   "replicate:M, or ec:K+M / xor:K coding groups (many ranks)")
       ->capture_default_str();
+  auto* protection =
+      cmd->add_option("--protection", cluster->protection,
+                      "REFT's in-memory protection instead of GEMINI's replicas: arc, aec or "
+                      "arc+aec. Every rank then holds the same data-parallel state, declared one "
+                      "replica group (one rank per node), and keeps only its slices (and parity) "
+                      "of it; the lost node's ranks restore from the group. Redundancy is none "
+                      "unless --redundancy says otherwise")
+          ->check(CLI::IsMember({"arc", "aec", "arc+aec"}));
   cmd->add_option("--mib-per-rank", cluster->mib_per_rank, "State per rank in MiB (many ranks)")
       ->check(CLI::Range(1.0, 4096.0))
       ->capture_default_str();
@@ -383,7 +391,8 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--drop-ram", args->drop_ram,
                 "Delete the ram tier's arena at the end, as a reboot would (one rank; verify then "
                 "reports those copies missing)");
-  cmd->callback([args, cluster, iterations, compute, exit_code]() {
+  auto* redundancy = cmd->get_option("--redundancy");
+  cmd->callback([args, cluster, iterations, compute, protection, redundancy, exit_code]() {
     if (cluster->ranks == 1) {
       *exit_code = RunDemo(*args);
       return;
@@ -392,6 +401,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
     cluster->ram_dir = args->ram_dir;
     if (compute->count() > 0) cluster->compute_ms = args->compute_ms;
     if (iterations->count() > 0) cluster->iterations = args->iterations;
+    if (protection->count() > 0 && redundancy->count() == 0) cluster->redundancy = "none";
     *exit_code = demo::RunClusterDemo(*cluster);
   });
 }

@@ -93,8 +93,11 @@ struct ClusterArgs {
   std::string tls = "tcp";
   int port = 0;                            // 0: a free one
   std::string redundancy = "replicate:2";  // or ec:K+M, xor:K
-  int kill_rounds = 0;                     // > 0: the kill campaign instead of the demo
-  uint64_t seed = 1;                       // the campaign's faults and their times
+  // REFT: "arc", "aec" or "arc+aec": every rank holds the same (data-parallel) state, one replica
+  // group of all ranks, one rank per node; empty: each rank its own shard.
+  std::string protection;
+  int kill_rounds = 0;  // > 0: the kill campaign instead of the demo
+  uint64_t seed = 1;    // the campaign's faults and their times
 };
 
 // `ckptdb demo --ranks R --nodes N` (R > 1): tools/demo_cluster.cc. Returns the exit code.

@@ -95,6 +95,13 @@ std::vector<Tensor> BuildShard(int rank, double mib) {
   return out;
 }
 
+// The state a rank holds: its own shard, or with a replica group (--protection) the one
+// data-parallel state every rank holds.
+int StateOf(const Job& job, int rank) { return job.args.protection.empty() ? rank : 0; }
+unsigned PutFlags(const Job& job) {
+  return job.args.protection.empty() ? 0u : unsigned{CKPTDB_PUT_REPLICATED};
+}
+
 void SeedShard(std::vector<Tensor>& shard, int rank) {
   for (size_t i = 0; i < shard.size(); ++i) Seed(shard[i], uint64_t(rank + 1) * 1000 + i + 1);
 }
@@ -127,8 +134,21 @@ int OpenRank(const Job& job, int rank, uint64_t version_bytes, ckptdb** db) {
   o.job_token = job.token.c_str();
   o.redundancy = job.args.redundancy.c_str();
   o.staging_bytes = 16 << 20;
+  // A replica group cuts shards into slices of whole chunks: small chunks, so that the demo's
+  // tensors of a few MiB are spread over the members rather than left whole in the last slice.
+  if (!job.args.protection.empty()) o.chunk_bytes = 256 << 10;
   setenv("CKPTDB_UCX_TLS", job.args.tls.c_str(), 1);
-  return ckptdb_open(&o, db);
+  int rc = ckptdb_open(&o, db);
+  if (rc != CKPTDB_OK || job.args.protection.empty()) return rc;
+  // REFT: all ranks are one replica group, declared again at every open, before any put.
+  std::vector<uint32_t> members;
+  for (int r = 0; r < job.args.ranks; ++r) members.push_back(static_cast<uint32_t>(r));
+  rc = ckptdb_declare_replicas(*db, 0, members.data(), members.size(), job.args.protection.c_str());
+  if (rc != CKPTDB_OK) {
+    ckptdb_close(*db);
+    *db = nullptr;
+  }
+  return rc;
 }
 
 uint64_t VersionBytes(const std::vector<Tensor>& shard) {
@@ -164,7 +184,7 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
     for (const Tensor& t : shard) {
       ckptdb_tensor_info info = InfoOf(t);
       int rc = ckptdb_put_shard(db, static_cast<uint64_t>(it), t.name.c_str(), t.data, t.bytes,
-                                &info, 0);
+                                &info, PutFlags(job));
       if (rc != CKPTDB_OK) return SetError(r, rc, "put " + t.name + ": " + ErrorText(rc));
     }
     put_ms = Seconds(std::chrono::steady_clock::now() - p0) * 1e3;
@@ -176,7 +196,7 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
 
 // Phase 2: the restarted rank restores the latest version and checks every byte against the
 // state recomputed from the seed.
-void Restore(ckptdb* db, int rank, std::vector<Tensor>& shard, Report* r) {
+void Restore(ckptdb* db, int state, std::vector<Tensor>& shard, Report* r) {
   int rc = ckptdb_latest(db, &r->latest);
   if (rc != CKPTDB_OK) return SetError(r, rc, "latest: " + ErrorText(rc));
   auto t0 = std::chrono::steady_clock::now();
@@ -212,7 +232,7 @@ void Restore(ckptdb* db, int rank, std::vector<Tensor>& shard, Report* r) {
     text += part;
   }
   std::snprintf(r->sources, sizeof r->sources, "%s", text.c_str());
-  SeedShard(shard, rank);
+  SeedShard(shard, state);
   for (uint64_t it = 1; it <= r->latest; ++it) {
     for (Tensor& t : shard) Step(t, it);
   }
@@ -238,7 +258,7 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
   } else if (rc != CKPTDB_OK) {
     return SetError(r, rc, "latest: " + ErrorText(rc));
   } else {
-    Restore(db, rank, shard, r);
+    Restore(db, StateOf(job, rank), shard, r);
     if (r->status != 0) return;
   }
   if (write(report_fd, r, sizeof *r) != static_cast<ssize_t>(sizeof *r)) return;
@@ -248,7 +268,8 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
     for (Tensor& t : shard) Step(t, it);
     for (const Tensor& t : shard) {
       ckptdb_tensor_info info = InfoOf(t);
-      if (ckptdb_put_shard(db, it, t.name.c_str(), t.data, t.bytes, &info, 0) != CKPTDB_OK) {
+      if (ckptdb_put_shard(db, it, t.name.c_str(), t.data, t.bytes, &info, PutFlags(job)) !=
+          CKPTDB_OK) {
         return;
       }
     }
@@ -260,7 +281,7 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
 // A rank process: runs its phase, reports, then waits for the word to close (or its SIGKILL).
 int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd) {
   alarm(600);  // never outlive a scheduler that went away
-  std::vector<Tensor> shard = BuildShard(rank, job.args.mib_per_rank);
+  std::vector<Tensor> shard = BuildShard(StateOf(job, rank), job.args.mib_per_rank);
   Report r;
   for (Tensor& t : shard) {
     t.data = Allocate(t.bytes);
@@ -272,7 +293,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   }
   ckptdb* db = nullptr;
   if (r.status == 0) {
-    SeedShard(shard, rank);
+    SeedShard(shard, StateOf(job, rank));
     auto o0 = std::chrono::steady_clock::now();
     int rc = OpenRank(job, rank, VersionBytes(shard), &db);
     r.open_ms = Seconds(std::chrono::steady_clock::now() - o0) * 1e3;
@@ -283,7 +304,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   }
   if (db != nullptr) {
     if (phase == 1) Train(job, rank, db, shard, &r);
-    if (phase == 2) Restore(db, rank, shard, &r);
+    if (phase == 2) Restore(db, StateOf(job, rank), shard, &r);
     if (phase == 3) {
       Campaign(job, rank, db, shard, &r, report_fd);
       if (r.status == -1) {  // reported, trained until its commit failed: wait for the kill
@@ -732,6 +753,14 @@ int RunClusterDemo(const ClusterArgs& a) {
                  a.ranks, a.nodes);
     return kExitUsage;
   }
+  if (!a.protection.empty() && (a.nodes != a.ranks || (a.protection != "arc" && a.ranks < 3))) {
+    std::fprintf(stderr,
+                 "ckptdb demo: --protection %s --ranks %d --nodes %d: a replica group needs one "
+                 "rank per node (nodes = ranks)%s\n",
+                 a.protection.c_str(), a.ranks, a.nodes,
+                 a.protection == "arc" ? "" : ", and 3 or more of them with AEC");
+    return kExitUsage;
+  }
   if (job.args.kill_node < 0) job.args.kill_node = a.nodes - 1;
   if (job.args.kill_node >= a.nodes) {
     std::fprintf(stderr, "ckptdb demo: --kill-node %d: choose a node from 0 to %d\n",
@@ -761,7 +790,18 @@ int RunClusterDemo(const ClusterArgs& a) {
       "(catalogs; disk tier every=5)\n",
       a.ram_dir.c_str(), a.root.c_str());
   const bool coded = a.redundancy.rfind("replicate:", 0) != 0;
-  if (coded) {
+  if (!a.protection.empty()) {
+    std::printf(
+        "every rank holds the same data-parallel state: one replica group of all %d ranks, "
+        "protection %s (REFT: each keeps its slice%s; `ckptdb plan --nodes %d --dp %d --reft "
+        "%s`), redundancy %s, CKPTDB_UCX_TLS=%s on loopback, coordinator %s\n",
+        a.ranks, a.protection.c_str(),
+        a.protection == "arc"   ? " and the next one's"
+        : a.protection == "aec" ? " and XOR parity of the others'"
+                                : ", the next one's and XOR parity of two others'",
+        a.nodes, a.ranks, a.protection == "arc+aec" ? "arc --reft aec" : a.protection.c_str(),
+        a.redundancy.c_str(), a.tls.c_str(), coordinator.c_str());
+  } else if (coded) {
     std::printf(
         "redundancy %s (coding groups of K+M nodes, parity in each other's memory: `ckptdb plan "
         "--nodes %d --ec K+M`), CKPTDB_UCX_TLS=%s (tcp: ckptdb's authenticated socket) on "
@@ -860,8 +900,11 @@ int RunClusterDemo(const ClusterArgs& a) {
                 p.bit_exact ? "yes" : "NO");
     const bool lost = job.NodeOf(r) == victim;
     if (!p.bit_exact || p.latest != static_cast<uint64_t>(a.iterations)) ok = false;
-    const bool from_peers =
-        std::strncmp(p.source, "peer:", 5) == 0 || std::strncmp(p.source, "rebuild:", 8) == 0;
+    // A replica group's members all gather slices from the others ("arc:rankN") and decode what
+    // none keeps whole ("aec:rankN"): the lost one reads nothing of its own ram, the others do.
+    const bool from_peers = !a.protection.empty() ? std::strstr(p.sources, "ram ") == nullptr
+                                                  : std::strncmp(p.source, "peer:", 5) == 0 ||
+                                                        std::strncmp(p.source, "rebuild:", 8) == 0;
     if (lost != from_peers) {
       std::fprintf(stderr, "ckptdb demo: rank %d restored from %s, expected %s\n", r, p.source,
                    lost ? "its peers' memory" : "its own ram tier");
