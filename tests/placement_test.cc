@@ -585,6 +585,49 @@ TEST(PlanCliTest, ReftStackingAndRanksPerNode) {
   EXPECT_TRUE(Has(bad, "'xor' is not a REFT scheme")) << bad.output;
 }
 
+// --compare: REFT's protections as ckptdb builds them beside replicas of each node's snapshot,
+// on 8 nodes in sharding groups of 4. Memory per node: 1/4, 1/2, 1/4 + 1/12, 1/2 + 1/8, 2/4.
+// Two failures of 28 pairs: ARC loses the 8 adjacent pairs within a group (20/28), AEC every
+// pair within a group (12 of 28: 16/28 survive), ARC with AEC none; replicas (the mixed
+// placement of 8 nodes, pairs) lose the 4 pairs that hold both copies (24/28).
+TEST(PlanCliTest, CompareSetsTheProtectionsSideBySide) {
+  Result r = Plan("--nodes 8 --dp 4 --compare --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  struct Want {
+    const char* name;
+    double memory;
+    int tolerated;
+    double two;
+  };
+  const Want want[] = {{"none", 0.25, 0, 0.0},
+                       {"arc", 0.5, 1, 20.0 / 28},
+                       {"aec", 0.25 + 1.0 / 12, 1, 16.0 / 28},
+                       {"arc+aec", 0.625, 2, 1.0},
+                       {"replicate:2", 0.5, 1, 24.0 / 28}};
+  ASSERT_EQ(j["comparison"].size(), std::size(want)) << r.output;
+  for (size_t i = 0; i < std::size(want); ++i) {
+    const auto& row = j["comparison"][i];
+    SCOPED_TRACE(want[i].name);
+    EXPECT_EQ(row["protection"], want[i].name);
+    EXPECT_NEAR(row["memory_per_node"].get<double>(), want[i].memory, 1e-12);
+    EXPECT_EQ(row["tolerated_in_sharding_group"], want[i].tolerated);
+    EXPECT_NEAR(row["failures"][1]["recovery_probability"].get<double>(), want[i].two, 1e-12);
+  }
+  Result text = Plan("--nodes 8 --dp 4 --compare --ec 3+1");
+  EXPECT_EQ(text.code, 0) << text.output;
+  EXPECT_TRUE(Has(text, "arc+aec           0.625          2      100.0%      100.0%"))
+      << text.output;
+  EXPECT_TRUE(Has(text, "ec:3+1")) << text.output;
+  EXPECT_TRUE(Has(text, "REFT's AOR is not built")) << text.output;
+  Result bad = Plan("--nodes 8 --dp 4 --compare --reft arc");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_TRUE(Has(bad, "--compare picks the protections itself")) << bad.output;
+  Result pairs = Plan("--nodes 8 --dp 2 --compare");  // no aec rows with groups of 2
+  EXPECT_EQ(pairs.code, 0) << pairs.output;
+  EXPECT_FALSE(Has(pairs, "aec")) << pairs.output;
+}
+
 TEST(PlanCliTest, BadArgumentsExitTwo) {
   struct Case {
     const char* args;

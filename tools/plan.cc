@@ -18,6 +18,7 @@
 #include "redundancy/placement.h"
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "util/assert.h"
 
 namespace ckpt::tools {
 namespace {
@@ -40,6 +41,7 @@ struct PlanArgs {
   int ranks_per_node = 1;
   int dp = 0;                     // REFT sharding groups of this many nodes
   std::vector<std::string> reft;  // their schemes, stacked
+  bool compare = false;           // --dp S --compare: the protections side by side
 };
 
 struct Weibull {
@@ -372,6 +374,121 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
   return kExitOk;
 }
 
+// --dp S --compare: REFT's protections within the sharding groups as ckptdb builds them
+// (ckptdb_declare_replicas), next to each other and to copies or coding of each node's whole
+// snapshot across nodes, on the same N nodes: memory per node, the losses a sharding group
+// tolerates, and the exact odds of a restart from memory for 1 to 3 failures.
+int RunComparePlan(const PlanArgs& args, const std::string& nodes_text) {
+  struct Candidate {
+    std::string name;
+    std::vector<std::string> reft;
+    int replicas = 0;  // > 1: replicate:M of each node's snapshot
+    bool coding = false;
+  };
+  std::vector<Candidate> list = {{"none", {}}, {"arc", {"arc"}}};
+  if (args.dp >= 3) {
+    list.push_back({"aec", {"aec"}});
+    list.push_back({"arc+aec", {"arc", "aec"}});
+  }
+  list.push_back({"replicate:2", {}, 2});
+  if (!args.ec.empty()) list.push_back({"ec:" + args.ec, {}, 0, true});
+  std::vector<int> counts;
+  if (args.failures_given) {
+    counts.push_back(args.failures);
+  } else {
+    for (int k = 1; k <= std::min(args.nodes, 3); ++k) counts.push_back(k);
+  }
+  const std::string options = nodes_text + " --dp " + std::to_string(args.dp) + " --compare";
+  nlohmann::ordered_json json = nlohmann::ordered_json::array();
+  if (!args.json) {
+    std::printf(
+        "REFT sharding groups of %d nodes holding the same state, %d nodes; memory per node in "
+        "units of the group's state; tolerated: the fewest of a group's nodes whose loss loses "
+        "data, minus one\n\n%-14s %8s %10s",
+        args.dp, args.nodes, "protection", "memory", "tolerated");
+    for (int k : counts) std::printf("  %d failure%s", k, k == 1 ? " " : "s");
+    std::printf("\n");
+  }
+  for (const Candidate& c : list) {
+    std::vector<redundancy::ReftScheme> schemes;
+    for (const std::string& text : c.reft) {
+      redundancy::ReftScheme s;
+      const Status parsed = redundancy::ParseReftScheme(text, &s);
+      CKPTDB_ASSERT(parsed.ok());  // the names above
+      schemes.push_back(s);
+    }
+    std::optional<Placement> replicas;
+    std::optional<CodingPlacement> coding;
+    if (c.replicas > 1) {
+      Placement r;
+      if (Status st =
+              redundancy::ComputePlacement(args.nodes, c.replicas, PlacementStrategy::kMixed, &r);
+          !st.ok()) {
+        return Usage(options + ": " + c.name + ": " + st.message());
+      }
+      replicas = r;
+    }
+    if (c.coding) {
+      int data = 0, parity = 0;
+      if (std::string error; !ParseEc(args.ec, &data, &parity, &error)) return Usage(error);
+      CodingPlacement p;
+      if (Status st = redundancy::ComputeCodingPlacement(args.nodes, data, parity, &p); !st.ok()) {
+        return Usage(options + " --ec " + args.ec + ": " + st.message());
+      }
+      coding = p;
+    }
+    redundancy::FailureModel model(args.nodes);
+    if (Status st = redundancy::BuildReftModel(args.nodes, args.dp, schemes,
+                                               replicas ? &*replicas : nullptr,
+                                               coding ? &*coding : nullptr, &model);
+        !st.ok()) {
+      return Usage(options + ": " + c.name + ": " + st.message());
+    }
+    std::vector<int> group;
+    for (int i = 0; i < args.dp; ++i) group.push_back(i);
+    int smallest = 0;
+    std::vector<int> loss_set;
+    std::string lost;
+    std::optional<int> tolerated;
+    if (model.SmallestLoss(group, &smallest, &loss_set, &lost).ok()) {
+      tolerated = smallest > 0 ? smallest - 1 : args.dp;
+    }
+    nlohmann::ordered_json row;
+    row["protection"] = c.name;
+    row["memory_per_node"] = model.memory_per_node;
+    if (tolerated) row["tolerated_in_sharding_group"] = *tolerated;
+    row["failures"] = nlohmann::ordered_json::array();
+    if (!args.json) {
+      std::printf("%-14s %8.4g %10s", c.name.c_str(), model.memory_per_node,
+                  tolerated ? std::to_string(*tolerated).c_str() : "-");
+    }
+    for (int k : counts) {
+      double recovery = 0, loss = 0;
+      const bool known = model.RecoveryProbability(k, &recovery, &loss).ok();
+      if (known) row["failures"].push_back({{"failures", k}, {"recovery_probability", recovery}});
+      if (!args.json) {
+        std::printf("  %10s", known ? Percent(recovery, loss).c_str() : "-");
+      }
+    }
+    if (!args.json) std::printf("\n");
+    json.push_back(row);
+  }
+  if (args.json) {
+    nlohmann::ordered_json doc;
+    doc["format"] = "ckptdb-plan";
+    doc["format_version"] = 1;
+    doc["nodes"] = args.nodes;
+    doc["sharding_group"] = args.dp;
+    doc["comparison"] = json;
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    std::printf(
+        "\n(\"-\": too many failure sets to enumerate. REFT's AOR is not built, so not "
+        "compared.)\n");
+  }
+  return kExitOk;
+}
+
 int RunPlan(const PlanArgs& args) {
   const std::string nodes_text = "--nodes " + std::to_string(args.nodes);
   if (args.nodes < 1 || args.nodes > redundancy::kMaxPlacementNodes) {
@@ -380,6 +497,16 @@ int RunPlan(const PlanArgs& args) {
   if (args.failures_given && (args.failures < 0 || args.failures > args.nodes)) {
     return Usage("--failures " + std::to_string(args.failures) + " is outside 0.." +
                  std::to_string(args.nodes) + " (" + nodes_text + ")");
+  }
+  if (args.compare) {
+    if (args.dp == 0) return Usage("--compare needs --dp S");
+    if (!args.reft.empty() || args.replicas_given || !args.weibull.empty() ||
+        args.ranks_per_node != 1) {
+      return Usage(
+          "--compare picks the protections itself: not with --reft, --replicas, "
+          "--weibull or --ranks-per-node (--ec adds a coding row)");
+    }
+    return RunComparePlan(args, nodes_text);
   }
   if (args.dp > 0 || !args.reft.empty() || args.ranks_per_node != 1) {
     if (!args.weibull.empty()) {
@@ -591,6 +718,11 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                   "days (REFT section 5); needs --days")
       ->needs(days);
   days->needs("--weibull");
+  cmd->add_flag("--compare", args->compare,
+                "With --dp S: none, arc, aec, arc+aec (as ckptdb_declare_replicas builds them) "
+                "and replicate:2 (or --ec K+P) of each node's snapshot, side by side: memory per "
+                "node, losses tolerated, odds for 1 to 3 failures")
+      ->needs(dp);
   cmd->add_flag("--json", args->json,
                 "Print one JSON document (schema in docs/cli.md) instead of the table");
   cmd->callback([args, exit_code, failures, replicas] {
