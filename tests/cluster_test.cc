@@ -892,7 +892,8 @@ int SaveShared(const Job& job, uint32_t rank, const char* protection,
 // others' slices (shared/0's 10 pieces, cut 2, 3, 2, 3: one unit of 1 MiB each; shared/1's one
 // piece, in slice 3: a unit on rank 0), computed from its own replica. Node 2 lost: every rank
 // restores both shards bit for bit, slice 2 decoded from the units ranks 3 and 0 keep, and latest
-// and recoverable count v2 with no loss to spare. Node 1 lost too: v2 is not recoverable, and a
+// and recoverable count v2 with no loss to spare. A flipped byte in one of the units then fails
+// the restore of the piece it protects, zeroed. Node 1 lost too: v2 is not recoverable, and a
 // restore of it fails with the pieces it cannot decode zeroed, never wrong.
 TEST_F(ClusterTest, AecMembersKeepParityAndDecodeALostMembersSlice) {
   job_.replicas = 1;
@@ -922,6 +923,33 @@ TEST_F(ClusterTest, AecMembersKeepParityAndDecodeALostMembersSlice) {
                  sources.c_str());
     }
     return EndPhase(job_, rank, "restore", db);
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  // Rank 3's parity unit of shared/0 (its chunk 3, after its slice's three) goes bad in its
+  // arena: piece 5, which only that unit still protects, cannot be decoded. The restore fails
+  // naming the unit, piece 5 zeroed, every other byte right.
+  ASSERT_NO_FATAL_FAILURE(FlipChunkInArena(job_, 3, 2, 3));
+  codes = RunRanks(job_, [&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenGroup(job_, rank, "aec", &db) != 0) return 1;
+    if (CheckLatest(db, rank, 2) != 0) return 1;  // every member has recovered
+    if (rank == 0) {
+      std::vector<uint8_t> out(kSharedBytes, 0xEE);
+      int rc = ckptdb_restore(db, 2, "shared/0", out.data(), out.size(), 0);
+      const std::string error = ckptdb_last_error();
+      RANK_CHECK(rc == CKPTDB_ECORRUPT && error.find("1 of the 10 pieces") != std::string::npos &&
+                     error.find("parity unit 0 of the parity units of 'shared/0' that rank 3 "
+                                "keeps fails xxh3") != std::string::npos,
+                 "restore with rank 3's unit flipped: %d (%s)", rc, error.c_str());
+      const auto want = SharedData(2, 0, kSharedBytes);
+      const size_t bad_from = 5 * kMiB, bad_to = 6 * kMiB;  // piece 5
+      RANK_CHECK(std::equal(out.begin(), out.begin() + bad_from, want.begin()) &&
+                     std::all_of(out.begin() + bad_from, out.begin() + bad_to,
+                                 [](uint8_t x) { return x == 0; }) &&
+                     std::equal(out.begin() + bad_to, out.end(), want.begin() + bad_to),
+                 "the restored buffer is not v2 with piece 5 zeroed");
+    }
+    return EndPhase(job_, rank, "flipped", db);
   });
   ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
   LoseNode(job_, 1);
