@@ -1907,6 +1907,21 @@ TEST(FormatGolden, ReadsV1) {
   EXPECT_EQ(records[4].header.sequence, 4u);
 }
 
+// A golden manifest file (versions 2 to 4): written from contents by its DISABLED_Regenerate
+// test, which prints what its Reads test pins; read back with its XXH3 checked.
+void WriteGoldenManifest(const std::string& path, const ManifestContents& contents) {
+  std::vector<uint8_t> m = BuildManifest(contents);
+  test::WriteWholeFile(path, std::string(m.begin(), m.end()));
+  std::printf("wrote %s: %zu bytes, xxh3 %s\n", path.c_str(), m.size(),
+              Hex64(Xxh3(m.data(), m.size())).c_str());
+}
+std::vector<uint8_t> GoldenManifest(const std::string& path, uint64_t xxh3) {
+  const std::string raw = test::ReadWholeFile(path);
+  std::vector<uint8_t> bytes(raw.begin(), raw.end());
+  EXPECT_EQ(Hex64(Xxh3(bytes.data(), bytes.size())), Hex64(xxh3)) << path;
+  return bytes;
+}
+
 // ---- the golden manifest of format version 2 ------------------------------------------------
 
 // tests/data/golden-arc-v2.ckmf: ArcContents() as BuildManifest writes it. Version 2 changes only
@@ -1917,18 +1932,11 @@ std::string GoldenV2Path() { return std::string(CKPTDB_TEST_DATA_DIR) + "/golden
 constexpr uint64_t kGoldenV2Xxh3 = 0x66ab1b68808ceb60ull;
 constexpr uint64_t kGoldenV2Bytes = 568;
 
-TEST(FormatGolden, DISABLED_RegenerateV2) {
-  std::vector<uint8_t> m = BuildManifest(ArcContents());
-  test::WriteWholeFile(GoldenV2Path(), std::string(m.begin(), m.end()));
-  std::printf("wrote %s: %zu bytes, xxh3 %s\n", GoldenV2Path().c_str(), m.size(),
-              Hex64(Xxh3(m.data(), m.size())).c_str());
-}
+TEST(FormatGolden, DISABLED_RegenerateV2) { WriteGoldenManifest(GoldenV2Path(), ArcContents()); }
 
 TEST(FormatGolden, ReadsV2Manifest) {
-  std::string raw = test::ReadWholeFile(GoldenV2Path());
-  std::vector<uint8_t> bytes(raw.begin(), raw.end());
+  const std::vector<uint8_t> bytes = GoldenManifest(GoldenV2Path(), kGoldenV2Xxh3);
   ASSERT_EQ(bytes.size(), kGoldenV2Bytes) << GoldenV2Path();
-  EXPECT_EQ(Hex64(Xxh3(bytes.data(), bytes.size())), Hex64(kGoldenV2Xxh3));
   ManifestView v;
   Status st = ManifestView::Open(bytes, kBlockBytes + 2 * RecordBytes(4096) + RecordBytes(8),
                                  "golden-arc-v2", &v);
@@ -2087,18 +2095,11 @@ std::string GoldenV4Path() { return std::string(CKPTDB_TEST_DATA_DIR) + "/golden
 constexpr uint64_t kGoldenV4Xxh3 = 0x0c690d040a76a525ull;
 constexpr uint64_t kGoldenV4Bytes = 576;
 
-TEST(FormatGolden, DISABLED_RegenerateV4) {
-  std::vector<uint8_t> m = BuildManifest(AecContents());
-  test::WriteWholeFile(GoldenV4Path(), std::string(m.begin(), m.end()));
-  std::printf("wrote %s: %zu bytes, xxh3 %s\n", GoldenV4Path().c_str(), m.size(),
-              Hex64(Xxh3(m.data(), m.size())).c_str());
-}
+TEST(FormatGolden, DISABLED_RegenerateV4) { WriteGoldenManifest(GoldenV4Path(), AecContents()); }
 
 TEST(FormatGolden, ReadsV4Manifest) {
-  std::string raw = test::ReadWholeFile(GoldenV4Path());
-  std::vector<uint8_t> bytes(raw.begin(), raw.end());
+  const std::vector<uint8_t> bytes = GoldenManifest(GoldenV4Path(), kGoldenV4Xxh3);
   ASSERT_EQ(bytes.size(), kGoldenV4Bytes) << GoldenV4Path();
-  EXPECT_EQ(Hex64(Xxh3(bytes.data(), bytes.size())), Hex64(kGoldenV4Xxh3));
   ManifestView v;
   Status st = ManifestView::Open(bytes, kAecDataEnd, "golden-aec-v4", &v);
   ASSERT_TRUE(st.ok()) << st.ToString();
@@ -2125,18 +2126,11 @@ TEST(FormatGolden, ReadsV4Manifest) {
   EXPECT_EQ(v.Find("rng")->parity_chunks(), 0u);
 }
 
-TEST(FormatGolden, DISABLED_RegenerateV3) {
-  std::vector<uint8_t> m = BuildManifest(PackedContents());
-  test::WriteWholeFile(GoldenV3Path(), std::string(m.begin(), m.end()));
-  std::printf("wrote %s: %zu bytes, xxh3 %s\n", GoldenV3Path().c_str(), m.size(),
-              Hex64(Xxh3(m.data(), m.size())).c_str());
-}
+TEST(FormatGolden, DISABLED_RegenerateV3) { WriteGoldenManifest(GoldenV3Path(), PackedContents()); }
 
 TEST(FormatGolden, ReadsV3Manifest) {
-  std::string raw = test::ReadWholeFile(GoldenV3Path());
-  std::vector<uint8_t> bytes(raw.begin(), raw.end());
+  const std::vector<uint8_t> bytes = GoldenManifest(GoldenV3Path(), kGoldenV3Xxh3);
   ASSERT_EQ(bytes.size(), kGoldenV3Bytes) << GoldenV3Path();
-  EXPECT_EQ(Hex64(Xxh3(bytes.data(), bytes.size())), Hex64(kGoldenV3Xxh3));
   ManifestView v;
   Status st = ManifestView::Open(bytes, kPackedDataEnd, "golden-packed-v3", &v);
   ASSERT_TRUE(st.ok()) << st.ToString();
