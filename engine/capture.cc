@@ -56,23 +56,14 @@ uint64_t Db::CopyPack(uint8_t* payload, const std::vector<PackPart>& parts,
 }
 
 // An AEC parity unit's payload (docs/format.md, "AEC parity units"): the XOR of its parts,
-// pieces of the caller's shard, each zero-padded to the unit's `bytes`. A device shard's pieces
-// are copied to the host first, one at a time.
-Status Db::XorParts(uint8_t* payload, uint64_t bytes, const std::vector<PackPart>& parts,
-                    int device) {
+// pieces of the caller's shard in host memory (a replicated shard in device memory is refused at
+// its put), each zero-padded to the unit's `bytes`.
+void Db::XorParts(uint8_t* payload, uint64_t bytes, const std::vector<PackPart>& parts) {
   std::memset(payload, 0, bytes);
-  std::vector<uint8_t> staged;
   for (const PackPart& p : parts) {
     CKPTDB_ASSERT(p.offset == 0 && p.bytes <= bytes);
-    const uint8_t* src = p.src;
-    if (device >= 0) {
-      staged.resize(p.bytes);
-      CKPTDB_RETURN_IF_ERROR(device_->CopyToHost(device, staged.data(), p.src, p.bytes));
-      src = staged.data();
-    }
-    redundancy::XorInto(payload, src, p.bytes);
+    redundancy::XorInto(payload, p.src, p.bytes);
   }
-  return Status::Ok();
 }
 
 Status ValidateName(const char* name, const std::string& call) {
@@ -362,16 +353,9 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   const bool parity = c.parity;
   lock.unlock();
   if (parity) {
-    // An AEC parity unit: its parts XORed (device memory through the host).
-    Status st = XorParts(record + kBlockBytes, c.payload_bytes, *parts, c.device);
-    if (!st.ok()) {
-      lock.lock();
-      FailLocked(v, st.WithContext("capture of parity chunk " + std::to_string(index) + " of " +
-                                   V(v->version)));
-      c.home = Home::kDropped;
-      FinishChunkLocked(v, &c);
-      return;
-    }
+    // An AEC parity unit: its parts XORed, then hashed.
+    CKPTDB_ASSERT(c.device < 0);
+    XorParts(record + kBlockBytes, c.payload_bytes, *parts);
     rh.payload_xxh3 = format::Xxh3(record + kBlockBytes, c.payload_bytes);
   } else if (parts != nullptr) {
     rh.payload_xxh3 = CopyPack(record + kBlockBytes, *parts, &part_xxh3);

@@ -36,7 +36,8 @@ inline constexpr uint64_t kMaxFetchBytes = uint64_t{8} << 20;
 // itself: a job runs one build. 2: holdings list the versions in memory, decisions carry a cause.
 // 3: holdings list "arc" replica groups' versions, replica checks compare the protection.
 // 4: one-sided windows (kWindow; replica pieces "landed" in one; fetches into one).
-inline constexpr uint32_t kProtocolVersion = 4;
+// 5: holdings' replica-group reports end with the group's protection (arc, aec, arc+aec).
+inline constexpr uint32_t kProtocolVersion = 5;
 
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();

@@ -448,8 +448,8 @@ class Db {
   bool ChunkCapturedLocked(LiveVersion* v, uint32_t index, uint64_t xxh3);
   static uint64_t CopyPack(uint8_t* payload, const std::vector<PackPart>& parts,
                            std::vector<uint64_t>* part_xxh3);
-  // An AEC parity unit's payload: the XOR of `parts` (on `device` when >= 0), zero-padded.
-  Status XorParts(uint8_t* payload, uint64_t bytes, const std::vector<PackPart>& parts, int device);
+  // An AEC parity unit's payload: the XOR of `parts` (host memory), zero-padded.
+  static void XorParts(uint8_t* payload, uint64_t bytes, const std::vector<PackPart>& parts);
   bool AcquireStaging(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index,
                       uint64_t bytes, StagingRing::Region* out);
   void FailLocked(LiveVersion* v, const Status& st);

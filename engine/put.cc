@@ -385,7 +385,6 @@ void Db::AddParityLocked(LiveVersion* v, const PreparedShard& s, uint32_t count,
     ChunkSlot c;
     c.record_offset = v->next_offset;
     c.payload_bytes = format::AecUnitBytes(n, chunk_bytes, s.nbytes, pieces);
-    c.device = s.device;
     c.pack = static_cast<uint32_t>(v->packs.size());
     c.parity = true;
     v->next_offset += format::RecordBytes(c.payload_bytes);
@@ -471,12 +470,13 @@ Status Db::CheckPutLocked(uint64_t version, const PreparedShard& s, uint64_t bat
                            ": CKPTDB_PUT_REPLICATED without a replica group "
                            "(ckptdb_declare_replicas)");
   }
-  if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->arc &&
+  if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->dedup() &&
       cluster_->options().replicas <= 1 && !cluster_->options().code) {
     // A member that loses its node restores from its group alone: nothing of it may exist
     // only on its own node.
-    return Status::Invalid(what() +
-                           ": a member of an \"arc\" replica group in a job without "
+    return Status::Invalid(what() + ": a member of an \"" +
+                           format::ProtectionName(replica_group_->protection()) +
+                           "\" replica group in a job without "
                            "redundancy puts only replicated shards (CKPTDB_PUT_REPLICATED); "
                            "this one would have no copy on another node (use redundancy "
                            "replicate:M to keep private shards)");

@@ -860,6 +860,14 @@ int SaveShared(const Job& job, uint32_t rank, const char* protection,
                const std::pair<uint64_t, uint64_t> (&kept1)[kRanks]) {
   ckptdb* db = nullptr;
   if (OpenGroup(job, rank, protection, &db) != 0) return 1;
+  {
+    // Without the job's redundancy a member's private shard would be on its node alone.
+    auto data = TensorData(rank, 1, 0);
+    int rc =
+        ckptdb_put_shard(db, 1, "private", data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW);
+    RANK_CHECK(rc == CKPTDB_EINVAL && std::strstr(ckptdb_last_error(), "no copy on another"),
+               "a private shard in an %s group without redundancy: %d", protection, rc);
+  }
   for (uint64_t v = 1; v <= 2; ++v) {
     auto a = SharedData(v, 0, kSharedBytes);
     auto b = SharedData(v, 1, 100000);
