@@ -166,8 +166,8 @@ int ckptdb_close(ckptdb* db);
 #define CKPTDB_PUT_COPY_NOW 0x1u /* copy out of `data` before returning */
 #define CKPTDB_PUT_DEVICE 0x2u   /* data is device memory: ENOTSUP in a host-only build */
 /* The shard is identical on every member of this rank's declared replica group (data-parallel
- * replicas, ckptdb_declare_replicas): the members compare it at commit, and an "arc" group's
- * members each keep only their slices of it. */
+ * replicas, ckptdb_declare_replicas): the members compare it at commit, and the members of an
+ * "arc", "aec" or "arc+aec" group each keep only their slices of it (and AEC's parity units). */
 #define CKPTDB_PUT_REPLICATED 0x4u
 
 /* Adds one shard (name, bytes) to `version` of this rank. The first put of a version opens it.
