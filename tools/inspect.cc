@@ -219,10 +219,9 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
                   FormatShape(t.global_offset).c_str(), FormatShape(t.global_shape).c_str());
     }
     if (t.kept_bytes != t.bytes || t.parity_bytes != 0) {
-      const std::string parity =
-          t.parity_bytes == 0
-              ? ""
-              : " and " + HumanBytes(t.parity_bytes) + " of AEC parity of the others' slices";
+      const std::string parity = t.parity_bytes == 0 ? ""
+                                                     : " and " + HumanBytes(t.parity_bytes) +
+                                                           " of AEC parity of the others' slices";
       std::printf(
           "  %-*s  deduplicated by its replica group: this segment keeps %s of it (its own slice "
           "and, with ARC, the next member's)%s; a restore gathers the rest from the group\n",
