@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <random>
 
 #include "format/segment_format.h"
 
@@ -79,6 +80,33 @@ Status Tier::RepairMarker(uint64_t job_id, bool* rewrote) {
   return Status::Ok();
 }
 
+// The ranks of a job may share a tier's directory (a shared disk, an nfs export) and open it at
+// once: each writes the marker durably under a name of its own, then renames it into place. The
+// bytes are the same whichever rename lands last, and no rank renames another's file away from
+// under it (as a shared CKPTDB-TIER.tmp did: "stat CKPTDB-TIER.tmp: No such file"). An nfs
+// rename checks that the new name holds the renamed file, which another rank's rename landing
+// just after can fail: a marker that then reads as this job's is the one wanted.
+Status Tier::WriteMarker(uint64_t job_id) {
+  std::random_device random;
+  char suffix[40];
+  std::snprintf(suffix, sizeof suffix, ".%d-%08x%08x.new", static_cast<int>(::getpid()), random(),
+                random());
+  const std::string marker_path = spec_.path + "/" + kMarkerName;
+  const std::string mine = marker_path + suffix;
+  Status st = io_->WriteFileDurably(mine, Marker(job_id));
+  if (!st.ok()) {
+    (void)io_->Remove(mine);  // best effort: a stray .new file is harmless
+    return st;
+  }
+  st = io_->Rename(mine, marker_path);
+  if (!st.ok()) {
+    std::string marker;
+    if (!io_->ReadFile(marker_path, &marker).ok() || marker != Marker(job_id)) return st;
+    (void)io_->Remove(mine);  // another writer's marker of this job stands; ours may remain
+  }
+  return io_->SyncDir(spec_.path);
+}
+
 Status Tier::Open(uint64_t job_id, bool read_only) {
   std::string marker_path = spec_.path + "/" + kMarkerName;
   std::string marker;
@@ -123,8 +151,7 @@ Status Tier::Open(uint64_t job_id, bool read_only) {
                                " but no marker: it is not this store's directory");
       }
     }
-    CKPTDB_RETURN_IF_ERROR(
-        io_->WriteFileDurably(marker_path, Marker(job_id)).WithContext("tier " + spec_.name));
+    CKPTDB_RETURN_IF_ERROR(WriteMarker(job_id).WithContext("tier " + spec_.name));
     wrote_marker_ = true;
   }
   if (read_only) return Status::Ok();

@@ -60,6 +60,9 @@ class Tier {
   static constexpr const char* kMarkerName = "CKPTDB-TIER";
 
  private:
+  // Writes the marker durably under a name of this writer's, then renames it into place.
+  Status WriteMarker(uint64_t job_id);
+
   io::Io* io_;
   io::TierSpec spec_;
   bool direct_ = false;

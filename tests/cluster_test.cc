@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "engine/cluster_wire.h"
 #include "engine/db.h"
 #include "format/segment_format.h"
 #include "harness/job.h"
@@ -408,10 +409,11 @@ TEST_F(ClusterTest, ARankOfAnotherProtocolIsRefused) {
     int rc = OpenRank(job_, rank, "job-secret", &db);
     if (rank == 3) {
       RANK_CHECK(rc == CKPTDB_EINVAL, "open of another protocol returned %d", rc);
-      RANK_CHECK(std::strstr(ckptdb_last_error(),
-                             "speaks ckptdb protocol 1; this coordinator "
-                             "speaks 4") != nullptr,
-                 "the error does not name both protocols: %s", ckptdb_last_error());
+      RANK_CHECK(
+          std::strstr(ckptdb_last_error(), ("speaks ckptdb protocol 1; this coordinator speaks " +
+                                            std::to_string(engine::cluster_wire::kProtocolVersion))
+                                               .c_str()) != nullptr,
+          "the error does not name both protocols: %s", ckptdb_last_error());
       return 0;
     }
     RANK_CHECK(rc != 0, "the job assembled with a rank of another protocol");

@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "engine/tier.h"
 #include "io/io.h"
 #include "io/nfs_io.h"
+#include "io/tier_spec.h"
 #include "tests/support/nfs_server.h"
 #include "tests/test_util.h"
 
@@ -408,6 +410,37 @@ TEST_F(NfsTierTest, AnotherStoresDirectoryIsRefused) {
 
 // Another job reads the nfs directory alone: no root, no catalog, no first tier. It lists what
 // the rank committed and still keeps there (keep=2: version 1 was evicted, its witness with it).
+// The ranks of a job share one nfs directory and open it at once: every one of them writes the
+// tier's marker (the same bytes) and none fails. Each writes under a name of its own and renames
+// it into place; with one shared CKPTDB-TIER.tmp, a rank found it renamed away under it
+// ("stat CKPTDB-TIER.tmp: No such file"), which failed a 4-rank job in CI. Ten rounds of eight
+// writers, each round on a fresh directory.
+TEST_F(NfsTierTest, WritersOpeningOneSharedDirectoryAtOnceAllSucceed) {
+  std::unique_ptr<io::Io> posix = io::NewPosixIo();
+  for (int round = 0; round < 10; ++round) {
+    const std::string dir = export_ + "/shared" + std::to_string(round);
+    std::vector<io::TierSpec> specs;
+    ASSERT_TRUE(io::ParseTierSpecs(server_->Spec(dir), "/", &specs).ok());
+    std::vector<Status> opened(8);
+    std::vector<std::thread> writers;
+    for (size_t w = 0; w < opened.size(); ++w) {
+      writers.emplace_back([&, w] {
+        engine::Tier tier(posix.get(), specs[0]);
+        opened[w] = tier.Open(/*job_id=*/0x5eed, /*read_only=*/false);
+      });
+    }
+    for (std::thread& t : writers) t.join();
+    for (const Status& st : opened) EXPECT_TRUE(st.ok()) << st.ToString();
+    std::string marker;
+    ASSERT_TRUE(posix->ReadFile(specs[0].path + "/CKPTDB-TIER", &marker).ok());
+    engine::Tier again(posix.get(), specs[0]);
+    EXPECT_TRUE(again.Open(0x5eed, true).ok()) << marker;
+    for (const std::string& n : Files(dir)) {
+      EXPECT_TRUE(n == "CKPTDB-TIER") << "left behind: " << n;
+    }
+  }
+}
+
 TEST_F(NfsTierTest, TheNfsDirectoryAloneIsReadableByAnotherJob) {
   tiers_ = "tmpfs:" + first_ + ";" + server_->Spec(nfs_dir_, ",keep=2");
   ASSERT_EQ(Open(), CKPTDB_OK) << ckptdb_last_error();
