@@ -189,6 +189,16 @@ bool GroupRestores(uint32_t count, bool arc, bool aec, const std::vector<bool>& 
   return true;
 }
 
+bool GroupRestores(uint32_t count, uint8_t protection, const std::vector<bool>& alive) {
+  const bool aec = (protection & 2) != 0 && count >= 3;
+  if (!GroupRestores(count, (protection & 1) != 0, aec, alive)) return false;
+  if (!(protection & kProtectionAor)) return true;
+  for (uint32_t q = 0; q < count; ++q) {
+    if (!alive[q] && !alive[(q + count - 1) % count]) return false;
+  }
+  return true;
+}
+
 uint64_t AecUnitBytes(uint64_t n, uint64_t piece_bytes, uint64_t full_bytes,
                       const std::vector<uint64_t>& pieces) {
   uint64_t bytes = 0;
@@ -266,11 +276,13 @@ std::vector<uint8_t> BuildManifest(const ManifestContents& c) {
     }
     CKPTDB_ASSERT(!t.packed || (t.full_bytes == 0 && t.chunk_count == 1 && t.bytes > 0));
     CKPTDB_ASSERT(t.parity_chunks == 0 || (t.full_bytes != 0 && c.replicas.aec));
+    CKPTDB_ASSERT(!(t.replicated || t.recomputed) || (c.replicas.present && c.replicas.aor));
+    CKPTDB_ASSERT(t.recomputed == t.name.starts_with(kRecomputedPrefix) || !c.replicas.aor);
     packed |= t.packed;
     tensors.push_back(fb::CreateTensor(b, name, static_cast<fb::DType>(t.dtype), shape, gshape,
                                        goffset, t.bytes, t.first_chunk, t.chunk_count, t.full_bytes,
                                        slices, piece_xxh3, t.packed, t.pack_offset, t.pack_xxh3,
-                                       t.parity_chunks));
+                                       t.parity_chunks, t.replicated, t.recomputed));
     data_bytes += t.bytes;
   }
   CKPTDB_ASSERT(!dedup || c.replicas.present);
@@ -300,15 +312,16 @@ std::vector<uint8_t> BuildManifest(const ManifestContents& c) {
     const fb::ReplicaProtection protection = !c.replicas.aec  ? fb::ReplicaProtection::Arc
                                              : c.replicas.arc ? fb::ReplicaProtection::ArcAec
                                                               : fb::ReplicaProtection::Aec;
-    replicas =
-        fb::CreateReplicas(b, protection, c.replicas.group, b.CreateVector(c.replicas.members),
-                           c.replicas.position, c.replicas.piece_bytes, c.replicas.replicated_only);
+    replicas = fb::CreateReplicas(
+        b, protection, c.replicas.group, b.CreateVector(c.replicas.members), c.replicas.position,
+        c.replicas.piece_bytes, c.replicas.replicated_only, c.replicas.aor);
   }
   // The oldest format version that can hold the manifest, so older readers read what they can.
-  const uint32_t version = c.replicas.present && c.replicas.aec ? kManifestVersionParity
-                           : packed                             ? kManifestVersionPacked
-                           : c.replicas.present                 ? kManifestVersionDedup
-                                                                : kFormatVersion;
+  const uint32_t version = c.replicas.present && c.replicas.aor   ? kManifestVersionRecomputed
+                           : c.replicas.present && c.replicas.aec ? kManifestVersionParity
+                           : packed                               ? kManifestVersionPacked
+                           : c.replicas.present                   ? kManifestVersionDedup
+                                                                  : kFormatVersion;
   auto root =
       fb::CreateManifest(b, version, prov, tensor_vec, chunk_vec, redundancy, data_bytes, replicas);
   b.Finish(root, fb::ManifestIdentifier());
@@ -328,15 +341,17 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
   const fb::Manifest* m = fb::GetManifest(bytes.data());
   const uint32_t format_version = m->format_version();
   if (format_version != kFormatVersion && format_version != kManifestVersionDedup &&
-      format_version != kManifestVersionPacked && format_version != kManifestVersionParity) {
+      format_version != kManifestVersionPacked && format_version != kManifestVersionParity &&
+      format_version != kManifestVersionRecomputed) {
     return bad("has format version " + std::to_string(format_version));
   }
   // Format version 2: the replica group whose deduplicated shards the segment holds slices of.
-  // Version 3 (packed tensors) may have one or not; version 4 (AEC's parity) has one.
+  // Version 3 (packed tensors) may have one or not; version 4 (AEC's parity) and 5 (AOR) have.
   const fb::Replicas* group = m->replicas();
+  const bool v5 = format_version == kManifestVersionRecomputed;
   if (format_version != kManifestVersionPacked &&
-      (group != nullptr) !=
-          (format_version == kManifestVersionDedup || format_version == kManifestVersionParity)) {
+      (group != nullptr) != (format_version == kManifestVersionDedup ||
+                             format_version == kManifestVersionParity || v5)) {
     return bad("has format version " + std::to_string(m->format_version()) +
                (group != nullptr ? " and a replica group" : " and no replica group"));
   }
@@ -346,12 +361,14 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     for (uint32_t i = 1; i < count; ++i) {
       ascending = ascending && group->members()->Get(i - 1) < group->members()->Get(i);
     }
-    // ARC alone up to version 3; AEC (parity of 2 or more other slices) in version 4 only.
+    // ARC alone up to version 3; AEC (parity of 2 or more other slices) in version 4, or 5
+    // with AOR (recomputed replicas), which only version 5 has.
     const bool aec = HasAec(*group);
-    if (!(HasArc(*group) || aec) || aec != (format_version == kManifestVersionParity) ||
-        count < (aec ? 3u : 2u) || count > kMaxReplicaMembers || !ascending ||
-        group->position() >= count || group->piece_bytes() == 0 ||
-        !IsAligned(group->piece_bytes()) || group->piece_bytes() > kMaxChunkBytes) {
+    if (!(HasArc(*group) || aec) || group->recomputed() != v5 ||
+        (!v5 && aec != (format_version == kManifestVersionParity)) || count < (aec ? 3u : 2u) ||
+        count > kMaxReplicaMembers || !ascending || group->position() >= count ||
+        group->piece_bytes() == 0 || !IsAligned(group->piece_bytes()) ||
+        group->piece_bytes() > kMaxChunkBytes) {
       return bad("replica group is out of range or inconsistent");
     }
   }
@@ -416,6 +433,14 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
       return bad(label + " has inconsistent dimensions");
     }
     const bool dedup = t->full_bytes() != 0;
+    // Version 5: a recomputed replica is named by the prefix, is not marked replicated and is
+    // kept whole; a name with the prefix is a recomputed replica; versions 1 to 4 mark neither.
+    if (t->recomputed() != (v5 && name.starts_with(kRecomputedPrefix)) ||
+        (t->replicated() && (!v5 || t->recomputed())) || (t->recomputed() && dedup) ||
+        (dedup && v5 && !t->replicated())) {
+      return bad(label + " is marked replicated or recomputed inconsistently (format version " +
+                 std::to_string(format_version) + ")");
+    }
     if (!dedup &&
         ((t->slices() && t->slices()->size()) || (t->piece_xxh3() && t->piece_xxh3()->size()))) {
       return bad(label + " lists slices but is not deduplicated");
@@ -444,11 +469,11 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     uint64_t end = uint64_t{t->first_chunk()} + t->chunk_count();
     if (end > chunk_count) return bad(label + " names chunks beyond the chunk list");
     if (t->packed()) {
-      if ((format_version != kManifestVersionPacked && format_version != kManifestVersionParity) ||
-          dedup || t->chunk_count() != 1 || t->bytes() == 0 || t->parity_chunks() != 0) {
+      if (format_version < kManifestVersionPacked || dedup || t->chunk_count() != 1 ||
+          t->bytes() == 0 || t->parity_chunks() != 0 || t->recomputed()) {
         return bad(label + " is packed but is not one non-empty shard in one chunk of a version " +
-                   std::to_string(kManifestVersionPacked) + " or " +
-                   std::to_string(kManifestVersionParity) + " manifest");
+                   std::to_string(kManifestVersionPacked) + " to " +
+                   std::to_string(kManifestVersionRecomputed) + " manifest (nor recomputed)");
       }
       const uint64_t payload = m->chunks()->Get(t->first_chunk())->payload_bytes();
       if (t->pack_offset() > payload || t->bytes() > payload - t->pack_offset()) {

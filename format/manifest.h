@@ -30,6 +30,13 @@ inline constexpr uint32_t kManifestVersionPacked = 3;
 // slices, TensorEntry::parity_chunks) has format version 4, with or without packed tensors;
 // readers of versions 1 to 3 refuse it.
 inline constexpr uint32_t kManifestVersionParity = 4;
+// A manifest of a replica group with REFT's AOR (ReplicasEntry::aor: recomputed replicas of the
+// next member's private shards, TensorEntry::recomputed, and replicated shards marked as such)
+// has format version 5, with or without AEC or packed tensors; readers of 1 to 4 refuse it.
+inline constexpr uint32_t kManifestVersionRecomputed = 5;
+// A recomputed replica's name in its keeper's segment: the prefix, then the owner's name (a put
+// of a name with this prefix is refused, so no shard of the keeper's own can take it).
+inline constexpr std::string_view kRecomputedPrefix = "@aor:";
 
 struct TensorEntry {
   std::string name;
@@ -54,6 +61,9 @@ struct TensorEntry {
   // A deduplicated shard of an "aec" group: its parity units, in the parity_chunks chunks after
   // its slices' (fb::Tensor.parity_chunks).
   uint32_t parity_chunks = 0;
+  // Format version 5 only (fb::Tensor.replicated, .recomputed).
+  bool replicated = false;
+  bool recomputed = false;
 };
 
 struct ChunkEntry {
@@ -85,6 +95,7 @@ struct ReplicasEntry {
   bool replicated_only = false;  // no member put private shards (a job without redundancy)
   bool arc = true;               // members keep the next member's slice (REFT's ARC)
   bool aec = false;              // members keep parity units of the others' slices (REFT's AEC)
+  bool aor = false;  // member s keeps member s+1's private shards recomputed (REFT's AOR)
 };
 
 // Pieces [first, end) of n that member `position` of `count` keeps as slice `position` of a
@@ -93,11 +104,16 @@ inline std::pair<uint64_t, uint64_t> SlicePieces(uint64_t n, uint32_t count, uin
   return {n * s / count, n * (s + 1) / count};
 }
 
-// A replica group's protection as ckptdb_declare_replicas names it, by its fb::ReplicaProtection
-// value: "none", "arc", "aec", "arc+aec" ("?" out of range).
+// A replica group's protection as a byte: its fb::ReplicaProtection value (bits 0 arc, 1 aec),
+// with bit 2 for REFT's AOR; what travels in holdings and replica checks.
+inline constexpr uint8_t kProtectionAor = 4;
+
+// A replica group's protection as ckptdb_declare_replicas names it: "none", "arc", "aec",
+// "arc+aec", and with kProtectionAor "arc+aor", "aec+aor", "arc+aec+aor" ("?" out of range).
 inline const char* ProtectionName(uint8_t protection) {
-  constexpr const char* kNames[] = {"none", "arc", "aec", "arc+aec"};
-  return protection < 4 ? kNames[protection] : "?";
+  constexpr const char* kNames[] = {"none", "arc",     "aec",     "arc+aec",
+                                    "?",    "arc+aor", "aec+aor", "arc+aec+aor"};
+  return protection < 8 ? kNames[protection] : "?";
 }
 
 // Whether a deduplicated replica group of `count` members (3 or more with AEC) can restore every
@@ -107,6 +123,10 @@ inline const char* ProtectionName(uint8_t protection) {
 // their units hold pieces of is read whole. Conservative: a shard too small to give every
 // protecting member a piece may be restored where this says no.
 bool GroupRestores(uint32_t count, bool arc, bool aec, const std::vector<bool>& alive);
+// The same for a protection byte (kProtectionAor included): with AOR, a lost member's private
+// shards are also restored, from the recomputed replicas the member before it keeps, so that
+// member must be alive too.
+bool GroupRestores(uint32_t count, uint8_t protection, const std::vector<bool>& alive);
 
 // The slice of `count` that piece p of n lies in (n > p).
 uint32_t SliceOf(uint64_t n, uint32_t count, uint64_t p);

@@ -52,18 +52,20 @@ std::vector<uint64_t> ToVector(const flatbuffers::Vector<uint64_t>* v) {
 void Walk(const ManifestView& view, uint64_t data_end) {
   const fb::Manifest& m = view.root();
   const uint32_t version = m.format_version();
+  const bool v5 = version == kManifestVersionRecomputed;
   Check(version == kFormatVersion || version == kManifestVersionDedup ||
-        version == kManifestVersionPacked || version == kManifestVersionParity);
+        version == kManifestVersionPacked || version == kManifestVersionParity || v5);
   if (version != kManifestVersionPacked) {
     Check((m.replicas() != nullptr) ==
-          (version == kManifestVersionDedup || version == kManifestVersionParity));
+          (version == kManifestVersionDedup || version == kManifestVersionParity || v5));
   }
   bool aec = false;
   if (const fb::Replicas* g = m.replicas()) {
     aec = g->protection() == fb::ReplicaProtection::Aec ||
           g->protection() == fb::ReplicaProtection::ArcAec;
     Check(aec || g->protection() == fb::ReplicaProtection::Arc);
-    Check(aec == (version == kManifestVersionParity));
+    Check(g->recomputed() == v5);
+    Check(v5 || aec == (version == kManifestVersionParity));
     Check(!aec || g->members()->size() >= 3);
     Check(g->members() != nullptr && g->members()->size() >= 2 &&
           g->members()->size() <= kMaxReplicaMembers && g->position() < g->members()->size());
@@ -96,6 +98,9 @@ void Walk(const ManifestView& view, uint64_t data_end) {
       Check(std::string_view(prev->data(), prev->size()) < name);
     }
     Check(view.Find(name) == &t);
+    // Version 5 marks recomputed replicas (by their reserved name) and replicated shards.
+    Check(t.recomputed() == (v5 && name.starts_with(kRecomputedPrefix)));
+    Check(!t.replicated() || (v5 && !t.recomputed()));
     Check(DTypeBytes(static_cast<uint32_t>(t.dtype())) > 0);
     std::vector<uint64_t> shape = ToVector(t.shape());
     std::vector<uint64_t> global_shape = ToVector(t.global_shape());
@@ -135,8 +140,8 @@ void Walk(const ManifestView& view, uint64_t data_end) {
     Check(uint64_t{t.first_chunk()} + t.chunk_count() <= chunk_count);
     if (t.packed()) {
       // A packed shard: one non-empty part of one chunk that only packed shards share.
-      Check((version == kManifestVersionPacked || version == kManifestVersionParity) &&
-            t.full_bytes() == 0 && t.chunk_count() == 1 && t.bytes() > 0);
+      Check(version >= kManifestVersionPacked && t.full_bytes() == 0 && t.chunk_count() == 1 &&
+            t.bytes() > 0 && !t.recomputed());
       const uint32_t c = t.first_chunk();
       const uint64_t payload = view.chunk(c).payload_bytes();
       Check(t.pack_offset() <= payload && t.bytes() <= payload - t.pack_offset());

@@ -902,6 +902,8 @@ struct RawTensor {
   bool packed = false;
   uint64_t pack_offset = 0;
   uint64_t pack_xxh3 = 0;
+  bool replicated = false;
+  bool recomputed = false;
 };
 
 struct RawManifest {
@@ -928,7 +930,8 @@ struct RawManifest {
       ts.push_back(fb::CreateTensor(b, b.CreateString(t.name), t.dtype, b.CreateVector(t.shape),
                                     b.CreateVector(t.global_shape), b.CreateVector(t.global_offset),
                                     t.bytes, t.first_chunk, t.chunk_count, t.full_bytes, slices,
-                                    pieces, t.packed, t.pack_offset, t.pack_xxh3));
+                                    pieces, t.packed, t.pack_offset, t.pack_xxh3, 0, t.replicated,
+                                    t.recomputed));
       sum += t.bytes;
     }
     auto tv = b.CreateVector(ts);
@@ -938,7 +941,7 @@ struct RawManifest {
     if (replicas) {
       group = fb::CreateReplicas(b, fb::ReplicaProtection::Arc, replicas->group,
                                  b.CreateVector(replicas->members), replicas->position,
-                                 replicas->piece_bytes);
+                                 replicas->piece_bytes, replicas->replicated_only, replicas->aor);
     }
     auto root =
         fb::CreateManifest(b, format_version, prov, tv, cv, 0, data_bytes.value_or(sum), group);
@@ -2081,6 +2084,113 @@ TEST(Manifest, PackedShardsBesideAReplicaGroup) {
   EXPECT_TRUE(v.Find("rng")->packed());
 }
 
+// A segment of member 1 of an "arc+aor" group of 4 (REFT's AOR): the deduplicated shard `w` as in
+// ArcContents, its own private `rng`, and its recomputed replica of member 2's `rng`, kept whole
+// under the reserved name.
+ManifestContents AorContents() {
+  ManifestContents c = ArcContents();
+  c.replicas.aor = true;
+  c.replicas.replicated_only = true;
+  c.tensors[0].replicated = true;
+  c.chunks.push_back({kBlockBytes + 2 * RecordBytes(4096) + RecordBytes(8), 8, 0x9a});
+  TensorEntry replica{std::string(kRecomputedPrefix) + "rng", 8, {1}, {}, {}, 8, 3, 1};
+  replica.recomputed = true;
+  c.tensors.insert(c.tensors.begin(), replica);  // '@' sorts before the letters
+  return c;
+}
+constexpr uint64_t kAorDataEnd = kBlockBytes + 2 * RecordBytes(4096) + 2 * RecordBytes(8);
+
+TEST(Manifest, RecomputedReplicasRoundTripInVersion5) {
+  std::vector<uint8_t> bytes = BuildManifest(AorContents());
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, kAorDataEnd, "seg", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(v.root().format_version(), kManifestVersionRecomputed);
+  EXPECT_TRUE(v.root().replicas()->recomputed());
+  EXPECT_TRUE(v.root().replicas()->replicated_only());
+  EXPECT_TRUE(v.Find("w")->replicated());
+  EXPECT_FALSE(v.Find("rng")->replicated() || v.Find("rng")->recomputed());
+  EXPECT_TRUE(v.Find("@aor:rng")->recomputed());
+  EXPECT_EQ(v.root().data_bytes(), 8192u + 16);
+  // The same group without AOR is written as before, with no marks: version 2.
+  ManifestContents arc = ArcContents();
+  bytes = BuildManifest(arc);
+  ASSERT_TRUE(ManifestView::Open(bytes, kAorDataEnd - RecordBytes(8), "seg", &v).ok());
+  EXPECT_EQ(v.root().format_version(), kManifestVersionDedup);
+  EXPECT_FALSE(v.Find("w")->replicated());
+}
+
+// With AOR a lost member also needs the member before it, which keeps its private shards
+// recomputed: a loss the slices survive is then survived only when that member is alive.
+TEST(AecLayout, GroupRestoresWithAorNeedsEachLostMembersKeeper) {
+  for (uint32_t count = 2; count <= 6; ++count) {
+    for (uint8_t kept : {1, 2, 3}) {
+      if (kept >= 2 && count < 3) continue;
+      for (uint32_t mask = 0; mask < (1u << count); ++mask) {
+        std::vector<bool> alive(count);
+        bool keepers = true;
+        for (uint32_t q = 0; q < count; ++q) alive[q] = (mask >> q) & 1;
+        for (uint32_t q = 0; q < count; ++q) {
+          keepers = keepers && (alive[q] || alive[(q + count - 1) % count]);
+        }
+        SCOPED_TRACE("count " + std::to_string(count) + " protection " + std::to_string(kept) +
+                     " alive mask " + std::to_string(mask));
+        const bool slices = GroupRestores(count, kept, alive);
+        EXPECT_EQ(slices, GroupRestores(count, (kept & 1) != 0, (kept & 2) != 0, alive));
+        EXPECT_EQ(GroupRestores(count, static_cast<uint8_t>(kept | kProtectionAor), alive),
+                  slices && keepers);
+      }
+    }
+  }
+}
+
+// The marks of version 5 are consistent or the manifest is refused: a recomputed replica is the
+// one tensor named by the prefix, never replicated, packed or deduplicated; a deduplicated shard
+// is marked replicated; versions 2 to 4 mark nothing and version 5 needs the AOR group.
+TEST(ManifestSemantics, RecomputedReplicaMarksAreChecked) {
+  auto raw = [] {
+    RawManifest m;
+    m.format_version = kManifestVersionRecomputed;
+    ReplicasEntry g{true, 1, {0, 1}, 0, 4096};
+    g.aor = true;
+    m.replicas = g;
+    m.chunks.emplace_back(4096, 100, 1);
+    m.chunks.emplace_back(4096 + 8192, 100, 2);
+    m.tensors.push_back({"@aor:a", fb::DType::U8, {100}, {}, {}, 100, 0, 1});
+    m.tensors.back().recomputed = true;
+    m.tensors.push_back({"a", fb::DType::U8, {100}, {}, {}, 100, 1, 1});
+    return m;
+  };
+  RawManifest m = raw();
+  ASSERT_TRUE(OpenRaw(m, m.DataEnd()).ok()) << OpenRaw(m, m.DataEnd()).ToString();
+  m = raw();
+  m.tensors[0].recomputed = false;  // the reserved name on a shard of the writer's own
+  ExpectRejected(m, "tensor '@aor:a' is marked replicated or recomputed inconsistently");
+  m = raw();
+  m.tensors[1].recomputed = true;  // a replica without the reserved name
+  ExpectRejected(m, "tensor 'a' is marked replicated or recomputed inconsistently");
+  m = raw();
+  m.tensors[0].replicated = true;
+  ExpectRejected(m, "tensor '@aor:a' is marked replicated or recomputed inconsistently");
+  m = raw();
+  m.tensors[0].packed = true;
+  m.tensors[0].pack_xxh3 = 1;
+  ExpectRejected(m, "tensor '@aor:a' is packed but");
+  m = raw();
+  m.replicas->aor = false;  // version 5 without AOR
+  ExpectRejected(m, "replica group is out of range or inconsistent");
+  m = raw();
+  m.format_version = kManifestVersionDedup;  // marks in version 2
+  m.replicas->aor = false;
+  ExpectRejected(m, "tensor '@aor:a' is marked replicated or recomputed inconsistently");
+  m = raw();
+  m.format_version = kManifestVersionDedup;
+  m.replicas->aor = false;
+  m.tensors[0].recomputed = false;
+  m.tensors[1].replicated = true;
+  ExpectRejected(m, "tensor 'a' is marked replicated or recomputed inconsistently");
+}
+
 // tests/data/golden-packed-v3.ckmf: PackedContents() as BuildManifest writes it. Version 3
 // changes only the manifest (packed shards), so, as for version 2, the golden file is the
 // manifest alone. See tests/data/README.md.
@@ -2124,6 +2234,45 @@ TEST(FormatGolden, ReadsV4Manifest) {
   EXPECT_EQ(w->parity_chunks(), 1u);
   EXPECT_EQ(w->piece_xxh3()->size(), 5u);
   EXPECT_EQ(v.Find("rng")->parity_chunks(), 0u);
+}
+
+// Manifest version 5 (REFT's AOR): AorContents, as tests/data/golden-aor-v5.ckmf pins it.
+std::string GoldenV5Path() { return std::string(CKPTDB_TEST_DATA_DIR) + "/golden-aor-v5.ckmf"; }
+// XXH3-64 and size of the file; printed by FormatGolden.DISABLED_RegenerateV5.
+constexpr uint64_t kGoldenV5Xxh3 = 0xc995dba459a8ddbbull;
+constexpr uint64_t kGoldenV5Bytes = 720;
+
+TEST(FormatGolden, DISABLED_RegenerateV5) { WriteGoldenManifest(GoldenV5Path(), AorContents()); }
+
+TEST(FormatGolden, ReadsV5Manifest) {
+  const std::vector<uint8_t> bytes = GoldenManifest(GoldenV5Path(), kGoldenV5Xxh3);
+  ASSERT_EQ(bytes.size(), kGoldenV5Bytes) << GoldenV5Path();
+  ManifestView v;
+  Status st = ManifestView::Open(bytes, kAorDataEnd, "golden-aor-v5", &v);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(v.root().format_version(), 5u);
+  const fb::Replicas* g = v.root().replicas();
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->protection(), fb::ReplicaProtection::Arc);
+  EXPECT_TRUE(g->recomputed());
+  EXPECT_TRUE(g->replicated_only());
+  EXPECT_EQ(g->group(), 6u);
+  EXPECT_EQ(g->position(), 1u);
+  EXPECT_EQ(std::vector<uint32_t>(g->members()->begin(), g->members()->end()),
+            (std::vector<uint32_t>{2, 5, 7, 9}));
+  ASSERT_EQ(v.tensor_count(), 3u);
+  EXPECT_EQ(std::string(v.tensor(0).name()->c_str()), "@aor:rng");
+  const fb::Tensor* replica = v.Find("@aor:rng");
+  ASSERT_NE(replica, nullptr);
+  EXPECT_TRUE(replica->recomputed());
+  EXPECT_FALSE(replica->replicated());
+  EXPECT_EQ(replica->first_chunk(), 3u);
+  EXPECT_EQ(replica->bytes(), 8u);
+  EXPECT_TRUE(v.Find("w")->replicated());
+  EXPECT_EQ(v.Find("w")->full_bytes(), 4 * 4096u + 100);
+  EXPECT_FALSE(v.Find("rng")->recomputed() || v.Find("rng")->replicated());
+  ASSERT_EQ(v.chunk_count(), 4u);
+  EXPECT_EQ(v.chunk(3).xxh3(), 0x9au);
 }
 
 TEST(FormatGolden, DISABLED_RegenerateV3) { WriteGoldenManifest(GoldenV3Path(), PackedContents()); }
@@ -2206,6 +2355,7 @@ TEST(FuzzSeeds, DISABLED_Regenerate) {
   write("manifest/arc-slices.ckmf", BuildManifest(ArcContents()));
   write("manifest/packed-v3.ckmf", BuildManifest(PackedContents()));
   write("manifest/aec-v4.ckmf", BuildManifest(AecContents()));
+  write("manifest/aor-v5.ckmf", BuildManifest(AorContents()));
   RawManifest unsorted = ValidRaw();
   std::swap(unsorted.tensors[0].name, unsorted.tensors[1].name);
   write("manifest/unsorted.ckmf", unsorted.Build());
