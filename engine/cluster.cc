@@ -729,6 +729,7 @@ Status Cluster::CheckReplicas(uint64_t version, uint32_t group,
     list.Str(d.name);
     list.U64(d.bytes);
     list.U64(d.digest);
+    list.U8(d.kind);
   }
   const std::vector<uint8_t> payload = list.Take();
   bool sent = false;  // the coordinator has this member's list (until it says otherwise)

@@ -37,7 +37,9 @@ inline constexpr uint64_t kMaxFetchBytes = uint64_t{8} << 20;
 // 3: holdings list "arc" replica groups' versions, replica checks compare the protection.
 // 4: one-sided windows (kWindow; replica pieces "landed" in one; fetches into one).
 // 5: holdings' replica-group reports end with the group's protection (arc, aec, arc+aec).
-inline constexpr uint32_t kProtocolVersion = 5;
+// 6: a replica check's digests carry their kind (replicated, private, recomputed: REFT's AOR),
+//    and protections carry bit 4 (aor).
+inline constexpr uint32_t kProtocolVersion = 6;
 
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();

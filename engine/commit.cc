@@ -131,7 +131,9 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
   // A version with replicated shards of an "arc", "aec" or "arc+aec" group records the group
   // (docs/format.md), also when every shard is kept whole (two members, small shards): what a
   // member that lost its own copy lays its shards out from, and what holdings advertise.
-  if (replica_group_ && replica_group_->dedup() && !v->replicated_names.empty()) {
+  // With AOR always: the record says which shards are replicated and which are recomputed.
+  if (replica_group_ && replica_group_->dedup() &&
+      (!v->replicated_names.empty() || replica_group_->aor)) {
     const ReplicaGroup& g = *replica_group_;
     mc.replicas.present = true;
     mc.replicas.group = g.group;
@@ -141,6 +143,10 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
     mc.replicas.piece_bytes = options_.chunk_bytes;
     mc.replicas.arc = g.arc;
     mc.replicas.aec = g.aec;
+    mc.replicas.aor = g.aor;
+    if (g.aor) {
+      for (format::TensorEntry& t : v->tensors) t.replicated = v->replicated_names.count(t.name);
+    }
     // Without the job's redundancy every member put replicated shards only (put_shard refuses
     // others): a member's lost segment is its group's slices.
     mc.replicas.replicated_only = cluster_->options().replicas <= 1 && !cluster_->options().code;
@@ -148,8 +154,10 @@ std::optional<bool> Db::CommitManifest(std::unique_lock<std::mutex>& lock, LiveV
   }
   // The manifest takes the tensors: no put comes after a commit. A replica group's shards stay,
   // for the comparison of replicas (kReplicate).
+  // With AOR, the private shards and recomputed replicas are compared too.
+  const bool aor = replica_group_ && replica_group_->aor;
   for (format::TensorEntry& t : v->tensors) {
-    if (v->replicated_names.count(t.name)) v->replicated_tensors.push_back(t);
+    if (aor || v->replicated_names.count(t.name)) v->replicated_tensors.push_back(t);
   }
   mc.tensors = std::move(v->tensors);
   v->tensors.clear();
@@ -354,11 +362,19 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
         format::le::Put<uint64_t>(hashes.data(), size_t{8} * c,
                                   dedup ? t.piece_xxh3[c] : v->chunks[t.first_chunk + c].xxh3);
       }
-      digests.push_back(
-          {t.name, dedup ? t.full_bytes : t.bytes, format::Xxh3(hashes.data(), hashes.size())});
+      // REFT's AOR: a recomputed replica is reported by its owner's name (the prefix off).
+      const uint8_t kind = v->replicated_names.count(t.name) ? Cluster::ReplicaDigest::kReplicated
+                           : t.recomputed                    ? Cluster::ReplicaDigest::kRecomputed
+                                                             : Cluster::ReplicaDigest::kPrivate;
+      digests.push_back({kind == Cluster::ReplicaDigest::kRecomputed
+                             ? t.name.substr(format::kRecomputedPrefix.size())
+                             : t.name,
+                         dedup ? t.full_bytes : t.bytes, format::Xxh3(hashes.data(), hashes.size()),
+                         kind});
     }
-    std::sort(digests.begin(), digests.end(),
-              [](const auto& a, const auto& b) { return a.name < b.name; });
+    std::sort(digests.begin(), digests.end(), [](const auto& a, const auto& b) {
+      return a.kind != b.kind ? a.kind < b.kind : a.name < b.name;
+    });
   }
   const uint64_t chunk_bytes = options_.chunk_bytes;
   PostClusterJob([this, version, generation, file_bytes, extents, group, digests, chunk_bytes] {

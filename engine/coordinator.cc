@@ -619,8 +619,6 @@ std::map<uint32_t, int32_t> Coordinator::ArcSparesLocked(uint64_t version) const
   // any of them, and still restore every member (format::GroupRestores), counted up to 2.
   for (const auto& [g, protection] : groups) {
     const auto count = static_cast<uint32_t>(g.size());
-    const bool arc = (protection & 1) != 0;
-    const bool aec = (protection & 2) != 0 && count >= 3;
     std::vector<bool> alive(count);
     std::vector<uint32_t> up;
     for (uint32_t q = 0; q < count; ++q) {
@@ -634,7 +632,7 @@ std::map<uint32_t, int32_t> Coordinator::ArcSparesLocked(uint64_t version) const
     auto survives = [&](std::initializer_list<uint32_t> lost) {
       std::vector<bool> left = alive;
       for (uint32_t q : lost) left[q] = false;
-      return format::GroupRestores(count, arc, aec, left);
+      return format::GroupRestores(count, protection, left);
     };
     int32_t spare = survives({}) ? 0 : -1;
     bool singles = spare == 0;

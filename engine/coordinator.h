@@ -52,9 +52,13 @@ struct RecoverableInfo {
 // A replicated shard as a member of a replica group reports it to the coordinator
 // (Cluster::CheckReplicas): its name, size, and the xxh3 of its chunks' xxh3s.
 struct ReplicaDigest {
+  // What the shard is to its member: replicated (every member's), or with REFT's AOR the
+  // member's own private shard, or its recomputed replica of the next member's (by that name).
+  enum Kind : uint8_t { kReplicated = 0, kPrivate = 1, kRecomputed = 2 };
   std::string name;
   uint64_t bytes = 0;
   uint64_t digest = 0;
+  uint8_t kind = kReplicated;
   bool operator==(const ReplicaDigest&) const = default;
 };
 
@@ -150,6 +154,7 @@ class Coordinator {
   Status SettledLocked() const;  // Busy while holdings may still change
   bool RebuildableLocked(uint32_t rank, uint64_t version) const;
   std::map<uint32_t, int32_t> ArcSparesLocked(uint64_t version) const;
+  Status CompareRecomputed(const ReplicaCheckState& c, const std::string& what) const;
   void AnswerReplicaCheckLocked(uint64_t version, uint32_t group, ReplicaCheckState* check,
                                 transport::Reply* reply);
 

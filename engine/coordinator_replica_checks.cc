@@ -2,7 +2,9 @@
 // member's digests of its replicated shards, compared once every member has sent its own; a
 // mismatch fails the version for every member, naming the shard and the ranks.
 #include <algorithm>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
@@ -22,7 +24,60 @@ namespace {
 constexpr size_t kMaxReplicaChecks = 256;
 constexpr uint32_t kMaxReplicaDigests = uint32_t{1} << 24;
 
+// A member's digests of one kind, in name order (the member sorted them by kind, then name).
+std::vector<ReplicaDigest> OfKind(const std::vector<ReplicaDigest>& all, uint8_t kind) {
+  std::vector<ReplicaDigest> out;
+  for (const ReplicaDigest& d : all) {
+    if (d.kind == kind) out.push_back(d);
+  }
+  return out;
+}
+
 }  // namespace
+
+// REFT's AOR: each member's private shards against the recomputed replicas the member before it
+// keeps of them, name by name. Every replica must equal its owner's shard bit for bit (its
+// digest); in a job without redundancy every private shard must have one, since a member's lost
+// node is then restored from its group alone.
+Status Coordinator::CompareRecomputed(const ReplicaCheckState& c, const std::string& what) const {
+  const bool every = options_.replicas <= 1 && !options_.code;
+  const auto count = c.members.size();
+  for (size_t q = 0; q < count; ++q) {
+    const uint32_t owner = c.members[q];
+    const uint32_t keeper = c.members[(q + count - 1) % count];
+    const std::vector<ReplicaDigest> own = OfKind(c.posted.at(owner), ReplicaDigest::kPrivate);
+    const std::vector<ReplicaDigest> kept = OfKind(c.posted.at(keeper), ReplicaDigest::kRecomputed);
+    std::map<std::string_view, const ReplicaDigest*> by_name;
+    for (const ReplicaDigest& o : own) by_name.emplace(o.name, &o);
+    for (const ReplicaDigest& r : kept) {
+      auto it = by_name.find(r.name);
+      if (it == by_name.end()) {
+        return Status::Corrupt(what + ": " + R(keeper) + " put a recomputed replica of '" + r.name +
+                               "', which " + R(owner) +
+                               " did not put as a private shard; the version is not committed");
+      }
+      const ReplicaDigest& o = *it->second;
+      if (o.bytes != r.bytes || o.digest != r.digest) {
+        return Status::Corrupt(
+            what + ": " + R(keeper) + "'s recomputed replica of " + R(owner) + "'s shard '" +
+            r.name + "' differs from it: " + std::to_string(r.bytes) + " bytes of digest " +
+            format::Hex64(r.digest) + " against " + std::to_string(o.bytes) + " bytes of digest " +
+            format::Hex64(o.digest) +
+            " (the recomputation is not the owner's update); the version is not committed");
+      }
+      by_name.erase(it);
+    }
+    if (every && !by_name.empty()) {
+      return Status::Corrupt(
+          what + ": " + R(owner) + "'s private shard '" + std::string(by_name.begin()->first) +
+          "' has no recomputed replica on " + R(keeper) +
+          " (in a job without redundancy every private shard of a member of an \"" +
+          format::ProtectionName(c.protection) +
+          "\" group needs one, put with CKPTDB_PUT_RECOMPUTED); the version is not committed");
+    }
+  }
+  return Status::Ok();
+}
 
 void Coordinator::HandleReplicaCheck(const Request& request, Reply* reply) {
   WireReader r(request.body, "replica check from " + request.peer);
@@ -51,7 +106,9 @@ void Coordinator::HandleReplicaCheck(const Request& request, Reply* reply) {
   const uint64_t chunk_bytes = p.U64("chunk_bytes");
   const uint8_t protection = p.U8("protection");
   const uint32_t n = p.U32("members");
-  if (n < 2 || n > format::kMaxReplicaMembers || protection > 3 || (protection >= 2 && n < 3)) {
+  const uint8_t kept = protection & 3;  // the replicated shards' scheme; bit 4: REFT's AOR
+  if (n < 2 || n > format::kMaxReplicaMembers || protection > 7 ||
+      (protection >= format::kProtectionAor && kept == 0) || (kept >= 2 && n < 3)) {
     return Fail(reply, Status::Invalid(R(rank) + ": a replica group of " + std::to_string(n) +
                                        " with protection " + std::to_string(protection)));
   }
@@ -67,6 +124,12 @@ void Coordinator::HandleReplicaCheck(const Request& request, Reply* reply) {
     d.name = p.Str("name", CKPTDB_MAX_NAME_BYTES);
     d.bytes = p.U64("bytes");
     d.digest = p.U64("digest");
+    d.kind = p.U8("kind");
+    if (p.ok() && d.kind != ReplicaDigest::kReplicated &&
+        (d.kind > ReplicaDigest::kRecomputed || !(protection & format::kProtectionAor))) {
+      return Fail(reply, Status::Invalid(R(rank) + ": a digest of kind " + std::to_string(d.kind) +
+                                         " with protection " + std::to_string(protection)));
+    }
     digests.push_back(std::move(d));
   }
   st = p.Finish();
@@ -150,10 +213,11 @@ void Coordinator::AnswerReplicaCheckLocked(uint64_t version, uint32_t group,
   if (!c.result && c.posted.size() == c.members.size()) {
     // Every member is in: each one's list against the first member's, shard by shard.
     const uint32_t first = c.members.front();
-    const std::vector<ReplicaDigest>& want = c.posted.at(first);
+    const std::vector<ReplicaDigest> want = OfKind(c.posted.at(first), ReplicaDigest::kReplicated);
     Status result;
     for (uint32_t other : c.members) {
-      const std::vector<ReplicaDigest>& have = c.posted.at(other);
+      const std::vector<ReplicaDigest> have =
+          OfKind(c.posted.at(other), ReplicaDigest::kReplicated);
       if (have == want) continue;
       size_t i = 0;
       while (i < want.size() && i < have.size() && want[i] == have[i]) ++i;
@@ -174,6 +238,7 @@ void Coordinator::AnswerReplicaCheckLocked(uint64_t version, uint32_t group,
                                "; the version is not committed");
       break;
     }
+    if (result.ok() && (c.protection & format::kProtectionAor)) result = CompareRecomputed(c, what);
     c.result = result;
     c.posted.clear();  // decided: the lists are no longer needed
   }

@@ -570,6 +570,10 @@ class Db {
   // `name` out from a member's manifest (every shard of it was replicated), nothing kept here.
   Status LayOutFromGroup(uint64_t version, const std::string& name, size_t nbytes,
                          RestorePlan* plan);
+  // REFT's AOR: a rank with no copy of its own reads `name` from the recomputed replica the
+  // member before it keeps (aor_restore.cc); nothing when that member keeps none by the name.
+  Status RestoreFromRecomputed(uint64_t version, const std::string& name, size_t nbytes,
+                               uint8_t* out, RestorePlan* plan);
   // Lets the next gather ask the members that failed again (at most every 5 s).
   void RetryArcMembers();
   // Drops what arc_members_ and arc_holders_ know when they are of another version.
@@ -652,6 +656,7 @@ class Db {
   class PeerSource;
   class RebuildSource;
   class GroupSliceSource;
+  class RecomputedSource;
   std::vector<std::unique_ptr<RestoreSource>> RestoreOrder(const std::vector<size_t>& candidates);
   Status RestoreViaHost(uint64_t version, const char* name, void* dst, size_t nbytes, int device,
                         const ByteRanges* wanted, const std::string& what);
@@ -841,8 +846,20 @@ class Db {
     std::vector<uint32_t> members;  // ascending
     bool arc = false;  // "arc", "arc+aec": members keep the next member's slice (REFT's ARC)
     bool aec = false;  // "aec", "arc+aec": and parity of the others' slices (REFT's AEC)
+    bool aor = false;  // "...+aor": and the next member's private shards recomputed (REFT's AOR)
     bool dedup() const { return arc || aec; }  // replicated shards are cut into slices
-    uint8_t protection() const { return (arc ? 1 : 0) | (aec ? 2 : 0); }  // fb::ReplicaProtection
+    uint8_t protection() const {               // fb::ReplicaProtection, with format::kProtectionAor
+      return (arc ? 1 : 0) | (aec ? 2 : 0) | (aor ? format::kProtectionAor : 0);
+    }
+    // The member whose private shards this rank keeps recomputed (AOR): the one after it.
+    uint32_t NextAfter(uint32_t rank) const {
+      const size_t i = std::find(members.begin(), members.end(), rank) - members.begin();
+      return members[(i + 1) % members.size()];
+    }
+    uint32_t Before(uint32_t rank) const {
+      const size_t i = std::find(members.begin(), members.end(), rank) - members.begin();
+      return members[(i + members.size() - 1) % members.size()];
+    }
   };
   std::optional<ReplicaGroup> replica_group_;
   // Versions whose manifest records an "arc" replica group (mu_): written at commit, read back

@@ -377,10 +377,15 @@ Status Db::Hint(unsigned hints) {
 Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count,
                            const char* protection) {
   const std::string what = "declare_replicas group " + std::to_string(group);
-  const std::string scheme = protection == nullptr ? "none" : protection;
-  if (scheme != "none" && scheme != "arc" && scheme != "aec" && scheme != "arc+aec") {
-    return Status::Invalid(what + ": protection '" + scheme.substr(0, 64) +
-                           "' is not none, arc, aec or arc+aec");
+  std::string scheme = protection == nullptr ? "none" : protection;
+  // REFT's AOR goes with ARC or AEC for the replicated shards: "aor" alone is "arc+aor".
+  if (scheme == "aor") scheme = "arc+aor";
+  const bool aor = scheme.ends_with("+aor");
+  if (aor) scheme.resize(scheme.size() - 4);
+  if ((scheme != "none" || aor) && scheme != "arc" && scheme != "aec" && scheme != "arc+aec") {
+    return Status::Invalid(what + ": protection '" + std::string(protection).substr(0, 64) +
+                           "' is not none, arc, aec, arc+aec, aor, arc+aor, aec+aor or "
+                           "arc+aec+aor");
   }
   if (options_.read_only) return Status::State(what + ": the store is open read-only");
   if (cluster_ == nullptr) {
@@ -405,6 +410,7 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
   }
   const bool arc = scheme == "arc" || scheme == "arc+aec";
   const bool aec = scheme == "aec" || scheme == "arc+aec";
+  if (aor) scheme += "+aor";  // named whole in the messages below
   const bool job_redundancy = cluster_->options().replicas > 1 || cluster_->options().code;
   if ((arc || aec) && cluster_->options().code) {
     return Status::NotSupported(what + ": protection '" + scheme +
@@ -436,13 +442,13 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
   CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
   if (replica_group_) {
     if (replica_group_->group == group && replica_group_->members == list &&
-        replica_group_->arc == arc && replica_group_->aec == aec) {
+        replica_group_->arc == arc && replica_group_->aec == aec && replica_group_->aor == aor) {
       return Status::Ok();
     }
     return Status::State(what + ": this handle declared replica group " +
                          std::to_string(replica_group_->group) + " already");
   }
-  if ((arc || aec) && !job_redundancy) {
+  if ((arc || aec) && !aor && !job_redundancy) {
     // Without the job's redundancy a member's whole segment must be derivable from its group:
     // shards put before, not replicated, would have no copy on another node.
     for (const auto& [version, v] : live_) {
@@ -453,7 +459,7 @@ Status Db::DeclareReplicas(uint32_t group, const uint32_t* members, size_t count
       }
     }
   }
-  replica_group_ = ReplicaGroup{group, std::move(list), arc, aec};
+  replica_group_ = ReplicaGroup{group, std::move(list), arc, aec, aor};
   return Status::Ok();
 }
 

@@ -89,9 +89,9 @@ Status ParseHoldings(std::span<const uint8_t> in, const std::string& what, Holdi
         return Status::Corrupt(what + ": an arc group's members are not ascending");
       }
     }
-    a.protection = h.U8("protection");
-    if (h.ok() &&
-        (a.protection < 1 || a.protection > 3 || (a.protection >= 2 && a.members.size() < 3))) {
+    a.protection = h.U8("protection");  // bits: 1 arc, 2 aec, 4 aor (with arc or aec)
+    const uint8_t kept = a.protection & 3;
+    if (h.ok() && (kept < 1 || a.protection > 7 || (kept >= 2 && a.members.size() < 3))) {
       return Status::Corrupt(what + ": an arc group of " + std::to_string(a.members.size()) +
                              " members with protection " + std::to_string(a.protection));
     }

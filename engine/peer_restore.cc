@@ -144,11 +144,13 @@ void Db::LearnArcVersions() {
     (void)WithManifest(version, "reading " + V(version) + "'s replica group",
                        [&](const format::ManifestView& m, size_t) {
                          if (const fb::Replicas* g = m.root().replicas()) {
+                           const auto kept = static_cast<uint8_t>(g->protection());
+                           const uint8_t aor = g->recomputed() ? format::kProtectionAor : 0;
                            std::lock_guard<std::mutex> lock(mu_);
                            arc_versions_[version] = {g->group(),
                                                      {g->members()->begin(), g->members()->end()},
                                                      g->replicated_only(),
-                                                     static_cast<uint8_t>(g->protection())};
+                                                     static_cast<uint8_t>(kept | aor)};
                          }
                          return Status::Ok();
                        });
@@ -264,6 +266,16 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
     // others (an "arc" group without redundancy refuses them): a member's list is this rank's.
     const std::vector<uint32_t> members(g.members()->begin(), g.members()->end());
     const fb::Tensor* t = m.Find(name);
+    if (t != nullptr && g.recomputed() && !t->replicated()) {
+      // With AOR a member puts private shards too: another member's by this name is not this
+      // rank's (its own come from the recomputed replica the member before it keeps).
+      return Status::NotFound(
+          plan->what +
+          ": this rank's own copy is lost, the shard is not replicated in "
+          "replica group [" +
+          JoinRanks(std::vector<uint32_t>(g.members()->begin(), g.members()->end())) +
+          "], and no recomputed replica of it could be read");
+    }
     if (t == nullptr) {
       return Status::NotFound(plan->what +
                               ": this rank's own copy is lost and the version has no replicated "

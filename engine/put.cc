@@ -81,14 +81,36 @@ Status Db::ValidatePut(uint64_t version, const char* name, const void* data, siz
   auto what = [&] { return "put_shard '" + std::string(name) + "' into " + V(version); };
   if (options_.read_only) return Status::State(what() + ": the store is open read-only");
   if (version == CKPTDB_ALL_VERSIONS) return Status::Invalid(what() + ": that value is reserved");
-  if (flags & ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE | CKPTDB_PUT_REPLICATED)) {
+  if (flags &
+      ~(CKPTDB_PUT_COPY_NOW | CKPTDB_PUT_DEVICE | CKPTDB_PUT_REPLICATED | CKPTDB_PUT_RECOMPUTED)) {
     return Status::Invalid(what() + ": unknown flags " + std::to_string(flags));
+  }
+  if ((flags & CKPTDB_PUT_REPLICATED) && (flags & CKPTDB_PUT_RECOMPUTED)) {
+    return Status::Invalid(what() +
+                           ": CKPTDB_PUT_REPLICATED and CKPTDB_PUT_RECOMPUTED at once (a shard "
+                           "is either every member's or the next member's)");
+  }
+  if (std::string_view(name).starts_with(format::kRecomputedPrefix)) {
+    return Status::Invalid(what() + ": names beginning with '" +
+                           std::string(format::kRecomputedPrefix) +
+                           "' are reserved for recomputed replicas (CKPTDB_PUT_RECOMPUTED)");
   }
   if ((flags & CKPTDB_PUT_DEVICE) && !io::DeviceBuild()) {
     return Status::NotSupported(what() + ": device memory needs a CUDA or HIP build");
   }
   if (data == nullptr && nbytes > 0) return Status::Invalid(what() + ": data is NULL");
   t->name = name;
+  if (flags & CKPTDB_PUT_RECOMPUTED) {
+    // Stored beside this rank's own shard of the same name (docs/format.md, "Recomputed
+    // replicas"): under the reserved prefix, which must leave the name within the limit.
+    if (t->name.size() + format::kRecomputedPrefix.size() > CKPTDB_MAX_NAME_BYTES) {
+      return Status::Invalid(what() + ": a recomputed replica's name is stored with the prefix '" +
+                             std::string(format::kRecomputedPrefix) + "' and must then fit " +
+                             std::to_string(CKPTDB_MAX_NAME_BYTES) + " bytes");
+    }
+    t->name.insert(0, format::kRecomputedPrefix);
+    t->recomputed = true;
+  }
   t->bytes = nbytes;
   return ValidateTensorInfo(info, what, nbytes, t);
 }
@@ -247,8 +269,10 @@ Status Db::PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
   std::vector<uint32_t> packable;
   for (size_t i = 0; i < shards->size(); ++i) {
     const PreparedShard& s = (*shards)[i];
+    // Not in a group with AOR: a private shard and its recomputed replica are compared by
+    // their chunks' hashes at commit, so each needs chunks of its own.
     if (s.nbytes > 0 && s.nbytes <= std::min(kPackShardBytes, PackLimit()) && s.device < 0 &&
-        !(s.flags & CKPTDB_PUT_REPLICATED)) {
+        !(s.flags & CKPTDB_PUT_REPLICATED) && !(replica_group_ && replica_group_->aor)) {
       packable.push_back(static_cast<uint32_t>(i));
     }
   }
@@ -470,8 +494,13 @@ Status Db::CheckPutLocked(uint64_t version, const PreparedShard& s, uint64_t bat
                            ": CKPTDB_PUT_REPLICATED without a replica group "
                            "(ckptdb_declare_replicas)");
   }
+  if ((flags & CKPTDB_PUT_RECOMPUTED) && !(replica_group_ && replica_group_->aor)) {
+    return Status::Invalid(what() +
+                           ": CKPTDB_PUT_RECOMPUTED without a replica group declared with "
+                           "REFT's AOR (ckptdb_declare_replicas, \"aor\" or \"...+aor\")");
+  }
   if (!(flags & CKPTDB_PUT_REPLICATED) && replica_group_ && replica_group_->dedup() &&
-      cluster_->options().replicas <= 1 && !cluster_->options().code) {
+      !replica_group_->aor && cluster_->options().replicas <= 1 && !cluster_->options().code) {
     // A member that loses its node restores from its group alone: nothing of it may exist
     // only on its own node.
     return Status::Invalid(what() + ": a member of an \"" +

@@ -109,6 +109,22 @@ class Db::GroupSliceSource final : public Db::RestoreSource {
   Db* const db_;
 };
 
+// REFT's AOR: a member of a "...+aor" group whose own copies are lost reads its private shard
+// from the recomputed replica the member before it keeps; a replicated shard is then left to the
+// group's slices (GroupSliceSource).
+class Db::RecomputedSource final : public Db::RestoreSource {
+ public:
+  explicit RecomputedSource(Db* db) : db_(db) {}
+  Status Read(RestoreCall* call) override {
+    if (call->plan->laid_out) return Status::Ok();  // own copies hold it: their chunks, or none
+    return db_->RestoreFromRecomputed(call->version, call->name, call->nbytes, call->out,
+                                      call->plan);
+  }
+
+ private:
+  Db* const db_;
+};
+
 std::vector<std::unique_ptr<Db::RestoreSource>> Db::RestoreOrder(
     const std::vector<size_t>& candidates) {
   std::vector<std::unique_ptr<RestoreSource>> order;
@@ -125,6 +141,7 @@ std::vector<std::unique_ptr<Db::RestoreSource>> Db::RestoreOrder(
   for (size_t ti : candidates) {
     if (!tiers_[ti].is_ram()) order.push_back(std::make_unique<TierSource>(this, ti));
   }
+  if (cluster_ != nullptr) order.push_back(std::make_unique<RecomputedSource>(this));
   order.push_back(std::make_unique<GroupSliceSource>(this));
   return order;
 }

@@ -132,6 +132,26 @@ TEST_F(ApiTest, ReplicaGroupsNeedAJob) {
             CKPTDB_EINVAL);
   EXPECT_NE(std::string(ckptdb_last_error()).find("ckptdb_declare_replicas"), std::string::npos)
       << ckptdb_last_error();
+  // REFT's AOR: a recomputed replica needs a group declared with it; the reserved prefix is
+  // never a name of the caller's; a shard is not both every member's and the next one's.
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "w", data.data(), data.size(), nullptr, CKPTDB_PUT_RECOMPUTED),
+            CKPTDB_EINVAL);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("with REFT's AOR"), std::string::npos)
+      << ckptdb_last_error();
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "@aor:w", data.data(), data.size(), nullptr, 0),
+            CKPTDB_EINVAL);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("reserved for recomputed replicas"),
+            std::string::npos)
+      << ckptdb_last_error();
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, "w", data.data(), data.size(), nullptr,
+                             CKPTDB_PUT_REPLICATED | CKPTDB_PUT_RECOMPUTED),
+            CKPTDB_EINVAL);
+  const std::string longest(CKPTDB_MAX_NAME_BYTES - 4, 'n');  // with the prefix, 1 byte over
+  EXPECT_EQ(ckptdb_put_shard(db_, 1, longest.c_str(), data.data(), data.size(), nullptr,
+                             CKPTDB_PUT_RECOMPUTED),
+            CKPTDB_EINVAL);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("must then fit"), std::string::npos)
+      << ckptdb_last_error();
   uint64_t latest = 0;
   EXPECT_EQ(ckptdb_latest(db_, &latest), CKPTDB_ENOTFOUND) << "the refused put opened nothing";
 }

@@ -95,7 +95,8 @@ TEST(HoldingsTest, AnythingTheWriterCannotWriteIsRefused) {
               HasSubstr("an arc group of 1 members"));
   EXPECT_THAT(refused(with_arc({1, 0, false, {0, 1}}, 2), "flag 2"),
               HasSubstr("replicated_only is 2"));
-  // Its protection (the report's last byte): Arc 1, Aec 2 or ArcAec 3, AEC with 3 or more.
+  // Its protection (the report's last byte): Arc 1, Aec 2 or ArcAec 3, AEC with 3 or more, each
+  // with or without bit 4 (REFT's AOR), which is never alone.
   auto with_protection = [](ArcReport a, uint8_t protection) {
     HoldingsReport r;
     r.arc = {std::move(a)};
@@ -103,12 +104,20 @@ TEST(HoldingsTest, AnythingTheWriterCannotWriteIsRefused) {
     b.back() = protection;
     return b;
   };
-  for (uint8_t p : {0, 4, 255}) {
+  for (uint8_t p : {0, 4, 8, 255}) {
     EXPECT_THAT(refused(with_protection({1, 0, false, {0, 1, 2}}, p), "protection"),
                 HasSubstr("with protection " + std::to_string(p)));
   }
   EXPECT_THAT(refused(with_protection({1, 0, false, {0, 1}}, 2), "aec of 2"),
               HasSubstr("an arc group of 2 members with protection 2"));
+  EXPECT_THAT(refused(with_protection({1, 0, false, {0, 1}}, 6), "aec+aor of 2"),
+              HasSubstr("an arc group of 2 members with protection 6"));
+  for (uint8_t p : {5, 6, 7}) {
+    HoldingsReport out;
+    EXPECT_TRUE(Parse(with_protection({1, 0, true, {0, 1, 2}}, p), &out).ok()) << +p;
+    ASSERT_EQ(out.arc.size(), 1u);
+    EXPECT_EQ(out.arc[0].protection, p);
+  }
 }
 
 // The fuzzer's seeds (fuzz/corpus/holdings/). They pin nothing: regenerate freely.
@@ -126,6 +135,8 @@ TEST(HoldingsTest, DISABLED_RegenerateSeeds) {
   write("arc-only", arc);
   arc.arc = {ArcReport{4, 0, true, {0, 1, 2, 3}, 3}};
   write("arc-aec", arc);
+  arc.arc = {ArcReport{4, 0, true, {0, 1, 2, 3}, 5}};
+  write("arc-aor", arc);
 }
 
 }  // namespace

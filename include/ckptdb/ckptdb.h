@@ -169,6 +169,15 @@ int ckptdb_close(ckptdb* db);
  * replicas, ckptdb_declare_replicas): the members compare it at commit, and the members of an
  * "arc", "aec" or "arc+aec" group each keep only their slices of it (and AEC's parity units). */
 #define CKPTDB_PUT_REPLICATED 0x4u
+/* REFT's AOR (a group declared with "...+aor"): the shard is this rank's recomputed replica of
+ * the private shard of the same name that the next member of its replica group puts (members in
+ * ascending order, the last one's next being the first), e.g. that member's optimizer state
+ * brought forward by applying the same update to a host copy from the gradients this rank has
+ * too. It is stored in this rank's segment as "@aor:" followed by the name, compared at commit
+ * with the owner's shard (name, length and digest, as replicated shards are), and read by the
+ * owner's restore when the owner's own copies are lost (source "aor:rankN"). Not with
+ * CKPTDB_PUT_REPLICATED. A name that begins with "@aor:" is reserved (EINVAL). */
+#define CKPTDB_PUT_RECOMPUTED 0x8u
 
 /* Adds one shard (name, bytes) to `version` of this rank. The first put of a version opens it.
  * Lazy capture (DataStates-LLM): the shard is queued and the call returns; capture threads copy

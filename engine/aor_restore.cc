@@ -1,0 +1,80 @@
+// REFT's AOR at restore (DESIGN.md section 7; docs/format.md, "Recomputed replicas"): a member
+// of a replica group declared with "...+aor" keeps, under format::kRecomputedPrefix, the replica
+// of the next member's private shards that it brought forward itself (the owner's optimizer
+// update applied to a host copy). The commit compared each one with its owner's shard, digest
+// for digest, so a member that lost its own copies reads them from there, every chunk checked
+// against the keeper's hash of it.
+#include <string>
+#include <vector>
+
+#include "engine/db.h"
+#include "engine/internal.h"
+#include "format/checksum.h"
+
+namespace ckpt::engine {
+
+Status Db::RestoreFromRecomputed(uint64_t version, const std::string& name, size_t nbytes,
+                                 uint8_t* out, RestorePlan* plan) {
+  uint32_t keeper = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!replica_group_ || !replica_group_->aor) return Status::Ok();
+    keeper = replica_group_->Before(options_.rank);
+  }
+  ReplicaHolder holder;
+  ArcMember* member = nullptr;
+  Status st = cluster_->MemberAt(keeper, &holder);
+  if (st.ok()) st = OpenArcMember(version, keeper, holder, {}, 0, plan->what, &member);
+  if (!st.ok()) {
+    plan->Note("no recomputed replica: " + st.message());
+    return Status::Ok();
+  }
+  const format::ManifestView& m = member->reader->manifest();
+  const fb::Replicas* g = m.root().replicas();
+  const std::string stored = std::string(format::kRecomputedPrefix) + name;
+  if (g == nullptr || !g->recomputed() || m.Find(stored) == nullptr) {
+    // A replicated shard (laid out from the group next), or a version written before the group
+    // had AOR: nothing recomputed by this name.
+    plan->Note(R(keeper) + " keeps no recomputed replica of this rank's '" + name + "'");
+    return Status::Ok();
+  }
+  const std::string src = R(keeper) + "'s recomputed replica";
+  CKPTDB_RETURN_IF_ERROR(LayOut(m, stored, nbytes, src, plan));
+  std::vector<Cluster::FetchRange> ranges;
+  for (uint32_t c : plan->pending) {
+    const fb::Chunk& chunk = m.chunk(c);
+    ranges.push_back({chunk.record_offset() + format::kBlockBytes,
+                      out + plan->dst_offset[c - plan->first], chunk.payload_bytes()});
+  }
+  std::vector<Status> results;
+  Status gone = cluster_->FetchRanges(member->holder, keeper, version, ranges, &results,
+                                      /*any_tier=*/true);
+  std::vector<uint32_t> failed;
+  uint64_t served = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const uint32_t c = plan->pending[i];
+    Status cs = results[i];
+    if (cs.ok()) {
+      cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, m.chunk(c).xxh3(),
+                             "chunk " + std::to_string(c) + " of " + src);
+    }
+    if (cs.ok()) {
+      served += ranges[i].bytes;
+      continue;
+    }
+    failed.push_back(c);
+    if (cs.code() == CKPTDB_ECORRUPT) {
+      plan->chunk_failures++;
+      if (last_problem_.empty()) last_problem_ = cs.message();
+    }
+  }
+  if (!gone.ok()) {
+    member->failed = true;
+    plan->Note(gone.message());
+  }
+  plan->pending = std::move(failed);
+  plan->Served("aor:rank" + std::to_string(keeper), served);
+  return Status::Ok();
+}
+
+}  // namespace ckpt::engine
