@@ -38,6 +38,8 @@ DTYPES = {
 
 _PUT_COPY_NOW = 0x1
 _PUT_DEVICE = 0x2
+_PUT_REPLICATED = 0x4
+_PUT_RECOMPUTED = 0x8
 PUT_COPY_NOW = _PUT_COPY_NOW  # for ckptdb.torch's batched put (Store._put_many)
 PUT_DEVICE = _PUT_DEVICE
 _RESTORE_DEVICE = 0x1
@@ -281,6 +283,8 @@ _commit = _sig("ckptdb_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_u
 _wait_commit = _sig("ckptdb_wait_commit", ctypes.c_int, _c_db, ctypes.c_uint64, ctypes.c_char_p,
                     ctypes.c_int)
 _abort = _sig("ckptdb_abort", ctypes.c_int, _c_db, ctypes.c_uint64)
+_declare_replicas = _sig("ckptdb_declare_replicas", ctypes.c_int, _c_db, ctypes.c_uint32,
+                         ctypes.POINTER(ctypes.c_uint32), ctypes.c_size_t, ctypes.c_char_p)
 # For ckptdb._native, which calls them without ctypes (ckptdb.torch's save).
 _PUT_SHARDS_AT = ctypes.cast(_put_shards, ctypes.c_void_p).value
 _ABORT_AT = ctypes.cast(_abort, ctypes.c_void_p).value
@@ -495,19 +499,33 @@ class Store:
 
     # -- saving --
 
+    def declare_replicas(self, group: int, members: Sequence[int],
+                         protection: Optional[str] = None) -> None:
+        """ckptdb_declare_replicas: this rank's replica group (ranks holding the same
+        data-parallel replicas) and its protection: None or "none", "arc", "aec", "arc+aec", or
+        with REFT's AOR "aor" (= "arc+aor"), "aec+aor", "arc+aec+aor" (docs/api.md)."""
+        ranks = [int(m) for m in members]
+        array = (ctypes.c_uint32 * max(len(ranks), 1))(*ranks)
+        _check(_declare_replicas(self._handle(), int(group), array, len(ranks),
+                                 _text(protection, "protection")))
+
     def put_shard(self, version: int, name: str, data, *, dtype=None, shape=None,
-                  global_shape=None, global_offset=None, copy_now: bool = False) -> None:
+                  global_shape=None, global_offset=None, copy_now: bool = False,
+                  replicated: bool = False, recomputed: bool = False) -> None:
         """ckptdb_put_shard: `data` (a buffer or a CPU tensor) as tensor `name` of `version`;
         global_shape and global_offset place it in its global tensor (for restore_slice).
         Without copy_now, capture reads it until wait_capture or a synchronous commit returns;
-        the Store holds a reference to it until then."""
+        the Store holds a reference to it until then. replicated: the same on every member of
+        the declared replica group (CKPTDB_PUT_REPLICATED); recomputed: this rank's recomputed
+        replica of the next member's private shard `name` (REFT's AOR, CKPTDB_PUT_RECOMPUTED)."""
         address, nbytes, keep = _address(data, writable=False, what=f"put_shard {name!r}")
         if dtype is None and hasattr(data, "dtype") and hasattr(data, "data_ptr"):
             dtype = _torch_dtype(data.dtype)
             if shape is None:
                 shape = tuple(data.shape)
         info = _info(dtype, shape, global_shape, global_offset)
-        flags = (_PUT_COPY_NOW if copy_now else 0) | (_PUT_DEVICE if _on_gpu(data) else 0)
+        flags = ((_PUT_COPY_NOW if copy_now else 0) | (_PUT_DEVICE if _on_gpu(data) else 0) |
+                 (_PUT_REPLICATED if replicated else 0) | (_PUT_RECOMPUTED if recomputed else 0))
         _check(_put_shard(self._handle(), version, _text(name, "name"), address or None, nbytes,
                           ctypes.byref(info) if info is not None else None, flags))
         if not copy_now:

@@ -38,6 +38,7 @@ import torch
 
 from ckptdb import _capi
 from ckptdb._capi import DTYPES, NotFound, Store
+from ckptdb.aor import RecomputedOptimizer, optimizer_shards  # noqa: F401 - REFT's AOR
 
 _TREE = "__ckptdb__/tree"
 _TREE_FORMAT = 1
