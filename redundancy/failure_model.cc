@@ -167,6 +167,7 @@ Status FailureModel::SmallestLoss(const std::vector<int>& among, int* size, std:
 
 std::string ReftScheme::Name() const {
   if (kind == kAec) return "aec";
+  if (kind == kAor) return "aor";
   return shift == 1 ? "arc" : "arc:" + Str(shift);
 }
 
@@ -174,6 +175,8 @@ Status ParseReftScheme(const std::string& text, ReftScheme* out) {
   ReftScheme s;
   if (text == "aec") {
     s.kind = ReftScheme::kAec;
+  } else if (text == "aor") {
+    s.kind = ReftScheme::kAor;
   } else if (text == "arc") {
     s.kind = ReftScheme::kArc;
   } else if (text.rfind("arc:", 0) == 0 && text.size() > 4 && text.size() <= 8 &&
@@ -181,14 +184,15 @@ Status ParseReftScheme(const std::string& text, ReftScheme* out) {
     s.kind = ReftScheme::kArc;
     s.shift = std::stoi(text.substr(4));
   } else {
-    return Status::Invalid("'" + text + "' is not a REFT scheme: arc, arc:SHIFT or aec");
+    return Status::Invalid("'" + text + "' is not a REFT scheme: arc, arc:SHIFT, aec or aor");
   }
   *out = s;
   return Status::Ok();
 }
 
 Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& schemes,
-                      const Placement* replicas, const CodingPlacement* coding, FailureModel* out) {
+                      const Placement* replicas, const CodingPlacement* coding, FailureModel* out,
+                      double private_share) {
   const int m = group_size;
   if (nodes < 1 || nodes > kMaxPlacementNodes) {
     return Status::Invalid("nodes " + Str(nodes) + " is outside 1.." + Str(kMaxPlacementNodes));
@@ -210,6 +214,15 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
       return Status::Invalid(s.Name() + ": the shift must be 1.." + Str(m - 1) +
                              " in sharding groups of " + Str(m));
     }
+  }
+  if (!(private_share >= 0 && private_share <= 1000)) {
+    return Status::Invalid("a private share of " + std::to_string(private_share) +
+                           " is outside 0..1000 (units of the group's state)");
+  }
+  const bool aor = std::any_of(schemes.begin(), schemes.end(),
+                               [](const ReftScheme& s) { return s.kind == ReftScheme::kAor; });
+  if (aor && private_share == 0) {
+    return Status::Invalid("aor protects each member's private shard: give their size");
   }
   FailureModel model(nodes);
   // Each node's snapshot: everything it saved.
@@ -241,7 +254,14 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
       saved[static_cast<size_t>(base + member)].push_back(item);
     };
     for (int j = 0; j < m; ++j) save(slice[static_cast<size_t>(j)], j);
+    for (int j = 0; j < m && private_share > 0; ++j) {
+      const int own = model.AddItem("private shard of node " + Str(base + j) + " of " + sg);
+      model.AddTarget(own);
+      save(own, j);
+      if (aor) save(own, (j + m - 1) % m);  // recomputed by the member before it
+    }
     for (const ReftScheme& s : schemes) {
+      if (s.kind == ReftScheme::kAor) continue;  // above
       if (s.kind == ReftScheme::kArc) {
         for (int j = 0; j < m; ++j)
           save(slice[static_cast<size_t>(j)], ((j - s.shift) % m + m) % m);
@@ -267,8 +287,9 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
     model.AddWhole(snapshot[static_cast<size_t>(node)], saved[static_cast<size_t>(node)]);
     model.Hold(snapshot[static_cast<size_t>(node)], node);
   }
-  double per_node = 1.0 / m;
+  double per_node = 1.0 / m + private_share * (aor ? 2 : 1);
   for (const ReftScheme& s : schemes) {
+    if (s.kind == ReftScheme::kAor) continue;
     per_node += s.kind == ReftScheme::kArc ? 1.0 / m : 1.0 / (m * static_cast<double>(subs));
   }
   if (replicas != nullptr) {

@@ -82,20 +82,28 @@ class FailureModel {
 
 // REFT's protections within a sharding group.
 struct ReftScheme {
-  enum Kind { kArc, kAec } kind = kArc;
+  // kAor (REFT's AOR): each member's private shard is also kept, recomputed, by the member
+  // before it (BuildReftModel's private_share).
+  enum Kind { kArc, kAec, kAor } kind = kArc;
   int shift = 1;  // ARC: slice j on node j - shift
   std::string Name() const;
 };
-// "arc", "arc:2" (shift 2), "aec". Invalid names the text.
+// "arc", "arc:2" (shift 2), "aec", "aor". Invalid names the text.
 Status ParseReftScheme(const std::string& text, ReftScheme* out);
 
 // Nodes 0..N-1 in sharding groups of `group_size` consecutive nodes (N divisible by it), each
 // saving its slice and every scheme's redundancy; then, optionally, each node's whole snapshot
 // protected across nodes by `replicas` (a Placement, nullptr: none) or `coding` (nullptr: none).
+// private_share > 0: each member also holds a private shard (its ZeRO-1 optimizer shard, which
+// no other member holds) of that size in units of the group's state, a target of its own kept
+// by its member alone, or with kAor by the member before it too; in the snapshots, and counted
+// in memory_per_node.
 // Invalid: group_size < 2 or not dividing N, a scheme that needs more members (AEC needs 3: with
-// 2 its parity is the peer's slice, ARC), an ARC shift outside 1..m-1, both replicas and coding.
+// 2 its parity is the peer's slice, ARC), an ARC shift outside 1..m-1, both replicas and coding,
+// kAor without private shards, a private_share outside 0..1000.
 Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& schemes,
-                      const Placement* replicas, const CodingPlacement* coding, FailureModel* out);
+                      const Placement* replicas, const CodingPlacement* coding, FailureModel* out,
+                      double private_share = 0);
 
 // ec:K+M groups of ranks over N nodes with `ranks_per_node` ranks each, as Cluster forms them
 // (ComputeCodingGroups in placement.h: ranks dealt round the nodes, runs of K + M): each

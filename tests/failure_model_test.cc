@@ -127,6 +127,34 @@ TEST(FailureModelTest, MixedWithReplicasAcrossNodes) {
   EXPECT_EQ(recovery, 1.0);
 }
 
+// REFT's AOR: each member's private shard is also held by the member before it, so a loss of
+// one member is survived and of an owner with its keeper is not; without AOR a private shard
+// is lost with its node, whatever protects the group's state.
+TEST(FailureModelTest, AorKeepsEachPrivateShardOnTheMemberBefore) {
+  FailureModel model(1);
+  ASSERT_TRUE(BuildReftModel(4, 4, Schemes({"arc", "aec"}), nullptr, nullptr, &model, 1).ok());
+  double recovery = 0, loss = 0;
+  ASSERT_TRUE(model.RecoveryProbability(1, &recovery, &loss).ok());
+  EXPECT_EQ(recovery, 0.0);
+  ASSERT_TRUE(
+      BuildReftModel(4, 4, Schemes({"arc", "aec", "aor"}), nullptr, nullptr, &model, 1).ok());
+  EXPECT_NEAR(model.memory_per_node, 0.25 + 0.25 + 1.0 / 8 + 2, 1e-12);
+  ASSERT_TRUE(model.RecoveryProbability(1, &recovery, &loss).ok());
+  EXPECT_EQ(recovery, 1.0);
+  // Of the 6 pairs of 4, the 4 adjacent ones (an owner and its keeper) lose a private shard.
+  ASSERT_TRUE(model.RecoveryProbability(2, &recovery, &loss).ok());
+  EXPECT_NEAR(recovery, 2.0 / 6, 1e-12);
+  std::vector<int> group = {0, 1, 2, 3}, set;
+  int smallest = 0;
+  std::string lost;
+  ASSERT_TRUE(model.SmallestLoss(group, &smallest, &set, &lost).ok());
+  EXPECT_EQ(smallest, 2);
+  EXPECT_NE(lost.find("private shard"), std::string::npos) << lost;
+  EXPECT_EQ(BuildReftModel(4, 4, Schemes({"aor"}), nullptr, nullptr, &model).code(), CKPTDB_EINVAL);
+  EXPECT_EQ(BuildReftModel(4, 4, Schemes({"arc"}), nullptr, nullptr, &model, -1).code(),
+            CKPTDB_EINVAL);
+}
+
 TEST(FailureModelTest, BadLayoutsAreRefused) {
   FailureModel model(1);
   EXPECT_EQ(BuildReftModel(6, 4, Schemes({"arc"}), nullptr, nullptr, &model).code(), CKPTDB_EINVAL);

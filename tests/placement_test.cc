@@ -619,13 +619,60 @@ TEST(PlanCliTest, CompareSetsTheProtectionsSideBySide) {
   EXPECT_TRUE(Has(text, "arc+aec           0.625          2      100.0%      100.0%"))
       << text.output;
   EXPECT_TRUE(Has(text, "ec:3+1")) << text.output;
-  EXPECT_TRUE(Has(text, "REFT's AOR is not built")) << text.output;
+  EXPECT_TRUE(Has(text, "--private F adds them and the aor rows")) << text.output;
   Result bad = Plan("--nodes 8 --dp 4 --compare --reft arc");
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_TRUE(Has(bad, "--compare picks the protections itself")) << bad.output;
   Result pairs = Plan("--nodes 8 --dp 2 --compare");  // no aec rows with groups of 2
   EXPECT_EQ(pairs.code, 0) << pairs.output;
   EXPECT_FALSE(Has(pairs, "aec")) << pairs.output;
+}
+
+// --private 0.5: each node also holds a private shard of half the group's state (a ZeRO-1
+// optimizer shard) that no other member holds. Without AOR any one loss loses data; with it
+// (kept again by the node before) ARC's adjacent pairs are lost as before (20/28 survive 2), as
+// are ARC with AEC's (AOR's loss of an owner and its keeper); memory adds 0.5 per node, twice
+// with AOR, and doubles with replicas.
+TEST(PlanCliTest, ComparePrivateShardsWithAndWithoutAor) {
+  Result r = Plan("--nodes 8 --dp 4 --compare --private 0.5 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["private_share"], 0.5);
+  struct Want {
+    const char* name;
+    double memory;
+    int tolerated;
+    double one;
+    double two;
+  };
+  const Want want[] = {{"none", 0.75, 0, 0.0, 0.0},
+                       {"arc", 1.0, 0, 0.0, 0.0},
+                       {"aec", 0.75 + 1.0 / 12, 0, 0.0, 0.0},
+                       {"arc+aec", 1.125, 0, 0.0, 0.0},
+                       {"arc+aor", 1.5, 1, 1.0, 20.0 / 28},
+                       {"arc+aec+aor", 1.625, 1, 1.0, 20.0 / 28},
+                       {"replicate:2", 1.5, 1, 1.0, 24.0 / 28}};
+  ASSERT_EQ(j["comparison"].size(), std::size(want)) << r.output;
+  for (size_t i = 0; i < std::size(want); ++i) {
+    const auto& row = j["comparison"][i];
+    SCOPED_TRACE(want[i].name);
+    EXPECT_EQ(row["protection"], want[i].name);
+    EXPECT_NEAR(row["memory_per_node"].get<double>(), want[i].memory, 1e-12);
+    EXPECT_EQ(row["tolerated_in_sharding_group"], want[i].tolerated);
+    EXPECT_NEAR(row["failures"][0]["recovery_probability"].get<double>(), want[i].one, 1e-12);
+    EXPECT_NEAR(row["failures"][1]["recovery_probability"].get<double>(), want[i].two, 1e-12);
+  }
+  Result aor = Plan("--nodes 8 --dp 4 --reft aor");
+  EXPECT_EQ(aor.code, 2) << aor.output;
+  EXPECT_TRUE(Has(aor, "aor protects each member's private shard")) << aor.output;
+  Result stacked = Plan("--nodes 8 --dp 4 --reft arc --reft aor --private 1");
+  EXPECT_EQ(stacked.code, 0) << stacked.output;
+  EXPECT_TRUE(Has(stacked, "memory per node: 2.5 x")) << stacked.output;
+  for (const char* bad : {"--private 0", "--private -1", "--private 2000", "--private x"}) {
+    Result b = Plan(std::string("--nodes 8 --dp 4 --compare ") + bad);
+    EXPECT_EQ(b.code, 2) << bad << ": " << b.output;
+  }
+  EXPECT_EQ(Plan("--nodes 8 --private 1").code, 2);  // needs --dp
 }
 
 TEST(PlanCliTest, BadArgumentsExitTwo) {

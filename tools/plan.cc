@@ -42,6 +42,7 @@ struct PlanArgs {
   int dp = 0;                     // REFT sharding groups of this many nodes
   std::vector<std::string> reft;  // their schemes, stacked
   bool compare = false;           // --dp S --compare: the protections side by side
+  double private_share = 0;       // --private F: each member's private (ZeRO-1) shard
 };
 
 struct Weibull {
@@ -63,6 +64,13 @@ struct WeibullFigures {
   double survival = 0;                 // every checkpoint still in memory (eq. 5, generalised)
   double survival_without_copies = 0;  // every node survives (eq. 6 with P_tr = 1)
 };
+
+// A share as the user would write it back ("0.5", "3").
+std::string FormatShare(double share) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", share);
+  return text;
+}
 
 // A count in decimal digits only ("12"), at most 9 of them.
 bool ParseCount(const std::string& text, int* out) {
@@ -249,9 +257,10 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
                redundancy::PlacementStrategyName(r.strategy) + ")";
       options += " --replicas " + std::to_string(args.replicas);
     }
-    if (Status st = redundancy::BuildReftModel(args.nodes, args.dp, schemes,
-                                               replicas ? &*replicas : nullptr,
-                                               coding ? &*coding : nullptr, &model);
+    if (args.private_share > 0) options += " --private " + FormatShare(args.private_share);
+    if (Status st = redundancy::BuildReftModel(
+            args.nodes, args.dp, schemes, replicas ? &*replicas : nullptr,
+            coding ? &*coding : nullptr, &model, args.private_share);
         !st.ok()) {
       return Usage(options + ": " + st.message());
     }
@@ -260,6 +269,7 @@ int RunModelPlan(const PlanArgs& args, const std::string& nodes_text) {
     if (args.json) {
       json["scheme"] = "reft";
       json["sharding_group"] = args.dp;
+      json["private_share"] = args.private_share;
       json["reft_schemes"] = names;
       json["across_nodes"] = across;
     } else {
@@ -390,6 +400,10 @@ int RunComparePlan(const PlanArgs& args, const std::string& nodes_text) {
     list.push_back({"aec", {"aec"}});
     list.push_back({"arc+aec", {"arc", "aec"}});
   }
+  if (args.private_share > 0) {  // REFT's AOR protects the private shards the others do not
+    list.push_back({"arc+aor", {"arc", "aor"}});
+    if (args.dp >= 3) list.push_back({"arc+aec+aor", {"arc", "aec", "aor"}});
+  }
   list.push_back({"replicate:2", {}, 2});
   if (!args.ec.empty()) list.push_back({"ec:" + args.ec, {}, 0, true});
   std::vector<int> counts;
@@ -398,14 +412,23 @@ int RunComparePlan(const PlanArgs& args, const std::string& nodes_text) {
   } else {
     for (int k = 1; k <= std::min(args.nodes, 3); ++k) counts.push_back(k);
   }
-  const std::string options = nodes_text + " --dp " + std::to_string(args.dp) + " --compare";
+  const std::string options =
+      nodes_text + " --dp " + std::to_string(args.dp) + " --compare" +
+      (args.private_share > 0 ? " --private " + FormatShare(args.private_share) : "");
   nlohmann::ordered_json json = nlohmann::ordered_json::array();
   if (!args.json) {
     std::printf(
         "REFT sharding groups of %d nodes holding the same state, %d nodes; memory per node in "
         "units of the group's state; tolerated: the fewest of a group's nodes whose loss loses "
-        "data, minus one\n\n%-14s %8s %10s",
-        args.dp, args.nodes, "protection", "memory", "tolerated");
+        "data, minus one\n",
+        args.dp, args.nodes);
+    if (args.private_share > 0) {
+      std::printf(
+          "each node also holds a private shard of %s (its ZeRO-1 optimizer shard), kept by "
+          "that node alone unless AOR recomputes it on the node before it\n",
+          FormatShare(args.private_share).c_str());
+    }
+    std::printf("\n%-14s %8s %10s", "protection", "memory", "tolerated");
     for (int k : counts) std::printf("  %d failure%s", k, k == 1 ? " " : "s");
     std::printf("\n");
   }
@@ -438,9 +461,9 @@ int RunComparePlan(const PlanArgs& args, const std::string& nodes_text) {
       coding = p;
     }
     redundancy::FailureModel model(args.nodes);
-    if (Status st = redundancy::BuildReftModel(args.nodes, args.dp, schemes,
-                                               replicas ? &*replicas : nullptr,
-                                               coding ? &*coding : nullptr, &model);
+    if (Status st = redundancy::BuildReftModel(
+            args.nodes, args.dp, schemes, replicas ? &*replicas : nullptr,
+            coding ? &*coding : nullptr, &model, args.private_share);
         !st.ok()) {
       return Usage(options + ": " + c.name + ": " + st.message());
     }
@@ -479,12 +502,15 @@ int RunComparePlan(const PlanArgs& args, const std::string& nodes_text) {
     doc["format_version"] = 1;
     doc["nodes"] = args.nodes;
     doc["sharding_group"] = args.dp;
+    doc["private_share"] = args.private_share;
     doc["comparison"] = json;
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
-    std::printf(
-        "\n(\"-\": too many failure sets to enumerate. REFT's AOR is not built, so not "
-        "compared.)\n");
+    std::printf("\n(\"-\": too many failure sets to enumerate.%s)\n",
+                args.private_share > 0
+                    ? ""
+                    : " REFT's AOR protects private shards: --private F adds them "
+                      "and the aor rows");
   }
   return kExitOk;
 }
@@ -708,7 +734,8 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--reft", args->reft,
                   "A REFT protection within each sharding group, repeatable to stack: arc (a "
                   "peer's slice, copied locally), arc:SHIFT (the slice SHIFT nodes on), aec (XOR "
-                  "parity of the peers' sub-slices); --replicas or --ec on top protect each "
+                  "parity of the peers' sub-slices), aor (a peer's private shard, recomputed; "
+                  "needs --private); --replicas or --ec on top protect each "
                   "node's snapshot across nodes")
       ->needs(dp);
   CLI::Option* days =
@@ -718,6 +745,12 @@ void AddPlanCommand(CLI::App& app, int* exit_code) {
                   "days (REFT section 5); needs --days")
       ->needs(days);
   days->needs("--weibull");
+  cmd->add_option("--private", args->private_share,
+                  "With --dp: each node also holds a private shard (its ZeRO-1 optimizer shard) "
+                  "of this size in units of the group's state; --reft aor keeps it recomputed on "
+                  "the node before it (REFT's AOR), and --compare adds the aor rows")
+      ->check(CLI::Range(0.0001, 1000.0))
+      ->needs(dp);
   cmd->add_flag("--compare", args->compare,
                 "With --dp S: none, arc, aec, arc+aec (as ckptdb_declare_replicas builds them) "
                 "and replicate:2 (or --ec K+P) of each node's snapshot, side by side: memory per "
