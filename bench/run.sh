@@ -79,6 +79,10 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "== issue 23: the small model, a save every step, one training thread =="
   CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
     /usr/bin/python3 "$(dirname "$0")/bench_torch.py" --small-only --threads 1
+  echo
+  echo "== issue 25: REFT's AOR, a keeper's recomputed Adam/AdamW shard against the owner's step =="
+  CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
+    /usr/bin/python3 "$(dirname "$0")/bench_aor.py" --threads 1
 else
   echo "skipped: /usr/bin/python3 has no torch (apt-get install python3-torch)"
 fi

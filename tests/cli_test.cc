@@ -275,6 +275,32 @@ TEST_F(CliTest, DemoWithAecRestoresTheLostNodeFromParity) {
   EXPECT_NE(r.output.find("--protection"), std::string::npos) << r.output;
 }
 
+// demo --protection aor (REFT's AOR with ARC): the lost node's rank restores its own optimizer
+// moments from the recomputed replicas the rank before it kept ("aor:rank2"), bit for bit; that
+// rank's segment lists them under the reserved prefix and verifies clean.
+TEST_F(CliTest, DemoWithAorRestoresTheLostNodesMomentsFromTheRankBefore) {
+  TempDir demo("/dev/shm");
+  const std::string root = demo.Sub("job");
+  const std::string ram = demo.Sub("ram");
+  Result r = Cli("demo --protection aor --mib-per-rank 4 --iterations 3 --compute-ms 50 --root " +
+                 Quote(root) + " --ram-dir " + Quote(ram));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("--reft aor --private 3.98"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("aor:rank2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(" NO\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ok: every rank restored v3 bit for bit"), std::string::npos) << r.output;
+  r = Cli("inspect " + Quote(root + "/node2/rank2") + " --version 3");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("@aor:optimizer.exp_avg.layers.0.mlp.w.shard3"), std::string::npos)
+      << r.output;
+  r = Cli("verify " + Quote(root + "/node2/rank2"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = Cli("demo --protection aec+aor --ranks 2 --nodes 2 --root " + Quote(root) + " --ram-dir " +
+          Quote(ram));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("3 or more of them with AEC"), std::string::npos) << r.output;
+}
+
 // verify of a coding group's roots, as a user runs it after `ckptdb demo --redundancy xor:3`
 // (four ranks on four simulated nodes, node 3 lost and rebuilt): the group's parity recomputed
 // and its spare counted; a flipped byte in a parity block is a problem (exit 1); one root says

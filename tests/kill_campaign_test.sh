@@ -3,7 +3,7 @@
 # 4 simulated nodes (replicate:2) through 12 rounds of restart, restore, train and a random
 # SIGKILL of a rank, the coordinator, a node (wiped) or the whole job; every restart's latest
 # version is checked bit for bit on every rank. The long one: the same command with
-# --kill-rounds 1000 and any --seed. With PROTECTION (arc, aec, arc+aec) the ranks are one
+# --kill-rounds 1000 and any --seed. With PROTECTION (arc, aec, arc+aec, aor, ...) the ranks are one
 # replica group with REFT's protection instead (redundancy none), 4 MiB each so that their
 # tensors are cut among the members.
 # Usage: kill_campaign_test.sh CKPTDB_CLI [ROUNDS] [SEED] [PROTECTION]

@@ -345,12 +345,15 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   auto* protection =
       cmd->add_option("--protection", cluster->protection,
-                      "REFT's in-memory protection instead of GEMINI's replicas: arc, aec or "
-                      "arc+aec. Every rank then holds the same data-parallel state, declared one "
-                      "replica group (one rank per node), and keeps only its slices (and parity) "
-                      "of it; the lost node's ranks restore from the group. Redundancy is none "
-                      "unless --redundancy says otherwise")
-          ->check(CLI::IsMember({"arc", "aec", "arc+aec"}));
+                      "REFT's in-memory protection instead of GEMINI's replicas: arc, aec, "
+                      "arc+aec, or with AOR aor (= arc+aor), aec+aor, arc+aec+aor. Every rank "
+                      "then holds the same data-parallel state, declared one replica group (one "
+                      "rank per node), and keeps only its slices (and parity) of it; with AOR "
+                      "the optimizer's moments are each rank's own and the rank before keeps "
+                      "them recomputed; the lost node's ranks restore from the group. Redundancy "
+                      "is none unless --redundancy says otherwise")
+          ->check(
+              CLI::IsMember({"arc", "aec", "arc+aec", "aor", "arc+aor", "aec+aor", "arc+aec+aor"}));
   cmd->add_option("--mib-per-rank", cluster->mib_per_rank, "State per rank in MiB (many ranks)")
       ->check(CLI::Range(1.0, 4096.0))
       ->capture_default_str();

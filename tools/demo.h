@@ -22,6 +22,11 @@ struct Tensor {
   size_t bytes = 0;
   uint8_t* data = nullptr;      // the live training state
   uint8_t* restored = nullptr;  // where the restarted trainer restores into
+  // Many ranks: the put's flags (CKPTDB_PUT_REPLICATED, CKPTDB_PUT_RECOMPUTED), the seed its
+  // bytes start from, and whether the rank restores it (not a recomputed replica of another's).
+  unsigned flags = 0;
+  uint64_t seed = 0;
+  bool own = true;
 };
 
 inline double Seconds(std::chrono::steady_clock::duration d) {
@@ -94,7 +99,9 @@ struct ClusterArgs {
   int port = 0;                            // 0: a free one
   std::string redundancy = "replicate:2";  // or ec:K+M, xor:K
   // REFT: "arc", "aec" or "arc+aec": every rank holds the same (data-parallel) state, one replica
-  // group of all ranks, one rank per node; empty: each rank its own shard.
+  // group of all ranks, one rank per node; with "+aor" (or "aor") the optimizer's moments are
+  // each rank's own (ZeRO-1) and the rank before keeps them recomputed; empty: each rank its own
+  // shard.
   std::string protection;
   int kill_rounds = 0;  // > 0: the kill campaign instead of the demo
   uint64_t seed = 1;    // the campaign's faults and their times

@@ -95,15 +95,44 @@ std::vector<Tensor> BuildShard(int rank, double mib) {
   return out;
 }
 
-// The state a rank holds: its own shard, or with a replica group (--protection) the one
-// data-parallel state every rank holds.
-int StateOf(const Job& job, int rank) { return job.args.protection.empty() ? rank : 0; }
-unsigned PutFlags(const Job& job) {
-  return job.args.protection.empty() ? 0u : unsigned{CKPTDB_PUT_REPLICATED};
+bool Aor(const std::string& protection) {
+  return protection == "aor" || protection.ends_with("+aor");
 }
 
-void SeedShard(std::vector<Tensor>& shard, int rank) {
-  for (size_t i = 0; i < shard.size(); ++i) Seed(shard[i], uint64_t(rank + 1) * 1000 + i + 1);
+// What a rank holds and puts: its own shard; or with a replica group (--protection) the one
+// data-parallel state every rank holds, replicated; with AOR that state's parameters replicated,
+// the optimizer's moments and step its own (ZeRO-1), and the next rank's moments and step
+// recomputed: stepped here by the same update from the same seed, as a keeper would apply the
+// owner's optimizer update from the gradients it has too.
+std::vector<Tensor> RankState(const Job& job, int rank) {
+  const double mib = job.args.mib_per_rank;
+  auto seeded = [](std::vector<Tensor> shard, int state) {
+    for (size_t i = 0; i < shard.size(); ++i) shard[i].seed = uint64_t(state + 1) * 1000 + i + 1;
+    return shard;
+  };
+  if (job.args.protection.empty()) return seeded(BuildShard(rank, mib), rank);
+  std::vector<Tensor> out;
+  for (Tensor& t : seeded(BuildShard(0, mib), 0)) {
+    if (Aor(job.args.protection) && t.name.starts_with("optimizer.")) continue;
+    t.flags = CKPTDB_PUT_REPLICATED;
+    out.push_back(std::move(t));
+  }
+  if (!Aor(job.args.protection)) return out;
+  const int next = (rank + 1) % job.args.ranks;
+  for (int state : {rank, next}) {
+    for (Tensor& t : seeded(BuildShard(state, mib), state)) {
+      if (!t.name.starts_with("optimizer.")) continue;
+      if (t.name == "optimizer.step") t.name += ".rank" + std::to_string(state);
+      t.flags = state == rank ? 0u : unsigned{CKPTDB_PUT_RECOMPUTED};
+      t.own = state == rank;
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+void SeedShard(std::vector<Tensor>& shard) {
+  for (Tensor& t : shard) Seed(t, t.seed);
 }
 
 void SetError(Report* r, int status, const std::string& what) {
@@ -184,7 +213,7 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
     for (const Tensor& t : shard) {
       ckptdb_tensor_info info = InfoOf(t);
       int rc = ckptdb_put_shard(db, static_cast<uint64_t>(it), t.name.c_str(), t.data, t.bytes,
-                                &info, PutFlags(job));
+                                &info, t.flags);
       if (rc != CKPTDB_OK) return SetError(r, rc, "put " + t.name + ": " + ErrorText(rc));
     }
     put_ms = Seconds(std::chrono::steady_clock::now() - p0) * 1e3;
@@ -196,12 +225,13 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
 
 // Phase 2: the restarted rank restores the latest version and checks every byte against the
 // state recomputed from the seed.
-void Restore(ckptdb* db, int state, std::vector<Tensor>& shard, Report* r) {
+void Restore(ckptdb* db, std::vector<Tensor>& shard, Report* r) {
   int rc = ckptdb_latest(db, &r->latest);
   if (rc != CKPTDB_OK) return SetError(r, rc, "latest: " + ErrorText(rc));
   auto t0 = std::chrono::steady_clock::now();
   std::vector<std::pair<std::string, uint64_t>> by_source;  // in the order first seen
   for (Tensor& t : shard) {
+    if (!t.own) continue;  // a recomputed replica of another rank's: that rank restores it
     rc = ckptdb_restore(db, r->latest, t.name.c_str(), t.restored, t.bytes, 0);
     if (rc != CKPTDB_OK) return SetError(r, rc, "restore " + t.name + ": " + ErrorText(rc));
     ckptdb_stats_t st;
@@ -232,13 +262,13 @@ void Restore(ckptdb* db, int state, std::vector<Tensor>& shard, Report* r) {
     text += part;
   }
   std::snprintf(r->sources, sizeof r->sources, "%s", text.c_str());
-  SeedShard(shard, state);
+  SeedShard(shard);
   for (uint64_t it = 1; it <= r->latest; ++it) {
     for (Tensor& t : shard) Step(t, it);
   }
   r->bit_exact = 1;
   for (const Tensor& t : shard) {
-    if (std::memcmp(t.data, t.restored, t.bytes) != 0) {
+    if (t.own && std::memcmp(t.data, t.restored, t.bytes) != 0) {
       r->bit_exact = 0;
       SetError(r, 1, t.name + " differs from the state of v" + std::to_string(r->latest));
     }
@@ -258,7 +288,7 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
   } else if (rc != CKPTDB_OK) {
     return SetError(r, rc, "latest: " + ErrorText(rc));
   } else {
-    Restore(db, StateOf(job, rank), shard, r);
+    Restore(db, shard, r);
     if (r->status != 0) return;
   }
   if (write(report_fd, r, sizeof *r) != static_cast<ssize_t>(sizeof *r)) return;
@@ -268,8 +298,7 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
     for (Tensor& t : shard) Step(t, it);
     for (const Tensor& t : shard) {
       ckptdb_tensor_info info = InfoOf(t);
-      if (ckptdb_put_shard(db, it, t.name.c_str(), t.data, t.bytes, &info, PutFlags(job)) !=
-          CKPTDB_OK) {
+      if (ckptdb_put_shard(db, it, t.name.c_str(), t.data, t.bytes, &info, t.flags) != CKPTDB_OK) {
         return;
       }
     }
@@ -281,7 +310,7 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
 // A rank process: runs its phase, reports, then waits for the word to close (or its SIGKILL).
 int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd) {
   alarm(600);  // never outlive a scheduler that went away
-  std::vector<Tensor> shard = BuildShard(StateOf(job, rank), job.args.mib_per_rank);
+  std::vector<Tensor> shard = RankState(job, rank);
   Report r;
   for (Tensor& t : shard) {
     t.data = Allocate(t.bytes);
@@ -293,7 +322,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   }
   ckptdb* db = nullptr;
   if (r.status == 0) {
-    SeedShard(shard, StateOf(job, rank));
+    SeedShard(shard);
     auto o0 = std::chrono::steady_clock::now();
     int rc = OpenRank(job, rank, VersionBytes(shard), &db);
     r.open_ms = Seconds(std::chrono::steady_clock::now() - o0) * 1e3;
@@ -304,7 +333,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   }
   if (db != nullptr) {
     if (phase == 1) Train(job, rank, db, shard, &r);
-    if (phase == 2) Restore(db, StateOf(job, rank), shard, &r);
+    if (phase == 2) Restore(db, shard, &r);
     if (phase == 3) {
       Campaign(job, rank, db, shard, &r, report_fd);
       if (r.status == -1) {  // reported, trained until its commit failed: wait for the kill
@@ -753,12 +782,13 @@ int RunClusterDemo(const ClusterArgs& a) {
                  a.ranks, a.nodes);
     return kExitUsage;
   }
-  if (!a.protection.empty() && (a.nodes != a.ranks || (a.protection != "arc" && a.ranks < 3))) {
+  const bool aec = a.protection.find("aec") != std::string::npos;
+  if (!a.protection.empty() && (a.nodes != a.ranks || (aec && a.ranks < 3))) {
     std::fprintf(stderr,
                  "ckptdb demo: --protection %s --ranks %d --nodes %d: a replica group needs one "
                  "rank per node (nodes = ranks)%s\n",
                  a.protection.c_str(), a.ranks, a.nodes,
-                 a.protection == "arc" ? "" : ", and 3 or more of them with AEC");
+                 aec ? ", and 3 or more of them with AEC" : "");
     return kExitUsage;
   }
   if (job.args.kill_node < 0) job.args.kill_node = a.nodes - 1;
@@ -791,16 +821,32 @@ int RunClusterDemo(const ClusterArgs& a) {
       a.ram_dir.c_str(), a.root.c_str());
   const bool coded = a.redundancy.rfind("replicate:", 0) != 0;
   if (!a.protection.empty()) {
+    // The part before "+aor" protects the replicated state ("aor" alone: "arc").
+    std::string kept = a.protection;
+    if (Aor(kept)) kept = kept == "aor" ? "arc" : kept.substr(0, kept.size() - 4);
+    std::string reft = kept == "arc+aec" ? "arc --reft aec" : kept;
+    uint64_t own = 0, shared = 0;
+    for (const Tensor& t : RankState(job, 0)) {
+      if (t.own) (t.flags & CKPTDB_PUT_REPLICATED ? shared : own) += t.bytes;
+    }
+    char share[64] = "";
+    if (Aor(a.protection)) {
+      std::snprintf(share, sizeof share, " --reft aor --private %.3g",
+                    static_cast<double>(own) / static_cast<double>(shared));
+    }
     std::printf(
         "every rank holds the same data-parallel state: one replica group of all %d ranks, "
-        "protection %s (REFT: each keeps its slice%s; `ckptdb plan --nodes %d --dp %d --reft "
-        "%s`), redundancy %s, CKPTDB_UCX_TLS=%s on loopback, coordinator %s\n",
+        "protection %s (REFT: each keeps its slice%s%s; `ckptdb plan --nodes %d --dp %d --reft "
+        "%s%s`), redundancy %s, CKPTDB_UCX_TLS=%s on loopback, coordinator %s\n",
         a.ranks, a.protection.c_str(),
-        a.protection == "arc"   ? " and the next one's"
-        : a.protection == "aec" ? " and XOR parity of the others'"
-                                : ", the next one's and XOR parity of two others'",
-        a.nodes, a.ranks, a.protection == "arc+aec" ? "arc --reft aec" : a.protection.c_str(),
-        a.redundancy.c_str(), a.tls.c_str(), coordinator.c_str());
+        kept == "arc"   ? " and the next one's"
+        : kept == "aec" ? " and XOR parity of the others'"
+                        : ", the next one's and XOR parity of two others'",
+        Aor(a.protection) ? "; the optimizer's moments are each rank's own (ZeRO-1), and the rank "
+                            "before recomputes them from the same update (AOR)"
+                          : "",
+        a.nodes, a.ranks, reft.c_str(), share, a.redundancy.c_str(), a.tls.c_str(),
+        coordinator.c_str());
   } else if (coded) {
     std::printf(
         "redundancy %s (coding groups of K+M nodes, parity in each other's memory: `ckptdb plan "
