@@ -32,19 +32,50 @@ Status Db::RestoreFromRecomputed(uint64_t version, const std::string& name, size
   const format::ManifestView& m = member->reader->manifest();
   const fb::Replicas* g = m.root().replicas();
   const std::string stored = std::string(format::kRecomputedPrefix) + name;
-  if (g == nullptr || !g->recomputed() || m.Find(stored) == nullptr) {
-    // A replicated shard (laid out from the group next), or a version written before the group
-    // had AOR: nothing recomputed by this name.
+  // The keeper's replicas are of the member after it in the group the version recorded (which
+  // the declaration now need not repeat): that member must be this rank.
+  const uint32_t count = g != nullptr ? g->members()->size() : 0;
+  if (g == nullptr || !g->recomputed() ||
+      g->members()->Get((g->position() + 1) % count) != options_.rank) {
+    plan->Note(R(keeper) + "'s segment of the version keeps no recomputed replicas of this " +
+               "rank's shards (its replica group recorded no AOR, or another member after it)");
+    return Status::Ok();
+  }
+  const fb::Tensor* t = m.Find(stored);
+  if (t == nullptr) {
+    // A replicated shard (laid out from the group next): nothing recomputed by this name.
     plan->Note(R(keeper) + " keeps no recomputed replica of this rank's '" + name + "'");
     return Status::Ok();
   }
   const std::string src = R(keeper) + "'s recomputed replica";
-  CKPTDB_RETURN_IF_ERROR(LayOut(m, stored, nbytes, src, plan));
+  // Where each pending chunk of the plan lies in the keeper's replica: all of them when this
+  // rank has no copy of its own; when its own copy was laid out but some chunks failed, the
+  // same chunks of the replica, cut alike (the commit compared their hashes one by one).
+  std::vector<uint32_t> theirs;
+  if (!plan->laid_out) {
+    CKPTDB_RETURN_IF_ERROR(LayOut(m, stored, nbytes, src, plan));
+    theirs = plan->pending;
+  } else {
+    if (plan->packed || plan->dedup || t->packed() || t->chunk_count() != plan->count ||
+        format::ShardBytes(*t) != nbytes) {
+      plan->Note(src + " is cut in other chunks than this rank's copy");
+      return Status::Ok();
+    }
+    for (uint32_t c : plan->pending) {
+      const uint32_t i = c - plan->first;
+      if (m.chunk(t->first_chunk() + i).payload_bytes() != plan->chunk_bytes[i]) {
+        plan->Note(src + " is cut in other chunks than this rank's copy");
+        return Status::Ok();
+      }
+      theirs.push_back(t->first_chunk() + i);
+    }
+  }
   std::vector<Cluster::FetchRange> ranges;
-  for (uint32_t c : plan->pending) {
-    const fb::Chunk& chunk = m.chunk(c);
+  for (size_t i = 0; i < theirs.size(); ++i) {
+    const fb::Chunk& chunk = m.chunk(theirs[i]);
     ranges.push_back({chunk.record_offset() + format::kBlockBytes,
-                      out + plan->dst_offset[c - plan->first], chunk.payload_bytes()});
+                      out + plan->dst_offset[plan->pending[i] - plan->first],
+                      chunk.payload_bytes()});
   }
   std::vector<Status> results;
   Status gone = cluster_->FetchRanges(member->holder, keeper, version, ranges, &results,
@@ -55,8 +86,8 @@ Status Db::RestoreFromRecomputed(uint64_t version, const std::string& name, size
     const uint32_t c = plan->pending[i];
     Status cs = results[i];
     if (cs.ok()) {
-      cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, m.chunk(c).xxh3(),
-                             "chunk " + std::to_string(c) + " of " + src);
+      cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, m.chunk(theirs[i]).xxh3(),
+                             "chunk " + std::to_string(theirs[i]) + " of " + src);
     }
     if (cs.ok()) {
       served += ranges[i].bytes;

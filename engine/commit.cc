@@ -355,12 +355,16 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
   if (group) {
     for (const format::TensorEntry& t : v->replicated_tensors) {
       // A deduplicated shard's pieces are its chunks had it been kept whole.
+      // A packed shard (a private one put before the group was declared) by its own hash: what
+      // its one chunk's would be, unpacked, as a recomputed replica of it is.
       const bool dedup = t.full_bytes != 0;
       const size_t count = dedup ? t.piece_xxh3.size() : t.chunk_count;
       std::vector<uint8_t> hashes(size_t{8} * count);
       for (size_t c = 0; c < count; ++c) {
         format::le::Put<uint64_t>(hashes.data(), size_t{8} * c,
-                                  dedup ? t.piece_xxh3[c] : v->chunks[t.first_chunk + c].xxh3);
+                                  dedup      ? t.piece_xxh3[c]
+                                  : t.packed ? t.pack_xxh3
+                                             : v->chunks[t.first_chunk + c].xxh3);
       }
       // REFT's AOR: a recomputed replica is reported by its owner's name (the prefix off).
       const uint8_t kind = v->replicated_names.count(t.name) ? Cluster::ReplicaDigest::kReplicated

@@ -274,7 +274,7 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
           ": this rank's own copy is lost, the shard is not replicated in "
           "replica group [" +
           JoinRanks(std::vector<uint32_t>(g.members()->begin(), g.members()->end())) +
-          "], and no recomputed replica of it could be read");
+          "], and no recomputed replica of it could be read (" + plan->errors + ")");
     }
     if (t == nullptr) {
       return Status::NotFound(plan->what +

@@ -798,6 +798,7 @@ Status Db::List(uint64_t version, ckptdb_list_fn fn, void* arg) {
       d.chunk_count = t.chunk_count();
       d.kept_bytes = t.bytes();
       d.parity_chunks = t.parity_chunks();
+      d.recomputed = t.recomputed() ? 1 : 0;
       const uint32_t parity_first = t.first_chunk() + t.chunk_count();
       for (uint32_t c = parity_first; c < parity_first + d.parity_chunks; ++c) {
         d.parity_bytes += m.chunk(c).payload_bytes();

@@ -109,14 +109,14 @@ class Db::GroupSliceSource final : public Db::RestoreSource {
   Db* const db_;
 };
 
-// REFT's AOR: a member of a "...+aor" group whose own copies are lost reads its private shard
-// from the recomputed replica the member before it keeps; a replicated shard is then left to the
-// group's slices (GroupSliceSource).
+// REFT's AOR: a member of a "...+aor" group whose own copies are lost, or failed some chunks,
+// reads its private shard (or those chunks) from the recomputed replica the member before it
+// keeps; a replicated shard is then left to the group's slices (GroupSliceSource).
 class Db::RecomputedSource final : public Db::RestoreSource {
  public:
   explicit RecomputedSource(Db* db) : db_(db) {}
   Status Read(RestoreCall* call) override {
-    if (call->plan->laid_out) return Status::Ok();  // own copies hold it: their chunks, or none
+    if (call->plan->dedup) return Status::Ok();  // a replicated shard's pieces: the group's
     return db_->RestoreFromRecomputed(call->version, call->name, call->nbytes, call->out,
                                       call->plan);
   }

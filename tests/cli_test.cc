@@ -293,6 +293,10 @@ TEST_F(CliTest, DemoWithAorRestoresTheLostNodesMomentsFromTheRankBefore) {
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("@aor:optimizer.exp_avg.layers.0.mlp.w.shard3"), std::string::npos)
       << r.output;
+  EXPECT_NE(r.output.find("a recomputed replica (REFT's AOR) of the next member's private shard "
+                          "'optimizer.exp_avg.layers.0.mlp.w.shard3'"),
+            std::string::npos)
+      << r.output;
   r = Cli("verify " + Quote(root + "/node2/rank2"));
   EXPECT_EQ(r.code, 0) << r.output;
   r = Cli("demo --protection aec+aor --ranks 2 --nodes 2 --root " + Quote(root) + " --ram-dir " +

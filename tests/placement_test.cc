@@ -650,6 +650,7 @@ TEST(PlanCliTest, ComparePrivateShardsWithAndWithoutAor) {
                        {"aec", 0.75 + 1.0 / 12, 0, 0.0, 0.0},
                        {"arc+aec", 1.125, 0, 0.0, 0.0},
                        {"arc+aor", 1.5, 1, 1.0, 20.0 / 28},
+                       {"aec+aor", 1.25 + 1.0 / 12, 1, 1.0, 16.0 / 28},
                        {"arc+aec+aor", 1.625, 1, 1.0, 20.0 / 28},
                        {"replicate:2", 1.5, 1, 1.0, 24.0 / 28}};
   ASSERT_EQ(j["comparison"].size(), std::size(want)) << r.output;

@@ -124,6 +124,7 @@ int ListTensors(ckptdb* db, uint64_t version, std::vector<TensorRecord>* out) {
     r.chunk_count = t->chunk_count;
     r.kept_bytes = t->kept_bytes;
     r.parity_bytes = t->parity_bytes;
+    r.recomputed = t->recomputed != 0;
     records->push_back(std::move(r));
     return 0;
   };

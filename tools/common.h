@@ -88,6 +88,7 @@ struct TensorRecord {
   uint32_t chunk_count = 0;
   uint64_t kept_bytes = 0;    // less than bytes: a shard its replica group deduplicated
   uint64_t parity_bytes = 0;  // its AEC parity units ("aec", "arc+aec" groups)
+  bool recomputed = false;    // a recomputed replica of the next member's shard (REFT's AOR)
 };
 
 // The tensors of committed `version`, in name order. Returns a ckptdb status.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "format/manifest.h"
 #include "format/segment_format.h"
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -144,6 +145,7 @@ nlohmann::ordered_json VersionJson(const VersionRecord& v, const Detail* d) {
     tj["bytes"] = t.bytes;
     tj["kept_bytes"] = t.kept_bytes;
     tj["parity_bytes"] = t.parity_bytes;
+    tj["recomputed"] = t.recomputed;
     tj["chunk_count"] = t.chunk_count;
     if (d->chunked) {
       tj["chunks"] = nlohmann::ordered_json::array();
@@ -217,6 +219,12 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
     if (!t.global_shape.empty()) {
       std::printf("  %-*s  shard at %s of global %s\n", static_cast<int>(width), "",
                   FormatShape(t.global_offset).c_str(), FormatShape(t.global_shape).c_str());
+    }
+    if (t.recomputed) {
+      std::printf(
+          "  %-*s  a recomputed replica (REFT's AOR) of the next member's private shard '%s', "
+          "kept here for that member's restore\n",
+          static_cast<int>(width), "", t.name.substr(format::kRecomputedPrefix.size()).c_str());
     }
     if (t.kept_bytes != t.bytes || t.parity_bytes != 0) {
       const std::string parity = t.parity_bytes == 0 ? ""

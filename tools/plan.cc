@@ -402,7 +402,10 @@ int RunComparePlan(const PlanArgs& args, const std::string& nodes_text) {
   }
   if (args.private_share > 0) {  // REFT's AOR protects the private shards the others do not
     list.push_back({"arc+aor", {"arc", "aor"}});
-    if (args.dp >= 3) list.push_back({"arc+aec+aor", {"arc", "aec", "aor"}});
+    if (args.dp >= 3) {
+      list.push_back({"aec+aor", {"aec", "aor"}});
+      list.push_back({"arc+aec+aor", {"arc", "aec", "aor"}});
+    }
   }
   list.push_back({"replicate:2", {}, 2});
   if (!args.ec.empty()) list.push_back({"ec:" + args.ec, {}, 0, true});

@@ -351,6 +351,8 @@ typedef struct ckptdb_tensor_desc {
                                     parity units this segment keeps of the other members' slices
                                     (REFT's AEC), in chunks of their own; 0 otherwise */
   uint64_t parity_bytes;         /* the bytes those units hold */
+  uint32_t recomputed;           /* 1: this rank's recomputed replica (REFT's AOR) of the next
+                                    member's private shard, named "@aor:" + its name; 0 otherwise */
 } ckptdb_tensor_desc;
 
 /* Return nonzero to stop the listing early. */

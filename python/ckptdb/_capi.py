@@ -213,6 +213,7 @@ class _TensorDesc(ctypes.Structure):
         ("kept_bytes", ctypes.c_uint64),
         ("parity_chunks", ctypes.c_uint32),
         ("parity_bytes", ctypes.c_uint64),
+        ("recomputed", ctypes.c_uint32),
     ]
 
 

@@ -68,9 +68,10 @@ def _check_kind(kind) -> None:
 class RecomputedOptimizer:
     """A keeper's replica of another rank's Adam or AdamW shard (REFT's AOR), on the host.
 
-    `optimizer_class` and `kwargs` are exactly what the owner built its optimizer with; `params`
+    `optimizer_class` and `kwargs` are exactly what the owner built its optimizer with (one
+    parameter group: give each of the owner's groups a RecomputedOptimizer of its own); `params`
     are the owner's parameters as they are before its first step (copied: the replica keeps its
-    own). `step(grads)` applies the owner's update from the owner's gradients (the slices of the
+    own); a schedule the owner applies to its group's lr the keeper applies with follow(). `step(grads)` applies the owner's update from the owner's gradients (the slices of the
     all-reduced gradients the owner steps with). Options whose update is not the CPU
     single-tensor one are refused: foreach, fused, capturable and differentiable."""
 
@@ -89,6 +90,9 @@ class RecomputedOptimizer:
         probe = optimizer_class([torch.zeros(1, requires_grad=True)], **kwargs)
         self.kind = optimizer_class
         self.defaults = dict(probe.defaults)
+        if self.defaults.get("decoupled_weight_decay"):
+            raise ValueError("RecomputedOptimizer: decoupled_weight_decay=True is AdamW's update; "
+                             "recompute it with torch.optim.AdamW")
         self.state = []
         for p in self.params:
             state = {"step": torch.tensor(0.0),
@@ -97,6 +101,18 @@ class RecomputedOptimizer:
             if self.defaults["amsgrad"]:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             self.state.append(state)
+
+    _FOLLOWED = ("lr", "betas", "eps", "weight_decay")
+
+    def follow(self, **hyper) -> None:
+        """Takes the owner's hyperparameters as they change (a learning-rate schedule: call it
+        with the owner's group's lr before each step, e.g. follow(lr=scheduler.get_last_lr()[0])).
+        Only lr, betas, eps and weight_decay change during a run."""
+        for key, value in hyper.items():
+            if key not in self._FOLLOWED:
+                raise ValueError(f"RecomputedOptimizer.follow: {key!r} is not one of "
+                                 f"{', '.join(self._FOLLOWED)}")
+            self.defaults[key] = value
 
     @torch.no_grad()
     def step(self, grads: Sequence[Optional[torch.Tensor]]) -> None:

@@ -21,6 +21,7 @@ import os
 import sys
 
 import torch
+import torch.distributed as dist
 
 import ckptdb
 import ckptdb.torch
@@ -59,10 +60,17 @@ def open_store(directory: str, rank: int) -> ckptdb.Store:
     return store
 
 
-def train(args, rank: int) -> None:
-    import torch.distributed as dist  # noqa: PLC0415
+def close_together(store: ckptdb.Store, rank: int) -> None:
+    """A job's ranks close together, rank 0 (the coordinator) last (docs/api.md)."""
+    dist.barrier()
+    if rank != 0:
+        store.close()
+    dist.barrier()
+    if rank == 0:
+        store.close()
 
-    dist.init_process_group("gloo")
+
+def train(args, rank: int) -> None:
     kind = torch.optim.AdamW if args.adamw else torch.optim.Adam
     flat = initial()
     b = bounds(flat.numel())
@@ -77,30 +85,30 @@ def train(args, rank: int) -> None:
     mine = kind([own], **HYPER)
     theirs = RecomputedOptimizer(kind, [flat[b[nxt]:b[nxt + 1]]], **HYPER)
     differing = []  # steps whose recomputed parameters differ from the owner's, bit for bit
-    with open_store(args.dir, rank) as store:
-        for step in range(1, args.steps + 1):
-            grad = gradient(flat, step)
-            own.grad = grad[b[rank]:b[rank + 1]].clone()
-            mine.step()
-            theirs.step([grad[b[nxt]:b[nxt + 1]]])
-            # ZeRO-1's all-gather of the owners' updated thirds.
-            send = torch.zeros(widest)
-            send[:own.numel()] = own.detach()
-            gathered = [torch.zeros(widest) for _ in range(RANKS)]
-            dist.all_gather(gathered, send)
-            flat = torch.cat([gathered[r][:b[r + 1] - b[r]] for r in range(RANKS)])
-            if not torch.equal(flat[b[nxt]:b[nxt + 1]].view(torch.int32),
-                               theirs.params[0].view(torch.int32)):
-                differing.append(step)
-            store.put_shard(step, "params", flat, replicated=True, copy_now=True)
-            for name, t in optimizer_shards(mine).items():
-                store.put_shard(step, name, t, copy_now=True)
-            for name, t in theirs.shards().items():
-                store.put_shard(step, name, t, copy_now=True, recomputed=True)
-            store.commit(step)
-        torch.save({"state": {k: v.clone() for k, v in optimizer_shards(mine).items()},
-                    "differing": differing}, args.out)
-    dist.destroy_process_group()
+    store = open_store(args.dir, rank)
+    for step in range(1, args.steps + 1):
+        grad = gradient(flat, step)
+        own.grad = grad[b[rank]:b[rank + 1]].clone()
+        mine.step()
+        theirs.step([grad[b[nxt]:b[nxt + 1]]])
+        # ZeRO-1's all-gather of the owners' updated thirds.
+        send = torch.zeros(widest)
+        send[:own.numel()] = own.detach()
+        gathered = [torch.zeros(widest) for _ in range(RANKS)]
+        dist.all_gather(gathered, send)
+        flat = torch.cat([gathered[r][:b[r + 1] - b[r]] for r in range(RANKS)])
+        if not torch.equal(flat[b[nxt]:b[nxt + 1]].view(torch.int32),
+                           theirs.params[0].view(torch.int32)):
+            differing.append(step)
+        store.put_shard(step, "params", flat, replicated=True, copy_now=True)
+        for name, t in optimizer_shards(mine).items():
+            store.put_shard(step, name, t, copy_now=True)
+        for name, t in theirs.shards().items():
+            store.put_shard(step, name, t, copy_now=True, recomputed=True)
+        store.commit(step)
+    torch.save({"state": {k: v.clone() for k, v in optimizer_shards(mine).items()},
+                "differing": differing}, args.out)
+    close_together(store, rank)
 
 
 def restore(args, rank: int) -> None:
@@ -109,19 +117,20 @@ def restore(args, rank: int) -> None:
     n = b[rank + 1] - b[rank]
     shapes = {"step": (), "exp_avg": (n,), "exp_avg_sq": (n,), "max_exp_avg_sq": (n,)}
     out = {}
-    with open_store(args.dir, rank) as store:
-        out["latest"] = store.latest()
-        try:
-            for key, shape in shapes.items():
-                t = torch.empty(shape)
-                store.restore(args.step, f"optim/0/{key}", t)
-                out[key] = t
-            out["error"] = None
-        except ckptdb.Error as e:
-            if not args.expect_lost:
-                raise
-            out["error"] = str(e)
+    store = open_store(args.dir, rank)
+    out["latest"] = store.latest()
+    try:
+        for key, shape in shapes.items():
+            t = torch.empty(shape)
+            store.restore(args.step, f"optim/0/{key}", t)
+            out[key] = t
+        out["error"] = None
+    except ckptdb.Error as e:
+        if not args.expect_lost:
+            raise
+        out["error"] = str(e)
     torch.save(out, args.out)
+    close_together(store, rank)
 
 
 def main() -> int:
@@ -136,7 +145,9 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
     (train if args.phase == "train" else restore)(args, rank)
+    dist.destroy_process_group()
     return 0
 
 

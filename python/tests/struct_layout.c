@@ -51,6 +51,7 @@ int main(void) {
   FIELD(ckptdb_tensor_desc, kept_bytes);
   FIELD(ckptdb_tensor_desc, parity_chunks);
   FIELD(ckptdb_tensor_desc, parity_bytes);
+  FIELD(ckptdb_tensor_desc, recomputed);
   printf("ckptdb_box %zu\n", sizeof(ckptdb_box));
   FIELD(ckptdb_box, ndim);
   FIELD(ckptdb_box, offset);

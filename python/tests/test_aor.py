@@ -82,6 +82,28 @@ class RecomputedOptimizerTest(unittest.TestCase):
                         self.assertEqual(a.shape, b.shape, name)
                         self.assertTrue(torch.equal(bits(a), bits(b)), name)
 
+    def test_a_learning_rate_schedule_is_followed(self):
+        """The owner's LambdaLR schedule, followed by the keeper before each step: equal bit for
+        bit; not followed, the keeper diverges."""
+        from ckptdb.torch import RecomputedOptimizer
+
+        for follow in (True, False):
+            g = torch.Generator().manual_seed(5)
+            p = torch.nn.Parameter(torch.randn(300, generator=g))
+            owner = torch.optim.AdamW([p], lr=1e-2)
+            schedule = torch.optim.lr_scheduler.LambdaLR(owner, lambda s: 0.9 ** s)
+            keeper = RecomputedOptimizer(torch.optim.AdamW, [p], lr=1e-2)
+            for _ in range(10):
+                p.grad = torch.randn(300, generator=g)
+                if follow:
+                    keeper.follow(lr=owner.param_groups[0]["lr"])
+                keeper.step([p.grad])
+                owner.step()
+                schedule.step()
+            self.assertEqual(torch.equal(bits(p), bits(keeper.params[0])), follow)
+        with self.assertRaises(ValueError):
+            keeper.follow(amsgrad=True)
+
     def test_a_different_update_is_not_equal(self):
         """The check can fail: a keeper built with another learning rate diverges at once."""
         from ckptdb.torch import RecomputedOptimizer
