@@ -80,30 +80,13 @@ Status Db::RestoreFromRecomputed(uint64_t version, const std::string& name, size
   std::vector<Status> results;
   Status gone = cluster_->FetchRanges(member->holder, keeper, version, ranges, &results,
                                       /*any_tier=*/true);
-  std::vector<uint32_t> failed;
-  uint64_t served = 0;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    const uint32_t c = plan->pending[i];
-    Status cs = results[i];
-    if (cs.ok()) {
-      cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, m.chunk(theirs[i]).xxh3(),
-                             "chunk " + std::to_string(theirs[i]) + " of " + src);
-    }
-    if (cs.ok()) {
-      served += ranges[i].bytes;
-      continue;
-    }
-    failed.push_back(c);
-    if (cs.code() == CKPTDB_ECORRUPT) {
-      plan->chunk_failures++;
-      if (last_problem_.empty()) last_problem_ = cs.message();
-    }
-  }
+  std::vector<uint64_t> xxh3s;
+  for (uint32_t c : theirs) xxh3s.push_back(m.chunk(c).xxh3());
+  const uint64_t served = plan->KeepVerified(ranges, results, xxh3s, theirs, src, &last_problem_);
   if (!gone.ok()) {
     member->failed = true;
     plan->Note(gone.message());
   }
-  plan->pending = std::move(failed);
   plan->Served("aor:rank" + std::to_string(keeper), served);
   return Status::Ok();
 }

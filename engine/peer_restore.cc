@@ -93,31 +93,15 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
     }
     std::vector<Status> results;
     Status gone = cluster_->FetchRanges(h, options_.rank, version, ranges, &results);
-    std::vector<uint32_t> failed;
-    uint64_t served = 0;
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      const uint32_t c = plan->pending[i];
-      Status cs = results[i];
-      if (cs.ok()) {
-        cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, plan->PartOf(m.chunk(c)).xxh3,
-                               "chunk " + std::to_string(c) + " of " + src);
-      }
-      if (cs.ok()) {
-        served += ranges[i].bytes;
-        continue;
-      }
-      failed.push_back(c);
-      if (cs.code() == CKPTDB_ECORRUPT) {
-        plan->chunk_failures++;
-        if (last_problem_.empty()) last_problem_ = cs.message();
-      }
-    }
+    std::vector<uint64_t> xxh3s;
+    for (uint32_t c : plan->pending) xxh3s.push_back(plan->PartOf(m.chunk(c)).xxh3);
+    const std::vector<uint32_t> chunks = plan->pending;
+    const uint64_t served = plan->KeepVerified(ranges, results, xxh3s, chunks, src, &last_problem_);
     if (!gone.ok()) {
       p.failed = true;  // vanished or timed out: not asked again for this version
       plan->Note(gone.message());
     }
     plan->Served(source, served);
-    plan->pending = std::move(failed);
   }
   if (!asked) {
     const std::string why = what +

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "format/manifest.h"
+#include "format/segment_format.h"
+#include "util/status.h"
 
 namespace ckpt::engine {
 
@@ -53,6 +55,35 @@ struct RestorePlan {
   // restore_slice's ranges, [begin, end); a deduplicated shard ignores them.
   const std::vector<std::pair<uint64_t, uint64_t>>* wanted = nullptr;
   void Note(const std::string& error) { errors += (errors.empty() ? "" : "; ") + error; }
+  // A source's fetches of the pending chunks (ranges[i] and results[i] of pending[i]), each
+  // checked against xxh3s[i] as "chunk chunks[i] of SRC": those that fail stay pending (a
+  // checksum failure counted, the first such message in *problem when it is empty). Returns
+  // the bytes of the rest.
+  template <typename Range>
+  uint64_t KeepVerified(const std::vector<Range>& ranges, const std::vector<Status>& results,
+                        const std::vector<uint64_t>& xxh3s, const std::vector<uint32_t>& chunks,
+                        const std::string& src, std::string* problem) {
+    std::vector<uint32_t> failed;
+    uint64_t served = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      Status cs = results[i];
+      if (cs.ok()) {
+        cs = format::CheckXxh3(ranges[i].dst, ranges[i].bytes, xxh3s[i],
+                               "chunk " + std::to_string(chunks[i]) + " of " + src);
+      }
+      if (cs.ok()) {
+        served += ranges[i].bytes;
+        continue;
+      }
+      failed.push_back(pending[i]);
+      if (cs.code() == CKPTDB_ECORRUPT) {
+        chunk_failures++;
+        if (problem->empty()) *problem = cs.message();
+      }
+    }
+    pending = std::move(failed);
+    return served;
+  }
   void Served(const std::string& source, uint64_t bytes) {
     if (bytes > 0) served.emplace_back(source, bytes);
   }
