@@ -585,6 +585,29 @@ TEST(PlanCliTest, ReftStackingAndRanksPerNode) {
   EXPECT_TRUE(Has(bad, "'xor' is not a REFT scheme")) << bad.output;
 }
 
+// One row of `plan --compare --json` as a test expects it: memory per node, losses tolerated,
+// and the odds for 1 and 2 failures.
+struct CompareRow {
+  const char* name;
+  double memory;
+  int tolerated;
+  double one;
+  double two;
+};
+void ExpectComparison(const std::string& output, const std::vector<CompareRow>& want) {
+  const nlohmann::json j = nlohmann::json::parse(output);
+  ASSERT_EQ(j["comparison"].size(), want.size()) << output;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const auto& row = j["comparison"][i];
+    SCOPED_TRACE(want[i].name);
+    EXPECT_EQ(row["protection"], want[i].name);
+    EXPECT_NEAR(row["memory_per_node"].get<double>(), want[i].memory, 1e-12);
+    EXPECT_EQ(row["tolerated_in_sharding_group"], want[i].tolerated);
+    EXPECT_NEAR(row["failures"][0]["recovery_probability"].get<double>(), want[i].one, 1e-12);
+    EXPECT_NEAR(row["failures"][1]["recovery_probability"].get<double>(), want[i].two, 1e-12);
+  }
+}
+
 // --compare: REFT's protections as ckptdb builds them beside replicas of each node's snapshot,
 // on 8 nodes in sharding groups of 4. Memory per node: 1/4, 1/2, 1/4 + 1/12, 1/2 + 1/8, 2/4.
 // Two failures of 28 pairs: ARC loses the 8 adjacent pairs within a group (20/28), AEC every
@@ -593,27 +616,11 @@ TEST(PlanCliTest, ReftStackingAndRanksPerNode) {
 TEST(PlanCliTest, CompareSetsTheProtectionsSideBySide) {
   Result r = Plan("--nodes 8 --dp 4 --compare --json");
   ASSERT_EQ(r.code, 0) << r.output;
-  const nlohmann::json j = nlohmann::json::parse(r.output);
-  struct Want {
-    const char* name;
-    double memory;
-    int tolerated;
-    double two;
-  };
-  const Want want[] = {{"none", 0.25, 0, 0.0},
-                       {"arc", 0.5, 1, 20.0 / 28},
-                       {"aec", 0.25 + 1.0 / 12, 1, 16.0 / 28},
-                       {"arc+aec", 0.625, 2, 1.0},
-                       {"replicate:2", 0.5, 1, 24.0 / 28}};
-  ASSERT_EQ(j["comparison"].size(), std::size(want)) << r.output;
-  for (size_t i = 0; i < std::size(want); ++i) {
-    const auto& row = j["comparison"][i];
-    SCOPED_TRACE(want[i].name);
-    EXPECT_EQ(row["protection"], want[i].name);
-    EXPECT_NEAR(row["memory_per_node"].get<double>(), want[i].memory, 1e-12);
-    EXPECT_EQ(row["tolerated_in_sharding_group"], want[i].tolerated);
-    EXPECT_NEAR(row["failures"][1]["recovery_probability"].get<double>(), want[i].two, 1e-12);
-  }
+  ExpectComparison(r.output, {{"none", 0.25, 0, 0.0, 0.0},
+                              {"arc", 0.5, 1, 1.0, 20.0 / 28},
+                              {"aec", 0.25 + 1.0 / 12, 1, 1.0, 16.0 / 28},
+                              {"arc+aec", 0.625, 2, 1.0, 1.0},
+                              {"replicate:2", 0.5, 1, 1.0, 24.0 / 28}});
   Result text = Plan("--nodes 8 --dp 4 --compare --ec 3+1");
   EXPECT_EQ(text.code, 0) << text.output;
   EXPECT_TRUE(Has(text, "arc+aec           0.625          2      100.0%      100.0%"))
@@ -638,31 +645,14 @@ TEST(PlanCliTest, ComparePrivateShardsWithAndWithoutAor) {
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json j = nlohmann::json::parse(r.output);
   EXPECT_EQ(j["private_share"], 0.5);
-  struct Want {
-    const char* name;
-    double memory;
-    int tolerated;
-    double one;
-    double two;
-  };
-  const Want want[] = {{"none", 0.75, 0, 0.0, 0.0},
-                       {"arc", 1.0, 0, 0.0, 0.0},
-                       {"aec", 0.75 + 1.0 / 12, 0, 0.0, 0.0},
-                       {"arc+aec", 1.125, 0, 0.0, 0.0},
-                       {"arc+aor", 1.5, 1, 1.0, 20.0 / 28},
-                       {"aec+aor", 1.25 + 1.0 / 12, 1, 1.0, 16.0 / 28},
-                       {"arc+aec+aor", 1.625, 1, 1.0, 20.0 / 28},
-                       {"replicate:2", 1.5, 1, 1.0, 24.0 / 28}};
-  ASSERT_EQ(j["comparison"].size(), std::size(want)) << r.output;
-  for (size_t i = 0; i < std::size(want); ++i) {
-    const auto& row = j["comparison"][i];
-    SCOPED_TRACE(want[i].name);
-    EXPECT_EQ(row["protection"], want[i].name);
-    EXPECT_NEAR(row["memory_per_node"].get<double>(), want[i].memory, 1e-12);
-    EXPECT_EQ(row["tolerated_in_sharding_group"], want[i].tolerated);
-    EXPECT_NEAR(row["failures"][0]["recovery_probability"].get<double>(), want[i].one, 1e-12);
-    EXPECT_NEAR(row["failures"][1]["recovery_probability"].get<double>(), want[i].two, 1e-12);
-  }
+  ExpectComparison(r.output, {{"none", 0.75, 0, 0.0, 0.0},
+                              {"arc", 1.0, 0, 0.0, 0.0},
+                              {"aec", 0.75 + 1.0 / 12, 0, 0.0, 0.0},
+                              {"arc+aec", 1.125, 0, 0.0, 0.0},
+                              {"arc+aor", 1.5, 1, 1.0, 20.0 / 28},
+                              {"aec+aor", 1.25 + 1.0 / 12, 1, 1.0, 16.0 / 28},
+                              {"arc+aec+aor", 1.625, 1, 1.0, 20.0 / 28},
+                              {"replicate:2", 1.5, 1, 1.0, 24.0 / 28}});
   Result aor = Plan("--nodes 8 --dp 4 --reft aor");
   EXPECT_EQ(aor.code, 2) << aor.output;
   EXPECT_TRUE(Has(aor, "aor protects each member's private shard")) << aor.output;
