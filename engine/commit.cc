@@ -355,8 +355,8 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
   if (group) {
     for (const format::TensorEntry& t : v->replicated_tensors) {
       // A deduplicated shard's pieces are its chunks had it been kept whole.
-      // A packed shard (a private one put before the group was declared) by its own hash: what
-      // its one chunk's would be, unpacked, as a recomputed replica of it is.
+      // A packed (private) shard by its own hash: what its one chunk's would be unpacked, as
+      // the recomputed replica of it is.
       const bool dedup = t.full_bytes != 0;
       const size_t count = dedup ? t.piece_xxh3.size() : t.chunk_count;
       std::vector<uint8_t> hashes(size_t{8} * count);

@@ -851,11 +851,7 @@ class Db {
     uint8_t protection() const {               // fb::ReplicaProtection, with format::kProtectionAor
       return (arc ? 1 : 0) | (aec ? 2 : 0) | (aor ? format::kProtectionAor : 0);
     }
-    // The member whose private shards this rank keeps recomputed (AOR): the one after it.
-    uint32_t NextAfter(uint32_t rank) const {
-      const size_t i = std::find(members.begin(), members.end(), rank) - members.begin();
-      return members[(i + 1) % members.size()];
-    }
+    // The member that keeps this rank's private shards recomputed (AOR): the one before it.
     uint32_t Before(uint32_t rank) const {
       const size_t i = std::find(members.begin(), members.end(), rank) - members.begin();
       return members[(i + members.size() - 1) % members.size()];

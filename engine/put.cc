@@ -269,10 +269,10 @@ Status Db::PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
   std::vector<uint32_t> packable;
   for (size_t i = 0; i < shards->size(); ++i) {
     const PreparedShard& s = (*shards)[i];
-    // Not in a group with AOR: a private shard and its recomputed replica are compared by
-    // their chunks' hashes at commit, so each needs chunks of its own.
+    // Never a recomputed replica (REFT's AOR): its owner's restore reads its chunks whole. The
+    // owner's packed private shard is compared with it by its own hash.
     if (s.nbytes > 0 && s.nbytes <= std::min(kPackShardBytes, PackLimit()) && s.device < 0 &&
-        !(s.flags & CKPTDB_PUT_REPLICATED) && !(replica_group_ && replica_group_->aor)) {
+        !(s.flags & (CKPTDB_PUT_REPLICATED | CKPTDB_PUT_RECOMPUTED))) {
       packable.push_back(static_cast<uint32_t>(i));
     }
   }

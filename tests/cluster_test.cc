@@ -1216,11 +1216,11 @@ TEST_F(ClusterTest, AorMembersRestoreALostMembersPrivateShardsFromTheirRecompute
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
-// A group declared with AOR after small private shards went into an open version: they were
-// packed then, their replicas (put after the declaration) are not, and the commit still finds
-// each equal to its owner's (a packed shard is compared by its own hash). The same put with one
-// byte of a replica off fails.
-TEST_F(ClusterTest, AorComparesPrivateShardsPackedBeforeTheDeclaration) {
+// Small private shards are packed, before the group is declared with AOR (v1) and after (v2);
+// their recomputed replicas never are, and the commit still finds each equal to its owner's (a
+// packed shard is compared by its own hash), and each restores bit for bit. In v3 one byte of a
+// replica off fails.
+TEST_F(ClusterTest, AorComparesPackedPrivateShardsWithTheirReplicas) {
   job_.replicas = 1;
   auto codes = RunRanks(job_, [&](uint32_t rank) {
     ckptdb* db = nullptr;
@@ -1230,7 +1230,7 @@ TEST_F(ClusterTest, AorComparesPrivateShardsPackedBeforeTheDeclaration) {
     auto small = [](uint32_t owner, int which, uint64_t v) {
       return StateData(owner, v, 100 + static_cast<size_t>(which) * 7);
     };
-    for (uint64_t v = 1; v <= 2; ++v) {
+    for (uint64_t v = 1; v <= 3; ++v) {
       std::vector<std::vector<uint8_t>> data;
       std::vector<std::string> names;
       std::vector<ckptdb_shard> shards;
@@ -1252,7 +1252,7 @@ TEST_F(ClusterTest, AorComparesPrivateShardsPackedBeforeTheDeclaration) {
       }
       for (int which = 0; which < 3; ++which) {
         auto replica = small(next, which, v);
-        if (v == 2 && rank == 3 && which == 1) replica[50] ^= 4;
+        if (v == 3 && rank == 3 && which == 1) replica[50] ^= 4;
         rc = ckptdb_put_shard(db, v, names[which].c_str(), replica.data(), replica.size(), nullptr,
                               CKPTDB_PUT_RECOMPUTED | CKPTDB_PUT_COPY_NOW);
         RANK_CHECK(rc == 0, "put the replica of %s: %d (%s)", names[which].c_str(), rc,
@@ -1260,19 +1260,36 @@ TEST_F(ClusterTest, AorComparesPrivateShardsPackedBeforeTheDeclaration) {
       }
       rc = ckptdb_commit(db, v, 0);
       const std::string error = ckptdb_last_error();
-      if (v == 1) {
-        RANK_CHECK(rc == 0, "commit v1: %d (%s)", rc, error.c_str());
+      if (v <= 2) {
+        RANK_CHECK(rc == 0, "commit v%llu: %d (%s)", (unsigned long long)v, rc, error.c_str());
       } else {
         RANK_CHECK(rc != 0 && error.find("rank 3's recomputed replica of rank 0's shard "
                                          "'small/1' differs from it") != std::string::npos,
-                   "v2 with a replica off: %d (%s)", rc, error.c_str());
+                   "v3 with a replica off: %d (%s)", rc, error.c_str());
       }
     }
-    for (int which = 0; which < 3; ++which) {
-      if (RestoreEquals(db, rank, 1, "small/" + std::to_string(which), small(rank, which, 1)) !=
-          0) {
-        return 1;
+    for (uint64_t v = 1; v <= 2; ++v) {
+      // The private shards share one chunk (packed); each replica has its own.
+      std::set<uint32_t> own, replicas;
+      for (int which = 0; which < 3; ++which) {
+        for (bool replica : {false, true}) {
+          const std::string name = (replica ? "@aor:small/" : "small/") + std::to_string(which);
+          ckptdb_list_chunks(
+              db, v, name.c_str(),
+              [](void* arg, const ckptdb_chunk_desc* c) {
+                static_cast<std::set<uint32_t>*>(arg)->insert(c->index);
+                return 0;
+              },
+              replica ? &replicas : &own, nullptr);
+        }
+        if (RestoreEquals(db, rank, v, "small/" + std::to_string(which), small(rank, which, v)) !=
+            0) {
+          return 1;
+        }
       }
+      RANK_CHECK(own.size() == 1 && replicas.size() == 3,
+                 "v%llu: the private shards span %zu chunks, the replicas %zu",
+                 (unsigned long long)v, own.size(), replicas.size());
     }
     return EndPhase(job_, rank, "late", db);
   });

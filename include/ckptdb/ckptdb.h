@@ -173,9 +173,9 @@ int ckptdb_close(ckptdb* db);
  * the private shard of the same name that the next member of its replica group puts (members in
  * ascending order, the last one's next being the first), e.g. that member's optimizer state
  * brought forward by applying the same update to a host copy from the gradients this rank has
- * too. It is stored in this rank's segment as "@aor:" followed by the name, compared at commit
- * with the owner's shard (name, length and digest, as replicated shards are), and read by the
- * owner's restore when the owner's own copies are lost (source "aor:rankN"). Not with
+ * too. It is stored in this rank's segment as "@aor:" followed by the name, never packed, compared
+ * at commit with the owner's shard (name, length and digest, as replicated shards are), and read by
+ * the owner's restore when the owner's own copies are lost (source "aor:rankN"). Not with
  * CKPTDB_PUT_REPLICATED. A name that begins with "@aor:" is reserved (EINVAL). */
 #define CKPTDB_PUT_RECOMPUTED 0x8u
 
