@@ -281,6 +281,7 @@ Status Cluster::ReportAddress() const {
 
 Cluster::~Cluster() {
   stop_ = true;
+  interleaver_.Stop();
   cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (coordinator_ != nullptr) coordinator_->Stop();
@@ -635,10 +636,7 @@ Status Cluster::Holders(uint32_t owner, uint64_t version, std::vector<ReplicaHol
   return r.Finish();
 }
 
-void Cluster::Hint(bool net_busy) {
-  net_busy_ = net_busy;
-  cv_.notify_all();
-}
+void Cluster::Hint(unsigned hints) { interleaver_.Hint(hints, MonoNs()); }
 
 ClusterStats Cluster::stats() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -37,6 +37,7 @@
 #include "engine/holdings.h"
 #include "engine/parity_store.h"
 #include "engine/replica_store.h"
+#include "engine/traffic_interleaver.h"
 #include "redundancy/erasure_code.h"
 #include "redundancy/placement.h"
 #include "transport/transport.h"
@@ -70,6 +71,7 @@ struct ClusterOptions {
   uint32_t replica_keep = 2;           // replicas kept per peer rank (newest first)
   uint64_t replica_budget_bytes = 0;   // the most memory peers' replicas take; 0: the file system's
   uint64_t bandwidth_bytes_per_s = 0;  // replication cap; 0: none
+  InterleaveOptions interleave;        // GEMINI's interleaving with the trainer's traffic
   int heartbeat_ms = 200;
   int dead_after_ms = 3000;
   int join_timeout_ms = 60000;
@@ -225,7 +227,12 @@ class Cluster {
   // coordinator at once. Latest and Holders wait for every live rank's Ready, so that no answer
   // is computed from what a rank held before it recovered.
   void Ready();
-  void Hint(bool net_busy);
+  // The trainer's hints (CKPTDB_HINT_* bits, already checked): its network busy or idle, an
+  // iteration begun (engine/traffic_interleaver.h).
+  void Hint(unsigned hints);
+  TrafficInterleaver::Stats interleave_stats() const { return interleaver_.stats(); }
+  // From now on replication waits for no idle span (the store is closing).
+  void StopInterleaving() { interleaver_.Stop(); }
   ClusterStats stats() const;
   // The placement over this job's nodes (valid after Start).
   const redundancy::Placement& placement() const { return placement_; }
@@ -308,6 +315,7 @@ class Cluster {
   Status ComputePlacementLocked();
 
   const ClusterOptions options_;
+  TrafficInterleaver interleaver_{options_.interleave};
   std::unique_ptr<io::Io> owned_io_;  // when options_.io is nullptr
   io::Io* io_ = nullptr;              // set in Start, before anything uses it
   // Where rank 0's coordinator listens: options_.coordinator, its port resolved when it was 0.
@@ -337,7 +345,6 @@ class Cluster {
   std::thread window_maker_;
   std::atomic<uint64_t> epoch_{0};  // the epoch this rank joined in (rank 0: its coordinator's)
   std::atomic<bool> stop_{false};
-  std::atomic<bool> net_busy_{false};
   std::atomic<bool> ready_{false};
   std::thread heartbeat_;
   std::thread serve_;

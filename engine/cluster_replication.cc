@@ -116,8 +116,9 @@ Status Cluster::Protect(uint64_t version, uint64_t file_bytes,
 }
 
 void Cluster::Pace(uint64_t sent, int64_t start_ms) {
-  // Idle-window hints and the bandwidth cap pace the pushes (GEMINI's interleaving).
-  for (int waited = 0; net_busy_ && !stop_ && waited < 2000; waited += 10) {
+  // A replication not planned into the trainer's idle spans (no profile yet, or interleaving
+  // off) pauses while the trainer says its network is busy, and keeps to the bandwidth cap.
+  for (int waited = 0; interleaver_.busy() && !stop_ && waited < 2000; waited += 10) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (options_.bandwidth_bytes_per_s > 0 && sent > 0) {
@@ -160,6 +161,48 @@ std::vector<SendPiece> CutPieces(const std::vector<SendExtent>& extents, uint64_
   return pieces;
 }
 
+// The pieces of [begin, end) of the image, at most `limit` bytes each, cut from `extents` (in
+// image order): one planned partition's.
+std::vector<SendPiece> CutRange(const std::vector<SendExtent>& extents, uint64_t begin,
+                                uint64_t end, uint64_t limit) {
+  std::vector<SendPiece> pieces;
+  for (const SendExtent& e : extents) {
+    const uint64_t lo = std::max(begin, e.logical_offset);
+    const uint64_t hi = std::min(end, e.logical_offset + e.bytes);
+    for (uint64_t off = lo; off < hi; off += limit) {
+      pieces.push_back({off, e.data + (off - e.logical_offset), std::min(limit, hi - off)});
+    }
+  }
+  return pieces;
+}
+
+// A piece as the replication sends it: with interleaving, the trainer's idle span it waits for
+// first (GEMINI section 5).
+struct PlannedPiece {
+  SendPiece piece;
+  bool new_span = false;   // the first piece of its span: wait for the span before it
+  uint64_t span_seq = 0;   // the trainer's idle span (TrafficInterleaver's numbering)
+  bool unbounded = false;  // the plan's last span: sent once it begins, busy or not
+};
+
+// One copy's pieces in the plan's order; `limit` cuts a partition further (a window's slots).
+std::vector<PlannedPiece> PlannedPieces(const std::vector<SendExtent>& extents,
+                                        const TrafficInterleaver::Schedule& schedule, uint32_t copy,
+                                        uint64_t limit) {
+  std::vector<PlannedPiece> out;
+  int64_t last_span = -1;
+  for (const redundancy::Partition& p : schedule.plan.partitions) {
+    if (p.copy != copy) continue;
+    bool first = static_cast<int64_t>(p.span) != last_span;
+    last_span = p.span;
+    for (const SendPiece& piece : CutRange(extents, p.offset, p.offset + p.bytes, limit)) {
+      out.push_back({piece, first, schedule.first_seq + p.span, p.span + 1 == schedule.spans});
+      first = false;
+    }
+  }
+  return out;
+}
+
 // The body of a kReplica call (DecodeReplicaPiece reads it); `epoch` is the sender's.
 std::vector<uint8_t> ReplicaCallBody(const ReplicaPiece& p, uint64_t epoch) {
   WireWriter w;
@@ -191,8 +234,14 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     table = table_;
   }
   std::vector<SendPiece> message_pieces, window_pieces;  // each cut when first needed
+  // GEMINI's interleaving: once the trainer's idle spans are profiled, each copy is sent in the
+  // partitions Algorithm 2 fits into the spans ahead (engine/traffic_interleaver.h).
+  const std::optional<TrafficInterleaver::Schedule> schedule = interleaver_.Plan(
+      file_bytes, static_cast<uint32_t>(targets.size()), kMaxPieceBytes, MonoNs());
+  bool unplanned = !schedule;  // sending at once (a wait for a span ran out: the rest too)
   uint64_t sent = 0;
-  for (uint32_t target : targets) {
+  for (size_t copy = 0; copy < targets.size(); ++copy) {
+    const uint32_t target = targets[copy];
     const std::string what = "replicating v" + std::to_string(version) + " of " + R(options_.rank) +
                              " to " + R(target) + " (node " + table[target].node_id + ")";
     transport::PeerId peer = 0;
@@ -202,9 +251,15 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     // into a slot of it, in slot-sized pieces, and a call names the slot; else the pieces travel
     // as the calls' payloads.
     const std::shared_ptr<PeerWindow> window = WindowFor(table[target].address, peer, target);
-    std::vector<SendPiece>& pieces = window != nullptr ? window_pieces : message_pieces;
-    if (pieces.empty()) {
-      pieces = CutPieces(extents, window != nullptr ? kWindowSlotBytes : kMaxPieceBytes);
+    const uint64_t limit = window != nullptr ? kWindowSlotBytes : kMaxPieceBytes;
+    std::vector<PlannedPiece> pieces;
+    if (schedule) {
+      pieces = PlannedPieces(extents, *schedule, static_cast<uint32_t>(copy), limit);
+    } else {
+      std::vector<SendPiece>& cut = window != nullptr ? window_pieces : message_pieces;
+      if (cut.empty()) cut = CutPieces(extents, limit);
+      pieces.reserve(cut.size());
+      for (const SendPiece& piece : cut) pieces.push_back({piece});
     }
     auto header = [&](uint64_t offset, uint8_t phase, uint32_t slot = 0, uint64_t bytes = 0) {
       return ReplicaCallBody({options_.rank, version, file_bytes, offset, phase,
@@ -243,13 +298,28 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
       DropIfGone(s, table[target].address);
       return s.WithContext(what);
     };
+    // A burst: the pieces sent back to back (a span's, or the whole copy's when not planned),
+    // timed from its first piece to its last one's return, for the transfer model's B.
+    uint64_t burst_bytes = 0;
+    uint64_t burst_start_ns = MonoNs();
+    auto end_burst = [&]() -> Status {
+      while (!in_flight.empty()) {
+        if (Status s = drain_one(); !s.ok()) return s;
+      }
+      interleaver_.RecordBurst(burst_bytes, MonoNs() - burst_start_ns);
+      burst_bytes = 0;
+      return Status::Ok();
+    };
     for (size_t i = 0; i <= pieces.size(); ++i) {
-      Pace(sent, start);
       bool last = i == pieces.size();  // the last call carries no bytes: it seals the replica
-      if (last) {
-        while (!in_flight.empty()) {
-          if (Status s = drain_one(); !s.ok()) return fail(s);
+      if (unplanned) Pace(sent, start);
+      if (last || pieces[i].new_span) {
+        if (Status s = end_burst(); !s.ok()) return fail(s);
+        if (!last && !unplanned &&
+            !interleaver_.WaitForSpan(pieces[i].span_seq, pieces[i].unbounded)) {
+          unplanned = true;  // the trainer stopped hinting, or the store is closing
         }
+        burst_start_ns = MonoNs();
       }
       uint32_t slot = kNoSlot;
       if (!last && window != nullptr) {
@@ -258,22 +328,22 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
           if (Status s = drain_one(); !s.ok()) return fail(s);
         }
         if (slot == kNoSlot) slot = window->Acquire();
-        st =
-            window->window->Put(uint64_t{slot} * kWindowSlotBytes, pieces[i].data, pieces[i].bytes);
+        st = window->window->Put(uint64_t{slot} * kWindowSlotBytes, pieces[i].piece.data,
+                                 pieces[i].piece.bytes);
         if (!st.ok()) {
           window->Release(slot);
           return fail(st);
         }
       }
-      std::vector<uint8_t> body =
-          last                ? header(file_bytes, kPhaseSeal)
-          : window != nullptr ? header(pieces[i].offset, kPhaseLanded, slot, pieces[i].bytes)
-                              : header(pieces[i].offset, kPhasePiece);
+      std::vector<uint8_t> body = last                ? header(file_bytes, kPhaseSeal)
+                                  : window != nullptr ? header(pieces[i].piece.offset, kPhaseLanded,
+                                                               slot, pieces[i].piece.bytes)
+                                                      : header(pieces[i].piece.offset, kPhasePiece);
       const bool with_payload = !last && window == nullptr;
       std::unique_ptr<transport::Call> call;
       st = transport_->Start(peer, kReplica, std::move(body),
-                             with_payload ? pieces[i].data : nullptr,
-                             with_payload ? pieces[i].bytes : 0, nullptr, 0, &call);
+                             with_payload ? pieces[i].piece.data : nullptr,
+                             with_payload ? pieces[i].piece.bytes : 0, nullptr, 0, &call);
       if (!st.ok()) {
         if (slot != kNoSlot) window->Release(slot);
         while (!in_flight.empty()) (void)drain_one();
@@ -281,10 +351,16 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
         return st.WithContext(what);
       }
       in_flight.push_back({std::move(call), slot});
-      if (!last) sent += pieces[i].bytes;
+      if (!last) {
+        sent += pieces[i].piece.bytes;
+        burst_bytes += pieces[i].piece.bytes;
+        if (!unplanned) interleaver_.RecordSent(pieces[i].piece.bytes, pieces[i].unbounded);
+      }
       while (in_flight.size() >= kPiecesInFlight || (last && !in_flight.empty())) {
         if (Status s = drain_one(); !s.ok()) return fail(s);
       }
+      // The seal carries no bytes: its round trip is the model's alpha.
+      if (last) interleaver_.RecordStartup(MonoNs() - burst_start_ns);
     }
   }
   RecordRedundancyTraffic(sent, start_clock);

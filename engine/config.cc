@@ -61,6 +61,34 @@ Status EcUnitBytes(uint64_t* out) {
   return Status::Ok();
 }
 
+// CKPTDB_INTERLEAVE (on, off), CKPTDB_INTERLEAVE_PROFILE (iterations profiled before a plan,
+// 1 to 1000) and CKPTDB_INTERLEAVE_MU_PERCENT (the share of an idle span planned, 1 to 100).
+Status Interleave(InterleaveOptions* out) {
+  if (const char* e = std::getenv("CKPTDB_INTERLEAVE"); e != nullptr && e[0] != '\0') {
+    const std::string v = e;
+    if (v != "on" && v != "off") {
+      return Status::Invalid("environment CKPTDB_INTERLEAVE=\"" + v + "\" is not on or off");
+    }
+    out->enabled = v == "on";
+  }
+  uint32_t n = 0;
+  Status st = EnvU32(CKPTDB_UNSET, "CKPTDB_INTERLEAVE_PROFILE", out->profile_iterations, &n);
+  if (st.ok() && (n < 1 || n > redundancy::kMaxProfiledIterations)) {
+    st = Status::Invalid("environment CKPTDB_INTERLEAVE_PROFILE=" + std::to_string(n) + ": 1 to " +
+                         std::to_string(redundancy::kMaxProfiledIterations));
+  }
+  if (!st.ok()) return st;
+  out->profile_iterations = n;
+  const uint32_t fallback = static_cast<uint32_t>(out->mu * 100 + 0.5);
+  st = EnvU32(CKPTDB_UNSET, "CKPTDB_INTERLEAVE_MU_PERCENT", fallback, &n);
+  if (st.ok() && (n < 1 || n > 100)) {
+    st = Status::Invalid("environment CKPTDB_INTERLEAVE_MU_PERCENT=" + std::to_string(n) +
+                         ": 1 to 100");
+  }
+  if (st.ok()) out->mu = n / 100.0;
+  return st;
+}
+
 // CKPTDB_REPORT_FD: a descriptor open for writing, where a listening rank reports its address.
 Status ReportFd(int* out) {
   const char* e = std::getenv("CKPTDB_REPORT_FD");
@@ -115,6 +143,7 @@ Status ResolveJobOptions(const ckptdb_options* o, DbOptions* out) {
   if (st.ok()) st = EnvU32(CKPTDB_UNSET, "CKPTDB_REPLICATE_MBPS", 0, &mbps);
   d.replicate_bytes_per_s = uint64_t{mbps} << 20;
   if (st.ok()) st = EcUnitBytes(&d.ec_unit_bytes);
+  if (st.ok()) st = Interleave(&d.interleave);
   return st;
 }
 

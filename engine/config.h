@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ckptdb/ckptdb.h"
+#include "engine/traffic_interleaver.h"
 #include "io/io.h"
 #include "util/status.h"
 
@@ -30,6 +31,7 @@ struct DbOptions {
   int report_fd = -1;       // where the rank writes the address it listens on; -1: nowhere
   uint64_t ec_unit_bytes = uint64_t{4} << 20;  // the unit segments are cut into for coding
   uint64_t replicate_bytes_per_s = 0;          // replication bandwidth cap; 0: none
+  InterleaveOptions interleave;                // GEMINI's traffic interleaving (CKPTDB_INTERLEAVE*)
   int heartbeat_ms = 200;
   int dead_after_ms = 3000;
   int join_timeout_ms = 60000;

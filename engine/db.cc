@@ -735,6 +735,8 @@ Status Db::Close() {
   std::unique_lock<std::mutex> lock(mu_);
   if (closed_ || closing_) return Status::Ok();
   closing_ = true;
+  // No more hints come from a closing trainer: what replication is left goes at once.
+  if (cluster_ != nullptr) cluster_->StopInterleaving();
   if (manager_.joinable()) {
     // Versions not asked to commit are aborted; those asked finish (their callers were promised
     // an outcome). Then the manager drains demotions, or leaves them to the next open.

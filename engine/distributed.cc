@@ -35,6 +35,7 @@ Status Db::ClusterOptionsFor(ClusterOptions* co) const {
   co->dead_after_ms = options_.dead_after_ms;
   co->join_timeout_ms = options_.join_timeout_ms;
   co->bandwidth_bytes_per_s = options_.replicate_bytes_per_s;
+  co->interleave = options_.interleave;
   CKPTDB_RETURN_IF_ERROR(ParseRedundancy(options_.redundancy, &co->replicas, &co->code));
   if (!tiers_[0].is_ram()) {
     return Status::Invalid("options: world_size " + std::to_string(options_.world_size) +
@@ -364,13 +365,15 @@ void Db::ClusterWorkerLoop() {
 }
 
 Status Db::Hint(unsigned hints) {
-  if (hints & ~(CKPTDB_HINT_NET_BUSY | CKPTDB_HINT_NET_IDLE)) {
+  static_assert(CKPTDB_HINT_NET_BUSY == kHintNetBusy && CKPTDB_HINT_NET_IDLE == kHintNetIdle &&
+                CKPTDB_HINT_ITERATION == kHintIteration);
+  if (hints & ~(CKPTDB_HINT_NET_BUSY | CKPTDB_HINT_NET_IDLE | CKPTDB_HINT_ITERATION)) {
     return Status::Invalid("hint: unknown bits " + std::to_string(hints));
   }
   if ((hints & CKPTDB_HINT_NET_BUSY) && (hints & CKPTDB_HINT_NET_IDLE)) {
     return Status::Invalid("hint: NET_BUSY and NET_IDLE at once");
   }
-  if (cluster_ != nullptr && hints != 0) cluster_->Hint((hints & CKPTDB_HINT_NET_BUSY) != 0);
+  if (cluster_ != nullptr && hints != 0) cluster_->Hint(hints);
   return Status::Ok();
 }
 

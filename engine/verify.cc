@@ -421,6 +421,13 @@ Status Db::Stats(ckptdb_stats_t* out) {
       paths += "...";
     }
     std::snprintf(out->peer_paths, sizeof out->peer_paths, "%s", paths.c_str());
+    const TrafficInterleaver::Stats is = cluster_->interleave_stats();
+    out->interleave_iterations = is.profiled_iterations;
+    out->interleave_spans = is.spans;
+    out->interleave_idle_ns = is.idle_ns;
+    out->interleave_bytes = is.bytes;
+    out->interleave_overflow_bytes = is.overflow_bytes;
+    out->interleave_late = is.late;
   }
   out->staging_bytes = staging_bytes_;
   if (ring_) out->staging_high_water_bytes = ring_->high_water_bytes();

@@ -303,6 +303,71 @@ TEST_F(ClusterTest, ALostNodeRestoresFromPeersAndEveryRankAgrees) {
   LoseANodeAndRestore(job_, 1, "socket");
 }
 
+// GEMINI's traffic interleaving (engine/traffic_interleaver.h): every rank reports a timeline of
+// 30 ms idle, 15 ms busy, 25 ms idle an iteration and commits each version asynchronously; once
+// 3 iterations are profiled, the replicas travel in the partitions planned into the idle spans
+// (counted in interleave_bytes), and the replicas they make restore a lost node bit for bit.
+TEST_F(ClusterTest, InterleavedReplicationFollowsTheTrainersIdleSpansAndRestores) {
+  constexpr uint64_t kVersions = 8;
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
+    setenv("CKPTDB_INTERLEAVE_PROFILE", "3", 1);
+    ckptdb* db = nullptr;
+    int rc = OpenRank(job_, rank, "job-secret", &db);
+    RANK_CHECK(rc == 0, "open: %d", rc);
+    auto sleep_ms = [](int ms) { usleep(static_cast<useconds_t>(ms) * 1000); };
+    for (uint64_t v = 1; v <= kVersions + 1; ++v) {
+      RANK_CHECK(ckptdb_hint(db, CKPTDB_HINT_ITERATION) == 0, "hint: %s", ckptdb_last_error());
+      sleep_ms(30);
+      RANK_CHECK(ckptdb_hint(db, CKPTDB_HINT_NET_BUSY) == 0, "hint: %s", ckptdb_last_error());
+      sleep_ms(15);
+      RANK_CHECK(ckptdb_hint(db, CKPTDB_HINT_NET_IDLE) == 0, "hint: %s", ckptdb_last_error());
+      sleep_ms(25);
+      if (v > kVersions) break;
+      if (Put(db, rank, v) != 0) return 1;
+      rc = ckptdb_commit(db, v, CKPTDB_COMMIT_ASYNC);
+      RANK_CHECK(rc == 0, "commit v%llu: %d (%s)", (unsigned long long)v, rc, ckptdb_last_error());
+    }
+    for (uint64_t v = 1; v <= kVersions; ++v) {
+      rc = ckptdb_wait_commit(db, v, nullptr, 60000);
+      RANK_CHECK(rc == 0, "v%llu: %d (%s)", (unsigned long long)v, rc, ckptdb_last_error());
+    }
+    ckptdb_stats_t st;
+    ckptdb_stats(db, &st);
+    RANK_CHECK(st.interleave_iterations == 3 && st.interleave_spans == 2 &&
+                   st.interleave_idle_ns > 40000000 && st.interleave_bytes > 0,
+               "interleaving: %llu iterations of %llu spans (%llu ns idle), %llu bytes planned, "
+               "%llu overflowed, %llu late",
+               (unsigned long long)st.interleave_iterations,
+               (unsigned long long)st.interleave_spans, (unsigned long long)st.interleave_idle_ns,
+               (unsigned long long)st.interleave_bytes,
+               (unsigned long long)st.interleave_overflow_bytes,
+               (unsigned long long)st.interleave_late);
+    RANK_CHECK(st.interleave_bytes + st.interleave_overflow_bytes <= st.replica_bytes_sent,
+               "planned %llu + %llu bytes of %llu sent", (unsigned long long)st.interleave_bytes,
+               (unsigned long long)st.interleave_overflow_bytes,
+               (unsigned long long)st.replica_bytes_sent);
+    rc = ckptdb_hint(db, 0x8u);
+    RANK_CHECK(rc == CKPTDB_EINVAL, "an unknown hint bit: %d", rc);
+    Done(job_, rank, "save");
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  LoseNode(job_, 2);
+  codes = RunRanks(job_, [&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (Reopen(job_, rank, kVersions, &db) != 0) return 1;
+    std::string source;
+    if (CheckRestore(db, rank, kVersions, &source) != 0) return 1;
+    RANK_CHECK(rank == 2 ? source.rfind("peer:", 0) == 0 : source == "ram",
+               "rank %u restored from %s", rank, source.c_str());
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
 // The same over shared memory: replicas are put into the holders' windows and the lost rank gets
 // its segment out of its holder's window (transport/rma.h), bit for bit.
 TEST_F(ClusterTest, OneSidedWindowsCarryReplicasAndTheLostNodesRestore) {

@@ -640,13 +640,27 @@ typedef struct ckptdb_stats_t {
                                       used: "rank 1 rma:posix; rank 2 socket" (rma: UCX one-sided
                                       puts and gets over shared memory; socket: ckptdb's own
                                       connection; ucx-am: UCX active messages, RDMA) */
+  /* GEMINI's interleaving (ckptdb_hint), world_size > 1: */
+  uint64_t interleave_iterations;     /* iterations in the idle-span profile (0: none yet) */
+  uint64_t interleave_spans;          /* idle spans an iteration has, as profiled */
+  uint64_t interleave_idle_ns;        /* their mean total per iteration */
+  uint64_t interleave_bytes;          /* replica bytes sent inside the idle spans planned */
+  uint64_t interleave_overflow_bytes; /* sent in the unbounded last span (did not fit) */
+  uint64_t interleave_late;           /* spans met late, or waits that ran out */
 } ckptdb_stats_t;
 
-/* Idle-window hints from the trainer (GEMINI's traffic interleaving): NET_BUSY while the job's
- * own collectives use the network (replication pauses, for at most 2 s per piece), NET_IDLE when
- * they do not. A no-op while world_size = 1. EINVAL for unknown bits or both at once. */
+/* The trainer's timeline, for GEMINI's traffic interleaving (docs/api.md, "Interleaving"):
+ * ITERATION at the start of each iteration (alone, or with NET_BUSY when it opens with
+ * communication), NET_BUSY when the job's own collectives start using the network, NET_IDLE
+ * when they stop. Once CKPTDB_INTERLEAVE_PROFILE iterations (default 20) are profiled, each
+ * version's replication is cut into pieces that fit the idle spans ahead (GEMINI Algorithm 2) and
+ * sent span by span; what does not fit goes into the span one iteration on, busy or not. Before
+ * that, or without ITERATION hints, or with CKPTDB_INTERLEAVE=off, replication pauses while
+ * NET_BUSY holds (at most 2 s per piece). Never blocks. A no-op while world_size = 1. EINVAL
+ * for unknown bits or NET_BUSY and NET_IDLE at once. */
 #define CKPTDB_HINT_NET_BUSY 0x1u
 #define CKPTDB_HINT_NET_IDLE 0x2u
+#define CKPTDB_HINT_ITERATION 0x4u
 int ckptdb_hint(ckptdb* db, unsigned hints);
 
 /* ---- Serving a node's memory (`ckptdb serve`) ---------------------------------------------- */
