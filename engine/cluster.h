@@ -270,6 +270,8 @@ class Cluster {
   std::string FindReplica(uint32_t owner, uint64_t version) const;  // empty: not held
   transport::PayloadPlace PlaceReplicaPiece(uint16_t type, std::span<const uint8_t> body,
                                             size_t payload_bytes);
+  // The first call of a replica's push (kPhaseBegin): the holder maps its memory.
+  Status BeginReplica(transport::PeerId peer, std::vector<uint8_t> body, uint64_t file_bytes);
   void HandleReplica(const transport::Request& request, transport::Reply* reply);
   void HandleFetch(const transport::Request& request, transport::Reply* reply);
   // One-sided windows (engine/cluster_rma.cc, engine/cluster_rma.h).

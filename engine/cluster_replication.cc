@@ -11,6 +11,7 @@
 #include <cinttypes>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "engine/cluster.h"
 #include "engine/cluster_internal.h"
@@ -176,6 +177,12 @@ std::vector<SendPiece> CutRange(const std::vector<SendExtent>& extents, uint64_t
   return pieces;
 }
 
+// A replica call not yet returned, and the window slot its piece is in.
+struct InFlightPiece {
+  std::unique_ptr<transport::Call> call;
+  uint32_t slot;  // kNoSlot: none
+};
+
 // A piece as the replication sends it: with interleaving, the trainer's idle span it waits for
 // first (GEMINI section 5).
 struct PlannedPiece {
@@ -185,18 +192,23 @@ struct PlannedPiece {
   bool unbounded = false;  // the plan's last span: sent once it begins, busy or not
 };
 
-// One copy's pieces in the plan's order; `limit` cuts a partition further (a window's slots).
-std::vector<PlannedPiece> PlannedPieces(const std::vector<SendExtent>& extents,
-                                        const TrafficInterleaver::Schedule& schedule, uint32_t copy,
-                                        uint64_t limit) {
+// One copy's pieces: in the plan's order, `limit` cutting a partition further (a window's
+// slots); with no plan, the extents cut into pieces of `limit`.
+std::vector<PlannedPiece> CopyPieces(const std::vector<SendExtent>& extents,
+                                     const std::optional<TrafficInterleaver::Schedule>& schedule,
+                                     uint32_t copy, uint64_t limit) {
   std::vector<PlannedPiece> out;
+  if (!schedule) {
+    for (const SendPiece& piece : CutPieces(extents, limit)) out.push_back({piece});
+    return out;
+  }
   int64_t last_span = -1;
-  for (const redundancy::Partition& p : schedule.plan.partitions) {
+  for (const redundancy::Partition& p : schedule->plan.partitions) {
     if (p.copy != copy) continue;
     bool first = static_cast<int64_t>(p.span) != last_span;
     last_span = p.span;
     for (const SendPiece& piece : CutRange(extents, p.offset, p.offset + p.bytes, limit)) {
-      out.push_back({piece, first, schedule.first_seq + p.span, p.span + 1 == schedule.spans});
+      out.push_back({piece, first, schedule->first_seq + p.span, p.span + 1 == schedule->spans});
       first = false;
     }
   }
@@ -222,6 +234,16 @@ std::vector<uint8_t> ReplicaCallBody(const ReplicaPiece& p, uint64_t epoch) {
 
 }  // namespace
 
+Status Cluster::BeginReplica(transport::PeerId peer, std::vector<uint8_t> body,
+                             uint64_t file_bytes) {
+  // The receiver maps the replica's memory first (on a new node, every page new: seconds on a
+  // VM), so allow for that beyond the call timeout: 16 MiB/s at the least.
+  std::vector<uint8_t> ignored;
+  const int timeout_ms = static_cast<int>(
+      std::min<uint64_t>(options_.call_timeout_ms + file_bytes / (16 << 10), 24ull * 3600 * 1000));
+  return transport_->CallSync(peer, kReplica, std::move(body), nullptr, 0, timeout_ms, &ignored);
+}
+
 Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
                           const std::vector<SendExtent>& extents) {
   std::vector<uint32_t> targets = ReplicaTargets();
@@ -233,7 +255,6 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     std::lock_guard<std::mutex> lock(mu_);
     table = table_;
   }
-  std::vector<SendPiece> message_pieces, window_pieces;  // each cut when first needed
   // GEMINI's interleaving: once the trainer's idle spans are profiled, each copy is sent in the
   // partitions Algorithm 2 fits into the spans ahead (engine/traffic_interleaver.h).
   const std::optional<TrafficInterleaver::Schedule> schedule = interleaver_.Plan(
@@ -252,38 +273,18 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     // as the calls' payloads.
     const std::shared_ptr<PeerWindow> window = WindowFor(table[target].address, peer, target);
     const uint64_t limit = window != nullptr ? kWindowSlotBytes : kMaxPieceBytes;
-    std::vector<PlannedPiece> pieces;
-    if (schedule) {
-      pieces = PlannedPieces(extents, *schedule, static_cast<uint32_t>(copy), limit);
-    } else {
-      std::vector<SendPiece>& cut = window != nullptr ? window_pieces : message_pieces;
-      if (cut.empty()) cut = CutPieces(extents, limit);
-      pieces.reserve(cut.size());
-      for (const SendPiece& piece : cut) pieces.push_back({piece});
-    }
+    const std::vector<PlannedPiece> pieces =
+        CopyPieces(extents, schedule, static_cast<uint32_t>(copy), limit);
     auto header = [&](uint64_t offset, uint8_t phase, uint32_t slot = 0, uint64_t bytes = 0) {
       return ReplicaCallBody({options_.rank, version, file_bytes, offset, phase,
                               window != nullptr ? window->window->id() : 0, slot, bytes},
                              epoch());
     };
-    {
-      // The receiver maps the replica's memory first (on a new node, every page new: seconds on
-      // a VM), so allow for that beyond the call timeout: 16 MiB/s at the least.
-      std::vector<uint8_t> ignored;
-      const int begin_timeout_ms = static_cast<int>(std::min<uint64_t>(
-          options_.call_timeout_ms + file_bytes / (16 << 10), 24ull * 3600 * 1000));
-      st = transport_->CallSync(peer, kReplica, header(0, kPhaseBegin), nullptr, 0,
-                                begin_timeout_ms, &ignored);
-      if (!st.ok()) {
-        DropIfGone(st, table[target].address);
-        return st.WithContext(what);
-      }
+    if (st = BeginReplica(peer, header(0, kPhaseBegin), file_bytes); !st.ok()) {
+      DropIfGone(st, table[target].address);
+      return st.WithContext(what);
     }
-    struct InFlight {
-      std::unique_ptr<transport::Call> call;
-      uint32_t slot;  // kNoSlot: none
-    };
-    std::deque<InFlight> in_flight;
+    std::deque<InFlightPiece> in_flight;
     // Waits for the oldest call; its slot is free again once it has returned.
     auto drain_one = [&]() -> Status {
       Status s = in_flight.front().call->Wait(options_.call_timeout_ms);
@@ -302,22 +303,17 @@ Status Cluster::Replicate(uint64_t version, uint64_t file_bytes,
     // timed from its first piece to its last one's return, for the transfer model's B.
     uint64_t burst_bytes = 0;
     uint64_t burst_start_ns = MonoNs();
-    auto end_burst = [&]() -> Status {
-      while (!in_flight.empty()) {
-        if (Status s = drain_one(); !s.ok()) return s;
-      }
-      interleaver_.RecordBurst(burst_bytes, MonoNs() - burst_start_ns);
-      burst_bytes = 0;
-      return Status::Ok();
-    };
     for (size_t i = 0; i <= pieces.size(); ++i) {
       bool last = i == pieces.size();  // the last call carries no bytes: it seals the replica
       if (unplanned) Pace(sent, start);
       if (last || pieces[i].new_span) {
-        if (Status s = end_burst(); !s.ok()) return fail(s);
-        if (!last && !unplanned &&
-            !interleaver_.WaitForSpan(pieces[i].span_seq, pieces[i].unbounded)) {
-          unplanned = true;  // the trainer stopped hinting, or the store is closing
+        while (!in_flight.empty()) {
+          if (Status s = drain_one(); !s.ok()) return fail(s);
+        }
+        interleaver_.RecordBurst(std::exchange(burst_bytes, 0), MonoNs() - burst_start_ns);
+        // A wait that runs out (the trainer stopped hinting, the store is closing): at once.
+        if (!last && !unplanned) {
+          unplanned = !interleaver_.WaitForSpan(pieces[i].span_seq, pieces[i].unbounded);
         }
         burst_start_ns = MonoNs();
       }
