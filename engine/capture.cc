@@ -26,6 +26,23 @@ using format::kBlockBytes;
 // docs/performance.md).
 constexpr uint64_t kCopyPieceBytes = 64 << 10;
 
+// While the trainer waits on its store it sends nothing of its own: replication need not wait
+// for the trainer's idle spans meanwhile (GEMINI's interleaving, engine/traffic_interleaver.h).
+class TrainerWaitScope {
+ public:
+  explicit TrainerWaitScope(Cluster* cluster) : cluster_(cluster) {
+    if (cluster_ != nullptr) cluster_->TrainerWaits(true);
+  }
+  ~TrainerWaitScope() {
+    if (cluster_ != nullptr) cluster_->TrainerWaits(false);
+  }
+  TrainerWaitScope(const TrainerWaitScope&) = delete;
+  TrainerWaitScope& operator=(const TrainerWaitScope&) = delete;
+
+ private:
+  Cluster* const cluster_;
+};
+
 }  // namespace
 
 uint64_t CopyAndHash(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
@@ -121,6 +138,7 @@ Status Db::WaitCapture(uint64_t version, int timeout_ms) {
     return closed_ || it == live_.end() || it->second.uncaptured == 0;
   };
   bool done = true;
+  TrainerWaitScope waits(captured() ? nullptr : cluster_.get());
   if (timeout_ms < 0) {
     state_cv_.wait(lock, captured);
   } else {
@@ -182,6 +200,7 @@ Status Db::Commit(uint64_t version, unsigned flags) {
   v.commit_requested_mono_ns = start;
   WakeManager();
   if (!(flags & CKPTDB_COMMIT_ASYNC)) {
+    TrainerWaitScope waits(cluster_.get());
     state_cv_.wait(lock, [&] { return closed_ || live_.count(version) == 0; });
   }
   const uint64_t blocked = MonoNs() - start;
@@ -263,6 +282,7 @@ Status Db::WaitCommit(uint64_t version, const char* tier, int timeout_ms) {
     return std::nullopt;
   };
   std::optional<Status> result = decide();
+  TrainerWaitScope waits(result ? nullptr : cluster_.get());
   if (!result && timeout_ms < 0) {
     state_cv_.wait(lock, [&] { return (result = decide()).has_value(); });
   } else if (!result && !state_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),

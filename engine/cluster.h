@@ -231,6 +231,8 @@ class Cluster {
   // iteration begun (engine/traffic_interleaver.h).
   void Hint(unsigned hints);
   TrafficInterleaver::Stats interleave_stats() const { return interleaver_.stats(); }
+  // The trainer waits on this rank's store (engine/traffic_interleaver.h): begins, then ends.
+  void TrainerWaits(bool begins) { interleaver_.TrainerWaits(begins); }
   // From now on replication waits for no idle span (the store is closing).
   void StopInterleaving() { interleaver_.Stop(); }
   ClusterStats stats() const;

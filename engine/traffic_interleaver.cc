@@ -133,10 +133,18 @@ bool TrafficInterleaver::WaitForSpan(uint64_t seq, bool unbounded) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(WaitBoundSecondsLocked()));
-  const bool met = cv_.wait_until(
-      lock, deadline, [&] { return stop_ || (span_seq_ >= seq && (unbounded || !busy_)); });
-  if (!stop_ && (!met || (!unbounded && span_seq_ > seq))) ++stats_.late;
+  const bool met = cv_.wait_until(lock, deadline, [&] {
+    return stop_ || trainer_waits_ > 0 || (span_seq_ >= seq && (unbounded || !busy_));
+  });
+  if (!stop_ && trainer_waits_ == 0 && (!met || (!unbounded && span_seq_ > seq))) ++stats_.late;
   return met && !stop_;
+}
+
+void TrafficInterleaver::TrainerWaits(bool begins) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CKPTDB_ASSERT(begins || trainer_waits_ > 0);
+  trainer_waits_ += begins ? 1 : -1;
+  cv_.notify_all();
 }
 
 void TrafficInterleaver::RecordSent(uint64_t bytes, bool overflow) {

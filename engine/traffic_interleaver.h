@@ -67,6 +67,9 @@ class TrafficInterleaver {
   // not waited for; counted late too). Returns at once after Stop. False when the wait ran out
   // or after Stop: the caller then sends the rest of its version at once.
   bool WaitForSpan(uint64_t seq, bool unbounded);
+  // The trainer waits on ckptdb (wait_capture, a synchronous commit, wait_commit): it sends
+  // nothing meanwhile, so while any such wait lasts every span counts as begun and idle.
+  void TrainerWaits(bool begins);
   // Bytes sent as planned: inside their spans, or in the unbounded last one (overflow).
   void RecordSent(uint64_t bytes, bool overflow);
   void Stop();
@@ -90,6 +93,7 @@ class TrafficInterleaver {
   std::condition_variable cv_;
   bool stop_ = false;
   bool busy_ = false;
+  uint32_t trainer_waits_ = 0;  // the trainer's waits on ckptdb under way
   bool in_iteration_ = false;   // an ITERATION hint has come
   uint64_t span_seq_ = 0;       // idle spans begun since open (the current one when !busy_)
   uint32_t span_index_ = 0;     // its index in the iteration
