@@ -99,8 +99,11 @@ std::optional<TrafficInterleaver::Schedule> TrafficInterleaver::Plan(uint64_t by
       burst_bytes_per_s_.empty() || startup_s_.empty() || mean.empty()) {
     return std::nullopt;
   }
-  // One iteration of spans from here: what is left of the current one (when idle), the rest of
-  // this iteration's, then the next iteration's up to the same place, whose span is unbounded.
+  // One iteration of spans from here (GEMINI's window, from a checkpoint to the next update):
+  // what is left of the current span when idle, then the spans that follow, up to the last one
+  // before this place comes round again, which is unbounded (Algorithm 2, line 2). So a version
+  // is sent before the next one's replication would begin from the same place: what does not
+  // fit slows that last span, and never piles onto the versions after it.
   const size_t d = mean.size();
   const size_t at = std::min<size_t>(span_index_, d - 1);
   std::vector<double> spans;
@@ -108,12 +111,12 @@ std::optional<TrafficInterleaver::Schedule> TrafficInterleaver::Plan(uint64_t by
   if (!busy_) {
     const double elapsed = static_cast<double>(now_ns - std::min(now_ns, span_start_ns_)) * 1e-9;
     spans.push_back(std::max(0.0, mean[at] - elapsed));
+    for (size_t k = 1; k < d; ++k) spans.push_back(mean[(at + k) % d]);
     s.first_seq = span_seq_;
   } else {
+    for (size_t k = 1; k <= d; ++k) spans.push_back(mean[(at + k) % d]);
     s.first_seq = span_seq_ + 1;
   }
-  for (size_t i = at + 1; i < d; ++i) spans.push_back(mean[i]);
-  for (size_t i = 0; i <= at; ++i) spans.push_back(mean[i]);
   const redundancy::TransferModel model{Median(startup_s_), Median(burst_bytes_per_s_)};
   if (!redundancy::PartitionCheckpoint(spans, bytes, copies, piece_limit_bytes, options_.mu, model,
                                        &s.plan)

@@ -204,11 +204,11 @@ TEST(TrafficInterleaver, ProfilesTheTrainersSpansAndPlansFromWhereItIs) {
   EXPECT_EQ(st.profiled_iterations, 3u);
   ASSERT_EQ(st.spans, 3u);  // 40 ms, 30 ms, and the 0 ms between the last IDLE and ITERATION
   EXPECT_NEAR(static_cast<double>(st.idle_ns), 70e6, 1e3);
-  // 10 ms into span 0: its 30 ms left, span 1 (30), span 2 (0), then span 0 of the next
-  // iteration, unbounded.
+  // 10 ms into span 0: its 30 ms left, span 1 (30 ms), then span 2, the last before span 0
+  // comes round again: unbounded.
   auto s = t.Plan(8 * kMiB, 1, 4 * kMiB, now + 10 * kMs);
   ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->spans, 4u);
+  EXPECT_EQ(s->spans, 3u);
   uint64_t bytes = 0, in_first = 0;
   for (const Partition& p : s->plan.partitions) {
     bytes += p.bytes;
@@ -220,10 +220,14 @@ TEST(TrafficInterleaver, ProfilesTheTrainersSpansAndPlansFromWhereItIs) {
   EXPECT_GT(s->plan.overflow_bytes, 0u);
   // While busy (in the first collective), the plan starts at the next idle span.
   t.Hint(engine::kHintNetBusy, now + 40 * kMs);
-  auto busy = t.Plan(kMiB, 1, 4 * kMiB, now + 45 * kMs);
+  auto busy = t.Plan(8 * kMiB, 1, 4 * kMiB, now + 45 * kMs);
   ASSERT_TRUE(busy.has_value());
   EXPECT_EQ(busy->first_seq, s->first_seq + 1);
-  EXPECT_EQ(busy->spans, 3u);  // spans 1 and 2, then span 1 of the next iteration
+  EXPECT_EQ(busy->spans, 3u);  // spans 1 and 2, then span 0 of the next iteration, unbounded
+  uint64_t in_last = 0;
+  for (const Partition& p : busy->plan.partitions) in_last += p.span == 2 ? p.bytes : 0;
+  EXPECT_EQ(in_last, busy->plan.overflow_bytes);
+  EXPECT_GT(in_last, 0u);
   // Off: no plan, ever.
   o.enabled = false;
   engine::TrafficInterleaver off(o);
