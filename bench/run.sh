@@ -65,6 +65,10 @@ echo
 echo "== issue 5: REFT's ARC against plain replica groups of 2, 4 and 8 ranks (128 MiB each) =="
 "$build/bench_cluster" --mode arc --mib 128 --ranks 2,4,8 --tls tcp
 echo
+echo "== issue 25: GEMINI's interleaving, 2 ranks over a tc-shaped veth (root: network namespaces) =="
+"$build/bench_interleave" --sizes 1,2,3,4,6 --iterations 200 --rounds 2 || \
+  echo "bench_interleave failed or could not make its namespaces (it says why above)"
+echo
 echo "== issue 7: ckptdb.torch against torch.save, torch.load and DCP on one 2 GiB state =="
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
