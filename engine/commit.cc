@@ -381,7 +381,8 @@ std::optional<bool> Db::CommitStartReplication(std::unique_lock<std::mutex>& loc
     });
   }
   const uint64_t chunk_bytes = options_.chunk_bytes;
-  PostClusterJob([this, version, generation, file_bytes, extents, group, digests, chunk_bytes] {
+  PostClusterJob(kProtectLane, [this, version, generation, file_bytes, extents, group, digests,
+                                chunk_bytes] {
     Status rs = group ? cluster_->CheckReplicas(version, group->group, group->members,
                                                 group->protection(), chunk_bytes, digests)
                       : Status::Ok();
@@ -423,7 +424,7 @@ std::optional<bool> Db::CommitVote(std::unique_lock<std::mutex>& lock, LiveVersi
   if (!st.ok()) return FailCommitLocked(v, st);
   v->phase = CommitPhase::kVoting;
   const uint64_t generation = v->generation;
-  PostClusterJob([this, version, generation] {
+  PostClusterJob(kVoteLane, [this, version, generation] {
     {
       std::lock_guard<std::mutex> guard(mu_);
       if (!ClaimYesLocked(version)) return;
@@ -598,7 +599,7 @@ void Db::FinishAbort(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
   figures_.aborts++;
   live_.erase(version);
   if (vote_no) {
-    PostClusterJob([this, version, why] {
+    PostClusterJob(kVoteLane, [this, version, why] {
       Status st = cluster_->VoteAbort(version, why.message());
       if (!st.ok() && st.code() != CKPTDB_EPEER) {
         std::fprintf(stderr, "ckptdb: %s\n", st.ToString().c_str());

@@ -765,7 +765,9 @@ Status Db::Close() {
   cluster_stop_ = true;
   cluster_cv_.notify_all();
   lock.unlock();
-  if (cluster_worker_.joinable()) cluster_worker_.join();
+  for (std::thread& w : cluster_workers_) {
+    if (w.joinable()) w.join();
+  }
   cluster_.reset();
   lock.lock();
   for (auto& [key, seg] : segments_) {

@@ -23,6 +23,7 @@
 // mu_ when both are held.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -532,8 +533,11 @@ class Db {
   // The cluster worker, right before the yes vote for `version` leaves: false when the version
   // was given up (FinishAbort then votes no), else the vote is claimed (mu_ held).
   bool ClaimYesLocked(uint64_t version);
-  void ClusterWorkerLoop();
-  void PostClusterJob(std::function<void()> job);
+  // Two lanes, each its own thread, so that a vote never waits behind the next version's push
+  // (which may wait a whole iteration for the trainer's idle spans: GEMINI's interleaving).
+  enum ClusterLane : size_t { kProtectLane = 0, kVoteLane = 1, kClusterLanes = 2 };
+  void ClusterWorkerLoop(size_t lane);
+  void PostClusterJob(ClusterLane lane, std::function<void()> job);
   // The planner's peer step: the pending chunks of `name` from peers' replicas of this rank's
   // segment, each checked against its xxh3 as it lands in out. Non-Ok: no peer could be asked
   // (the reason goes to plan->errors) or the tensor does not exist / has another size.
@@ -833,8 +837,9 @@ class Db {
 
   std::thread manager_;
   std::unique_ptr<Cluster> cluster_;  // world_size > 1
-  std::thread cluster_worker_;        // replication pushes and votes, off the manager thread
-  std::deque<std::function<void()>> cluster_jobs_;  // mu_
+  // Off the manager thread: replication pushes and parity (kProtectLane), votes (kVoteLane).
+  std::array<std::thread, kClusterLanes> cluster_workers_;
+  std::array<std::deque<std::function<void()>>, kClusterLanes> cluster_jobs_;  // mu_
   std::condition_variable cluster_cv_;
   bool cluster_stop_ = false;         // mu_
   std::set<uint64_t> job_committed_;  // mu_: versions the coordinator committed

@@ -142,7 +142,9 @@ Status Db::StartCluster() {
     return Status::Ok();
   };
   CKPTDB_RETURN_IF_ERROR(Cluster::Start(co, std::move(hooks), catalog_.get(), &cluster_));
-  cluster_worker_ = std::thread([this] { ClusterWorkerLoop(); });
+  for (size_t lane = 0; lane < kClusterLanes; ++lane) {
+    cluster_workers_[lane] = std::thread([this, lane] { ClusterWorkerLoop(lane); });
+  }
   return Status::Ok();
 }
 
@@ -346,18 +348,19 @@ bool Db::ClaimYesLocked(uint64_t version) {
   return true;
 }
 
-void Db::PostClusterJob(std::function<void()> job) {
-  cluster_jobs_.push_back(std::move(job));  // mu_ held by the caller (the manager)
+void Db::PostClusterJob(ClusterLane lane, std::function<void()> job) {
+  cluster_jobs_[lane].push_back(std::move(job));  // mu_ held by the caller (the manager)
   cluster_cv_.notify_all();
 }
 
-void Db::ClusterWorkerLoop() {
+void Db::ClusterWorkerLoop(size_t lane) {
   std::unique_lock<std::mutex> lock(mu_);
+  std::deque<std::function<void()>>& jobs = cluster_jobs_[lane];
   while (true) {
-    cluster_cv_.wait(lock, [this] { return cluster_stop_ || !cluster_jobs_.empty(); });
-    if (cluster_jobs_.empty()) return;  // stopping, and nothing left
-    auto job = std::move(cluster_jobs_.front());
-    cluster_jobs_.pop_front();
+    cluster_cv_.wait(lock, [&] { return cluster_stop_ || !jobs.empty(); });
+    if (jobs.empty()) return;  // stopping, and nothing left
+    auto job = std::move(jobs.front());
+    jobs.pop_front();
     lock.unlock();
     job();
     lock.lock();
