@@ -23,8 +23,8 @@
 // Figures: the median and p95 iteration time, and each against no checkpointing's in the same run.
 //
 // Needs root (network namespaces, tc). Usage:
-//   bench_interleave [--sizes 1,2,4,8] [--iterations 200] [--rounds 4] [--rate-mbit 400]
-//                    [--compute-ms 40] [--comm-kib 1024] [--profile 10] [--warmup 15]
+//   bench_interleave [--sizes 1,2,3,4,6] [--iterations 200] [--rounds 2] [--rate-mbit 400]
+//                    [--compute-ms 40] [--comm-kib 1024] [--profile 10] [--warmup 12]
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -68,14 +68,14 @@ enum Config { kNone = 0, kAtOnce = 1, kInterleaved = 2 };
 const char* kConfigNames[] = {"no checkpoint", "replicate at once", "interleaved"};
 
 struct Args {
-  std::vector<int> sizes_mib = {1, 2, 4, 8};
+  std::vector<int> sizes_mib = {1, 2, 3, 4, 6};
   int iterations = 200;
-  int rounds = 4;
+  int rounds = 2;
   int rate_mbit = 400;
   int compute_ms = 40;
   int comm_kib = 1024;
   int profile = 10;
-  int warmup = 15;
+  int warmup = 12;
   std::string shm = "/dev/shm";
 };
 
