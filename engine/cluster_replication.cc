@@ -202,14 +202,14 @@ std::vector<PlannedPiece> CopyPieces(const std::vector<SendExtent>& extents,
     for (const SendPiece& piece : CutPieces(extents, limit)) out.push_back({piece});
     return out;
   }
+  // A span's first piece waits for it (a partition that lies in no extent has none).
   int64_t last_span = -1;
   for (const redundancy::Partition& p : schedule->plan.partitions) {
     if (p.copy != copy) continue;
-    bool first = static_cast<int64_t>(p.span) != last_span;
-    last_span = p.span;
     for (const SendPiece& piece : CutRange(extents, p.offset, p.offset + p.bytes, limit)) {
+      const bool first = static_cast<int64_t>(p.span) != last_span;
+      last_span = p.span;
       out.push_back({piece, first, schedule->first_seq + p.span, p.span + 1 == schedule->spans});
-      first = false;
     }
   }
   return out;

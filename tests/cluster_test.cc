@@ -307,7 +307,7 @@ TEST_F(ClusterTest, ALostNodeRestoresFromPeersAndEveryRankAgrees) {
 // 30 ms idle, 15 ms busy, 25 ms idle an iteration and commits each version asynchronously; once
 // 3 iterations are profiled, the replicas travel in the partitions planned into the idle spans
 // (counted in interleave_bytes), and the replicas they make restore a lost node bit for bit.
-TEST_F(ClusterTest, InterleavedReplicationFollowsTheTrainersIdleSpansAndRestores) {
+void InterleavedJobLosesANodeAndRestores(Job& job_) {
   constexpr uint64_t kVersions = 8;
   auto codes = RunRanks(job_, [&](uint32_t rank) {
     setenv("CKPTDB_INTERLEAVE_PROFILE", "3", 1);
@@ -333,19 +333,21 @@ TEST_F(ClusterTest, InterleavedReplicationFollowsTheTrainersIdleSpansAndRestores
     }
     ckptdb_stats_t st;
     ckptdb_stats(db, &st);
-    RANK_CHECK(st.interleave_iterations == 3 && st.interleave_spans == 2 &&
-                   st.interleave_idle_ns > 40000000 && st.interleave_bytes > 0,
-               "interleaving: %llu iterations of %llu spans (%llu ns idle), %llu bytes planned, "
-               "%llu overflowed, %llu late",
-               (unsigned long long)st.interleave_iterations,
-               (unsigned long long)st.interleave_spans, (unsigned long long)st.interleave_idle_ns,
-               (unsigned long long)st.interleave_bytes,
-               (unsigned long long)st.interleave_overflow_bytes,
-               (unsigned long long)st.interleave_late);
+    RANK_CHECK(
+        st.interleave_iterations == 3 && st.interleave_spans == 2 &&
+            st.interleave_idle_ns > 40000000 && st.interleave_bytes > 0,
+        "interleaving: %llu iterations of %llu spans (%llu ns idle), %llu bytes planned, "
+        "%llu overflowed, %llu late",
+        (unsigned long long)st.interleave_iterations, (unsigned long long)st.interleave_spans,
+        (unsigned long long)st.interleave_idle_ns, (unsigned long long)st.interleave_bytes,
+        (unsigned long long)st.interleave_overflow_bytes, (unsigned long long)st.interleave_late);
     RANK_CHECK(st.interleave_bytes + st.interleave_overflow_bytes <= st.replica_bytes_sent,
                "planned %llu + %llu bytes of %llu sent", (unsigned long long)st.interleave_bytes,
                (unsigned long long)st.interleave_overflow_bytes,
                (unsigned long long)st.replica_bytes_sent);
+    RANK_CHECK(
+        job_.tls != "shm" || std::string(st.peer_paths).find("rma:posix") != std::string::npos,
+        "replicas travelled by '%s', not one-sided windows", st.peer_paths);
     rc = ckptdb_hint(db, 0x8u);
     RANK_CHECK(rc == CKPTDB_EINVAL, "an unknown hint bit: %d", rc);
     Done(job_, rank, "save");
@@ -366,6 +368,16 @@ TEST_F(ClusterTest, InterleavedReplicationFollowsTheTrainersIdleSpansAndRestores
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
+}
+
+TEST_F(ClusterTest, InterleavedReplicationFollowsTheTrainersIdleSpansAndRestores) {
+  InterleavedJobLosesANodeAndRestores(job_);
+}
+
+// The same through one-sided windows (shared memory): planned partitions cut into window slots.
+TEST_F(ClusterTest, InterleavedReplicationThroughOneSidedWindowsRestores) {
+  job_.tls = "shm";
+  InterleavedJobLosesANodeAndRestores(job_);
 }
 
 // The same over shared memory: replicas are put into the holders' windows and the lost rank gets

@@ -243,11 +243,11 @@ TEST(TrafficInterleaver, WaitsForItsSpanAndGivesUpOnATrainerThatStoppedHinting) 
   t.Hint(engine::kHintIteration, 0);
   t.Hint(engine::kHintNetBusy, 10);
   // Span 1 begins on another thread: the wait returns then, met.
+  const auto t0 = std::chrono::steady_clock::now();
   std::thread trainer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     t.Hint(engine::kHintNetIdle, 20);
   });
-  const auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(t.WaitForSpan(2, false));
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(25));
   trainer.join();
