@@ -47,11 +47,19 @@ std::string CodeSpec::Name() const {
                                     : "ec:" + std::to_string(k) + "+" + std::to_string(m);
 }
 
+std::string CodeSpec::Spelling() const {
+  return encoding == Encoding::kSender ? Name() + ",encode=sender" : Name();
+}
+
 Status ParseCodeSpec(const std::string& text, CodeSpec* out) {
   CodeSpec spec;
   if (text.rfind("xor:", 0) == 0) {
     spec.scheme = CodeScheme::kXor;
     spec.m = 1;
+    if (text.find(',') != std::string::npos) {
+      return Status::Invalid("redundancy '" + text + "': xor:K takes no options (XOR has no " +
+                             "multiply to place: a partial is the unit itself)");
+    }
     if (ParseCount(text.substr(4), &spec.k) && spec.k >= 2 && spec.k + 1 <= kMaxCodeBlocks) {
       *out = spec;
       return Status::Ok();
@@ -61,7 +69,17 @@ Status ParseCodeSpec(const std::string& text, CodeSpec* out) {
                            " (K data blocks and their XOR on K + 1 distinct nodes)");
   }
   if (text.rfind("ec:", 0) == 0) {
-    const std::string rest = text.substr(3);
+    std::string rest = text.substr(3);
+    if (const size_t comma = rest.find(','); comma != std::string::npos) {
+      const std::string option = rest.substr(comma + 1);
+      rest.resize(comma);
+      if (option == "encode=sender") {
+        spec.encoding = Encoding::kSender;
+      } else if (option != "encode=holder") {
+        return Status::Invalid("redundancy '" + text + "': after ec:K+M only ,encode=holder or " +
+                               ",encode=sender (where the coefficients multiply)");
+      }
+    }
     const size_t plus = rest.find('+');
     if (plus != std::string::npos && ParseCount(rest.substr(0, plus), &spec.k) &&
         ParseCount(rest.substr(plus + 1), &spec.m) && spec.k >= 1 && spec.m >= 1 &&
@@ -73,7 +91,8 @@ Status ParseCodeSpec(const std::string& text, CodeSpec* out) {
                            std::to_string(kMaxCodeBlocks) +
                            " (K data and M parity blocks on K + M distinct nodes)");
   }
-  return Status::Invalid("redundancy '" + text + "': expected ec:K+M or xor:K");
+  return Status::Invalid("redundancy '" + text +
+                         "': expected ec:K+M[,encode=holder|sender] or xor:K");
 }
 
 Status ErasureCode::Make(const CodeSpec& spec, std::unique_ptr<ErasureCode>* out) {
@@ -93,6 +112,13 @@ Status ErasureCode::Make(const CodeSpec& spec, std::unique_ptr<ErasureCode>* out
   code->tables_.assign(size_t{32} * k * spec.m, 0);
   ec_init_tables(static_cast<int>(k), static_cast<int>(spec.m), &code->matrix_[size_t{k} * k],
                  code->tables_.data());
+  code->column_tables_.assign(size_t{32} * k * spec.m, 0);
+  std::vector<uint8_t> column(spec.m);
+  for (uint32_t j = 0; j < k; ++j) {
+    for (uint32_t r = 0; r < spec.m; ++r) column[r] = code->matrix_[size_t{k + r} * k + j];
+    ec_init_tables(1, static_cast<int>(spec.m), column.data(),
+                   &code->column_tables_[size_t{32} * spec.m * j]);
+  }
   *out = std::move(code);
   return Status::Ok();
 }
@@ -159,6 +185,37 @@ void ErasureCode::Update(size_t bytes, uint32_t data_index, const uint8_t* data,
     ec_encode_data_update(static_cast<int>(n), static_cast<int>(k), static_cast<int>(rows.size()),
                           static_cast<int>(data_index), const_cast<uint8_t*>(tables),
                           const_cast<uint8_t*>(data) + off, dst.data());
+  }
+}
+
+void ErasureCode::Partial(size_t bytes, uint32_t data_index, const uint8_t* data,
+                          std::span<const uint32_t> rows, uint8_t* const* out) const {
+  CKPTDB_ASSERT(data_index < spec_.k && !rows.empty() && rows.size() <= spec_.m);
+  if (spec_.scheme == CodeScheme::kXor) {
+    for (size_t i = 0; i < rows.size(); ++i) std::memcpy(out[i], data, bytes);
+    return;
+  }
+  // One source against the rows: 32 bytes of tables per row, row after row.
+  const uint8_t* column = column_tables_.data() + size_t{32} * spec_.m * data_index;
+  std::vector<uint8_t> picked;
+  const uint8_t* tables = column + size_t{32} * rows[0];
+  bool consecutive = true;
+  for (size_t i = 1; i < rows.size(); ++i) consecutive = consecutive && rows[i] == rows[0] + i;
+  if (!consecutive) {
+    picked.resize(rows.size() * 32);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      CKPTDB_ASSERT(rows[i] < spec_.m);
+      std::memcpy(&picked[i * 32], column + size_t{32} * rows[i], 32);
+    }
+    tables = picked.data();
+  }
+  for (size_t off = 0; off < bytes; off += kMaxSliceBytes) {
+    const size_t n = std::min(kMaxSliceBytes, bytes - off);
+    std::vector<uint8_t*> dst(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) dst[i] = out[i] + off;
+    uint8_t* src = const_cast<uint8_t*>(data) + off;
+    ec_encode_data(static_cast<int>(n), 1, static_cast<int>(rows.size()),
+                   const_cast<uint8_t*>(tables), &src, dst.data());
   }
 }
 

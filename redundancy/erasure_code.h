@@ -25,19 +25,34 @@ namespace ckpt::redundancy {
 
 enum class CodeScheme : uint8_t { kReedSolomon, kXor };
 
+// Where a coding group's GF(2^8) products are computed (ECHECK's decentralized encoding,
+// echeck.txt section IV; docs/performance.md, "Encoding at the senders"). Either way a parity
+// block is the same bytes: the sum over the stripe's data blocks of coefficient x block.
+//   kHolder  each data member sends its unit as it is; the parity holder multiplies and adds.
+//   kSender  each data member multiplies its unit by its coefficient of the holder's row and
+//            sends that partial product; the holder, the reduction's target, only XORs.
+enum class Encoding : uint8_t { kHolder, kSender };
+
 struct CodeSpec {
   CodeScheme scheme = CodeScheme::kReedSolomon;
-  uint32_t k = 0;            // data blocks
-  uint32_t m = 0;            // parity blocks (1 for xor)
-  std::string Name() const;  // "ec:4+2", "xor:3"
+  uint32_t k = 0;  // data blocks
+  uint32_t m = 0;  // parity blocks (1 for xor)
+  Encoding encoding = Encoding::kHolder;
+  std::string Name() const;      // the code: "ec:4+2", "xor:3" (what the parity is)
+  std::string Spelling() const;  // as given: "ec:4+2,encode=sender" (how it is built)
+  bool operator==(const CodeSpec& o) const {
+    return scheme == o.scheme && k == o.k && m == o.m && encoding == o.encoding;
+  }
 };
 
 // Bounds: a group's members sit on distinct nodes, and 32 is far beyond what a checkpoint's
 // coding group needs (ECHECK evaluates up to 8+8); GF(2^8) itself allows 256.
 inline constexpr uint32_t kMaxCodeBlocks = 32;
 
-// Parses "ec:K+M" (1 <= K, 1 <= M, K + M <= kMaxCodeBlocks) and "xor:K" (2 <= K, K + 1 <=
-// kMaxCodeBlocks). Invalid names the text and the form expected.
+// Parses "ec:K+M" (1 <= K, 1 <= M, K + M <= kMaxCodeBlocks), optionally followed by
+// ",encode=holder" (the default) or ",encode=sender", and "xor:K" (2 <= K, K + 1 <=
+// kMaxCodeBlocks; XOR has no multiply, so it takes no encode=). Invalid names the text and the
+// form expected.
 Status ParseCodeSpec(const std::string& text, CodeSpec* out);
 
 // dst ^= src over `bytes` bytes, any alignment, at memory speed.
@@ -64,6 +79,12 @@ class ErasureCode {
   void Update(size_t bytes, uint32_t data_index, const uint8_t* data,
               std::span<const uint32_t> rows, uint8_t* const* parity) const;
 
+  // Data block `data_index`'s partial products for the parity rows `rows` (out[i] is row
+  // rows[i]): out[i] = Coefficient(rows[i], data_index) * data, all rows in one pass over data.
+  // XORing the K data blocks' partials of a row gives that row's parity (Encoding::kSender).
+  void Partial(size_t bytes, uint32_t data_index, const uint8_t* data,
+               std::span<const uint32_t> rows, uint8_t* const* out) const;
+
   // Rebuilds data blocks from any K blocks that survive. `present[i]` is block index
   // present_index[i] (0..K-1 data, K..K+M-1 parity row index - K), exactly K distinct ones;
   // out[w] receives data block wanted[w]. Invalid for a wrong count, a repeated or out-of-range
@@ -77,6 +98,9 @@ class ErasureCode {
   CodeSpec spec_;
   std::vector<uint8_t> matrix_;  // (K + M) x K, row major; identity on top
   std::vector<uint8_t> tables_;  // ec_init_tables of the M parity rows
+  // Row-major tables of the M rows against one source, one such set per data block: a sender's
+  // partials in one pass (ec_encode_data with one source).
+  std::vector<uint8_t> column_tables_;
 };
 
 }  // namespace ckpt::redundancy

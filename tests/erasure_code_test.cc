@@ -109,9 +109,42 @@ TEST(ErasureCodeTest, ParsesSchemesAndRefusesWhatIsOutOfRange) {
   EXPECT_EQ(s.m, 1u);
   EXPECT_EQ(s.Name(), "xor:3");
   ASSERT_TRUE(ParseCodeSpec("ec:30+2", &s).ok());
-  for (const char* bad :
-       {"ec:", "ec:4", "ec:4+", "ec:+2", "ec:0+2", "ec:4+0", "ec:31+2", "ec:4+2+1", "ec:-1+2",
-        "ec:4 +2", "ec:999+1", "xor:1", "xor:", "xor:32", "xor:x", "rs:4+2", ""}) {
+  EXPECT_EQ(s.encoding, Encoding::kHolder);
+  ASSERT_TRUE(ParseCodeSpec("ec:4+2,encode=sender", &s).ok());
+  EXPECT_EQ(s.encoding, Encoding::kSender);
+  EXPECT_EQ(s.k, 4u);
+  EXPECT_EQ(s.m, 2u);
+  EXPECT_EQ(s.Name(), "ec:4+2");  // the code, which the parity is
+  EXPECT_EQ(s.Spelling(), "ec:4+2,encode=sender");
+  ASSERT_TRUE(ParseCodeSpec("ec:4+2,encode=holder", &s).ok());
+  EXPECT_EQ(s.encoding, Encoding::kHolder);
+  EXPECT_EQ(s.Spelling(), "ec:4+2");
+  for (const char* bad : {"ec:",
+                          "ec:4",
+                          "ec:4+",
+                          "ec:+2",
+                          "ec:0+2",
+                          "ec:4+0",
+                          "ec:31+2",
+                          "ec:4+2+1",
+                          "ec:-1+2",
+                          "ec:4 +2",
+                          "ec:999+1",
+                          "xor:1",
+                          "xor:",
+                          "xor:32",
+                          "xor:x",
+                          "rs:4+2",
+                          "",
+                          "ec:4+2,",
+                          "ec:4+2,encode=",
+                          "ec:4+2,encode=both",
+                          "ec:4+2,encode=sender,",
+                          "ec:4+2,encode=sender,encode=holder",
+                          "ec:0+2,encode=sender",
+                          "xor:3,encode=sender",
+                          "ec:4+2;encode=sender",
+                          "ec:4+2,ENCODE=SENDER"}) {
     Status st = ParseCodeSpec(bad, &s);
     EXPECT_EQ(st.code(), CKPTDB_EINVAL) << bad;
     EXPECT_NE(st.message().find(bad), std::string::npos) << st.message();
@@ -157,6 +190,45 @@ TEST(ErasureCodeTest, UpdatesInAnyOrderSumToTheEncodingForAnySetOfRows) {
       for (uint32_t j : order) code->Update(bytes, j, data[j].data(), rows, Ptrs(parity).data());
       for (size_t i = 0; i < rows.size(); ++i) {
         EXPECT_EQ(parity[i], want[rows[i]]) << spec.Name() << " row " << rows[i];
+      }
+    }
+  }
+}
+
+// ECHECK's encoding at the senders: each data block's partials for a set of rows, XORed over
+// the K blocks in any order, are the encoding of those rows, for every code, length and set.
+TEST(ErasureCodeTest, PartialsXoredInAnyOrderAreTheEncodingForAnySetOfRows) {
+  std::mt19937_64 rng(9);
+  for (const CodeSpec& spec : SmallCodes()) {
+    std::unique_ptr<ErasureCode> code;
+    ASSERT_TRUE(ErasureCode::Make(spec, &code).ok());
+    for (size_t bytes : {size_t{1}, size_t{33}, size_t{4096}, size_t{12345}}) {
+      auto data = RandomBlocks(spec.k, bytes, spec.k * 17 + spec.m + bytes);
+      auto want = OracleParity(spec, data);
+      for (uint32_t mask = 1; mask < (1u << spec.m); ++mask) {
+        std::vector<uint32_t> rows;
+        for (uint32_t r = 0; r < spec.m; ++r) {
+          if (mask & (1u << r)) rows.push_back(r);
+        }
+        std::shuffle(rows.begin(), rows.end(), rng);  // rows in any order, not only consecutive
+        std::vector<std::vector<uint8_t>> parity(rows.size(), std::vector<uint8_t>(bytes, 0));
+        std::vector<uint32_t> order(spec.k);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (uint32_t j : order) {
+          std::vector<std::vector<uint8_t>> partial(rows.size(), std::vector<uint8_t>(bytes, 0xA5));
+          code->Partial(bytes, j, data[j].data(), rows, Ptrs(partial).data());
+          for (size_t i = 0; i < rows.size(); ++i) {
+            // One block's partial is its coefficient times it, byte by byte (the oracle's).
+            const uint8_t c = OracleCoefficient(spec, rows[i], j);
+            EXPECT_EQ(partial[i][bytes / 2], GF().Mul(c, data[j][bytes / 2])) << spec.Name();
+            XorInto(parity[i].data(), partial[i].data(), bytes);
+          }
+        }
+        for (size_t i = 0; i < rows.size(); ++i) {
+          EXPECT_EQ(parity[i], want[rows[i]])
+              << spec.Name() << " row " << rows[i] << ", " << bytes << " bytes";
+        }
       }
     }
   }
