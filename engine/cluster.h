@@ -301,6 +301,8 @@ class Cluster {
   Status AnnounceToGroup(uint64_t version, uint64_t file_bytes, int wait_ms,
                          const std::string& what);
   Status BuildParity(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
+  Status SendUnits(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents,
+                   int64_t start_ms, uint64_t* sent);
   void HandleParity(const transport::Request& request, transport::Reply* reply);
   // Sends a kParity call to member `position` of this rank's group (to the local store when it
   // is this rank), retrying while the answer is Busy, for up to timeout_ms.

@@ -3,10 +3,12 @@
 // member's segment from the others (redundancy/stripe_layout.h, redundancy/erasure_code.h).
 //
 // A kParity call's body: op (u8), group (u32), version (u64), then by op:
-//   announce  scheme (u8), k (u32), m (u32), unit bytes (u64), members (u32 count, u32 each),
+//   announce  scheme (u8: 0 Reed-Solomon encoded at the holders, 1 XOR, 2 Reed-Solomon encoded at
+//             the senders), k (u32), m (u32), unit bytes (u64), members (u32 count, u32 each),
 //             position (u32), segment bytes (u64)
 //   layout    -                      (Busy until every member announced and memory is ready)
-//   data      position (u32), unit (u64), offset in the unit (u64); the payload is the bytes
+//   data      position (u32), unit (u64), offset in the unit (u64); the payload is the bytes (or,
+//             encoded at the senders, their partial product for the receiving holder's row)
 //   done      position (u32)
 //   sealed    -                      (Busy until every member is done)
 //   size      -                      the reply's body: the sealed parity segment's bytes (u64)
@@ -54,6 +56,9 @@ enum ParityOp : uint8_t {
 };
 
 constexpr uint32_t kParityPiecesInFlight = 8;
+// Encoded at the senders: the most of a unit multiplied at once (M partials of it in memory per
+// piece in flight).
+constexpr uint64_t kPartialPieceBytes = uint64_t{1} << 20;
 
 std::vector<uint8_t> ParityHeader(uint8_t op, uint32_t group, uint64_t version) {
   WireWriter w;
@@ -68,7 +73,14 @@ void Append(std::vector<uint8_t>* body, const std::vector<uint8_t>& more) {
 }
 
 std::string GroupName(const CodingGroup& g) {
-  return "coding group " + std::to_string(g.group) + " (" + g.code.Name() + ")";
+  return "coding group " + std::to_string(g.group) + " (" + g.code.Spelling() + ")";
+}
+
+// The announce's scheme byte: how the parity is built, so that every member agrees on it.
+enum SchemeByteValue : uint8_t { kRsAtHolders = 0, kXorScheme = 1, kRsAtSenders = 2 };
+uint8_t SchemeByte(const redundancy::CodeSpec& code) {
+  if (code.scheme == CodeScheme::kXor) return kXorScheme;
+  return code.encoding == redundancy::Encoding::kSender ? kRsAtSenders : kRsAtHolders;
 }
 
 }  // namespace
@@ -148,7 +160,7 @@ Status Cluster::AnnounceToGroup(uint64_t version, uint64_t file_bytes, int wait_
   std::vector<uint8_t> ignored;
   std::vector<uint8_t> body = ParityHeader(kAnnounce, g.group, version);
   WireWriter w;
-  w.U8(static_cast<uint8_t>(g.code.scheme));
+  w.U8(SchemeByte(g.code));
   w.U32(g.code.k);
   w.U32(g.code.m);
   w.U64(g.unit_bytes);
@@ -163,6 +175,121 @@ Status Cluster::AnnounceToGroup(uint64_t version, uint64_t file_bytes, int wait_
   }
 
   return Status::Ok();
+}
+
+// Each unit of the segment image to the M holders of its stripe's parity, in pieces that are
+// contiguous in the arena (a unit may span records that are not), several calls in flight. Encoded
+// at the holders, a piece goes as it is to each of the M; encoded at the senders (ECHECK), a piece
+// of at most kPartialPieceBytes is multiplied once into its M partial products (ErasureCode::
+// Partial, one pass), each sent to its row's holder, their buffers kept until their calls end.
+Status Cluster::SendUnits(uint64_t version, uint64_t file_bytes,
+                          const std::vector<SendExtent>& extents, int64_t start, uint64_t* sent) {
+  const CodingGroup& g = *group_;
+  const uint32_t me = group_position_;
+  const uint32_t m = g.code.m;
+  const bool at_sender = g.code.encoding == redundancy::Encoding::kSender;
+  std::vector<SendExtent> sorted = extents;
+  std::sort(sorted.begin(), sorted.end(), [](const SendExtent& a, const SendExtent& b) {
+    return a.logical_offset < b.logical_offset;
+  });
+  const StripeLayout layout(g.code.k, m, g.unit_bytes, version);
+  std::unique_ptr<ErasureCode> code;
+  if (at_sender) CKPTDB_RETURN_IF_ERROR(ErasureCode::Make(g.code, &code));
+  std::vector<uint32_t> rows(m);
+  for (uint32_t row = 0; row < m; ++row) rows[row] = row;
+  struct InFlight {
+    std::unique_ptr<transport::Call> call;
+    std::shared_ptr<std::vector<uint8_t>> partials;  // the piece's, shared by its M calls
+  };
+  std::deque<InFlight> in_flight;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> pool;  // bounded by the calls in flight
+  Status failed;
+  auto drain_one = [&] {
+    Status s = in_flight.front().call->Wait(options_.call_timeout_ms);
+    in_flight.pop_front();
+    if (failed.ok() && !s.ok()) failed = s;
+  };
+  // One call: `bytes` at `data` for row `row` of `stripe`'s parity.
+  auto send = [&](uint64_t unit, uint64_t offset, uint64_t stripe, uint32_t row,
+                  const uint8_t* data, uint64_t bytes,
+                  std::shared_ptr<std::vector<uint8_t>> partials) {
+    const uint32_t holder = layout.ParityMember(stripe, row);
+    if (g.members[holder] == options_.rank) {
+      failed = Status::Internal("a unit's parity held by its own member");
+      return;
+    }
+    std::vector<uint8_t> body = ParityHeader(kData, g.group, version);
+    WireWriter w;
+    w.U32(me);
+    w.U64(unit);
+    w.U64(offset);
+    Append(&body, w.Take());
+    Pace(*sent, start);
+    std::string address;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      address = table_[g.members[holder]].address;
+    }
+    transport::PeerId peer = 0;
+    Status st = PeerFor(address, &peer);
+    std::unique_ptr<transport::Call> call;
+    if (st.ok()) st = transport_->Start(peer, kParity, body, data, bytes, nullptr, 0, &call);
+    if (!st.ok()) {
+      DropIfGone(st, address);
+      failed = st.WithContext(R(g.members[holder]));
+      return;
+    }
+    in_flight.push_back({std::move(call), std::move(partials)});
+    *sent += bytes;
+    while (in_flight.size() >= kParityPiecesInFlight) drain_one();
+  };
+  size_t first = 0;
+  for (uint64_t unit = 0; unit < layout.Units(file_bytes) && failed.ok(); ++unit) {
+    const uint64_t begin = unit * g.unit_bytes;
+    const uint64_t end = begin + layout.UnitBytes(file_bytes, unit);
+    const StripeLayout::Slot slot = layout.DataSlot(me, unit);
+    while (first < sorted.size() && sorted[first].logical_offset + sorted[first].bytes <= begin) {
+      ++first;
+    }
+    for (size_t x = first; x < sorted.size() && sorted[x].logical_offset < end && failed.ok();
+         ++x) {
+      const SendExtent& e = sorted[x];
+      const uint64_t a = std::max(begin, e.logical_offset);
+      const uint64_t b = std::min(end, e.logical_offset + e.bytes);
+      const uint8_t* data = e.data + (a - e.logical_offset);
+      if (!at_sender) {
+        for (uint32_t row = 0; row < m && failed.ok() && a < b; ++row) {
+          send(unit, a - begin, slot.stripe, row, data, b - a, nullptr);
+        }
+        continue;
+      }
+      for (uint64_t p = a; p < b && failed.ok(); p += kPartialPieceBytes) {
+        const uint64_t bytes = std::min<uint64_t>(kPartialPieceBytes, b - p);
+        // Room for the piece's M calls; then a buffer no call holds any more.
+        while (!in_flight.empty() && in_flight.size() + m > kParityPiecesInFlight) drain_one();
+        std::shared_ptr<std::vector<uint8_t>> partials;
+        for (auto& buffer : pool) {
+          if (buffer.use_count() == 1) {
+            partials = buffer;
+            break;
+          }
+        }
+        if (partials == nullptr) {
+          CKPTDB_ASSERT(pool.size() <= kParityPiecesInFlight);
+          partials = pool.emplace_back(
+              std::make_shared<std::vector<uint8_t>>(uint64_t{m} * kPartialPieceBytes));
+        }
+        std::vector<uint8_t*> out(m);
+        for (uint32_t row = 0; row < m; ++row) out[row] = partials->data() + row * bytes;
+        code->Partial(bytes, slot.index, data + (p - a), rows, out.data());
+        for (uint32_t row = 0; row < m && failed.ok(); ++row) {
+          send(unit, p - begin, slot.stripe, row, out[row], bytes, partials);
+        }
+      }
+    }
+  }
+  while (!in_flight.empty()) drain_one();
+  return failed;
 }
 
 // Every member at once: announce the segment's length to every member, wait until each has laid
@@ -191,71 +318,9 @@ Status Cluster::BuildParity(uint64_t version, uint64_t file_bytes,
         CallParity(q, ParityHeader(kLayoutOp, g.group, version), nullptr, 0, layout_ms, &ignored)
             .WithContext(what + ": waiting for the group's parity layout"));
   }
-  // Each unit of the segment image to the M holders of its stripe's parity, in pieces that are
-  // contiguous in the arena (a unit may span records that are not), several in flight.
-  std::vector<SendExtent> sorted = extents;
-  std::sort(sorted.begin(), sorted.end(), [](const SendExtent& a, const SendExtent& b) {
-    return a.logical_offset < b.logical_offset;
-  });
-  const StripeLayout layout(g.code.k, g.code.m, g.unit_bytes, version);
-  std::deque<std::unique_ptr<transport::Call>> in_flight;
-  Status failed;
-  auto drain_one = [&] {
-    Status s = in_flight.front()->Wait(options_.call_timeout_ms);
-    in_flight.pop_front();
-    if (failed.ok() && !s.ok()) failed = s;
-  };
   uint64_t sent = 0;
-  size_t first = 0;
-  for (uint64_t unit = 0; unit < layout.Units(file_bytes) && failed.ok(); ++unit) {
-    const uint64_t begin = unit * g.unit_bytes;
-    const uint64_t end = begin + layout.UnitBytes(file_bytes, unit);
-    const uint64_t stripe = layout.DataSlot(me, unit).stripe;
-    while (first < sorted.size() && sorted[first].logical_offset + sorted[first].bytes <= begin) {
-      ++first;
-    }
-    for (size_t x = first; x < sorted.size() && sorted[x].logical_offset < end && failed.ok();
-         ++x) {
-      const SendExtent& e = sorted[x];
-      const uint64_t a = std::max(begin, e.logical_offset);
-      const uint64_t b = std::min(end, e.logical_offset + e.bytes);
-      if (a >= b) continue;
-      for (uint32_t row = 0; row < g.code.m && failed.ok(); ++row) {
-        const uint32_t holder = layout.ParityMember(stripe, row);
-        std::vector<uint8_t> body = ParityHeader(kData, g.group, version);
-        WireWriter w;
-        w.U32(me);
-        w.U64(unit);
-        w.U64(a - begin);
-        Append(&body, w.Take());
-        Pace(sent, start);
-        const uint8_t* data = e.data + (a - e.logical_offset);
-        if (g.members[holder] == options_.rank) {
-          failed = Status::Internal(what + ": a unit's parity held by its own member");
-          break;
-        }
-        std::string address;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          address = table_[g.members[holder]].address;
-        }
-        transport::PeerId peer = 0;
-        Status st = PeerFor(address, &peer);
-        std::unique_ptr<transport::Call> call;
-        if (st.ok()) st = transport_->Start(peer, kParity, body, data, b - a, nullptr, 0, &call);
-        if (!st.ok()) {
-          DropIfGone(st, address);
-          failed = st.WithContext(R(g.members[holder]));
-          break;
-        }
-        in_flight.push_back(std::move(call));
-        sent += b - a;
-        while (in_flight.size() >= kParityPiecesInFlight) drain_one();
-      }
-    }
-  }
-  while (!in_flight.empty()) drain_one();
-  CKPTDB_RETURN_IF_ERROR(failed.WithContext(what + ": sending its units"));
+  CKPTDB_RETURN_IF_ERROR(SendUnits(version, file_bytes, extents, start, &sent)
+                             .WithContext(what + ": sending its units"));
   {
     std::vector<uint8_t> body = ParityHeader(kDoneOp, g.group, version);
     WireWriter w;
@@ -294,7 +359,9 @@ void Cluster::HandleParity(const Request& request, Reply* reply) {
     case kAnnounce: {
       CodingGroup shape;
       const uint8_t scheme = r.U8("scheme");
-      shape.code.scheme = scheme == 1 ? CodeScheme::kXor : CodeScheme::kReedSolomon;
+      shape.code.scheme = scheme == kXorScheme ? CodeScheme::kXor : CodeScheme::kReedSolomon;
+      shape.code.encoding =
+          scheme == kRsAtSenders ? redundancy::Encoding::kSender : redundancy::Encoding::kHolder;
       shape.code.k = r.U32("k");
       shape.code.m = r.U32("m");
       shape.unit_bytes = r.U64("unit bytes");
@@ -305,11 +372,16 @@ void Cluster::HandleParity(const Request& request, Reply* reply) {
       const uint32_t position = r.U32("position");
       const uint64_t segment_bytes = r.U64("segment bytes");
       st = r.Finish();
-      if (st.ok() && (scheme > 1 || n > kMaxCodeBlocks)) {
+      if (st.ok() && (scheme > kRsAtSenders || n > kMaxCodeBlocks)) {
         st = Status::Invalid(what + ": unknown scheme or too many members");
       }
       shape.group = group;
-      if (st.ok()) st = parity_->Announce(shape, version, position, segment_bytes, what);
+      if (st.ok()) {
+        // As a replica's begin (HandleReplicate): parity sealed for a version this rank never
+        // committed is what a killed job left, and the restarted one builds it again.
+        const bool replace_sealed = hooks_.committed && !hooks_.committed(version);
+        st = parity_->Announce(shape, version, position, segment_bytes, what, replace_sealed);
+      }
       break;
     }
     case kLayoutOp:

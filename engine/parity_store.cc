@@ -177,7 +177,7 @@ std::string ParityStore::SparePath(uint32_t group) const {
 }
 
 Status ParityStore::Announce(const CodingGroup& shape, uint64_t version, uint32_t position,
-                             uint64_t segment_bytes, const std::string& what) {
+                             uint64_t segment_bytes, const std::string& what, bool replace_sealed) {
   const uint32_t g = shape.code.k + shape.code.m;
   std::unique_ptr<ErasureCode> code;
   Status st = ErasureCode::Make(shape.code, &code);
@@ -201,7 +201,17 @@ Status ParityStore::Announce(const CodingGroup& shape, uint64_t version, uint32_
   if (!st.ok()) return st;
   const Key key{shape.group, version};
   std::lock_guard<std::mutex> lock(mu_);
-  if (sealed_.count(key)) return Status::State(what + ": its parity is sealed already");
+  if (auto stale = sealed_.find(key); stale != sealed_.end()) {
+    if (!replace_sealed) {
+      return Status::State(what + ": its parity is sealed already, and v" +
+                           std::to_string(version) + " committed");
+    }
+    // What a killed incarnation of the group left of a version never committed: the restarted
+    // job puts that version number again, with other bytes. Its pages become the spare.
+    std::shared_ptr<MappedFile> old = std::move(stale->second.map);
+    sealed_.erase(stale);
+    RetireLocked(shape.group, SealedPath(shape.group, version), std::move(old));
+  }
   auto it = building_.find(key);
   if (it == building_.end()) {
     // A member late for a version the group moved past: refused at once, not left waiting.
@@ -237,8 +247,8 @@ Status ParityStore::Announce(const CodingGroup& shape, uint64_t version, uint32_
     return Status::Invalid(what +
                            ": announced with another layout than the group's other "
                            "members announced (" +
-                           b->shape.code.Name() + ", unit " + std::to_string(b->shape.unit_bytes) +
-                           ")");
+                           b->shape.code.Spelling() + ", unit " +
+                           std::to_string(b->shape.unit_bytes) + ")");
   }
   if (!b->refused.ok()) return b->refused;
   if (b->announced[position]) {
@@ -479,7 +489,12 @@ Status ParityStore::Accumulate(uint32_t group, uint64_t version, uint32_t positi
     // Off the store's lock; one stripe's blocks are added one at a time.
     std::lock_guard<std::mutex> stripe(b->stripe_locks[index % b->stripe_locks.size()]);
     const uint32_t row = b->rows[index];
-    b->code->Update(data.size(), slot, data.data(), std::span<const uint32_t>(&row, 1), &parity);
+    if (b->shape.code.encoding == redundancy::Encoding::kSender) {
+      // The sender multiplied (ErasureCode::Partial): the reduction's target only adds.
+      redundancy::XorInto(parity, data.data(), data.size());
+    } else {
+      b->code->Update(data.size(), slot, data.data(), std::span<const uint32_t>(&row, 1), &parity);
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!b->refused.ok()) return b->refused;

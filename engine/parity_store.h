@@ -10,7 +10,9 @@
 //   2. Accumulate: each member sends its data units to the M holders of their stripes; the holder
 //      adds each, as it lands, into its parity block of that stripe (ErasureCode::Update: parity
 //      += coefficient x unit), in any order, with no buffer for them. Each byte range of a unit
-//      is taken once.
+//      is taken once. With the group's code encoded at the senders (ec:K+M,encode=sender) a
+//      member sends instead its unit's partial product for the holder's row (ErasureCode::
+//      Partial), and the holder XORs it in: the same parity, the multiply moved to the sender.
 //   3. Done: a member says it sent everything; the holder checks it received exactly what that
 //      member's segment length implies. When every member is done the holder seals: each parity
 //      block's xxh3 into its record header, the manifest (one tensor per parity block, the
@@ -45,8 +47,7 @@ struct CodingGroup {
   uint64_t unit_bytes = 0;
   std::vector<uint32_t> members;  // ranks, in position order (K + M of them)
   bool operator==(const CodingGroup& o) const {
-    return code.scheme == o.code.scheme && code.k == o.code.k && code.m == o.code.m &&
-           group == o.group && unit_bytes == o.unit_bytes && members == o.members;
+    return code == o.code && group == o.group && unit_bytes == o.unit_bytes && members == o.members;
   }
 };
 
@@ -70,14 +71,18 @@ class ParityStore {
                      uint64_t budget_bytes, std::unique_ptr<ParityStore>* out);
 
   // Member `position` of shape.group announces its segment of `version`, segment_bytes long.
-  // Every member must announce the same shape, in which this store's rank is a member.
+  // Every member must announce the same shape, in which this store's rank is a member. Parity of
+  // (group, version) sealed already is refused (ESTATE) unless replace_sealed (the version is
+  // above this rank's newest commit, so it never committed: Cluster::Hooks::committed); then it
+  // is dropped, its pages the group's spare, and the version's parity is built again.
   Status Announce(const CodingGroup& shape, uint64_t version, uint32_t position,
-                  uint64_t segment_bytes, const std::string& what);
+                  uint64_t segment_bytes, const std::string& what, bool replace_sealed = false);
   // Ok once every member announced and the parity's memory is allocated (the caller that finds
   // the last announcement allocates, on its service thread); Busy before; the refusal after.
   Status Layout(uint32_t group, uint64_t version, const std::string& what);
-  // Bytes [offset, offset + data.size()) of member `position`'s unit `unit`, added into the
-  // parity of its stripe this store holds.
+  // Bytes [offset, offset + data.size()) of member `position`'s unit `unit` (or, encoded at the
+  // senders, of its partial product for this holder's row), added into the parity of its stripe
+  // this store holds.
   Status Accumulate(uint32_t group, uint64_t version, uint32_t position, uint64_t unit,
                     uint64_t offset, std::span<const uint8_t> data, const std::string& what);
   // Member `position` sent everything; when it is the last, the parity is sealed.

@@ -1579,8 +1579,9 @@ int VerifyGroups(const Job& job, uint64_t version, std::vector<GroupSeen>* out,
   return rc;
 }
 
-void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
-  job.code = "ec:2+2";
+void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost,
+                                       const std::string& code = "ec:2+2") {
+  job.code = code;
   auto codes = RunRanks(job, [&](uint32_t rank) {
     ckptdb* db = nullptr;
     if (OpenAndSave(job, rank, 3, &db) != 0) return 1;
@@ -1636,6 +1637,71 @@ void LoseNodesOfACodingGroupAndRebuild(Job& job, std::vector<uint32_t> lost) {
 
 TEST_F(ClusterTest, ALostNodeOfACodingGroupIsRebuiltFromTheOthers) {
   LoseNodesOfACodingGroupAndRebuild(job_, {1});
+}
+
+// ECHECK's encoding at the senders (ec:2+2,encode=sender): each member multiplies its units and
+// the holders only XOR; the parity is the same, so the same losses are rebuilt bit for bit and
+// verify recomputes every block from the data (the oracle's holder-side encode) and finds none
+// bad. One loss and two pairs (data and parity members of every stripe between them); M + 1
+// losses: LosingMoreNodesThanTheCodeToleratesEncodedAtTheSenders.
+TEST_F(ClusterTest, LostNodesOfAGroupEncodedAtTheSendersAreRebuiltFromTheOthers) {
+  for (const std::vector<uint32_t>& lost :
+       std::vector<std::vector<uint32_t>>{{2}, {0, 1}, {1, 3}}) {
+    Job job;
+    SCOPED_TRACE("lost nodes " + std::to_string(lost[0]) +
+                 (lost.size() > 1 ? " and " + std::to_string(lost[1]) : ""));
+    LoseNodesOfACodingGroupAndRebuild(job, lost, "ec:2+2,encode=sender");
+    if (HasFailure()) return;
+  }
+}
+
+// Found by the kill campaign (ec:2+2,encode=sender, seed 7): every rank killed once its group's
+// parity of v3 was sealed, before any vote. The restarted job puts v3 again, with other bytes, and
+// each holder must build that parity anew: what it holds sealed is of a version no rank committed
+// (as a replica is replaced, HandleReplicate). It used to refuse ("its parity is sealed already"),
+// and the job never committed again. Then node 1 is lost and rank 1 rebuilds the new v3 bit for
+// bit, which the first attempt's parity (other tensors, other lengths) could not give.
+TEST_F(ClusterTest, ParitySealedForAVersionTheKilledJobNeverCommittedIsBuiltAgain) {
+  job_.code = "ec:2+2";
+  auto codes = RunRanks(job_, [&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (OpenAndSave(job_, rank, 2, &db) != 0) return 1;
+    for (int which = 0; which < 2; ++which) {  // the first attempt: other bytes, no small shards
+      auto data = TensorData(rank, 103, which);
+      std::string name = "w" + std::to_string(which) + "/r" + std::to_string(rank);
+      int rc = ckptdb_put_shard(db, 3, name.c_str(), data.data(), data.size(), nullptr,
+                                CKPTDB_PUT_COPY_NOW);
+      RANK_CHECK(rc == 0, "put v3: %d", rc);
+    }
+    setenv("CKPTDB_TEST_KILL_AT", "commit:after_prepared", 1);
+    engine::SetCrashHookForTesting(KillAt);
+    (void)ckptdb_commit(db, 3, 0);  // the group's parity of v3 is sealed before any PREPARED
+    kill(getpid(), SIGKILL);        // a rank whose wait for a dead holder failed first
+    return 1;
+  });
+  for (uint32_t r = 0; r < kRanks; ++r) EXPECT_EQ(codes[r], 128 + SIGKILL) << "rank " << r;
+  codes = RunRanks(job_, [&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (Reopen(job_, rank, 2, &db) != 0) return 1;
+    if (Save(db, rank, 3) != 0) return 1;
+    Done(job_, rank, "save");
+    ckptdb_close(db);
+    return 0;
+  });
+  ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
+  job_.WipeNode(1);
+  codes = RunRanks(job_, [&](uint32_t rank) {
+    ckptdb* db = nullptr;
+    if (Reopen(job_, rank, 3, &db) != 0) return 1;
+    std::string source;
+    if (CheckRestore(db, rank, 3, &source) != 0) return 1;
+    RANK_CHECK(rank != 1 || source.rfind("rebuild:ec:2+2", 0) == 0, "rank 1 restored v3 from %s",
+               source.c_str());
+    Done(job_, rank, "restore", /*all_wait=*/true);
+    ckptdb_close(db);
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(kRanks, 0));
 }
 
 // Port 0 for the coordinator: rank 0 binds a free port and reports it on CKPTDB_REPORT_FD
@@ -1703,7 +1769,8 @@ TEST_F(ClusterTest, Rank0ReportsTheCoordinatorPortItBound) {
 // M - L losses to spare; the given members restore from ram, the others by a rebuild or not at
 // all; no parity block is bad; with nothing lost every block is recomputed.
 TEST_F(ClusterTest, VerifyAgreesWithAnOracleForEveryLossOfEveryFourNodeCode) {
-  for (const std::string code : {"ec:2+2", "ec:3+1", "xor:3", "ec:1+3"}) {
+  for (const std::string code :
+       {"ec:2+2", "ec:3+1", "xor:3", "ec:1+3", "ec:2+2,encode=sender", "ec:3+1,encode=sender"}) {
     SCOPED_TRACE(code);
     Job job;
     job.code = code;
@@ -1715,7 +1782,7 @@ TEST_F(ClusterTest, VerifyAgreesWithAnOracleForEveryLossOfEveryFourNodeCode) {
       return 0;
     });
     ASSERT_EQ(codes, std::vector<int>(kRanks, 0));
-    const int m = code == "ec:2+2" ? 2 : code == "ec:1+3" ? 3 : 1;
+    const int m = code.rfind("ec:2+2", 0) == 0 ? 2 : code == "ec:1+3" ? 3 : 1;
     for (uint32_t given = 1; given < (1u << kRanks); ++given) {
       const int lost = static_cast<int>(kRanks) - std::popcount(given);
       std::vector<GroupSeen> seen;
@@ -2161,6 +2228,10 @@ TEST_F(ClusterTest, LosingBothNodesOfAGroupFallsBackToTheNewestVersionOnASharedT
 TEST_F(ClusterTest, LosingMoreNodesThanTheCodeToleratesFallsBackToASlowerTier) {
   job_.code = "ec:2+2";
   FallBackToASharedTier(job_, {1, 2, 3});
+}
+TEST_F(ClusterTest, LosingMoreNodesThanTheCodeToleratesEncodedAtTheSenders) {
+  job_.code = "ec:2+2,encode=sender";
+  FallBackToASharedTier(job_, {0, 2, 3});
 }
 
 // Four simulated nodes in four network namespaces on one bridge (ip netns, veth), each rank

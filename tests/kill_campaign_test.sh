@@ -5,14 +5,16 @@
 # version is checked bit for bit on every rank. The long one: the same command with
 # --kill-rounds 1000 and any --seed. With PROTECTION (arc, aec, arc+aec, aor, ...) the ranks are one
 # replica group with REFT's protection instead (redundancy none), 4 MiB each so that their
-# tensors are cut among the members.
-# Usage: kill_campaign_test.sh CKPTDB_CLI [ROUNDS] [SEED] [PROTECTION]
+# tensors are cut among the members. With REDUNDANCY (ec:2+2, ec:2+2,encode=sender, ...) the job's
+# redundancy is that instead of replicate:2 (PROTECTION empty).
+# Usage: kill_campaign_test.sh CKPTDB_CLI [ROUNDS] [SEED] [PROTECTION] [REDUNDANCY]
 set -eu
 cli="$1"
 rounds="${2:-12}"
 seed="${3:-1}"
 group=""
 if [ -n "${4:-}" ]; then group="--protection $4 --mib-per-rank 4"; else group="--mib-per-rank 2"; fi
+if [ -n "${5:-}" ]; then group="$group --redundancy $5"; fi
 disk=$(mktemp -d /var/tmp/ckptdb-test-kill.XXXXXX)
 mem=$(mktemp -d /dev/shm/ckptdb-test-kill.XXXXXX)
 trap 'rm -rf "$disk" "$mem"' EXIT INT TERM

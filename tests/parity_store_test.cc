@@ -59,13 +59,13 @@ Group MakeGroup(const test::TempDir& dir, CodeSpec spec, uint64_t unit, uint64_t
 }
 
 // Every member announces and sends all of its units, each in two pieces, in a shuffled order.
-Status Build(Group& g, uint64_t seed) {
+Status Build(Group& g, uint64_t seed, bool replace_sealed = false) {
   const uint32_t n = g.shape.code.k + g.shape.code.m;
   StripeLayout layout(g.shape.code.k, g.shape.code.m, g.shape.unit_bytes, g.version);
   for (uint32_t p = 0; p < n; ++p) {
     for (uint32_t q = 0; q < n; ++q) {
-      CKPTDB_RETURN_IF_ERROR(
-          g.stores[q]->Announce(g.shape, g.version, p, g.images[p].size(), "announce"));
+      CKPTDB_RETURN_IF_ERROR(g.stores[q]->Announce(g.shape, g.version, p, g.images[p].size(),
+                                                   "announce", replace_sealed));
     }
   }
   for (uint32_t q = 0; q < n; ++q) {
@@ -90,9 +90,22 @@ Status Build(Group& g, uint64_t seed) {
     }
   }
   std::shuffle(pieces.begin(), pieces.end(), std::mt19937_64(seed));
+  // Encoded at the senders, each piece goes as the sender's partial for the holder's row.
+  std::unique_ptr<ErasureCode> code;
+  CKPTDB_RETURN_IF_ERROR(ErasureCode::Make(g.shape.code, &code));
+  const bool at_sender = g.shape.code.encoding == redundancy::Encoding::kSender;
+  std::vector<uint8_t> partial;
   for (const Piece& pc : pieces) {
     const uint8_t* data = reinterpret_cast<const uint8_t*>(g.images[pc.member].data()) +
                           pc.unit * g.shape.unit_bytes + pc.offset;
+    if (at_sender) {
+      const StripeLayout::Slot slot = layout.DataSlot(pc.member, pc.unit);
+      const uint32_t row = *layout.ParityRow(slot.stripe, pc.holder);
+      partial.resize(pc.bytes);
+      uint8_t* out = partial.data();
+      code->Partial(pc.bytes, slot.index, data, {&row, 1}, &out);
+      data = partial.data();
+    }
     CKPTDB_RETURN_IF_ERROR(g.stores[pc.holder]->Accumulate(
         g.shape.group, g.version, pc.member, pc.unit, pc.offset, {data, pc.bytes}, "piece"));
   }
@@ -190,10 +203,10 @@ std::string Reconstruct(Group& g, uint32_t lost, uint32_t lost_mask) {
 
 TEST(ParityStoreTest, EveryLossOfUpToMMembersDecodesFromTheParityTheOthersHold) {
   size_t decoded = 0;
-  for (CodeSpec spec :
-       {CodeSpec{CodeScheme::kReedSolomon, 2, 2}, CodeSpec{CodeScheme::kReedSolomon, 4, 2},
-        CodeSpec{CodeScheme::kReedSolomon, 3, 3}, CodeSpec{CodeScheme::kXor, 3, 1},
-        CodeSpec{CodeScheme::kReedSolomon, 2, 1}}) {
+  for (const char* name : {"ec:2+2", "ec:4+2", "ec:3+3", "xor:3", "ec:2+1", "ec:2+2,encode=sender",
+                           "ec:4+2,encode=sender", "ec:3+3,encode=sender"}) {
+    CodeSpec spec;
+    ASSERT_TRUE(ParseCodeSpec(name, &spec).ok()) << name;
     test::TempDir dir("/dev/shm");
     const uint32_t n = spec.k + spec.m;
     const uint64_t unit = 8192;
@@ -202,18 +215,103 @@ TEST(ParityStoreTest, EveryLossOfUpToMMembersDecodesFromTheParityTheOthersHold) 
     for (uint32_t p = 0; p < n; ++p) lengths.push_back(p == 1 ? 0 : 5 * unit + 123 + p * 4099);
     Group g = MakeGroup(dir, spec, unit, 42, lengths);
     Status st = Build(g, n);
-    ASSERT_TRUE(st.ok()) << spec.Name() << ": " << st.message();
+    ASSERT_TRUE(st.ok()) << name << ": " << st.message();
     for (uint32_t mask = 0; mask < (1u << n); ++mask) {
       if (static_cast<uint32_t>(__builtin_popcount(mask)) > spec.m) continue;
       for (uint32_t lost = 0; lost < n; ++lost) {
         if (!(mask & (1u << lost))) continue;
         ASSERT_EQ(Reconstruct(g, lost, mask), g.images[lost])
-            << spec.Name() << " lost mask " << mask << " member " << lost;
+            << name << " lost mask " << mask << " member " << lost;
         ++decoded;
       }
     }
   }
   std::printf("lost members decoded: %zu\n", decoded);
+}
+
+// ECHECK's encoding at the senders builds the same parity as the holders' multiply-add: every
+// parity block of every holder is the same bytes (and xxh3) either way, pieces in any order.
+TEST(ParityStoreTest, ParityEncodedAtTheSendersIsTheSameBytesAsAtTheHolders) {
+  for (const char* name : {"ec:2+2", "ec:4+2", "ec:3+1", "ec:1+3"}) {
+    CodeSpec holder_spec, sender_spec;
+    ASSERT_TRUE(ParseCodeSpec(name, &holder_spec).ok());
+    ASSERT_TRUE(ParseCodeSpec(std::string(name) + ",encode=sender", &sender_spec).ok());
+    const uint32_t n = holder_spec.k + holder_spec.m;
+    const uint64_t unit = 8192;
+    std::vector<uint64_t> lengths;
+    for (uint32_t p = 0; p < n; ++p) lengths.push_back(3 * unit + 777 * p);
+    test::TempDir dir_h("/dev/shm"), dir_s("/dev/shm");
+    Group h = MakeGroup(dir_h, holder_spec, unit, 9, lengths);
+    Group s = MakeGroup(dir_s, sender_spec, unit, 9, lengths);
+    ASSERT_EQ(h.images, s.images);
+    ASSERT_TRUE(Build(h, 1).ok()) << name;
+    ASSERT_TRUE(Build(s, 2).ok()) << name;
+    size_t blocks = 0;
+    for (uint32_t q = 0; q < n; ++q) {
+      std::shared_ptr<MappedFile> hm, sm;
+      std::unique_ptr<format::SegmentReader> hr, sr;
+      ASSERT_TRUE(OpenParity(h, q, &hm, &hr).ok());
+      ASSERT_TRUE(OpenParity(s, q, &sm, &sr).ok());
+      ASSERT_EQ(hr->manifest().chunk_count(), sr->manifest().chunk_count());
+      for (uint32_t i = 0; i < hr->manifest().chunk_count(); ++i) {
+        const auto& hc = hr->manifest().chunk(i);
+        const auto& sc = sr->manifest().chunk(i);
+        ASSERT_EQ(hc.payload_bytes(), sc.payload_bytes());
+        EXPECT_EQ(hc.xxh3(), sc.xxh3()) << name << " member " << q << " block " << i;
+        EXPECT_EQ(0, std::memcmp(hm->data() + hc.record_offset() + format::kBlockBytes,
+                                 sm->data() + sc.record_offset() + format::kBlockBytes,
+                                 hc.payload_bytes()))
+            << name << " member " << q << " block " << i;
+        ++blocks;
+      }
+    }
+    EXPECT_GT(blocks, 0u);
+  }
+}
+
+// Members that disagree on where the coefficients multiply never build parity together: the
+// second layout announced is refused, so no holder XORs raw units or multiplies partials.
+TEST(ParityStoreTest, AMemberAnnouncingTheOtherEncodingIsRefused) {
+  test::TempDir dir("/dev/shm");
+  CodeSpec spec;
+  ASSERT_TRUE(ParseCodeSpec("ec:2+1,encode=sender", &spec).ok());
+  Group g = MakeGroup(dir, spec, 4096, 5, {4096, 4096, 4096});
+  CodingGroup other = g.shape;
+  other.code.encoding = redundancy::Encoding::kHolder;
+  ASSERT_TRUE(g.stores[0]->Announce(g.shape, 5, 0, 4096, "announce").ok());
+  Status st = g.stores[0]->Announce(other, 5, 1, 4096, "announce");
+  EXPECT_EQ(st.code(), CKPTDB_EINVAL) << st.message();
+  EXPECT_NE(st.message().find("ec:2+1,encode=sender"), std::string::npos) << st.message();
+}
+
+// A killed job leaves parity sealed for a version it never committed; the restarted job puts
+// that version number again with other bytes. Without replace_sealed (it committed) the holder
+// refuses; with replace_sealed the stale parity is dropped and the new bytes' parity built, and
+// decodes.
+TEST(ParityStoreTest, SealedParityOfAVersionNeverCommittedIsBuiltAgainOnlyWhenAllowed) {
+  test::TempDir dir("/dev/shm");
+  CodeSpec spec;
+  ASSERT_TRUE(ParseCodeSpec("ec:2+2,encode=sender", &spec).ok());
+  const uint64_t unit = 4096;
+  Group g = MakeGroup(dir, spec, unit, 12, {3 * unit + 5, 2 * unit, unit + 1, 4 * unit});
+  ASSERT_TRUE(Build(g, 3).ok());
+  Status st = g.stores[2]->Announce(g.shape, 12, 0, g.images[0].size(), "again");
+  EXPECT_EQ(st.code(), CKPTDB_ESTATE) << st.message();
+  EXPECT_NE(st.message().find("sealed already, and v12 committed"), std::string::npos)
+      << st.message();
+  // The new run's bytes, of other lengths.
+  for (uint32_t p = 0; p < 4; ++p) {
+    g.images[p].assign(p == 3 ? unit : 2 * unit + 7 * p, static_cast<char>('a' + p));
+    g.images[p][p] = 'x';
+  }
+  st = Build(g, 4, /*replace_sealed=*/true);
+  ASSERT_TRUE(st.ok()) << st.message();
+  for (uint32_t lost = 0; lost < 4; ++lost) {
+    for (uint32_t other = 0; other < 4; ++other) {
+      const uint32_t mask = (1u << lost) | (1u << other);
+      EXPECT_EQ(Reconstruct(g, lost, mask), g.images[lost]) << lost << " with " << other;
+    }
+  }
 }
 
 TEST(ParityStoreTest, ParityMemoryIsMOverKOfTheDataForEqualSegments) {

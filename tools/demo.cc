@@ -341,7 +341,7 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--kill-node", cluster->kill_node, "The node that is lost (default: the last)")
       ->check(CLI::Range(0, 63));
   cmd->add_option("--redundancy", cluster->redundancy,
-                  "replicate:M, or ec:K+M / xor:K coding groups (many ranks)")
+                  "replicate:M, or ec:K+M[,encode=sender] / xor:K coding groups (many ranks)")
       ->capture_default_str();
   auto* protection =
       cmd->add_option("--protection", cluster->protection,
