@@ -5,6 +5,10 @@
 //               loop: ec_init_tables once, then ec_encode_data over the same blocks.
 //   accumulate  what a parity holder does (ErasureCode::Update, one data block at a time into the
 //               M rows, as blocks arrive) against the same bare encode.
+//   sender      what the group does encoded at the senders (ec:K+M,encode=sender): each data
+//               block's M partial products (ErasureCode::Partial, one pass), then each XORed into
+//               its row (XorInto, the holder's part), against the same bare encode; and the
+//               senders' part alone.
 //   decode      ErasureCode::Decode of M lost data blocks from K survivors (matrix inversion
 //               included) against bare ISA-L: gf_invert_matrix, ec_init_tables, ec_encode_data.
 // (The memory a scheme costs is a size, not a rate: tests/parity_store_test.cc prints and checks
@@ -35,7 +39,7 @@ using bench::Median;
 using bench::Since;
 
 struct Blocks {
-  std::vector<uint8_t*> data, parity, out;
+  std::vector<uint8_t*> data, parity, out, partial;
 };
 
 Blocks MakeBlocks(const CodeSpec& spec, size_t bytes) {
@@ -47,6 +51,7 @@ Blocks MakeBlocks(const CodeSpec& spec, size_t bytes) {
   for (uint32_t r = 0; r < spec.m; ++r) {
     b.parity.push_back(Allocate(bytes));
     b.out.push_back(Allocate(bytes));
+    b.partial.push_back(Allocate(bytes));
   }
   return b;
 }
@@ -103,8 +108,9 @@ int main(int argc, char** argv) {
       "== coding: blocks of %zu MiB, median of %d rounds; rates are data bytes (K blocks) "
       "per second ==\n",
       block_mib, repeats);
-  std::printf("  %-8s %10s %10s %7s %12s %7s %10s %10s %7s\n", "code", "bare enc", "Encode",
-              "/bare", "Update(acc)", "/bare", "bare dec", "Decode", "/bare");
+  std::printf("  %-8s %10s %10s %7s %12s %7s %12s %7s %10s %7s %10s %10s %7s\n", "code", "bare enc",
+              "Encode", "/bare", "Update(acc)", "/bare", "Partial+XOR", "/bare", "Partial", "/bare",
+              "bare dec", "Decode", "/bare");
   for (const std::string& name : codes) {
     CodeSpec spec;
     if (!ParseCodeSpec(name, &spec).ok()) {
@@ -118,7 +124,7 @@ int main(int argc, char** argv) {
                           static_cast<int>(spec.k));
     Blocks b = MakeBlocks(spec, bytes);
     code->Encode(bytes, b.data.data(), b.parity.data());  // the survivors decode reads
-    std::vector<double> bare_enc, enc, acc, bare_dec, dec;
+    std::vector<double> bare_enc, enc, acc, sender, partial, bare_dec, dec;
     std::vector<uint32_t> all_rows(spec.m), lost(spec.m), survivors;
     for (uint32_t r = 0; r < spec.m; ++r) all_rows[r] = r, lost[r] = r;
     std::vector<const uint8_t*> present;
@@ -141,6 +147,18 @@ int main(int argc, char** argv) {
       bool same = true;
       for (uint32_t r = 0; r < spec.m; ++r)
         same = same && !std::memcmp(b.out[r], b.parity[r], bytes);
+      for (uint8_t* p : b.out) std::memset(p, 0, bytes);
+      double t_partial = 0;
+      t0 = Clock::now();
+      for (uint32_t i = 0; i < spec.k; ++i) {
+        const Clock::time_point t1 = Clock::now();
+        code->Partial(bytes, i, b.data[i], all_rows, b.partial.data());
+        t_partial += Since(t1);
+        for (uint32_t r = 0; r < spec.m; ++r) XorInto(b.out[r], b.partial[r], bytes);
+      }
+      double t_sender = Since(t0);
+      for (uint32_t r = 0; r < spec.m; ++r)
+        same = same && !std::memcmp(b.out[r], b.parity[r], bytes);
       double t_bdec = BareDecode(spec, matrix, bytes, b);
       t0 = Clock::now();
       Status st = code->Decode(bytes, survivors, present.data(), lost, b.out.data());
@@ -155,16 +173,23 @@ int main(int argc, char** argv) {
       bare_enc.push_back(data / t_bare / 1e9);
       enc.push_back(data / t_enc / 1e9);
       acc.push_back(data / t_acc / 1e9);
+      sender.push_back(data / t_sender / 1e9);
+      partial.push_back(data / t_partial / 1e9);
       bare_dec.push_back(data / t_bdec / 1e9);
       dec.push_back(data / t_dec / 1e9);
     }
-    std::printf("  %-8s %8.2f %10.2f %6.0f%% %10.2f %6.0f%% %10.2f %10.2f %6.0f%%   GB/s\n",
-                name.c_str(), Median(bare_enc), Median(enc), 100 * Median(enc) / Median(bare_enc),
-                Median(acc), 100 * Median(acc) / Median(bare_enc), Median(bare_dec), Median(dec),
-                100 * Median(dec) / Median(bare_dec));
+    std::printf(
+        "  %-8s %8.2f %10.2f %6.0f%% %10.2f %6.0f%% %10.2f %6.0f%% %10.2f %6.0f%% %10.2f %10.2f "
+        "%6.0f%%   GB/s\n",
+        name.c_str(), Median(bare_enc), Median(enc), 100 * Median(enc) / Median(bare_enc),
+        Median(acc), 100 * Median(acc) / Median(bare_enc), Median(sender),
+        100 * Median(sender) / Median(bare_enc), Median(partial),
+        100 * Median(partial) / Median(bare_enc), Median(bare_dec), Median(dec),
+        100 * Median(dec) / Median(bare_dec));
     for (uint8_t* p : b.data) munmap(p, bytes);
     for (uint8_t* p : b.parity) munmap(p, bytes);
     for (uint8_t* p : b.out) munmap(p, bytes);
+    for (uint8_t* p : b.partial) munmap(p, bytes);
   }
   return 0;
 }

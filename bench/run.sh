@@ -56,8 +56,8 @@ echo
 echo "== issue 21: commit latency of 2 ranks with strangers hammering the coordinator's port =="
 "$build/bench_cluster" --mode hostile --versions 60 --repeats 4 --tls tcp
 echo
-echo "== issue 5: encode, a holder's accumulation and decode against bare ISA-L; parity memory =="
-"$build/bench_erasure" --block-mib 16 --repeats 9
+echo "== issue 5, 25: encode, a holder's accumulation, a sender's partials and decode against bare ISA-L =="
+"$build/bench_erasure" --block-mib 16 --repeats 9 --codes 2+2,4+2,8+2,6+3
 echo
 echo "== issue 5: replicate:2 against ec:2+2, xor:3, ec:4+2, ec:6+2 on 4, 6 and 8 nodes =="
 "$build/bench_cluster" --mode coding --mib 64 --tls tcp
@@ -68,6 +68,12 @@ echo
 echo "== issue 25: GEMINI's interleaving, 2 ranks over a tc-shaped veth (root: network namespaces) =="
 "$build/bench_interleave" --sizes 1,2,3,4,6 --iterations 200 --rounds 2 || \
   echo "bench_interleave failed or could not make its namespaces (it says why above)"
+echo
+echo "== issue 25: ECHECK's encoding at the senders against at the holders, tc-shaped links (root) =="
+"$build/bench_encode" --codes ec:2+2,ec:4+2 --mib 32 --versions 8 --warmup 2 --rounds 3 \
+  --rate-mbit 400 || echo "bench_encode failed or could not make its namespaces (it says why above)"
+"$build/bench_encode" --codes ec:2+2,ec:4+2 --mib 32 --versions 8 --warmup 2 --rounds 3 \
+  --rate-mbit 4000 || echo "bench_encode failed or could not make its namespaces (it says why above)"
 echo
 echo "== issue 7: ckptdb.torch against torch.save, torch.load and DCP on one 2 GiB state =="
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then

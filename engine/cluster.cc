@@ -97,7 +97,8 @@ Status ParseRedundancy(const std::string& text, uint32_t* replicas, std::optiona
     *code = spec;
     return Status::Ok();
   }
-  return Status::Invalid("redundancy '" + text + "': expected none, replicate:M, ec:K+M or xor:K");
+  return Status::Invalid("redundancy '" + text +
+                         "': expected none, replicate:M, ec:K+M[,encode=holder|sender] or xor:K");
 }
 
 Cluster::Cluster(ClusterOptions options, Hooks hooks, Catalog* catalog)
