@@ -23,7 +23,8 @@
 //
 // Needs root (network namespaces, tc). Usage:
 //   bench_encode [--codes ec:2+2,ec:4+2] [--mib 32] [--versions 8] [--warmup 2] [--rounds 3]
-//                [--rate-mbit 1000] [--unit-kib 4096] [--shm /dev/shm]
+//                [--rate-mbit 400] [--unit-kib 4096] [--shm /dev/shm]
+// (the defaults are the run docs/performance.md records first).
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -42,6 +43,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/netns.h"
 #include "ckptdb/ckptdb.h"
 #include "harness/job.h"
 
@@ -64,7 +66,7 @@ struct Args {
   int versions = 8;
   int warmup = 2;
   int rounds = 3;
-  int rate_mbit = 1000;
+  int rate_mbit = 400;
   int unit_kib = 4096;
   std::string shm = "/dev/shm";
 };
@@ -75,14 +77,9 @@ struct Shared {
   double t1[kMaxNodes][kMaxVersions + 1];
   double cpu_s[kMaxNodes];   // user + system over the measured versions
   uint64_t sent[kMaxNodes];  // replica_bytes_sent over the measured versions
-  uint64_t received[kMaxNodes];
   int failed[kMaxNodes];
 };
 Shared* g_shared = nullptr;
-
-bool Run(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
 
 double Now() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
@@ -101,8 +98,9 @@ class Star {
     const std::string id = std::to_string(getpid() % 100000);
     subnet_ = "10.83." + std::to_string(getpid() % 200 + 20) + ".";
     hub_ = "ckbeh" + id;
-    ok_ = Run("ip netns add " + hub_) && Run("ip -n " + hub_ + " link add br0 type bridge") &&
-          Run("ip -n " + hub_ + " link set br0 up");
+    ok_ = bench::RunQuiet("ip netns add " + hub_) &&
+          bench::RunQuiet("ip -n " + hub_ + " link add br0 type bridge") &&
+          bench::RunQuiet("ip -n " + hub_ + " link set br0 up");
     const std::string tbf =
         " root tbf rate " + std::to_string(rate_mbit) + "mbit burst 256kb latency 50ms";
     for (int k = 0; ok_ && k < nodes; ++k) {
@@ -112,47 +110,29 @@ class Star {
       ns_.push_back(ns);
       dev_.push_back(dev);
       const std::string in = "ip -n " + ns + " ";
-      ok_ = Run("ip netns add " + ns) &&
-            Run("ip link add " + dev + " type veth peer name " + hub_dev) &&
-            Run("ip link set " + dev + " netns " + ns) &&
-            Run("ip link set " + hub_dev + " netns " + hub_) &&
-            Run("ip -n " + hub_ + " link set " + hub_dev + " master br0") &&
-            Run("ip -n " + hub_ + " link set " + hub_dev + " up") &&
-            Run(in + "addr add " + Addr(k) + "/24 dev " + dev) &&
-            Run(in + "link set " + dev + " up") && Run(in + "link set lo up") &&
-            Run("tc -n " + ns + " qdisc add dev " + dev + tbf) &&
-            Run("tc -n " + hub_ + " qdisc add dev " + hub_dev + tbf);
+      ok_ = bench::RunQuiet("ip netns add " + ns) &&
+            bench::RunQuiet("ip link add " + dev + " type veth peer name " + hub_dev) &&
+            bench::RunQuiet("ip link set " + dev + " netns " + ns) &&
+            bench::RunQuiet("ip link set " + hub_dev + " netns " + hub_) &&
+            bench::RunQuiet("ip -n " + hub_ + " link set " + hub_dev + " master br0") &&
+            bench::RunQuiet("ip -n " + hub_ + " link set " + hub_dev + " up") &&
+            bench::RunQuiet(in + "addr add " + Addr(k) + "/24 dev " + dev) &&
+            bench::RunQuiet(in + "link set " + dev + " up") &&
+            bench::RunQuiet(in + "link set lo up") &&
+            bench::RunQuiet("tc -n " + ns + " qdisc add dev " + dev + tbf) &&
+            bench::RunQuiet("tc -n " + hub_ + " qdisc add dev " + hub_dev + tbf);
     }
   }
   ~Star() {
-    for (const std::string& ns : ns_) Run("ip netns del " + ns);
-    Run("ip netns del " + hub_);
+    for (const std::string& ns : ns_) bench::RunQuiet("ip netns del " + ns);
+    bench::RunQuiet("ip netns del " + hub_);
   }
   bool ok() const { return ok_; }
   std::string Addr(int k) const { return subnet_ + std::to_string(k + 1); }
   // Bytes node k's link has sent (its shaper's counter, tc -s qdisc), -1 when unread.
-  long long SentBytes(int k) const {
-    FILE* f = popen(("tc -n " + ns_[k] + " -s qdisc show dev " + dev_[k]).c_str(), "r");
-    if (f == nullptr) return -1;
-    char line[512];
-    long long sent = -1;
-    while (std::fgets(line, sizeof line, f) != nullptr) {
-      if (const char* at = std::strstr(line, "Sent "); at != nullptr) sent = std::atoll(at + 5);
-    }
-    pclose(f);
-    return sent;
-  }
+  long long SentBytes(int k) const { return bench::QdiscSentBytes(ns_[k], dev_[k]); }
   // In a rank's process: into node k's namespace, with a /sys of it (where UCX finds interfaces).
-  int Enter(int k) const {
-    int fd = open(("/run/netns/" + ns_[k]).c_str(), O_RDONLY | O_CLOEXEC);
-    int rc = fd >= 0 ? setns(fd, CLONE_NEWNET) : -1;
-    if (fd >= 0) close(fd);
-    if (rc == 0) rc = unshare(CLONE_NEWNS);
-    if (rc == 0) rc = mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr);
-    if (rc == 0) rc = umount2("/sys", MNT_DETACH);
-    if (rc == 0) rc = mount(ns_[k].c_str(), "/sys", "sysfs", 0, nullptr);
-    return rc;
-  }
+  int Enter(int k) const { return bench::EnterNetns(ns_[k]); }
 
  private:
   int nodes_;
@@ -229,7 +209,6 @@ int RankJob(const Args& a, const Star& star, harness::Job& job, const std::strin
   ckptdb_stats_t s1{};
   ckptdb_stats(db, &s1);
   g_shared->sent[rank] = s1.replica_bytes_sent - s0.replica_bytes_sent;
-  g_shared->received[rank] = s1.replica_bytes_received - s0.replica_bytes_received;
   // Close together, rank 0 (the coordinator) last.
   job.Arrive("close", true);
   if (rank != 0) ckptdb_close(db);

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/netns.h"
 #include "ckptdb/ckptdb.h"
 #include "harness/job.h"
 
@@ -87,10 +88,6 @@ struct Shared {
 };
 Shared* g_shared = nullptr;
 
-bool Run(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str()) == 0;
-}
-
 // The two namespaces and their shaped veth pair; deleted with the object.
 class Link {
  public:
@@ -99,47 +96,27 @@ class Link {
     subnet_ = "10.81." + std::to_string(getpid() % 200 + 20) + ".";
     for (int k = 0; k < kRanks; ++k) ns_.push_back("ckbi" + id + "-" + std::to_string(k));
     dev_ = {"ckbia" + id, "ckbib" + id};
-    ok_ = Run("ip netns add " + ns_[0]) && Run("ip netns add " + ns_[1]);
-    ok_ = ok_ && Run("ip link add " + dev_[0] + " type veth peer name " + dev_[1]);
+    ok_ = bench::RunQuiet("ip netns add " + ns_[0]) && bench::RunQuiet("ip netns add " + ns_[1]);
+    ok_ = ok_ && bench::RunQuiet("ip link add " + dev_[0] + " type veth peer name " + dev_[1]);
     for (int k = 0; ok_ && k < kRanks; ++k) {
       const std::string in = "ip -n " + ns_[k] + " ";
-      ok_ = Run("ip link set " + dev_[k] + " netns " + ns_[k]) &&
-            Run(in + "addr add " + Addr(k) + "/24 dev " + dev_[k]) &&
-            Run(in + "link set " + dev_[k] + " up") && Run(in + "link set lo up") &&
-            Run("tc -n " + ns_[k] + " qdisc add dev " + dev_[k] + " root tbf rate " +
-                std::to_string(rate_mbit) + "mbit burst 256kb latency 50ms");
+      ok_ = bench::RunQuiet("ip link set " + dev_[k] + " netns " + ns_[k]) &&
+            bench::RunQuiet(in + "addr add " + Addr(k) + "/24 dev " + dev_[k]) &&
+            bench::RunQuiet(in + "link set " + dev_[k] + " up") &&
+            bench::RunQuiet(in + "link set lo up") &&
+            bench::RunQuiet("tc -n " + ns_[k] + " qdisc add dev " + dev_[k] + " root tbf rate " +
+                            std::to_string(rate_mbit) + "mbit burst 256kb latency 50ms");
     }
   }
   ~Link() {
-    for (const std::string& ns : ns_) Run("ip netns del " + ns);
+    for (const std::string& ns : ns_) bench::RunQuiet("ip netns del " + ns);
   }
   bool ok() const { return ok_; }
   std::string Addr(int k) const { return subnet_ + std::to_string(k + 1); }
   // Bytes the shaper of rank k's end has sent (tc -s qdisc), -1 when unread.
-  long long SentBytes(int k) const {
-    FILE* f = popen(("tc -n " + ns_[k] + " -s qdisc show dev " + dev_[k]).c_str(), "r");
-    if (f == nullptr) return -1;
-    char line[512];
-    long long sent = -1;
-    while (std::fgets(line, sizeof line, f) != nullptr) {
-      if (const char* at = std::strstr(line, "Sent "); at != nullptr) {
-        sent = std::atoll(at + 5);
-      }
-    }
-    pclose(f);
-    return sent;
-  }
+  long long SentBytes(int k) const { return bench::QdiscSentBytes(ns_[k], dev_[k]); }
   // In a rank's process: into its namespace, with a /sys of it (where UCX finds interfaces).
-  int Enter(int k) const {
-    int fd = open(("/run/netns/" + ns_[k]).c_str(), O_RDONLY | O_CLOEXEC);
-    int rc = fd >= 0 ? setns(fd, CLONE_NEWNET) : -1;
-    if (fd >= 0) close(fd);
-    if (rc == 0) rc = unshare(CLONE_NEWNS);
-    if (rc == 0) rc = mount("", "/", nullptr, MS_SLAVE | MS_REC, nullptr);
-    if (rc == 0) rc = umount2("/sys", MNT_DETACH);
-    if (rc == 0) rc = mount(ns_[k].c_str(), "/sys", "sysfs", 0, nullptr);
-    return rc;
-  }
+  int Enter(int k) const { return bench::EnterNetns(ns_[k]); }
 
  private:
   bool ok_ = false;
