@@ -303,6 +303,9 @@ class Cluster {
   Status BuildParity(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents);
   Status SendUnits(uint64_t version, uint64_t file_bytes, const std::vector<SendExtent>& extents,
                    int64_t start_ms, uint64_t* sent);
+  // Encoded at the senders: buffers of a piece's M partial products, (8 + M) x 4 MiB at most,
+  // reused by every version (SendUnits, on the push lane only).
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> partial_pool_;
   void HandleParity(const transport::Request& request, transport::Reply* reply);
   // Sends a kParity call to member `position` of this rank's group (to the local store when it
   // is this rank), retrying while the answer is Busy, for up to timeout_ms.

@@ -204,7 +204,9 @@ Status Cluster::SendUnits(uint64_t version, uint64_t file_bytes,
     std::shared_ptr<std::vector<uint8_t>> partials;  // the piece's, shared by its M calls
   };
   std::deque<InFlight> in_flight;
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> pool;  // bounded by the calls in flight
+  // Kept from version to version (pages faulted in and filled once, not per version); only the
+  // push lane builds parity, one version at a time.
+  auto& pool = partial_pool_;
   Status failed;
   auto drain_one = [&] {
     Status s = in_flight.front().call->Wait(options_.call_timeout_ms);

@@ -39,7 +39,8 @@ inline constexpr uint64_t kMaxFetchBytes = uint64_t{8} << 20;
 // 5: holdings' replica-group reports end with the group's protection (arc, aec, arc+aec).
 // 6: a replica check's digests carry their kind (replicated, private, recomputed: REFT's AOR),
 //    and protections carry bit 4 (aor).
-inline constexpr uint32_t kProtocolVersion = 6;
+// 7: a parity announce's scheme byte 2: Reed-Solomon encoded at the senders (ec:K+M,encode=sender).
+inline constexpr uint32_t kProtocolVersion = 7;
 
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();

@@ -25,7 +25,8 @@ namespace {
 
 constexpr uint64_t kMaxSegmentBytes = uint64_t{1} << 40;
 // Claims (pieces) of one parity build at most: beyond, a sender is refused rather than let grow
-// the holder's bookkeeping without bound. Cluster sends a unit in one piece per arena extent.
+// the holder's bookkeeping without bound. Cluster sends a unit in one piece per arena extent
+// (encoded at the senders, per 4 MiB of one).
 constexpr size_t kMaxClaims = size_t{1} << 22;
 constexpr size_t kMaxStripeLocks = 64;
 
@@ -201,16 +202,30 @@ Status ParityStore::Announce(const CodingGroup& shape, uint64_t version, uint32_
   if (!st.ok()) return st;
   const Key key{shape.group, version};
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto stale = sealed_.find(key); stale != sealed_.end()) {
+  if (sealed_.count(key)) {
     if (!replace_sealed) {
       return Status::State(what + ": its parity is sealed already, and v" +
-                           std::to_string(version) + " committed");
+                           std::to_string(version) + " may have committed");
     }
     // What a killed incarnation of the group left of a version never committed: the restarted
-    // job puts that version number again, with other bytes. Its pages become the spare.
-    std::shared_ptr<MappedFile> old = std::move(stale->second.map);
-    sealed_.erase(stale);
-    RetireLocked(shape.group, SealedPath(shape.group, version), std::move(old));
+    // job puts that version number again, with other bytes. Its parity goes (its pages the
+    // spare), and so does whatever that incarnation built of newer versions (pipelined commits):
+    // above a version never committed, none committed either.
+    for (auto old = sealed_.lower_bound(key);
+         old != sealed_.end() && old->first.first == shape.group;) {
+      std::shared_ptr<MappedFile> map = std::move(old->second.map);
+      const uint64_t v = old->first.second;
+      old = sealed_.erase(old);
+      RetireLocked(shape.group, SealedPath(shape.group, v), std::move(map));
+    }
+    for (auto newer = building_.upper_bound(key);
+         newer != building_.end() && newer->first.first == shape.group;) {
+      auto next = std::next(newer);
+      if (newer->second->stage != Building::Stage::kSealing && !newer->second->allocating) {
+        DropLocked(newer->first);
+      }
+      newer = next;
+    }
   }
   auto it = building_.find(key);
   if (it == building_.end()) {

@@ -74,7 +74,9 @@ class ParityStore {
   // Every member must announce the same shape, in which this store's rank is a member. Parity of
   // (group, version) sealed already is refused (ESTATE) unless replace_sealed (the version is
   // above this rank's newest commit, so it never committed: Cluster::Hooks::committed); then it
-  // is dropped, its pages the group's spare, and the version's parity is built again.
+  // is dropped, its pages the group's spare, with the group's parity of newer versions (sealed,
+  // or built but not being sealed: none of them committed either), and the version's parity is
+  // built again.
   Status Announce(const CodingGroup& shape, uint64_t version, uint32_t position,
                   uint64_t segment_bytes, const std::string& what, bool replace_sealed = false);
   // Ok once every member announced and the parity's memory is allocated (the caller that finds

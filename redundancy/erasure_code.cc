@@ -155,6 +155,14 @@ void ErasureCode::Encode(size_t bytes, const uint8_t* const* data, uint8_t* cons
   }
 }
 
+bool ErasureCode::AllRows(std::span<const uint32_t> rows) const {
+  if (rows.size() != spec_.m) return false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] != i) return false;
+  }
+  return true;
+}
+
 void ErasureCode::Update(size_t bytes, uint32_t data_index, const uint8_t* data,
                          std::span<const uint32_t> rows, uint8_t* const* parity) const {
   CKPTDB_ASSERT(data_index < spec_.k && !rows.empty() && rows.size() <= spec_.m);
@@ -163,20 +171,21 @@ void ErasureCode::Update(size_t bytes, uint32_t data_index, const uint8_t* data,
     return;
   }
   const uint32_t k = spec_.k;
-  // The rows' tables, consecutive as ec_encode_data_update reads them: ec_init_tables lays out
-  // 32 bytes per (row, source), row after row.
-  const size_t row_table = size_t{32} * k;
-  std::vector<uint8_t> picked;
-  const uint8_t* tables = tables_.data() + rows[0] * row_table;
-  bool consecutive = true;
-  for (size_t i = 1; i < rows.size(); ++i) consecutive = consecutive && rows[i] == rows[0] + i;
-  if (!consecutive) {
-    picked.resize(rows.size() * row_table);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      CKPTDB_ASSERT(rows[i] < spec_.m);
-      std::memcpy(&picked[i * row_table], tables_.data() + rows[i] * row_table, row_table);
+  // Tables are never cut out of tables_: their layout is ISA-L's own (32 bytes an entry in 2.30,
+  // 8 with GFNI in later versions). All M rows in order use tables_; any other set gets its own.
+  std::vector<uint8_t> own;
+  const uint8_t* tables = AllRows(rows) ? tables_.data() : nullptr;
+  if (tables == nullptr) {
+    std::vector<uint8_t> coefficients;
+    for (uint32_t r : rows) {
+      CKPTDB_ASSERT(r < spec_.m);
+      coefficients.insert(coefficients.end(), &matrix_[size_t{k + r} * k],
+                          &matrix_[size_t{k + r} * k] + k);
     }
-    tables = picked.data();
+    own.assign(size_t{32} * k * rows.size(), 0);
+    ec_init_tables(static_cast<int>(k), static_cast<int>(rows.size()), coefficients.data(),
+                   own.data());
+    tables = own.data();
   }
   for (size_t off = 0; off < bytes; off += kMaxSliceBytes) {
     const size_t n = std::min(kMaxSliceBytes, bytes - off);
@@ -195,19 +204,19 @@ void ErasureCode::Partial(size_t bytes, uint32_t data_index, const uint8_t* data
     for (size_t i = 0; i < rows.size(); ++i) std::memcpy(out[i], data, bytes);
     return;
   }
-  // One source against the rows: 32 bytes of tables per row, row after row.
-  const uint8_t* column = column_tables_.data() + size_t{32} * spec_.m * data_index;
-  std::vector<uint8_t> picked;
-  const uint8_t* tables = column + size_t{32} * rows[0];
-  bool consecutive = true;
-  for (size_t i = 1; i < rows.size(); ++i) consecutive = consecutive && rows[i] == rows[0] + i;
-  if (!consecutive) {
-    picked.resize(rows.size() * 32);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      CKPTDB_ASSERT(rows[i] < spec_.m);
-      std::memcpy(&picked[i * 32], column + size_t{32} * rows[i], 32);
+  // One source against the rows: its column's tables for all M rows in order, else its own.
+  std::vector<uint8_t> own;
+  const uint8_t* tables =
+      AllRows(rows) ? column_tables_.data() + size_t{32} * spec_.m * data_index : nullptr;
+  if (tables == nullptr) {
+    std::vector<uint8_t> coefficients;
+    for (uint32_t r : rows) {
+      CKPTDB_ASSERT(r < spec_.m);
+      coefficients.push_back(Coefficient(r, data_index));
     }
-    tables = picked.data();
+    own.assign(size_t{32} * rows.size(), 0);
+    ec_init_tables(1, static_cast<int>(rows.size()), coefficients.data(), own.data());
+    tables = own.data();
   }
   for (size_t off = 0; off < bytes; off += kMaxSliceBytes) {
     const size_t n = std::min(kMaxSliceBytes, bytes - off);

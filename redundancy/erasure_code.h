@@ -95,11 +95,13 @@ class ErasureCode {
 
  private:
   explicit ErasureCode(const CodeSpec& spec) : spec_(spec) {}
+  bool AllRows(std::span<const uint32_t> rows) const;  // exactly 0, 1, ..., M-1
   CodeSpec spec_;
   std::vector<uint8_t> matrix_;  // (K + M) x K, row major; identity on top
   std::vector<uint8_t> tables_;  // ec_init_tables of the M parity rows
-  // Row-major tables of the M rows against one source, one such set per data block: a sender's
-  // partials in one pass (ec_encode_data with one source).
+  // ec_init_tables of the M rows against one source, one such set per data block (each made by
+  // its own call, never cut from another: ISA-L's table layout is its own): a sender's partials
+  // in one pass (ec_encode_data with one source).
   std::vector<uint8_t> column_tables_;
 };
 
