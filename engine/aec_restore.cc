@@ -12,6 +12,7 @@
 #include "format/checksum.h"
 #include "format/segment_format.h"
 #include "redundancy/erasure_code.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 
@@ -28,8 +29,8 @@ uint64_t PieceBytes(const RestorePlan::Dedup& d, uint64_t p) {
 void Db::ReadOwnParityUnits(uint64_t version, const std::string& name,
                             const std::vector<uint64_t>& units, const std::vector<uint64_t>& bytes,
                             uint8_t* out, std::vector<Status>* results) {
-  results->assign(units.size(), Status::NotFound("this rank's own parity units of '" + name +
-                                                 "' are on none of its tiers"));
+  results->assign(units.size(), Status::NotFound("this rank's own parity units of " +
+                                                 QuoteName(name) + "' are on none of its tiers"));
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
     OpenSegment* seg = nullptr;
     if (!ReadSegment(version, ti, &seg).ok()) continue;
@@ -71,7 +72,7 @@ void Db::FetchParityUnits(uint64_t version, const std::string& name, RestorePlan
                           std::vector<Status>* results) {
   RestorePlan::Dedup& d = *plan->dedup;
   const uint32_t rank = d.members[holder];
-  const std::string src = "the parity units of '" + name + "' that " + R(rank) + " keeps";
+  const std::string src = "the parity units of " + QuoteName(name) + " that " + R(rank) + " keeps";
   results->assign(units.size(), Status::Ok());
   auto fail_all = [&](const Status& st) { results->assign(units.size(), st); };
   ReplicaHolder where;

@@ -10,6 +10,7 @@
 #include "engine/db.h"
 #include "engine/internal.h"
 #include "format/checksum.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 
@@ -44,7 +45,7 @@ Status Db::RestoreFromRecomputed(uint64_t version, const std::string& name, size
   const fb::Tensor* t = m.Find(stored);
   if (t == nullptr) {
     // A replicated shard (laid out from the group next): nothing recomputed by this name.
-    plan->Note(R(keeper) + " keeps no recomputed replica of this rank's '" + name + "'");
+    plan->Note(R(keeper) + " keeps no recomputed replica of this rank's " + QuoteName(name));
     return Status::Ok();
   }
   const std::string src = R(keeper) + "'s recomputed replica";

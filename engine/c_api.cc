@@ -17,6 +17,7 @@
 #include "engine/group_check.h"
 #include "engine/repair.h"
 #include "format/manifest.h"
+#include "util/text.h"
 
 struct ckptdb {
   std::unique_ptr<ckpt::engine::Db> db;
@@ -31,7 +32,9 @@ namespace {
 thread_local std::string t_last_error;
 
 int Fail(const ckpt::Status& st) {
-  t_last_error = st.message();
+  // Names and paths in a message are escaped where it is put together; this is the last guard
+  // (no control byte, no invalid UTF-8, no megabyte message leaves the library).
+  t_last_error = ckpt::SafeMessage(st.message());
   return st.code();
 }
 int Done(const ckpt::Status& st) {
@@ -48,7 +51,7 @@ int Guard(const char* call, F body) {
     t_last_error = std::string(call) + ": out of memory";
     return CKPTDB_ENOMEM;
   } catch (const std::exception& e) {
-    t_last_error = std::string(call) + ": internal error: " + e.what();
+    t_last_error = ckpt::SafeMessage(std::string(call) + ": internal error: " + e.what());
     return CKPTDB_EINTERNAL;
   } catch (...) {
     t_last_error = std::string(call) + ": internal error";

@@ -15,6 +15,7 @@
 #include "format/segment_writer.h"
 #include "redundancy/erasure_code.h"
 #include "util/assert.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 namespace {
@@ -88,8 +89,8 @@ Status ValidateName(const char* name, const std::string& call) {
   size_t n = strnlen(name, CKPTDB_MAX_NAME_BYTES + 1);
   if (n == 0) return Status::Invalid(call + ": name is empty");
   if (n > CKPTDB_MAX_NAME_BYTES) {
-    return Status::Invalid(call + ": name '" + std::string(name, 64) + "...' is longer than " +
-                           std::to_string(CKPTDB_MAX_NAME_BYTES) + " bytes");
+    return Status::Invalid(call + ": name " + QuoteName(std::string_view(name, n)) +
+                           " is longer than " + std::to_string(CKPTDB_MAX_NAME_BYTES) + " bytes");
   }
   return Status::Ok();
 }

@@ -14,6 +14,7 @@
 #include "format/checksum.h"
 #include "format/manifest.h"
 #include "format/segment_format.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 
@@ -52,25 +53,25 @@ Status Coordinator::CompareRecomputed(const ReplicaCheckState& c, const std::str
     for (const ReplicaDigest& r : kept) {
       auto it = by_name.find(r.name);
       if (it == by_name.end()) {
-        return Status::Corrupt(what + ": " + R(keeper) + " put a recomputed replica of '" + r.name +
-                               "', which " + R(owner) +
+        return Status::Corrupt(what + ": " + R(keeper) + " put a recomputed replica of " +
+                               QuoteName(r.name) + ", which " + R(owner) +
                                " did not put as a private shard; the version is not committed");
       }
       const ReplicaDigest& o = *it->second;
       if (o.bytes != r.bytes || o.digest != r.digest) {
         return Status::Corrupt(
-            what + ": " + R(keeper) + "'s recomputed replica of " + R(owner) + "'s shard '" +
-            r.name + "' differs from it: " + std::to_string(r.bytes) + " bytes of digest " +
-            format::Hex64(r.digest) + " against " + std::to_string(o.bytes) + " bytes of digest " +
-            format::Hex64(o.digest) +
+            what + ": " + R(keeper) + "'s recomputed replica of " + R(owner) + "'s shard " +
+            QuoteName(r.name) + " differs from it: " + std::to_string(r.bytes) +
+            " bytes of digest " + format::Hex64(r.digest) + " against " + std::to_string(o.bytes) +
+            " bytes of digest " + format::Hex64(o.digest) +
             " (the recomputation is not the owner's update); the version is not committed");
       }
       by_name.erase(it);
     }
     if (every && !by_name.empty()) {
       return Status::Corrupt(
-          what + ": " + R(owner) + "'s private shard '" + std::string(by_name.begin()->first) +
-          "' has no recomputed replica on " + R(keeper) +
+          what + ": " + R(owner) + "'s private shard " + QuoteName(by_name.begin()->first) +
+          " has no recomputed replica on " + R(keeper) +
           " (in a job without redundancy every private shard of a member of an \"" +
           format::ProtectionName(c.protection) +
           "\" group needs one, put with CKPTDB_PUT_RECOMPUTED); the version is not committed");
@@ -223,7 +224,7 @@ void Coordinator::AnswerReplicaCheckLocked(uint64_t version, uint32_t group,
       while (i < want.size() && i < have.size() && want[i] == have[i]) ++i;
       std::string why;
       if (i < want.size() && i < have.size() && want[i].name == have[i].name) {
-        why = "shard '" + want[i].name + "' differs: " + R(first) + " has " +
+        why = "shard " + QuoteName(want[i].name) + " differs: " + R(first) + " has " +
               std::to_string(want[i].bytes) + " bytes of digest " + format::Hex64(want[i].digest) +
               ", " + R(other) + " " + std::to_string(have[i].bytes) + " bytes of digest " +
               format::Hex64(have[i].digest);
@@ -231,8 +232,8 @@ void Coordinator::AnswerReplicaCheckLocked(uint64_t version, uint32_t group,
         // A name one of them lacks: the smaller name at the first difference.
         const bool first_has = i < want.size() && (i >= have.size() || want[i].name < have[i].name);
         const std::string& name = first_has ? want[i].name : have[i].name;
-        why = "shard '" + name + "' was put as replicated by " + R(first_has ? first : other) +
-              " and not by " + R(first_has ? other : first);
+        why = "shard " + QuoteName(name) + " was put as replicated by " +
+              R(first_has ? first : other) + " and not by " + R(first_has ? other : first);
       }
       result = Status::Corrupt(what + ": the replicas are not identical: " + why +
                                "; the version is not committed");

@@ -14,6 +14,7 @@
 #include "format/segment_reader.h"
 #include "io/io.h"
 #include "io/tier_spec.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 
@@ -273,7 +274,7 @@ Status Db::LayOutFromGroup(uint64_t version, const std::string& name, size_t nby
     RestorePlan::Dedup d;
     std::map<uint64_t, uint32_t> chunk_of;
     if (!PiecesOf(m, *t, g.piece_bytes(), &d.piece_xxh3, &chunk_of)) {
-      plan->Note(R(rank) + " cuts '" + name + "' in other pieces");
+      plan->Note(R(rank) + " cuts " + QuoteName(name) + " in other pieces");
       continue;
     }
     d.full_bytes = format::ShardBytes(*t);
@@ -335,7 +336,7 @@ void Db::GatherSlice(uint64_t version, const std::string& name, uint8_t* out, Re
   std::map<uint64_t, uint32_t> chunk_of;
   if (t == nullptr || format::ShardBytes(*t) != d.full_bytes ||
       !PiecesOf(m, *t, d.piece_bytes, &xxh3, &chunk_of) || xxh3 != d.piece_xxh3) {
-    plan->Note(src + ": its shard '" + name + "' is not this rank's replica of it");
+    plan->Note(src + ": its shard " + QuoteName(name) + " is not this rank's replica of it");
     return;
   }
   std::vector<Cluster::FetchRange> ranges;

@@ -13,6 +13,7 @@
 #include "engine/db.h"
 #include "engine/internal.h"
 #include "format/segment_format.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 namespace {
@@ -78,7 +79,7 @@ Status ValidateTensorInfo(const ckptdb_tensor_info* info, const What& what, size
 Status Db::ValidatePut(uint64_t version, const char* name, const void* data, size_t nbytes,
                        const ckptdb_tensor_info* info, unsigned flags, format::TensorEntry* t) {
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "put_shard"));
-  auto what = [&] { return "put_shard '" + std::string(name) + "' into " + V(version); };
+  auto what = [&] { return "put_shard " + QuoteName(name) + " into " + V(version); };
   if (options_.read_only) return Status::State(what() + ": the store is open read-only");
   if (version == CKPTDB_ALL_VERSIONS) return Status::Invalid(what() + ": that value is reserved");
   if (flags &
@@ -175,7 +176,7 @@ Status Db::PrepareShard(uint64_t version, const char* name, const void* data, si
   // copied by the device's copy engine into staging (pinned), then hashed there. A host build
   // refused the flag above and has no device memory to recognize.
   if (nbytes == 0 || !io::DeviceBuild()) return Status::Ok();
-  const std::string what = "put_shard '" + out->t.name + "' into " + V(version);
+  const std::string what = "put_shard " + QuoteName(out->t.name) + " into " + V(version);
   CKPTDB_RETURN_IF_ERROR(LocateDevice(data, (flags & CKPTDB_PUT_DEVICE) != 0, what, &out->device));
   if (out->device >= 0 && (flags & CKPTDB_PUT_REPLICATED)) {
     return Status::NotSupported(what +
@@ -226,7 +227,7 @@ Status Db::PutShards(uint64_t version, const ckptdb_shard* shards, size_t count)
   for (size_t i = 0; i < count; ++i) {
     const auto [at, fresh] = first_named.emplace(batch[i].t.name, static_cast<uint32_t>(i));
     if (!fresh) {
-      return Status::Exists(context(i) + ": put_shard '" + batch[i].t.name + "' into " +
+      return Status::Exists(context(i) + ": put_shard " + QuoteName(batch[i].t.name) + " into " +
                             V(version) + ": shard " + std::to_string(at->second) +
                             " has the same name");
     }
@@ -250,8 +251,9 @@ Status Db::PutPrepared(uint64_t version, std::vector<PreparedShard>* shards,
   LiveVersion* v = nullptr;
   Status st = LiveVersionFor(version, &v);
   if (!st.ok()) {
-    const std::string what = context ? "put_shards into " + V(version)
-                                     : "put_shard '" + (*shards)[0].t.name + "' into " + V(version);
+    const std::string what =
+        context ? "put_shards into " + V(version)
+                : "put_shard " + QuoteName((*shards)[0].t.name) + " into " + V(version);
     return st.WithContext(what);
   }
   if (shards->size() > 1) {  // a batch: room for it at once (one shard: the usual growth)
@@ -488,7 +490,7 @@ void Db::AddPacksLocked(LiveVersion* v, std::vector<PreparedShard>* shards,
 Status Db::CheckPutLocked(uint64_t version, const PreparedShard& s, uint64_t batch_chunks,
                           uint64_t batch_tensors) {
   const unsigned flags = s.flags;
-  auto what = [&] { return "put_shard '" + s.t.name + "' into " + V(version); };
+  auto what = [&] { return "put_shard " + QuoteName(s.t.name) + " into " + V(version); };
   if ((flags & CKPTDB_PUT_REPLICATED) && !replica_group_) {
     return Status::Invalid(what() +
                            ": CKPTDB_PUT_REPLICATED without a replica group "

@@ -15,6 +15,7 @@
 #include "format/checksum.h"
 #include "format/segment_format.h"
 #include "util/assert.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 using redundancy::CodeScheme;
@@ -416,7 +417,7 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore"));
   RestorePlan plan;
   plan.wanted = wanted;
-  plan.what = "restore '" + std::string(name) + "' of " + V(version);
+  plan.what = "restore " + QuoteName(name) + " of " + V(version);
   const std::string& what = plan.what;
   if (flags & ~CKPTDB_RESTORE_DEVICE) {
     return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
@@ -570,7 +571,7 @@ void Db::RecordRestoreLocked(const RestorePlan& plan, const std::string& first_t
 Status Db::RestoreSlice(uint64_t version, const char* name, const ckptdb_box* box, void* dst,
                         size_t nbytes, unsigned flags, uint64_t* covered) {
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "restore_slice"));
-  const std::string what = "restore_slice '" + std::string(name) + "' of " + V(version);
+  const std::string what = "restore_slice " + QuoteName(name) + " of " + V(version);
   if (box == nullptr) return Status::Invalid(what + ": box is NULL");
   if (covered == nullptr) return Status::Invalid(what + ": covered is NULL");
   if (flags != 0) return Status::Invalid(what + ": unknown flags " + std::to_string(flags));
@@ -813,7 +814,7 @@ Status Db::ListChunks(uint64_t version, const char* name, ckptdb_chunk_fn fn, vo
                       const char** source) {
   CKPTDB_RETURN_IF_ERROR(ValidateName(name, "list_chunks"));
   if (fn == nullptr) return Status::Invalid("list_chunks: fn is NULL");
-  const std::string what = "list_chunks '" + std::string(name) + "' of " + V(version);
+  const std::string what = "list_chunks " + QuoteName(name) + " of " + V(version);
   return WithManifest(version, what, [&](const format::ManifestView& m, size_t tier) {
     const fb::Tensor* t = m.Find(name);
     if (t == nullptr) return Status::NotFound(what + ": the version has no tensor by that name");

@@ -12,6 +12,7 @@
 #include "format/checksum.h"
 #include "format/segment_format.h"
 #include "util/assert.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 using redundancy::CodeScheme;
@@ -225,7 +226,10 @@ void Db::VerifySegment(const VerifyTarget& t, const std::string& what, uint64_t 
           }
         },
         &run->scratch);
-    if (!scan.ok()) run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, scan.message());
+    // The scan meets the same broken header or footer the open did: said once.
+    if (!scan.ok() && scan.message() != st.message()) {
+      run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, 0, 0, 0, scan.message());
+    }
   } else {
     if (reader->footer().manifest_xxh3 != t.manifest_xxh3) {
       run->Emit(CKPTDB_VERIFY_PROBLEM, t, -1, reader->footer().manifest_offset, t.manifest_xxh3,
@@ -262,7 +266,7 @@ void Db::VerifySegment(const VerifyTarget& t, const std::string& what, uint64_t 
         if (actual == pt.pack_xxh3()) continue;
         parts_ok = false;
         run->Emit(CKPTDB_VERIFY_PROBLEM, t, c, p.file_offset, pt.pack_xxh3(), actual,
-                  what + ": packed tensor '" + pt.name()->str() + "' at offset " +
+                  what + ": packed tensor " + QuoteName(pt.name()->str()) + " at offset " +
                       std::to_string(pt.pack_offset()) + " of chunk " + std::to_string(c) +
                       format::Xxh3Mismatch(pt.pack_xxh3(), actual));
       }

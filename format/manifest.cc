@@ -6,6 +6,7 @@
 
 #include "format/segment_format.h"
 #include "util/assert.h"
+#include "util/text.h"
 
 namespace ckpt::format {
 namespace {
@@ -415,7 +416,7 @@ Status ManifestView::Open(std::span<const uint8_t> bytes, uint64_t data_end,
     if (name.empty() || name.size() > kMaxNameBytes || name.find('\0') != std::string_view::npos) {
       return bad(label + " has an empty, overlong or NUL-containing name");
     }
-    label = "tensor '" + std::string(name) + "'";
+    label = "tensor " + QuoteName(name);
     if (i > 0 && !(NameOf(*m->tensors()->Get(i - 1)) < name)) {
       return bad(label + " is out of order or duplicated");
     }

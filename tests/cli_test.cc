@@ -241,6 +241,71 @@ TEST_F(CliTest, VerifyIsCleanThenNamesAFlippedByte) {
 // `ckptdb demo --protection aec`: four ranks holding the same state in one replica group (REFT's
 // AEC), node 3 lost; every rank restores bit for bit, slice 3 decoded from the others' parity
 // units (aec:rankN); inspect shows what a member keeps. Bad combinations exit 2, naming why.
+// Names are anyone's bytes: inspect shows them escaped (no control byte reaches the terminal, no
+// name forges a row, no bidirectional override reorders a line), each at most 200 bytes, and
+// an error that names one quotes it the same way.
+TEST_F(CliTest, InspectAndErrorsShowHostileNamesEscapedAndBounded) {
+  const std::vector<Shard> hostile = {{"\x1b[2J\x1b[31mred", RandomBytes(10, 1)},
+                                      {"x\n        7  COMMITTED     0  forged", RandomBytes(11, 2)},
+                                      {"\xe2\x80\xae"
+                                       "fdp.exe",
+                                       RandomBytes(12, 3)},
+                                      {"bad\xff\xfeutf8", RandomBytes(13, 4)},
+                                      {std::string(1000, 'n') + "\x07", RandomBytes(14, 5)}};
+  Write(11, hostile);
+  Result r = Cli("inspect " + Quote(root_) + " --version 11");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto check_safe = [](const std::string& out) {
+    for (char c : out) {
+      const auto b = static_cast<unsigned char>(c);
+      EXPECT_FALSE((b < 0x20 && c != '\n') || b == 0x7f) << "byte " << int(b) << " in\n" << out;
+    }
+    EXPECT_EQ(out.find("\xe2\x80\xae"), std::string::npos) << out;
+    EXPECT_EQ(out.find('\xff'), std::string::npos) << out;
+  };
+  check_safe(r.output);
+  EXPECT_NE(r.output.find("\\x1b[2J\\x1b[31mred"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("x\\x0a        7  COMMITTED"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\n        7  COMMITTED"), std::string::npos) << "a forged row";
+  EXPECT_NE(r.output.find("\\u{202E}fdp.exe"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad\\xff\\xfeutf8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("... (1001 bytes)"), std::string::npos) << r.output;
+  for (size_t at = 0, next; at < r.output.size(); at = next + 1) {
+    next = r.output.find('\n', at);
+    if (next == std::string::npos) next = r.output.size();
+    EXPECT_LE(next - at, 400u) << r.output.substr(at, next - at);
+  }
+  // An error naming a name it was given: escaped, and short although the name is 5,000 bytes.
+  r = Cli("restore " + Quote(root_) + " --version 11 --name " +
+          Quote(std::string(5000, 'q') + "\x1b[2J") + " --out " + Quote(mem_.Sub("out")));
+  EXPECT_EQ(r.code, 2) << r.output;
+  check_safe(r.output);
+  EXPECT_LT(r.output.size(), 600u) << r.output;
+  EXPECT_NE(r.output.find("has no tensor named 'qqq"), std::string::npos) << r.output;
+}
+
+// A broken header or footer is one problem, said once (the framing scan that follows a failed
+// open meets it again and used to say it again).
+TEST_F(CliTest, VerifySaysABrokenHeaderOrFooterOnce) {
+  const std::string seg = Segment(t1_, 5);
+  const std::string original = ReadWholeFile(seg);
+  for (const uint64_t offset : {uint64_t{20}, original.size() - 30}) {
+    std::string damaged = original;
+    damaged[offset] = static_cast<char>(damaged[offset] ^ 0x5a);
+    test::WriteWholeFile(seg, damaged);
+    Result r = Cli("verify " + Quote(root_) + " --version 5 --tier " + Quote("tmpfs:" + t1_));
+    EXPECT_EQ(r.code, 1) << r.output;
+    size_t lines = 0;
+    for (size_t at = r.output.find("PROBLEM"); at != std::string::npos;
+         at = r.output.find("PROBLEM", at + 1)) {
+      ++lines;
+    }
+    EXPECT_EQ(lines, 1u) << "offset " << offset << ":\n" << r.output;
+    EXPECT_NE(r.output.find(": 1 problem(s)"), std::string::npos) << r.output;
+  }
+  test::WriteWholeFile(seg, original);
+}
+
 TEST_F(CliTest, DemoWithAecRestoresTheLostNodeFromParity) {
   TempDir demo("/dev/shm");
   const std::string root = demo.Sub("job");

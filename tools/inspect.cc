@@ -16,6 +16,7 @@
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "util/status.h"
+#include "util/text.h"
 
 namespace ckpt::tools {
 namespace {
@@ -206,14 +207,18 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
         "(`ckptdb verify` of their roots checks it)\n",
         d.group, d.code.c_str(), ranks.c_str());
   }
+  // Names as the store holds them are anyone's bytes: shown escaped (util/text.h), so that none
+  // moves the cursor or forges a row.
+  std::vector<std::string> shown;
+  for (const TensorRecord& t : d.tensors) shown.push_back(ShowText(t.name));
   size_t width = 4;
-  for (const TensorRecord& t : d.tensors) width = std::max(width, t.name.size());
+  for (const std::string& n : shown) width = std::max(width, n.size());
   width = std::min<size_t>(width, 60);
   std::printf("  %-*s  %-7s  %-24s  %11s  %6s\n", static_cast<int>(width), "NAME", "DTYPE", "SHAPE",
               "BYTES", "CHUNKS");
   for (size_t i = 0; i < d.tensors.size(); i++) {
     const TensorRecord& t = d.tensors[i];
-    std::printf("  %-*s  %-7s  %-24s  %11s  %6u\n", static_cast<int>(width), t.name.c_str(),
+    std::printf("  %-*s  %-7s  %-24s  %11s  %6u\n", static_cast<int>(width), shown[i].c_str(),
                 ckptdb_dtype_name(t.dtype), FormatShape(t.shape).c_str(),
                 HumanBytes(t.bytes).c_str(), t.chunk_count);
     if (!t.global_shape.empty()) {
@@ -224,7 +229,8 @@ void PrintDetail(const VersionRecord& v, const Detail& d) {
       std::printf(
           "  %-*s  a recomputed replica (REFT's AOR) of the next member's private shard '%s', "
           "kept here for that member's restore\n",
-          static_cast<int>(width), "", t.name.substr(format::kRecomputedPrefix.size()).c_str());
+          static_cast<int>(width), "",
+          ShowText(t.name.substr(format::kRecomputedPrefix.size())).c_str());
     }
     if (t.kept_bytes != t.bytes || t.parity_bytes != 0) {
       const std::string parity = t.parity_bytes == 0 ? ""
@@ -363,8 +369,8 @@ int RunInspect(const InspectArgs& args) {
   if (!args.version.empty()) {
     uint64_t v = 0;
     if (!ParseVersion(args.version, &v)) {
-      std::fprintf(stderr, "ckptdb inspect: --version '%s' is not a version number\n",
-                   args.version.c_str());
+      std::fprintf(stderr, "ckptdb inspect: --version %s is not a version number\n",
+                   QuoteName(args.version).c_str());
       return kExitUsage;
     }
     only = v;

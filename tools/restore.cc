@@ -23,6 +23,7 @@
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "util/status.h"
+#include "util/text.h"
 
 namespace ckpt::tools {
 namespace {
@@ -51,8 +52,8 @@ int RunRestore(const RestoreArgs& args) {
   DbHandle db;
   uint64_t version = 0;
   if (!args.version.empty() && !ParseVersion(args.version, &version)) {
-    std::fprintf(stderr, "ckptdb restore: --version '%s' is not a version number\n",
-                 args.version.c_str());
+    std::fprintf(stderr, "ckptdb restore: --version %s is not a version number\n",
+                 QuoteName(args.version).c_str());
     return kExitUsage;
   }
   if (int rc = OpenReadOnly(args.root, &db); rc != kExitOk) return rc;
@@ -75,8 +76,8 @@ int RunRestore(const RestoreArgs& args) {
       if (wanted.erase(t.name) > 0) selected.push_back(std::move(t));
     }
     if (!wanted.empty()) {
-      std::fprintf(stderr, "ckptdb restore: version %" PRIu64 " has no tensor named '%s'\n",
-                   version, wanted.begin()->c_str());
+      std::fprintf(stderr, "ckptdb restore: version %" PRIu64 " has no tensor named %s\n", version,
+                   QuoteName(*wanted.begin()).c_str());
       return kExitUsage;
     }
     tensors = std::move(selected);
@@ -151,8 +152,8 @@ int RunRestore(const RestoreArgs& args) {
     }
     if (!error.empty()) {
       failures++;
-      std::fprintf(stderr, "ckptdb restore: tensor '%s' not restored: %s\n", t.name.c_str(),
-                   error.c_str());
+      std::fprintf(stderr, "ckptdb restore: tensor %s not restored: %s\n",
+                   QuoteName(t.name).c_str(), SafeMessage(error).c_str());
       index["failed"].push_back({{"name", t.name}, {"error", error}});
       continue;
     }
@@ -171,7 +172,7 @@ int RunRestore(const RestoreArgs& args) {
                           reinterpret_cast<const uint8_t*>(text.data()), text.size());
   if (s.ok() && fsync(dirfd) != 0) s = Status::FromErrno(errno, "fsync " + args.out);
   if (!s.ok()) {
-    std::fprintf(stderr, "ckptdb restore: %s\n", s.message().c_str());
+    std::fprintf(stderr, "ckptdb restore: %s\n", SafeMessage(s.message()).c_str());
     return kExitProblem;
   }
   ckptdb_stats_t stats;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckptdb/ckptdb.h"
+#include "util/text.h"
 
 namespace ckpt::tools {
 namespace {
@@ -32,10 +33,8 @@ bool Unsigned(const nlohmann::json& j, uint64_t* out) {
   return true;
 }
 
-// Text from the file, for an error message: at most 200 bytes of it.
-std::string Shown(const std::string& text) {
-  return text.size() <= 200 ? text : text.substr(0, 200) + "...";
-}
+// Text from the file, for an error message: escaped, at most 200 bytes of it (util/text.h).
+std::string Shown(const std::string& text) { return ShowText(text); }
 
 }  // namespace
 
@@ -153,10 +152,14 @@ Status ParseSafetensors(const uint8_t* data, uint64_t available, uint64_t file_b
       return Status::Invalid(at + ": data_offsets " + DescribeJson(offsets) +
                              " is not [begin, end]");
     }
-    if (overflow || elements > UINT64_MAX / element || elements * element != t.end - t.begin) {
+    const bool too_big = overflow || elements > UINT64_MAX / element;
+    if (too_big || elements * element != t.end - t.begin) {
+      // Both sizes said as they are: a shape too big for 64 bits is not "0 bytes".
       return Status::Invalid(at + ": shape " + DescribeJson(shape) + " of " +
-                             dtype.get<std::string>() + " does not fill its " +
-                             std::to_string(t.end - t.begin) + " bytes");
+                             Shown(dtype.get<std::string>()) + " is " +
+                             (too_big ? std::string("2^64 bytes or more")
+                                      : std::to_string(elements * element) + " bytes") +
+                             ", its data_offsets " + std::to_string(t.end - t.begin) + " bytes");
     }
     f.tensors.push_back(std::move(t));
   }

@@ -22,15 +22,18 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "format/manifest.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "tools/safetensors.h"
 #include "util/status.h"
+#include "util/text.h"
 
 namespace ckpt::tools {
 namespace {
@@ -66,7 +69,7 @@ struct Planned {
 bool Whole(const TensorRecord& t) { return t.global_shape.empty(); }
 
 int Fail(const char* command, const std::string& message, int code) {
-  std::fprintf(stderr, "ckptdb %s: %s\n", command, message.c_str());
+  std::fprintf(stderr, "ckptdb %s: %s\n", command, SafeMessage(message).c_str());
   return code;
 }
 
@@ -108,7 +111,7 @@ Status PlanMerge(const std::vector<Store>& stores, std::vector<Planned>* plan) {
     for (const auto& [store, t] : shards) {
       if (Whole(*t) || t->global_shape != first.global_shape || t->dtype != first.dtype) {
         return Status::Invalid(
-            "tensor '" + name + "': rank " + std::to_string(store->rank) + "'s shard is " +
+            "tensor " + QuoteName(name) + ": rank " + std::to_string(store->rank) + "'s shard is " +
             ckptdb_dtype_name(t->dtype) + " of global shape " + FormatShape(t->global_shape) +
             ", rank " + std::to_string(shards[0].first->rank) + "'s " +
             ckptdb_dtype_name(first.dtype) + " of " + FormatShape(first.global_shape));
@@ -118,9 +121,10 @@ Status PlanMerge(const std::vector<Store>& stores, std::vector<Planned>* plan) {
         if (u->global_offset == t->global_offset && u->shape == t->shape) {
           replica = true;
         } else if (Meets(*u, *t)) {
-          return Status::Invalid("tensor '" + name + "': rank " + std::to_string(store->rank) +
-                                 "'s shard at " + FormatShape(t->global_offset) +
-                                 " overlaps another at " + FormatShape(u->global_offset));
+          return Status::Invalid("tensor " + QuoteName(name) + ": rank " +
+                                 std::to_string(store->rank) + "'s shard at " +
+                                 FormatShape(t->global_offset) + " overlaps another at " +
+                                 FormatShape(u->global_offset));
         }
       }
       if (replica) continue;
@@ -153,8 +157,9 @@ Status ReadPlanned(const Planned& p, uint64_t version, uint64_t bytes, void* dst
   }
   const uint64_t elements = bytes / ckptdb_dtype_bytes(p.record->dtype);
   if (covered != elements) {
-    return Status::Invalid("tensor '" + p.out.name + "': the shards of the roots given hold " +
-                           std::to_string(covered) + " of its " + std::to_string(elements) +
+    return Status::Invalid("tensor " + QuoteName(p.out.name) +
+                           ": the shards of the roots given hold " + std::to_string(covered) +
+                           " of its " + std::to_string(elements) +
                            " elements (is a rank's root missing?)");
   }
   return Status::Ok();
@@ -176,7 +181,8 @@ int RunExport(const ExportArgs& args) {
   }
   uint64_t version = 0;
   if (!args.version.empty() && !ParseVersion(args.version, &version)) {
-    return Fail(cmd, "--version '" + args.version + "' is not a version number", kExitUsage);
+    return Fail(cmd, "--version " + QuoteName(args.version) + " is not a version number",
+                kExitUsage);
   }
   if (args.roots.empty() == args.tiers.empty()) {
     return Fail(cmd, "give the store's roots, or --tiers to read tier directories alone",
@@ -381,7 +387,7 @@ Status ReadPlaces(const SafetensorsFile& f, std::map<std::string, ckptdb_tensor_
     if (!parse(it->second, &raw))
       return Status::Invalid(std::string(kRawKey) + " is not an object");
     for (const auto& [name, shape] : raw.items()) {
-      const std::string at = std::string(kRawKey) + " '" + name.substr(0, 200) + "'";
+      const std::string at = std::string(kRawKey) + " " + QuoteName(name);
       auto t = by_name.find(name);
       if (t == by_name.end() || t->second->dtype != CKPTDB_DTYPE_U8 ||
           t->second->shape.size() != 1) {
@@ -414,7 +420,7 @@ Status ReadPlaces(const SafetensorsFile& f, std::map<std::string, ckptdb_tensor_
     }
     for (const auto& [name, place] : shards.items()) {
       auto t = by_name.find(name);
-      const std::string at = std::string(kShardsKey) + " '" + name.substr(0, 200) + "'";
+      const std::string at = std::string(kShardsKey) + " " + QuoteName(name);
       if (t == by_name.end()) return Status::Invalid(at + " is not a tensor of the file");
       ckptdb_tensor_info& info = (*infos)[name];
       const size_t ndim = info.ndim;
@@ -439,11 +445,47 @@ Status ReadPlaces(const SafetensorsFile& f, std::map<std::string, ckptdb_tensor_
   return Status::Ok();
 }
 
+// What a put of the file's tensor would refuse, refused before any store is opened or made: a
+// name that is empty, over CKPTDB_MAX_NAME_BYTES, holds a NUL (the C API would cut it there and
+// import it under another name) or takes the recomputed replicas' prefix; a shard that lies
+// outside its global shape.
+Status CheckImportable(const SafetensorsTensor& t, const ckptdb_tensor_info& info,
+                       const std::string& file) {
+  if (t.name.empty()) return Status::Invalid(file + ": a tensor has an empty name");
+  const std::string at = file + ": tensor " + QuoteName(t.name);
+  if (t.name.size() > CKPTDB_MAX_NAME_BYTES) {
+    return Status::Invalid(at + ": its name is " + std::to_string(t.name.size()) +
+                           " bytes, a tensor name at most " +
+                           std::to_string(CKPTDB_MAX_NAME_BYTES));
+  }
+  if (t.name.find('\0') != std::string::npos) {
+    return Status::Invalid(at + ": its name holds a NUL byte, which no tensor name can");
+  }
+  if (t.name.rfind(format::kRecomputedPrefix, 0) == 0) {
+    return Status::Invalid(at + ": names beginning with '" +
+                           std::string(format::kRecomputedPrefix) +
+                           "' are ckptdb's own (REFT's recomputed replicas)");
+  }
+  bool global = false;
+  for (uint32_t d = 0; d < info.ndim; ++d) global |= info.global_shape[d] != 0;
+  for (uint32_t d = 0; global && d < info.ndim; ++d) {
+    uint64_t end = 0;
+    if (__builtin_add_overflow(info.global_offset[d], info.shape[d], &end) ||
+        end > info.global_shape[d]) {
+      return Status::Invalid(at + ": " + std::string(kShardsKey) + " puts it at [" +
+                             std::to_string(info.global_offset[d]) + ", +" +
+                             std::to_string(info.shape[d]) + ") in dimension " + std::to_string(d) +
+                             ", outside the global size " + std::to_string(info.global_shape[d]));
+    }
+  }
+  return Status::Ok();
+}
+
 int RunImport(const ImportArgs& args) {
   const char* cmd = "import";
   uint64_t version = 0;
-  if (!ParseVersion(args.version, &version) || version == 0) {
-    return Fail(cmd, "--version '" + args.version + "' is not a version number above 0",
+  if (!ParseVersion(args.version, &version)) {
+    return Fail(cmd, "--version " + QuoteName(args.version) + " is not a version number",
                 kExitUsage);
   }
   int fd = open(args.file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -468,7 +510,14 @@ int RunImport(const ImportArgs& args) {
   if (s.ok() && parsed.tensors.empty()) {
     s = Status::Invalid(args.file + " holds no tensor: a version needs at least one");
   }
+  for (size_t i = 0; s.ok() && i < parsed.tensors.size(); ++i) {
+    s = CheckImportable(parsed.tensors[i], infos[parsed.tensors[i].name], args.file);
+  }
   if (!s.ok()) return Fail(cmd, s.message() + "; nothing was imported", kExitProblem);
+  // A store this import makes is removed again when the import fails: a failed import leaves
+  // ROOT as it found it.
+  std::error_code ec;
+  const bool made_root = !std::filesystem::exists(args.root, ec);
 
   ckptdb_options o;
   ckptdb_options_init(&o);
@@ -478,7 +527,9 @@ int RunImport(const ImportArgs& args) {
   o.world_size = 1;
   ckptdb* raw_db = nullptr;
   if (int rc = ckptdb_open(&o, &raw_db); rc != CKPTDB_OK) {
-    return Fail(cmd, "open " + args.root + ": " + ErrorText(rc), ExitCodeFor(rc));
+    const std::string why = ErrorText(rc);
+    if (made_root) std::filesystem::remove_all(args.root, ec);
+    return Fail(cmd, "open " + args.root + ": " + why, ExitCodeFor(rc));
   }
   DbHandle db(raw_db);
   int rc = CKPTDB_OK;
@@ -489,7 +540,7 @@ int RunImport(const ImportArgs& args) {
     rc = ckptdb_put_shard(db.get(), version, t.name.c_str(), bytes + parsed.buffer_offset + t.begin,
                           t.end - t.begin, &info, 0);
     if (rc != CKPTDB_OK) {
-      failed = "tensor '" + t.name + "': " + ErrorText(rc);
+      failed = "tensor " + QuoteName(t.name) + ": " + ErrorText(rc);
       break;
     }
     total += t.end - t.begin;
@@ -501,10 +552,14 @@ int RunImport(const ImportArgs& args) {
   if (rc != CKPTDB_OK) {
     // Nothing half imported: the open version is dropped (abort leaves a committed one alone).
     (void)ckptdb_abort(db.get(), version);
+    db.reset();
+    if (made_root) std::filesystem::remove_all(args.root, ec);
+    // A version the store already has (or has passed) is the caller's mistake; the rest is the
+    // file's or the store's.
     return Fail(cmd,
                 "version " + std::to_string(version) + " of " + args.root + ": " + failed +
                     "; nothing was imported",
-                rc == CKPTDB_EINVAL || rc == CKPTDB_ESTATE ? kExitUsage : kExitProblem);
+                rc == CKPTDB_ESTATE || rc == CKPTDB_EEXIST ? kExitUsage : kExitProblem);
   }
   std::printf("imported %zu tensor(s), %s, from %s as version %" PRIu64 " of %s\n",
               parsed.tensors.size(), HumanBytes(total).c_str(), args.file.c_str(), version,

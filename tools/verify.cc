@@ -16,6 +16,7 @@
 
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "util/text.h"
 
 namespace ckpt::tools {
 namespace {
@@ -82,7 +83,7 @@ void OnEvent(void* arg, const ckptdb_verify_event* e) {
       break;
     case CKPTDB_VERIFY_PROBLEM:
       state->progress->Clear();
-      std::printf("PROBLEM  %s\n", e->message);
+      std::printf("PROBLEM  %s\n", SafeMessage(e->message).c_str());
       std::fflush(stdout);
       break;
   }
@@ -178,8 +179,8 @@ void NoteUnchecked(void* arg, const ckptdb_group_check* c) {
 int RunVerify(const VerifyArgs& args) {
   uint64_t version = CKPTDB_ALL_VERSIONS;
   if (!args.version.empty() && !ParseVersion(args.version, &version)) {
-    std::fprintf(stderr, "ckptdb verify: --version '%s' is not a version number\n",
-                 args.version.c_str());
+    std::fprintf(stderr, "ckptdb verify: --version %s is not a version number\n",
+                 QuoteName(args.version).c_str());
     return kExitUsage;
   }
   std::vector<DbHandle> dbs;

@@ -387,7 +387,10 @@ class SafetensorsTest(unittest.TestCase):
 
         cases = [
             ("overlap", spoil("b", ("data_offsets", [40, 56])), "(an overlap)"),
-            ("size", spoil("a", ("data_offsets", [0, 44])), "does not fill its 44 bytes"),
+            ("size", spoil("a", ("data_offsets", [0, 44])),
+             "of F32 is 48 bytes, its data_offsets 44 bytes"),
+            ("huge", spoil("a", ("shape", [2**62])),
+             "of F32 is 2^64 bytes or more, its data_offsets 48 bytes"),
             ("hole", lambda h: (h["b"].__setitem__("data_offsets", [52, 68]),
                                 h["c"].__setitem__("data_offsets", [68, 76])), "(a hole)"),
             ("dtype", spoil("a", ("dtype", "F31")), 'unknown dtype "F31"'),
@@ -422,6 +425,43 @@ class SafetensorsTest(unittest.TestCase):
             self.assertEqual(store.latest(), 5)  # version 6 never appeared
             with self.assertRaises(ckptdb.NotFound):
                 store.list(6)
+
+
+    def test_import_refuses_what_a_put_would_before_making_any_store(self):
+        # Each used to exit 2 (or, for the NUL, import 'a' silently) and leave an empty store
+        # at ROOT; now: exit 1, the name shown escaped, and no ROOT.
+        t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+        shards = json.dumps({"a": {"global_shape": [2, 4], "global_offset": [1, 0]}})
+        cases = [
+            ("nul", {"a\x00b": t}, None, "'a\\x00b': its name holds a NUL byte"),
+            ("empty", {"": t}, None, "a tensor has an empty name"),
+            ("long", {"n" * 1100: t}, None, "its name is 1100 bytes"),
+            ("reserved", {"@aor:x": t}, None, "are ckptdb's own"),
+            ("sharded", {"a": t}, {"ckptdb.shards": shards}, "outside the global size 2"),
+        ]
+        for label, tensors, metadata, message in cases:
+            with self.subTest(label):
+                path = os.path.join(self.dir, f"refused-{label}.safetensors")
+                write_safetensors(path, tensors, metadata)
+                root = os.path.join(self.dir, f"never-{label}")
+                r = self.cli("import", path, "--root", root, "--version", "1")
+                self.assertEqual(r.returncode, 1, r.stderr)
+                self.assertIn(message, r.stderr)
+                self.assertIn("nothing was imported", r.stderr)
+                self.assertFalse(os.path.exists(root), "a refused import made a store")
+                self.assertLess(len(r.stderr), 1000, r.stderr)
+        # Version 0 is a version (the API takes it); 2**64 - 1 is reserved.
+        path = os.path.join(self.dir, "v0.safetensors")
+        write_safetensors(path, {"a": t})
+        root = os.path.join(self.dir, "v0")
+        r = self.cli("import", path, "--root", root, "--version", "0")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.cli("import", path, "--root", root, "--version", str(2**64 - 1))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        # A version the store has passed is the caller's mistake (exit 2); the store stays.
+        r = self.cli("import", path, "--root", root, "--version", "0")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertTrue(os.path.exists(root))
 
 
 if __name__ == "__main__":
