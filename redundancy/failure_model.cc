@@ -201,6 +201,13 @@ Status BuildReftModel(int nodes, int group_size, const std::vector<ReftScheme>& 
     return Status::Invalid("sharding groups of " + Str(m) + " nodes: needs 2 or more that divide " +
                            Str(nodes) + " nodes");
   }
+  if (int64_t{nodes} * m > kMaxModelCells) {
+    // Each group's model has about m x m pieces per scheme (AEC's units): nodes x m in all.
+    return Status::Invalid(Str(nodes) + " nodes in sharding groups of " + Str(m) + ": " +
+                           std::to_string(int64_t{nodes} * m) +
+                           " node-slices to model, more than " + std::to_string(kMaxModelCells) +
+                           " (fewer nodes or smaller groups)");
+  }
   if (replicas != nullptr && coding != nullptr) {
     return Status::Invalid("replicas and erasure coding across nodes cannot both be stacked");
   }
@@ -329,6 +336,11 @@ Status BuildCodingModel(int nodes, int ranks_per_node, int data_shards, int pari
   }
   if (ranks_per_node < 1 || ranks_per_node > 1024) {
     return Status::Invalid("ranks per node " + Str(ranks_per_node) + " is outside 1..1024");
+  }
+  if (int64_t{nodes} * ranks_per_node > kMaxModelCells) {
+    return Status::Invalid(Str(nodes) + " nodes of " + Str(ranks_per_node) +
+                           " ranks: " + std::to_string(int64_t{nodes} * ranks_per_node) +
+                           " ranks to model, more than " + std::to_string(kMaxModelCells));
   }
   CodeSpec code;
   CKPTDB_RETURN_IF_ERROR(ParseCodeSpec("ec:" + Str(data_shards) + "+" + Str(parity_shards), &code));

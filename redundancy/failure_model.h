@@ -22,6 +22,7 @@
 // known when all its parts are, and its parts when it is. Repeat until nothing changes.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@
 #include "util/status.h"
 
 namespace ckpt::redundancy {
+
+// The models below are refused before anything is built past this many node-slices (nodes x
+// sharding group size) or ranks (nodes x ranks per node): 65536 nodes in groups of 4096 once
+// took 22 GB.
+inline constexpr int64_t kMaxModelCells = int64_t{1} << 21;
 
 class FailureModel {
  public:

@@ -380,6 +380,11 @@ Status ComputePlacement(int nodes, int replicas, PlacementStrategy requested, Pl
     return Status::Invalid("replicas " + Str(replicas) + " is more than nodes " + Str(nodes) +
                            ": some node would hold two copies of one checkpoint");
   }
+  if (int64_t{nodes} * replicas > kMaxPlacementHolders) {
+    return Status::Invalid("nodes " + Str(nodes) + " x replicas " + Str(replicas) + " = " +
+                           std::to_string(int64_t{nodes} * replicas) +
+                           " copies to place, more than " + std::to_string(kMaxPlacementHolders));
+  }
   if (requested == PlacementStrategy::kGroup && nodes % replicas != 0) {
     return Status::Invalid("group placement needs nodes divisible by replicas, and " + Str(nodes) +
                            " is not divisible by " + Str(replicas) +

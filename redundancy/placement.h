@@ -23,6 +23,9 @@ namespace ckpt::redundancy {
 // Bounds on the inputs: an absurd size is a typo, and the exact computations below are
 // polynomial in these.
 inline constexpr int kMaxPlacementNodes = 1 << 16;
+// A placement lists every node's holders: nodes x replicas entries at most this many (16 MiB of
+// them), refused before anything is built (65536 nodes with 65536 replicas once took 13 GB).
+inline constexpr int64_t kMaxPlacementHolders = int64_t{1} << 22;
 // An exact probability that would take more steps than this is refused (NotSupported) rather
 // than left running for minutes; about a second of work.
 inline constexpr double kMaxExactSteps = 1e8;
@@ -60,8 +63,8 @@ struct Placement {
 
 // Lays out `replicas` copies of each of `nodes` checkpoints. `requested` kMixed is GEMINI
 // Algorithm 1. No node ever holds two copies of one checkpoint.
-// Errors (Invalid): nodes < 1 or > kMaxPlacementNodes; replicas < 1 or > nodes; kGroup asked for
-// with nodes not divisible by replicas.
+// Errors (Invalid): nodes < 1 or > kMaxPlacementNodes; replicas < 1 or > nodes; nodes x replicas
+// over kMaxPlacementHolders; kGroup asked for with nodes not divisible by replicas.
 Status ComputePlacement(int nodes, int replicas, PlacementStrategy requested, Placement* out);
 
 // The probability that training restarts from CPU memory when `failures` nodes, chosen uniformly

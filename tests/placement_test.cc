@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -583,6 +584,27 @@ TEST(PlanCliTest, ReftStackingAndRanksPerNode) {
   bad = Plan("--nodes 4 --dp 4 --reft xor");
   EXPECT_EQ(bad.code, 2);
   EXPECT_TRUE(Has(bad, "'xor' is not a REFT scheme")) << bad.output;
+}
+
+// Inputs whose placement or model would take gigabytes are refused before anything is built
+// (65536 nodes with 65536 replicas once used 13 GB for over 100 s; 65536 nodes in sharding groups
+// of 4096, 22 GB), each naming its bound.
+TEST(PlanCommand, InputsTooBigToModelAreRefusedBeforeAnythingIsBuilt) {
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"--nodes 65536 --replicas 65536 --failures 1", "copies to place, more than 4194304"},
+           {"--nodes 65536 --dp 4096 --reft arc --failures 1", "node-slices to model"},
+           {"--nodes 65536 --dp 4096 --compare", "node-slices to model"},
+           {"--nodes 65536 --ec 2+2 --ranks-per-node 1024 --failures 2", "ranks to model"}}) {
+    const auto start = std::chrono::steady_clock::now();
+    Result r = Plan(args);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(r.code, 2) << args << ": " << r.output;
+    EXPECT_TRUE(Has(r, want)) << args << ": " << r.output;
+    EXPECT_LT(s, 30.0) << args << ": refused only after " << s << " s";
+  }
+  Result ok = Plan("--nodes 65536 --replicas 64 --failures 1");  // at the bound: 4194304
+  EXPECT_EQ(ok.code, 0) << ok.output.substr(0, 300);
 }
 
 // One row of `plan --compare --json` as a test expects it: memory per node, losses tolerated,
