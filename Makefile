@@ -17,7 +17,14 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-demo: build
+# The demo builds only what it runs (the ckptdb command and its library; `make test` builds the
+# rest) and says how long the set-up took before it starts.
+demo:
+	@start=$$(date +%s); \
+	./scripts/install-deps.sh && \
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPTDB_WITH_CUDA=OFF $(CMAKE_FLAGS) && \
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target ckptdb_cli && \
+	echo "make demo: set-up (packages, configure, build of ./$(BUILD_DIR)/ckptdb) took $$(( $$(date +%s) - start )) s" && \
 	./$(BUILD_DIR)/ckptdb demo
 
 # The contract (.ci/run runs exactly this): the suite, then the suite again under AddressSanitizer
@@ -33,8 +40,9 @@ check: build
 # the test), in its own build directory: the tests and the CLI only (ckptdb_test_programs), at
 # -O1 with line tables only (-g1: what a sanitizer's report needs), which halves the compile of
 # a test against -O2 -g (34 s to 16 s for cluster_test.cc on 11-27). Left out: the package
-# install test (its consumer is built without the sanitizers) and the Python package's (Debian's
-# python3 cannot load an ASan-built libckptdb.so: the runtime must come first).
+# install test (its consumer is built without the sanitizers) and the Python package's and its
+# pip install's (Debian's python3 cannot load an ASan-built libckptdb.so: the runtime must come
+# first).
 ASAN_BUILD_DIR ?= build-asan
 SANITIZE = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 SANITIZER_OPT = "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
@@ -47,7 +55,7 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS) --target ckptdb_test_programs
 	LSAN_OPTIONS="suppressions=$(CURDIR)/tests/lsan.supp" \
 	  ctest --test-dir $(ASAN_BUILD_DIR) --output-on-failure -j$(JOBS) \
-	  -E '^(install_package|python_package)$$'
+	  -E '^(install_package|python_package|pip_install)$$'
 
 # The tests whose threads share state (capture workers, the tier manager, readers, the
 # transport's progress thread, the coordinator's thread), built with ThreadSanitizer in their

@@ -24,8 +24,8 @@ ckptdb commits each version to its ram tier (memory that outlives the process) a
 page cache for torch.load and DCP, the ram tier for ckptdb.
 
 Debian's torch 1.13 has DCP as torch.distributed._shard.checkpoint, which does not import under
-Python 3.11 (a dataclass with an unhashable default); it is imported here with that one class
-made hashable, which changes nothing it does.
+Python 3.11 (a dataclass with an unhashable default); ckptdb.torch.dcp.import_dcp imports it
+with that one class made hashable, which changes nothing it does.
 """
 
 import argparse
@@ -43,20 +43,8 @@ import ckptdb.torch
 
 
 def import_dcp():
-    original = dataclasses.dataclass
+    from ckptdb.torch.dcp import dcp  # noqa: PLC0415 - import_dcp's shim for torch 1.13
 
-    def patched(cls=None, /, **kw):
-        def wrap(c):
-            if c.__name__ == "TensorProperties":
-                return original(**dict(kw, unsafe_hash=True))(c)
-            return original(**kw)(c)
-        return wrap if cls is None else wrap(cls)
-
-    dataclasses.dataclass = patched
-    try:
-        import torch.distributed._shard.checkpoint as dcp  # noqa: PLC0415
-    finally:
-        dataclasses.dataclass = original
     return dcp
 
 

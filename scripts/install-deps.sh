@@ -20,6 +20,8 @@ packages=(
   nlohmann-json3-dev      # ckptdb inspect --json (tools/)
   clang-14 libclang-rt-14-dev  # libFuzzer targets (fuzz/)
   python3 python3-torch   # the Python package and its PyTorch training test (python/)
+  python3-venv python3-wheel python3-setuptools  # pip install of python/ into a venv (docs/python.md)
+  python3-matplotlib      # the demo's plot (a PNG beside the run), when installed
   python3-dev libtorch-dev pybind11-dev  # ckptdb.torch's native walk (python/native/)
 )
 

@@ -4,6 +4,7 @@ counterpart to follow (python/tests checks every mirrored structure's offsets ag
 compiler makes of the header)."""
 
 import ctypes
+import numbers
 import ctypes.util
 import itertools
 import os
@@ -245,12 +246,16 @@ class TensorDesc:
 
 
 def library_path() -> str:
-    """Where libckptdb.so is loaded from: $CKPTDB_LIBRARY, else the build tree next to this
-    package (build/libckptdb.so), else the system's (ctypes.util.find_library)."""
+    """Where libckptdb.so is loaded from: $CKPTDB_LIBRARY, else the package's own (a pip
+    install puts it there), else the build tree next to this package (build/libckptdb.so), else
+    the system's (ctypes.util.find_library, after `make install`)."""
     env = os.environ.get("CKPTDB_LIBRARY")
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
+    packaged = os.path.join(here, "libckptdb.so")
+    if os.path.exists(packaged):
+        return packaged
     built = os.path.join(here, "..", "..", "build", "libckptdb.so")
     if os.path.exists(built):
         return os.path.normpath(built)
@@ -299,6 +304,18 @@ _list = _sig("ckptdb_list", ctypes.c_int, _c_db, ctypes.c_uint64, _ListFn, ctype
 _last_error = _sig("ckptdb_last_error", ctypes.c_char_p)
 _dtype_name = _sig("ckptdb_dtype_name", ctypes.c_char_p, ctypes.c_int)
 _dtype_bytes = _sig("ckptdb_dtype_bytes", ctypes.c_size_t, ctypes.c_int)
+
+
+def _version(version, call: str) -> int:
+    """A version as the C API takes it: an int in 0 .. 2**64 - 2 (2**64 - 1 is
+    CKPTDB_ALL_VERSIONS). Refused, not wrapped: ctypes would turn 2**64 + 7 into 7 and -1 into
+    the reserved value."""
+    if isinstance(version, bool) or not isinstance(version, numbers.Integral):
+        raise TypeError(f"{call}: a version is an int, not {type(version).__name__}")
+    value = int(version)
+    if not 0 <= value < ALL_VERSIONS:
+        raise InvalidError(-1, f"{call}: version {value} is outside 0 .. 2**64 - 2")
+    return value
 
 
 def _check(status: int) -> None:
@@ -519,6 +536,7 @@ class Store:
         the Store holds a reference to it until then. replicated: the same on every member of
         the declared replica group (CKPTDB_PUT_REPLICATED); recomputed: this rank's recomputed
         replica of the next member's private shard `name` (REFT's AOR, CKPTDB_PUT_RECOMPUTED)."""
+        version = _version(version, "put_shard")
         address, nbytes, keep = _address(data, writable=False, what=f"put_shard {name!r}")
         if dtype is None and hasattr(data, "dtype") and hasattr(data, "data_ptr"):
             dtype = _torch_dtype(data.dtype)
@@ -538,6 +556,7 @@ class Store:
         Each is (name, data) or (name, data, global_shape, global_offset), data a buffer or a
         tensor (its dtype and shape recorded, as put_shard does). A refusal names the shard by
         its index; nothing of the call is then put."""
+        version = _version(version, "put_shards")
         items = []
         for index, shard in enumerate(shards):
             if len(shard) not in (2, 4):
@@ -630,10 +649,12 @@ class Store:
         """What ckptdb._native.walk needs to put into `version` as it walks: the addresses of
         ckptdb_put_shards and ckptdb_abort, this handle's, the version, the tensors a put, and
         sync(device) for CUDA memory."""
+        version = _version(version, "put_shards")
         return (_PUT_SHARDS_AT, _ABORT_AT, self._handle().value, version, batch, sync)
 
     def wait_capture(self, version: int, timeout_ms: int = -1) -> None:
         """ckptdb_wait_capture: returns once no chunk of `version` reads the caller's buffers."""
+        version = _version(version, "wait_capture")
         try:
             _check(_wait_capture(self._handle(), version, timeout_ms))
         except TimedOutError:
@@ -645,6 +666,7 @@ class Store:
 
     def commit(self, version: int, *, wait: bool = True) -> None:
         """ckptdb_commit; wait=False returns at once (CKPTDB_COMMIT_ASYNC)."""
+        version = _version(version, "commit")
         status = _commit(self._handle(), version, 0 if wait else _COMMIT_ASYNC)
         if wait or status != 0:
             self._release(version)  # synchronous: capture is over, whatever the outcome
@@ -652,11 +674,13 @@ class Store:
 
     def wait_commit(self, version: int, tier: Optional[str] = None, timeout_ms: int = -1) -> None:
         """ckptdb_wait_commit: until `version` is committed (and durable on `tier`, if given)."""
+        version = _version(version, "wait_commit")
         _check(_wait_commit(self._handle(), version, _text(tier, "tier"), timeout_ms))
         self._release(version)
 
     def abort(self, version: int) -> None:
         """ckptdb_abort: the version will never be committed; its buffers are free."""
+        version = _version(version, "abort")
         try:
             _check(_abort(self._handle(), version))
         finally:
@@ -676,6 +700,7 @@ class Store:
     def restore(self, version: int, name: str, out) -> None:
         """ckptdb_restore of tensor `name` of `version` into `out`, a writable buffer or a CPU
         tensor of exactly the tensor's size (SizeError otherwise)."""
+        version = _version(version, "restore")
         address, nbytes, _keep = _address(out, writable=True, what=f"restore {name!r}")
         flags = _RESTORE_DEVICE if _on_gpu(out) else 0
         _check(_restore(self._handle(), version, _text(name, "name"), address or None, nbytes,
@@ -686,6 +711,7 @@ class Store:
         `name` that this store's shard holds, into `out` (the box, row-major: a writable buffer
         or a CPU tensor of exactly its size). Returns the elements copied (0: the shard misses
         the box); the rest of `out` is left as it was."""
+        version = _version(version, "restore_slice")
         offset = _dims(offset, "offset")
         shape = _dims(shape, "shape")
         if len(offset) != len(shape):
@@ -707,6 +733,7 @@ class Store:
 
     def list(self, version: int) -> List[TensorDesc]:
         """ckptdb_list: the tensors of a committed version, in name order."""
+        version = _version(version, "list")
         found: List[TensorDesc] = []
         failure: List[BaseException] = []
 

@@ -141,6 +141,29 @@ class StoreTest(unittest.TestCase):
             ckptdb.Store(self.root, tiers="nonsense:/x")
         self.assertIn("nonsense", str(e.exception))
 
+    def test_versions_outside_64_bits_are_refused_not_wrapped(self):
+        # ctypes wraps a Python int modulo 2**64: 2**64 + 7 used to commit version 7, and -1
+        # reached the reserved CKPTDB_ALL_VERSIONS.
+        with self.open() as store:
+            for bad in (2**64 + 7, -1, 2**64 - 1, 2**70):
+                with self.assertRaises(ckptdb.InvalidError) as e:
+                    store.put_shard(bad, "w", pattern(10, 1), copy_now=True)
+                self.assertIn(str(bad), str(e.exception))
+                for call in (store.commit, store.abort, store.wait_capture, store.list):
+                    with self.assertRaises(ckptdb.InvalidError):
+                        call(bad)
+                with self.assertRaises(ckptdb.InvalidError):
+                    store.restore(bad, "w", bytearray(10))
+            for bad in (True, 7.0, "7", None):
+                with self.assertRaises(TypeError):
+                    store.put_shard(bad, "w", pattern(10, 1), copy_now=True)
+            self.assertIsNone(store.latest(), "nothing was put by the refused calls")
+            store.put_shard(0, "w", pattern(10, 2), copy_now=True)  # 0 is a version
+            store.commit(0)
+            store.put_shard(2**64 - 2, "w", pattern(10, 3), copy_now=True)
+            store.commit(2**64 - 2)
+            self.assertEqual(store.latest(), 2**64 - 2)
+
     def test_put_shards_puts_a_batch_in_one_call_all_or_nothing(self):
         import torch  # noqa: PLC0415 - Debian's python3-torch, as the torch tests use
 

@@ -594,3 +594,8 @@ def _load_sharded(stores: List[Store], into: Any, step: Optional[int], allow_pic
 
 
 __all__ = ["Checkpointer", "DTYPES", "Shard", "load_sharded"]
+
+try:  # DCP's storage plugins (ckptdb.torch.dcp), where this torch has torch.distributed
+    from ckptdb.torch import dcp  # noqa: E402,F401
+except ImportError:  # pragma: no cover - a torch built without distributed
+    dcp = None
