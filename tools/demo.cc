@@ -36,6 +36,7 @@ using demo::InfoOf;
 using demo::Seconds;
 using demo::Seed;
 using demo::Step;
+using demo::SyncWriteSeconds;
 using demo::Tensor;
 
 struct DemoArgs {
@@ -90,9 +91,11 @@ int Fail(const char* what, int status) {
   return 1;
 }
 
-// What a checkpoint costs without ckptdb: the whole state written synchronously, then fsync.
-double SyncWriteSeconds(const std::vector<Tensor>& model, const std::string& dir) {
-  std::string path = dir + "/sync-write-probe.bin";
+}  // namespace
+
+namespace demo {
+
+double SyncWriteSeconds(const std::vector<Tensor>& model, const std::string& path) {
   auto t0 = std::chrono::steady_clock::now();
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -1;
@@ -107,12 +110,34 @@ double SyncWriteSeconds(const std::vector<Tensor>& model, const std::string& dir
       off += static_cast<size_t>(n);
     }
   }
-  fsync(fd);
+  const bool synced = fsync(fd) == 0;
   close(fd);
-  double s = Seconds(std::chrono::steady_clock::now() - t0);
-  unlink(path.c_str());
-  return s;
+  if (!synced) {
+    unlink(path.c_str());
+    return -1;
+  }
+  return Seconds(std::chrono::steady_clock::now() - t0);
 }
+
+double ColdReadSeconds(const std::string& path, uint8_t* into, uint64_t bytes) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  // Its pages out of the page cache (they are clean after the fsync): the read is the disk's.
+  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t done = 0;
+  while (done < bytes) {
+    ssize_t n = read(fd, into + done, bytes - done);
+    if (n <= 0) break;
+    done += static_cast<uint64_t>(n);
+  }
+  close(fd);
+  return done == bytes ? Seconds(std::chrono::steady_clock::now() - t0) : -1;
+}
+
+}  // namespace demo
+
+namespace {
 
 int PutAll(ckptdb* db, uint64_t version, const std::vector<Tensor>& model) {
   for (const Tensor& t : model) {
@@ -191,7 +216,9 @@ int RunDemo(const DemoArgs& a) {
       "node; a restart finds them)\n",
       Seconds(std::chrono::steady_clock::now() - open0) * 1e3);
   fs::create_directories(a.disk_dir, ec);
-  double sync_s = SyncWriteSeconds(model, a.disk_dir);
+  const std::string probe = a.disk_dir + "/sync-write-probe.bin";
+  double sync_s = SyncWriteSeconds(model, probe);
+  unlink(probe.c_str());
   std::printf("a synchronous write+fsync of this state to %s takes %.0f ms (%.2f GB/s)\n\n",
               a.disk_dir.c_str(), sync_s * 1e3, total_bytes / sync_s / 1e9);
 

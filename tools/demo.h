@@ -110,4 +110,29 @@ struct ClusterArgs {
 // `ckptdb demo --ranks R --nodes N` (R > 1): tools/demo_cluster.cc. Returns the exit code.
 int RunClusterDemo(const ClusterArgs& args);
 
+// One rank of the many-rank demo's run, for its summary (tools/demo_summary.cc).
+struct RankFigures {
+  int rank = 0;
+  int node = 0;
+  bool lost = false;              // its node was the one lost
+  std::vector<float> blocked_ms;  // per checkpoint
+  std::vector<double> sync_ms;    // the same state saved with write + fsync
+  double restore_ms = 0;          // the restart's restore of its state
+  double sync_read_ms = -1;       // its synchronous save read back (-1: lost with its node)
+  uint64_t bytes = 0;             // its state
+  std::string restored_from;      // the restore's fastest source
+};
+// The table of what ckptdb saved the trainer against the synchronous save, ROOT/run.json, and
+// ROOT/run.png when matplotlib is there.
+void PrintSummaryAndPlot(const ClusterArgs& args, int lost_node,
+                         const std::vector<RankFigures>& ranks);
+
+// What a checkpoint costs without ckptdb: the state written to `path` synchronously (write, then
+// fsync), in seconds; -1 when it cannot be written (the file is removed then). The file stays.
+double SyncWriteSeconds(const std::vector<Tensor>& model, const std::string& path);
+// The restart's side of it: `bytes` of `path` read into `into` after its pages were dropped from
+// the page cache (posix_fadvise DONTNEED on the clean pages: the read is the disk's), in seconds;
+// -1 when it cannot be read whole.
+double ColdReadSeconds(const std::string& path, uint8_t* into, uint64_t bytes);
+
 }  // namespace ckpt::tools::demo

@@ -44,6 +44,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr int kPlotted = 256;  // iterations whose blocked time a report carries (for the plot)
+constexpr int kSyncSaves = 3;  // synchronous saves of the same state, for comparison
+
 // What a rank tells the scheduler after each phase. Plain data, written with one write().
 struct Report {
   int32_t status = 0;  // a ckptdb status, or 1 for a failed check
@@ -51,6 +54,11 @@ struct Report {
   uint32_t checkpoints = 0;
   double blocked_sum_ms = 0;
   double blocked_max_ms = 0;
+  float blocked_ms[kPlotted] = {};  // per checkpoint, the first kPlotted
+  // The same state saved the synchronous way (write + fsync to the node's disk), kSyncSaves
+  // times after training, every rank at once; and read back at the restart (-1: not there).
+  double sync_ms[kSyncSaves] = {};
+  double sync_read_ms = -1;
   uint64_t state_bytes = 0;
   uint64_t replica_sent = 0;
   uint64_t replica_received = 0;
@@ -74,6 +82,11 @@ struct Job {
   std::string DiskDir(int node) const { return args.root + "/node" + std::to_string(node); }
   std::string RamDir(int node) const { return args.ram_dir + "/node" + std::to_string(node); }
 };
+
+// Where a rank's synchronous save of the comparison goes: its node's disk.
+std::string SyncPath(const Job& job, int rank) {
+  return job.DiskDir(job.NodeOf(rank)) + "/sync-save-r" + std::to_string(rank) + ".bin";
+}
 
 // One rank's shard of a model: bf16 parameters and their f32 Adam moments, a step counter and
 // an RNG state, about mib_per_rank MiB in all.
@@ -210,6 +223,7 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
       double blocked = put_ms + Seconds(std::chrono::steady_clock::now() - w0) * 1e3;
       r->blocked_sum_ms += blocked;
       r->blocked_max_ms = std::max(r->blocked_max_ms, blocked);
+      if (r->checkpoints < kPlotted) r->blocked_ms[r->checkpoints] = static_cast<float>(blocked);
       r->checkpoints++;
     }
     if (it > job.args.iterations) break;
@@ -224,13 +238,30 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
     put_ms = Seconds(std::chrono::steady_clock::now() - p0) * 1e3;
   }
   int rc = ckptdb_wait_commit(db, static_cast<uint64_t>(job.args.iterations), nullptr, 120000);
-  if (rc != CKPTDB_OK) SetError(r, rc, "wait_commit: " + ErrorText(rc));
-  (void)rank;
+  if (rc != CKPTDB_OK) return SetError(r, rc, "wait_commit: " + ErrorText(rc));
+  // The comparison, in the same run: the same state saved the way a trainer without ckptdb does
+  // (torch.save to the node's disk: write, then fsync), what that blocks the trainer for; every
+  // rank at once, as a job checkpoints. The last file stays for the restart to read back.
+  const std::string path = SyncPath(job, rank);
+  for (int i = 0; i < kSyncSaves; ++i) {
+    r->sync_ms[i] = SyncWriteSeconds(shard, path) * 1e3;
+    if (r->sync_ms[i] < 0) return SetError(r, CKPTDB_EIO, "a synchronous save to " + path);
+  }
 }
 
 // Phase 2: the restarted rank restores the latest version and checks every byte against the
 // state recomputed from the seed.
-void Restore(ckptdb* db, std::vector<Tensor>& shard, Report* r) {
+void Restore(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Report* r,
+             bool compare) {
+  // The comparison's restart first: its synchronous save read back from the node's disk, cold;
+  // gone with a lost node.
+  uint64_t saved = 0;
+  for (const Tensor& t : shard) saved += t.bytes;
+  if (uint8_t* into = compare ? Allocate(saved) : nullptr; into != nullptr) {
+    const double s = ColdReadSeconds(SyncPath(job, rank), into, saved);
+    r->sync_read_ms = s < 0 ? -1 : s * 1e3;
+    Free(into, saved);
+  }
   int rc = ckptdb_latest(db, &r->latest);
   if (rc != CKPTDB_OK) return SetError(r, rc, "latest: " + ErrorText(rc));
   auto t0 = std::chrono::steady_clock::now();
@@ -293,7 +324,7 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
   } else if (rc != CKPTDB_OK) {
     return SetError(r, rc, "latest: " + ErrorText(rc));
   } else {
-    Restore(db, shard, r);
+    Restore(job, rank, db, shard, r, /*compare=*/false);
     if (r->status != 0) return;
   }
   if (write(report_fd, r, sizeof *r) != static_cast<ssize_t>(sizeof *r)) return;
@@ -338,7 +369,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   }
   if (db != nullptr) {
     if (phase == 1) Train(job, rank, db, shard, &r);
-    if (phase == 2) Restore(db, shard, &r);
+    if (phase == 2) Restore(job, rank, db, shard, &r, /*compare=*/true);
     if (phase == 3) {
       Campaign(job, rank, db, shard, &r, report_fd);
       if (r.status == -1) {  // reported, trained until its commit failed: wait for the kill
@@ -921,6 +952,8 @@ int RunClusterDemo(const ClusterArgs& a) {
   for (const auto& [node, t] : per_node) {
     std::printf("  node%d out %.0f MiB, in %.0f MiB", node, MiB(t.first), MiB(t.second));
   }
+  std::vector<Report> trained;
+  for (const Proc& p : procs) trained.push_back(p.report);
   std::printf("\n\n== node%d is lost ==\n", victim);
   std::vector<int> victims, survivors;
   for (int r = 0; r < a.ranks; ++r) (job.NodeOf(r) == victim ? victims : survivors).push_back(r);
@@ -972,6 +1005,23 @@ int RunClusterDemo(const ClusterArgs& a) {
       "\nok: every rank restored v%d bit for bit; node%d's ranks from their peers' memory, the "
       "rest from their own ram tier\n",
       a.iterations, victim);
+  std::vector<RankFigures> figures;
+  for (int r = 0; r < a.ranks; ++r) {
+    const Report& t = trained[r];
+    const Report& p = procs[r].report;
+    RankFigures f;
+    f.rank = r;
+    f.node = job.NodeOf(r);
+    f.lost = f.node == victim;
+    f.blocked_ms.assign(t.blocked_ms, t.blocked_ms + std::min<uint32_t>(t.checkpoints, kPlotted));
+    f.sync_ms.assign(t.sync_ms, t.sync_ms + kSyncSaves);
+    f.restore_ms = p.restore_ms;
+    f.sync_read_ms = p.sync_read_ms;
+    f.bytes = p.state_bytes;
+    f.restored_from = p.source;
+    figures.push_back(std::move(f));
+  }
+  PrintSummaryAndPlot(a, victim, figures);
   std::printf("the nodes' memory is in %s: rm -rf it to free it (the next demo replaces it)\n",
               a.ram_dir.c_str());
   return kExitOk;
