@@ -306,6 +306,34 @@ TEST_F(CliTest, VerifySaysABrokenHeaderOrFooterOnce) {
   test::WriteWholeFile(seg, original);
 }
 
+// The many-rank demo ends with what ckptdb saved the trainer against the same state saved with
+// write + fsync in the same run, the run's figures in ROOT/run.json, and ROOT/run.png when
+// Debian's matplotlib is installed (said when it is not).
+TEST_F(CliTest, DemoComparesWithASynchronousSaveAndWritesItsRun) {
+  TempDir demo("/dev/shm");
+  const std::string root = demo.Sub("job");
+  Result r = Cli("demo --mib-per-rank 4 --iterations 4 --compute-ms 50 --root " + Quote(root) +
+                 " --ram-dir " + Quote(demo.Sub("ram")));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("== what ckptdb saved the trainer, in this run =="), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("trainer blocked per checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lost: it was on that node's disk"), std::string::npos) << r.output;
+  const nlohmann::json run = nlohmann::json::parse(ReadWholeFile(root + "/run.json"));
+  ASSERT_EQ(run["ranks"].size(), 4u);
+  for (const auto& rank : run["ranks"]) {
+    EXPECT_EQ(rank["blocked_ms"].size(), 4u) << rank;
+    EXPECT_EQ(rank["sync_ms"].size(), 3u) << rank;
+    for (const auto& ms : rank["sync_ms"]) EXPECT_GT(ms.get<double>(), 0.0) << rank;
+    EXPECT_GT(rank["restore_ms"].get<double>(), 0.0) << rank;
+    // The lost node's synchronous save went with its disk; the others read theirs back.
+    EXPECT_EQ(rank["sync_read_ms"].get<double>() < 0, rank["lost"].get<bool>()) << rank;
+  }
+  const bool matplotlib = std::system("/usr/bin/python3 -c 'import matplotlib' 2>/dev/null") == 0;
+  EXPECT_EQ(fs::exists(root + "/run.png"), matplotlib) << r.output;
+  if (!matplotlib) EXPECT_NE(r.output.find("no plot"), std::string::npos) << r.output;
+}
+
 TEST_F(CliTest, DemoWithAecRestoresTheLostNodeFromParity) {
   TempDir demo("/dev/shm");
   const std::string root = demo.Sub("job");
