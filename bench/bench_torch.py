@@ -3,6 +3,7 @@
 
     CKPTDB_LIBRARY=build/libckptdb.so PYTHONPATH=python \\
         /usr/bin/python3 bench/bench_torch.py [--gib 2] [--steps 8] [--dir /var/tmp/...]
+        [--dcp-only [--dcp-gib 0.5]]
 
 The state: a stack of 4096 x 4096 Linear layers and their Adam state after one step (the
 parameters and two moments: 3 x 4 bytes a parameter), at least --gib GiB. It trains on synthetic
@@ -140,6 +141,10 @@ def main():
                         help="steps of the real client test's small model (0: skip it)")
     parser.add_argument("--small-only", action="store_true",
                         help="only the real client test's small model (issue 23's step bar)")
+    parser.add_argument("--dcp-only", action="store_true",
+                        help="only DCP's save and load through ckptdb.torch.dcp against DCP's "
+                             "FileSystemWriter/Reader into tmpfs (--dcp-gib of state)")
+    parser.add_argument("--dcp-gib", type=float, default=0.5)
     parser.add_argument("--device", default="cpu",
                         help="cpu, or cuda: the model and its state on the GPU (needs torch with "
                              "CUDA and a CUDA build of libckptdb)")
@@ -164,6 +169,8 @@ def run(args):
     if args.small_only:
         print_small(*small_loop(args.dir, args.ram_dir, args.small_steps))
         return
+    if args.dcp_only:
+        return dcp_plugins(args)
     dcp = import_dcp()
     width = 4096
     per_layer = (width * width + width) * 4 * 3
@@ -298,6 +305,86 @@ def run(args):
           f"{median_ms(torch_load) / median_ms(ckpt_load_new):.1f}x torch.load")
     if small is not None:
         print_small(*small)
+    return 0
+
+
+def dcp_plugins(args):
+    """DCP's own save and load calls through ckptdb.torch.dcp's StorageWriter/Reader, against
+    DCP's FileSystemWriter/Reader into tmpfs (--ram-dir), in one run, the two alternating: the
+    time a training loop is blocked per save, and the load. ckptdb's writer twice: waiting for
+    capture inside the save (the default), and not (wait_capture=False), the forward and
+    backward pass running before writer.wait_capture() and the optimizer step, as a loop would."""
+    from ckptdb.torch.dcp import StorageReader, StorageWriter, dcp  # noqa: PLC0415
+
+    width = 2048
+    per_layer = (width * width + width) * 4 * 3
+    layers = max(1, -(-int(args.dcp_gib * 2**30) // per_layer))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    batch = torch.randn(16, width)
+
+    def forward_backward():
+        optimizer.zero_grad()
+        model(batch).square().mean().backward()
+
+    forward_backward()
+    optimizer.step()
+    state = flat({"model": model.state_dict(), "optim": optimizer.state_dict()})
+    gib = state_bytes(state) / 2**30
+    print(f"DCP: {layers} layers of {width} x {width} and their Adam state, {len(state)} "
+          f"tensors, {gib:.2f} GiB, one process; FileSystemWriter into {args.ram_dir} (tmpfs)")
+    store = ckptdb.Store(os.path.join(args.dir, "dcp-ckptdb"),
+                         tiers=f"ram:{int(2.5 * gib * 1024) + 64}M,keep=1,dir={args.ram_dir}")
+    files = os.path.join(args.ram_dir, "dcp-files")
+    blocked = {"FileSystemWriter": [], "ckptdb, capture waited in save": [],
+               "ckptdb, capture waited before step": []}
+    loads = {"FileSystemReader": [], "ckptdb StorageReader": []}
+    version = 0
+    for _ in range(args.repeats):
+        forward_backward()
+        optimizer.step()
+        shutil.rmtree(files, ignore_errors=True)
+        os.makedirs(files)
+        t = time.perf_counter()
+        dcp.save_state_dict(state, dcp.FileSystemWriter(files), no_dist=True)
+        blocked["FileSystemWriter"].append(time.perf_counter() - t)
+        for wait in (True, False):
+            forward_backward()
+            optimizer.step()
+            version += 1
+            writer = StorageWriter(store, version=version, wait_capture=wait)
+            t = time.perf_counter()
+            dcp.save_state_dict(state, writer, no_dist=True)
+            saved = time.perf_counter() - t
+            if wait:
+                blocked["ckptdb, capture waited in save"].append(saved)
+            else:
+                forward_backward()  # the next step's passes overlap the copy
+                t = time.perf_counter()
+                writer.wait_capture()
+                blocked["ckptdb, capture waited before step"].append(
+                    saved + time.perf_counter() - t)
+                optimizer.step()
+            writer.wait_commit()
+        t = time.perf_counter()
+        dcp.load_state_dict(state, dcp.FileSystemReader(files), no_dist=True)
+        loads["FileSystemReader"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        dcp.load_state_dict(state, StorageReader(store, version=version), no_dist=True)
+        loads["ckptdb StorageReader"].append(time.perf_counter() - t)
+    store.close()
+    shutil.rmtree(files, ignore_errors=True)
+    base = median_ms(blocked["FileSystemWriter"])
+    for name, samples in blocked.items():
+        ms = median_ms(samples)
+        print(f"blocked per save, {name:36s} {ms:8.1f} ms ({gib / (ms / 1e3):.2f} GiB/s)  "
+              f"{ms / base:.3f} of FileSystemWriter's (bar <= 0.2), median of {len(samples)}")
+    base = median_ms(loads["FileSystemReader"])
+    for name, samples in loads.items():
+        ms = median_ms(samples)
+        print(f"load, {name:47s} {ms:8.1f} ms ({gib / (ms / 1e3):.2f} GiB/s)  "
+              f"{ms / base:.3f} of FileSystemReader's")
     return 0
 
 

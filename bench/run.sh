@@ -90,6 +90,10 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
     /usr/bin/python3 "$(dirname "$0")/bench_torch.py" --small-only --threads 1
   echo
+  echo "== issue 26: DCP's save and load through ckptdb.torch.dcp against FileSystemWriter into tmpfs =="
+  CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
+    /usr/bin/python3 "$(dirname "$0")/bench_torch.py" --dcp-only --repeats 5 --threads 2
+  echo
   echo "== issue 25: REFT's AOR, a keeper's recomputed Adam/AdamW shard against the owner's step =="
   CKPTDB_LIBRARY="$build/libckptdb.so" PYTHONPATH="$(dirname "$0")/../python" \
     /usr/bin/python3 "$(dirname "$0")/bench_aor.py" --threads 1
