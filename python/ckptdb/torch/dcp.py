@@ -224,12 +224,7 @@ class StorageWriter(_Writer):
             if not self._coordinator:
                 self.store.commit(version, wait=False)
         except BaseException:
-            # Nothing half saved: the version is dropped on this rank (and so, in a job, it
-            # never commits anywhere).
-            try:
-                self.store.abort(version)
-            except _capi.Error:
-                pass
+            self._drop()
             raise
         future: Future = Future()
         future.set_result(results)
@@ -244,11 +239,16 @@ class StorageWriter(_Writer):
             self.store.put_shard(version, METADATA, pickle.dumps(metadata), copy_now=True)
             self.store.commit(version, wait=False)
         except BaseException:
-            try:
-                self.store.abort(version)
-            except _capi.Error:
-                pass
+            self._drop()
             raise
+
+    def _drop(self) -> None:
+        """Nothing half saved: the version is dropped on this rank (and so, in a job, it never
+        commits anywhere). The failure that led here is what the caller hears."""
+        try:
+            self.store.abort(self.version)
+        except _capi.Error:
+            pass
 
     # -- ckptdb's own ----------------------------------------------------------------------------
     def wait_capture(self) -> None:
