@@ -30,7 +30,7 @@ void Db::ReadOwnParityUnits(uint64_t version, const std::string& name,
                             const std::vector<uint64_t>& units, const std::vector<uint64_t>& bytes,
                             uint8_t* out, std::vector<Status>* results) {
   results->assign(units.size(), Status::NotFound("this rank's own parity units of " +
-                                                 QuoteName(name) + "' are on none of its tiers"));
+                                                 QuoteName(name) + " are on none of its tiers"));
   for (size_t ti = 0; ti < tiers_.size(); ++ti) {
     OpenSegment* seg = nullptr;
     if (!ReadSegment(version, ti, &seg).ok()) continue;

@@ -2,9 +2,10 @@
 (libckptdb.so) and the save's native walk (ckptdb/_native.*.so) when it was built.
 
 Where they come from, first found: $CKPTDB_BUILD_DIR (a CMake build of this tree), the tree's
-build/ (what `make` built), else a Release build made now with CMake into build-python/ (the
-library and the walk only; scripts/install-deps.sh installs what it needs). The metadata is in
-pyproject.toml.
+build/ (what `make` built), each brought up to date first (cmake --build of the two targets),
+else a Release build made now with CMake into build-python/ (the library and the walk only;
+scripts/install-deps.sh installs what it needs). pip must build in place (pip 21.3 and later
+do), so that the tree is the directory above this file. The metadata is in pyproject.toml.
 """
 
 import glob
@@ -20,9 +21,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+def _make(build: str) -> None:
+    """The library and the walk brought up to date in a CMake build directory (nothing to do
+    when they are): a wheel never packages a library older than its sources."""
+    targets = ["ckptdb"]
+    probe = subprocess.run(["cmake", "--build", build, "--target", "help"], capture_output=True,
+                           text=True, check=False)
+    if "ckptdb_native" in probe.stdout:
+        targets.append("ckptdb_native")
+    subprocess.check_call(["cmake", "--build", build, "-j2", "--target", *targets])
+
+
 def _build_dir() -> str:
     for candidate in (os.environ.get("CKPTDB_BUILD_DIR"), os.path.join(ROOT, "build")):
         if candidate and os.path.exists(os.path.join(candidate, "libckptdb.so")):
+            if os.path.exists(os.path.join(candidate, "CMakeCache.txt")):
+                _make(candidate)
             return candidate
     if not os.path.exists(os.path.join(ROOT, "CMakeLists.txt")):
         raise RuntimeError(f"no libckptdb.so to package and no ckptdb tree at {ROOT} to build one "
@@ -30,12 +44,7 @@ def _build_dir() -> str:
     out = os.path.join(ROOT, "build-python")
     subprocess.check_call(["cmake", "-S", ROOT, "-B", out, "-DCMAKE_BUILD_TYPE=Release",
                            "-DCKPTDB_WITH_CUDA=OFF", "-DCKPTDB_BUILD_FUZZERS=OFF"])
-    targets = ["ckptdb"]
-    probe = subprocess.run(["cmake", "--build", out, "--target", "help"], capture_output=True,
-                           text=True, check=False)
-    if "ckptdb_native" in probe.stdout:
-        targets.append("ckptdb_native")
-    subprocess.check_call(["cmake", "--build", out, "-j2", "--target", *targets])
+    _make(out)
     return out
 
 

@@ -515,9 +515,11 @@ int RunImport(const ImportArgs& args) {
   }
   if (!s.ok()) return Fail(cmd, s.message() + "; nothing was imported", kExitProblem);
   // A store this import makes is removed again when the import fails: a failed import leaves
-  // ROOT as it found it.
+  // ROOT as it found it. Ours only when this call made the directory (mkdir: not a path that
+  // exists, a dangling link or one it cannot look at), and never after an open that found the
+  // store busy (another process took it in between).
   std::error_code ec;
-  const bool made_root = !std::filesystem::exists(args.root, ec);
+  const bool made_root = mkdir(args.root.c_str(), 0755) == 0;
 
   ckptdb_options o;
   ckptdb_options_init(&o);
@@ -528,7 +530,7 @@ int RunImport(const ImportArgs& args) {
   ckptdb* raw_db = nullptr;
   if (int rc = ckptdb_open(&o, &raw_db); rc != CKPTDB_OK) {
     const std::string why = ErrorText(rc);
-    if (made_root) std::filesystem::remove_all(args.root, ec);
+    if (made_root && rc != CKPTDB_EBUSY) std::filesystem::remove_all(args.root, ec);
     return Fail(cmd, "open " + args.root + ": " + why, ExitCodeFor(rc));
   }
   DbHandle db(raw_db);

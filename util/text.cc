@@ -37,9 +37,14 @@ size_t Utf8At(std::string_view text, size_t i, uint32_t* cp) {
   return n;
 }
 
+// C1 controls; the bidirectional controls that reorder a line (U+061C, U+200E, U+200F,
+// U+202A-U+202E, U+2066-U+2069); the line and paragraph separators some viewers break lines at
+// (U+2028, U+2029); and the invisible ones a name could hide behind (U+200B-U+200D, U+2060,
+// U+FEFF).
 bool Reorders(uint32_t cp) {
-  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x061C || cp == 0x200E || cp == 0x200F ||
-         (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+  return (cp >= 0x80 && cp <= 0x9F) || cp == 0x061C || (cp >= 0x200B && cp <= 0x200F) ||
+         (cp >= 0x2028 && cp <= 0x202E) || cp == 0x2060 || (cp >= 0x2066 && cp <= 0x2069) ||
+         cp == 0xFEFF;
 }
 
 std::string Hex(uint8_t b) {

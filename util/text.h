@@ -6,8 +6,9 @@
 //   - control bytes (0x00-0x1f, 0x7f) and every byte that is not part of valid UTF-8 as \xNN;
 //   - the backslash itself as \\ and the quote `quote` (when not 0) as \' or \", so that what is
 //     shown reads back to exactly one text;
-//   - C1 controls (U+0080-U+009F) and the bidirectional controls that reorder a line (U+061C,
-//     U+200E, U+200F, U+202A-U+202E, U+2066-U+2069) as \u{XXXX};
+//   - C1 controls (U+0080-U+009F), the bidirectional controls that reorder a line (U+061C,
+//     U+200E, U+200F, U+202A-U+202E, U+2066-U+2069), the line and paragraph separators (U+2028,
+//     U+2029) and the invisible U+200B-U+200D, U+2060 and U+FEFF as \u{XXXX};
 // and keeps every other valid UTF-8 sequence as it is (names in any script stay readable). At
 // most `max_bytes` bytes of the escaped text are kept, never cutting an escape or a UTF-8
 // sequence; a cut text ends in "..." and " (N bytes)", N the original's length.

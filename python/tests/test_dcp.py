@@ -11,6 +11,7 @@ save and load calls of Debian's torch 1.13 writing into and reading from ckptdb 
   loads them whole; every element checked.
 """
 
+import importlib
 import os
 import shutil
 import socket
@@ -124,6 +125,58 @@ class DcpOneProcessTest(unittest.TestCase):
             dcp.save_state_dict(self.state(3), writer, no_dist=True)
             writer.wait_commit()
             self.assertEqual(writer.version, 1)
+
+    def test_saves_back_to_back_take_the_next_versions_while_commits_run(self):
+        # The loop a trainer runs. Whether a commit is still running when the next save picks
+        # its version is up to timing here (the rule that once asked the store's latest passed
+        # this too); test_a_save_dcp_abandoned_is_aborted_by_the_next holds a version open for
+        # certain.
+        with self.open() as store:
+            saved = []
+            for seed in (6, 7, 8):  # no wait for capture or commit in between
+                state = self.state(seed)
+                writer = self.Writer(store, wait_capture=False)
+                dcp.save_state_dict(state, writer, no_dist=True)
+                saved.append((writer.version, {k: (v.clone() if isinstance(v, torch.Tensor)
+                                                   else v) for k, v in state.items()}))
+            self.assertEqual([v for v, _ in saved], [0, 1, 2])
+            writer.wait_commit()
+            for version, values in saved[1:]:  # keep=2: version 0 is retired by now
+                loaded = self.empty_like(values)
+                dcp.load_state_dict(loaded, self.Reader(store, version=version), no_dist=True)
+                self.check(loaded, values)
+
+    def test_a_load_converts_to_the_targets_dtype(self):
+        with self.open() as store:
+            g = torch.Generator().manual_seed(9)
+            saved = {"w": torch.randn(64, 32, generator=g).to(torch.float16)}
+            writer = self.Writer(store, version=1)
+            dcp.save_state_dict(saved, writer, no_dist=True)
+            writer.wait_commit()
+            for dtype in (torch.float32, torch.bfloat16, torch.float64):
+                loaded = {"w": torch.zeros(64, 32, dtype=dtype)}
+                dcp.load_state_dict(loaded, self.Reader(store, version=1), no_dist=True)
+                self.assertTrue(torch.equal(loaded["w"], saved["w"].to(dtype)), dtype)
+
+    def test_a_save_dcp_abandoned_is_aborted_by_the_next(self):
+        # Another rank's failure: torch then calls no finish, and this rank's version is left
+        # open (put, not committed). The next save aborts it and goes on above it.
+        planner_module = importlib.import_module(dcp.__name__ + ".planner")
+        with self.open() as store:
+            writer = self.Writer(store)
+            writer.init(True)
+            plan = writer.prepare_global_plan([planner_module.SavePlan(items=[])])[0]
+            writer.write_data(plan, None)
+            self.assertEqual(writer.version, 0)
+            state = self.state(10)
+            next_writer = self.Writer(store)
+            dcp.save_state_dict(state, next_writer, no_dist=True)
+            next_writer.wait_commit()
+            self.assertEqual(next_writer.version, 1)
+            self.assertEqual(store.latest(), 1)
+            with self.assertRaises(ckptdb.StateError) as e:
+                store.list(0)
+            self.assertIn("ABORTED", str(e.exception))
 
     def test_a_failed_save_commits_nothing(self):
         with self.open() as store:

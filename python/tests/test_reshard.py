@@ -450,6 +450,19 @@ class SafetensorsTest(unittest.TestCase):
                 self.assertIn("nothing was imported", r.stderr)
                 self.assertFalse(os.path.exists(root), "a refused import made a store")
                 self.assertLess(len(r.stderr), 1000, r.stderr)
+        # Refused at the open (a tier spec that does not parse): the root it made is removed;
+        # one that was there before stays.
+        path = os.path.join(self.dir, "open-fails.safetensors")
+        write_safetensors(path, {"a": t})
+        root = os.path.join(self.dir, "never-opened")
+        r = self.cli("import", path, "--root", root, "--version", "1", "--tiers", "nonsense:/x")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("nonsense", r.stderr)
+        self.assertFalse(os.path.exists(root), "the root the failed import made is still there")
+        os.makedirs(root)
+        r = self.cli("import", path, "--root", root, "--version", "1", "--tiers", "nonsense:/x")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertTrue(os.path.isdir(root), "a directory that was there before was removed")
         # Version 0 is a version (the API takes it); 2**64 - 1 is reserved.
         path = os.path.join(self.dir, "v0.safetensors")
         write_safetensors(path, {"a": t})

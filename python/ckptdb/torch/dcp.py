@@ -37,10 +37,14 @@ Which methods each torch calls (the classes implement both):
     read_metadata, set_up_storage_reader(metadata, is_coordinator), then the same;
     validate_checkpoint_id (a version number) and storage_meta on both.
 
-Each rank's commit is asynchronous: a non-coordinator commits at the end of write_data, the
-coordinator in finish once "dcp/.metadata" is put. In a ckptdb job (world_size > 1) the version
-commits on every rank at once or on none (the two-phase commit); with one store per rank and no
-job, each rank's store commits on its own.
+The version: the one given, or the coordinator's choice (above its store's latest and above the
+last version a writer of this process opened there, whose commit may still be running), sent to
+every rank in its save plan. Each rank's commit is asynchronous: a non-coordinator commits at the
+end of write_data, the coordinator in finish once "dcp/.metadata" is put. In a ckptdb job
+(world_size > 1) the version commits on every rank at once or on none (the two-phase commit);
+with one store per rank and no job, each rank's store commits on its own. A rank whose
+write_data fails aborts its version; when another rank failed, torch calls no finish and a
+rank's version stays open until its next save aborts it (or writer.abort()).
 """
 
 import dataclasses
@@ -48,6 +52,7 @@ import importlib
 import io
 import pickle
 import sys
+import weakref
 from typing import List, Optional, Sequence, Union
 
 import torch
@@ -115,6 +120,33 @@ class Stored:
     name: str
     shape: Optional[tuple]
     nbytes: int
+    dtype: Optional[str] = None  # the saved tensor's ("torch.float16"); a load converts from it
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """SavePlan.storage_data: the version the coordinator chose for every rank's save."""
+
+    version: int
+
+
+@dataclasses.dataclass
+class _Opened:
+    version: int
+    committed: bool = False
+
+
+# Per store, the version this process's last StorageWriter opened on it and whether it committed
+# it: the next save's version is above it even while its commit is still running, and a version
+# DCP abandoned (another rank failed: DCP then calls no finish) is aborted by the next save.
+_OPENED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _torch_dtype(text: Optional[str]):
+    if not text or not text.startswith("torch."):
+        return None
+    dtype = getattr(torch, text[len("torch."):], None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def _item_name(index) -> str:
@@ -132,10 +164,11 @@ def _this_rank() -> int:
 
 
 class StorageWriter(_Writer):
-    """Writes DCP's save into `store` as `version` (None: the store's latest + 1, or 0 in an
-    empty store; in a job every rank is told the same latest). `rank`: the saving rank recorded
-    with each item (default: torch.distributed's rank, 0 without a process group); a reader is
-    given the stores in that order."""
+    """Writes DCP's save into `store` as `version` (None: the coordinator's choice, above its
+    store's latest and above the last version a writer of this process opened on it, sent to
+    every rank in its plan). `rank`: the saving rank recorded with each item (default:
+    torch.distributed's global rank, 0 without a process group: give it for a subgroup); a
+    reader is given the stores in that order."""
 
     def __init__(self, store: Store, version: Optional[int] = None, *,
                  wait_capture: bool = True, rank: Optional[int] = None):
@@ -173,22 +206,41 @@ class StorageWriter(_Writer):
     # -- both ------------------------------------------------------------------------------------
     def init(self, is_coordinator: bool) -> None:
         self._coordinator = bool(is_coordinator)
-        if self._asked is not None:
-            self.version = self._asked
-        else:
-            latest = self.store.latest()
-            self.version = 0 if latest is None else latest + 1
+        self.version = None
         if self._rank is None:
             self._rank = _this_rank()
+        opened = _OPENED.get(self.store)
+        if opened is not None and not opened.committed:
+            try:  # a save DCP abandoned on this rank (another rank's failed): never committed
+                self.store.abort(opened.version)
+            except _capi.Error:
+                pass
+            opened.committed = True  # settled
 
     def prepare_local_plan(self, plan):
         return plan
 
     def prepare_global_plan(self, plans):
-        return plans
+        """Coordinator only: one version for every rank's save, sent in each plan (ranks that
+        asked their own store's latest could differ, or take a version still being
+        committed)."""
+        if self._asked is not None:
+            version = self._asked
+        else:
+            latest = self.store.latest()
+            opened = _OPENED.get(self.store)
+            version = max(-1 if latest is None else latest,
+                          -1 if opened is None else opened.version) + 1
+            version = _checked_version(version, "StorageWriter")
+        return [dataclasses.replace(p, storage_data=_Plan(version)) for p in plans]
 
     def write_data(self, plan, planner) -> Future:
-        version = self.version
+        planned = plan.storage_data
+        if not isinstance(planned, _Plan):
+            raise _capi.StateError(-4, "StorageWriter.write_data: the plan carries no version "
+                                       "(prepare_global_plan was not this writer's)")
+        version = self.version = planned.version
+        _OPENED[self.store] = _Opened(version)
         results: List[WriteResult] = []
         try:
             marker = int(self._rank).to_bytes(8, "little")
@@ -218,11 +270,13 @@ class StorageWriter(_Writer):
                 nbytes = tensor.numel() * tensor.element_size()
                 results.append(WriteResult(index=item.index, size_in_bytes=nbytes,
                                            storage_data=Stored(self._rank, name,
-                                                               tuple(tensor.shape), nbytes)))
+                                                               tuple(tensor.shape), nbytes,
+                                                               str(tensor.dtype))))
             if self._wait:
                 self.store.wait_capture(version)
             if not self._coordinator:
                 self.store.commit(version, wait=False)
+                _OPENED[self.store].committed = True
         except BaseException:
             self._drop()
             raise
@@ -238,6 +292,7 @@ class StorageWriter(_Writer):
         try:
             self.store.put_shard(version, METADATA, pickle.dumps(metadata), copy_now=True)
             self.store.commit(version, wait=False)
+            _OPENED[self.store].committed = True
         except BaseException:
             self._drop()
             raise
@@ -249,6 +304,15 @@ class StorageWriter(_Writer):
             self.store.abort(self.version)
         except _capi.Error:
             pass
+        if self.store in _OPENED:
+            _OPENED[self.store].committed = True  # settled
+
+    def abort(self) -> None:
+        """Drops the last save's version on this rank if it is not committed (a rank whose save
+        DCP abandoned because another rank failed; the next save does it too)."""
+        opened = _OPENED.get(self.store)
+        if opened is not None and not opened.committed and opened.version == self.version:
+            self._drop()
 
     # -- ckptdb's own ----------------------------------------------------------------------------
     def wait_capture(self) -> None:
@@ -267,7 +331,7 @@ class StorageWriter(_Writer):
 
 class StorageReader(_Reader):
     """Reads a DCP checkpoint that StorageWriter saved as `version` (None: the newest version
-    of stores[0]). `stores`: the saving job's stores, one per saving rank in rank order (one
+    of stores[0], which each rank asks for itself: give the version in a job of several). `stores`: the saving job's stores, one per saving rank in rank order (one
     Store alone for a job of one rank); in a job of another size they are opened read-only
     (`ckptdb.Store(root, read_only=True)`, docs/python.md), and each ReadItem is read with
     restore_slice from the store of the rank that saved it: only the chunks it needs."""
@@ -353,8 +417,11 @@ class StorageReader(_Reader):
             target = planner.resolve_tensor(req).detach()
             lengths = tuple(int(n) for n in req.lengths)
             starts = tuple(int(o) for o in req.storage_offsets)
-            direct = target.device.type == "cpu" and target.is_contiguous()
-            out = target if direct else torch.empty(lengths, dtype=target.dtype)
+            saved = _torch_dtype(stored.dtype) or target.dtype
+            # Restored as saved; copied (converted) when the target differs in place or dtype.
+            direct = (target.device.type == "cpu" and target.is_contiguous() and
+                      target.dtype == saved)
+            out = target if direct else torch.empty(lengths, dtype=saved)
             if stored.shape == lengths and not any(starts):
                 store.restore(self.version, stored.name, out)  # the whole chunk
             else:
