@@ -112,12 +112,11 @@ Status ErasureCode::Make(const CodeSpec& spec, std::unique_ptr<ErasureCode>* out
   code->tables_.assign(size_t{32} * k * spec.m, 0);
   ec_init_tables(static_cast<int>(k), static_cast<int>(spec.m), &code->matrix_[size_t{k} * k],
                  code->tables_.data());
-  code->column_tables_.assign(size_t{32} * k * spec.m, 0);
-  std::vector<uint8_t> column(spec.m);
+  std::vector<uint32_t> all_rows(spec.m);
+  for (uint32_t r = 0; r < spec.m; ++r) all_rows[r] = r;
   for (uint32_t j = 0; j < k; ++j) {
-    for (uint32_t r = 0; r < spec.m; ++r) column[r] = code->matrix_[size_t{k + r} * k + j];
-    ec_init_tables(1, static_cast<int>(spec.m), column.data(),
-                   &code->column_tables_[size_t{32} * spec.m * j]);
+    const std::vector<uint8_t> column = code->TablesOf(all_rows, j, 1);
+    code->column_tables_.insert(code->column_tables_.end(), column.begin(), column.end());
   }
   *out = std::move(code);
   return Status::Ok();
@@ -155,6 +154,22 @@ void ErasureCode::Encode(size_t bytes, const uint8_t* const* data, uint8_t* cons
   }
 }
 
+std::vector<uint8_t> ErasureCode::TablesOf(std::span<const uint32_t> rows, uint32_t first,
+                                           uint32_t sources) const {
+  const uint32_t k = spec_.k;
+  CKPTDB_ASSERT(!rows.empty() && first + sources <= k);
+  std::vector<uint8_t> coefficients;
+  for (uint32_t r : rows) {
+    CKPTDB_ASSERT(r < spec_.m);
+    const uint8_t* row = &matrix_[size_t{k + r} * k + first];
+    coefficients.insert(coefficients.end(), row, row + sources);
+  }
+  std::vector<uint8_t> tables(size_t{32} * sources * rows.size(), 0);
+  ec_init_tables(static_cast<int>(sources), static_cast<int>(rows.size()), coefficients.data(),
+                 tables.data());
+  return tables;
+}
+
 bool ErasureCode::AllRows(std::span<const uint32_t> rows) const {
   if (rows.size() != spec_.m) return false;
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -174,19 +189,8 @@ void ErasureCode::Update(size_t bytes, uint32_t data_index, const uint8_t* data,
   // Tables are never cut out of tables_: their layout is ISA-L's own (32 bytes an entry in 2.30,
   // 8 with GFNI in later versions). All M rows in order use tables_; any other set gets its own.
   std::vector<uint8_t> own;
-  const uint8_t* tables = AllRows(rows) ? tables_.data() : nullptr;
-  if (tables == nullptr) {
-    std::vector<uint8_t> coefficients;
-    for (uint32_t r : rows) {
-      CKPTDB_ASSERT(r < spec_.m);
-      coefficients.insert(coefficients.end(), &matrix_[size_t{k + r} * k],
-                          &matrix_[size_t{k + r} * k] + k);
-    }
-    own.assign(size_t{32} * k * rows.size(), 0);
-    ec_init_tables(static_cast<int>(k), static_cast<int>(rows.size()), coefficients.data(),
-                   own.data());
-    tables = own.data();
-  }
+  if (!AllRows(rows)) own = TablesOf(rows, 0, k);
+  const uint8_t* tables = own.empty() ? tables_.data() : own.data();
   for (size_t off = 0; off < bytes; off += kMaxSliceBytes) {
     const size_t n = std::min(kMaxSliceBytes, bytes - off);
     std::vector<uint8_t*> dst(rows.size());
@@ -206,18 +210,9 @@ void ErasureCode::Partial(size_t bytes, uint32_t data_index, const uint8_t* data
   }
   // One source against the rows: its column's tables for all M rows in order, else its own.
   std::vector<uint8_t> own;
+  if (!AllRows(rows)) own = TablesOf(rows, data_index, 1);
   const uint8_t* tables =
-      AllRows(rows) ? column_tables_.data() + size_t{32} * spec_.m * data_index : nullptr;
-  if (tables == nullptr) {
-    std::vector<uint8_t> coefficients;
-    for (uint32_t r : rows) {
-      CKPTDB_ASSERT(r < spec_.m);
-      coefficients.push_back(Coefficient(r, data_index));
-    }
-    own.assign(size_t{32} * rows.size(), 0);
-    ec_init_tables(1, static_cast<int>(rows.size()), coefficients.data(), own.data());
-    tables = own.data();
-  }
+      own.empty() ? column_tables_.data() + size_t{32} * spec_.m * data_index : own.data();
   for (size_t off = 0; off < bytes; off += kMaxSliceBytes) {
     const size_t n = std::min(kMaxSliceBytes, bytes - off);
     std::vector<uint8_t*> dst(rows.size());

@@ -96,6 +96,10 @@ class ErasureCode {
  private:
   explicit ErasureCode(const CodeSpec& spec) : spec_(spec) {}
   bool AllRows(std::span<const uint32_t> rows) const;  // exactly 0, 1, ..., M-1
+  // ec_init_tables of parity rows `rows` against data blocks first .. first + sources - 1, made
+  // for them alone (32 bytes an entry reserved, whatever ISA-L's own layout uses of it).
+  std::vector<uint8_t> TablesOf(std::span<const uint32_t> rows, uint32_t first,
+                                uint32_t sources) const;
   CodeSpec spec_;
   std::vector<uint8_t> matrix_;  // (K + M) x K, row major; identity on top
   std::vector<uint8_t> tables_;  // ec_init_tables of the M parity rows
