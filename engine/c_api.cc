@@ -2,11 +2,13 @@
 // the thread-local last error; the options and the environment are resolved in engine/config.cc.
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <vector>
@@ -17,10 +19,19 @@
 #include "engine/group_check.h"
 #include "engine/repair.h"
 #include "format/manifest.h"
+#include "util/assert.h"
 #include "util/text.h"
 
+// A handle counts the calls inside it, so that ckptdb_close frees it only once none is (a put
+// whose caller released Python's GIL, a restore on another thread); calls that begin after the
+// close did are refused (ESTATE) while it waits. A call that begins after ckptdb_close returned
+// uses freed memory, as with any freed pointer.
 struct ckptdb {
   std::unique_ptr<ckpt::engine::Db> db;
+  std::mutex mu;
+  std::condition_variable idle;
+  uint32_t calls = 0;
+  bool closing = false;
 };
 
 struct ckptdb_server {
@@ -62,6 +73,24 @@ int Guard(const char* call, F body) {
 int NullHandle(const char* call) {
   t_last_error = std::string(call) + ": the ckptdb handle is NULL";
   return CKPTDB_EINVAL;
+}
+
+
+// Guard for a call on an open handle: counted in the handle while it runs (see struct ckptdb).
+template <typename F>
+int GuardDb(ckptdb* db, const char* call, F body) {
+  {
+    std::lock_guard<std::mutex> lock(db->mu);
+    if (db->closing) {
+      return Fail(ckpt::Status::State(std::string(call) + ": the handle is being closed"));
+    }
+    ++db->calls;
+  }
+  const int rc = Guard(call, body);
+  std::lock_guard<std::mutex> lock(db->mu);
+  CKPTDB_ASSERT(db->calls > 0);
+  if (--db->calls == 0) db->idle.notify_all();
+  return rc;
 }
 
 }  // namespace
@@ -131,6 +160,12 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
 
 int ckptdb_close(ckptdb* db) {
   if (db == nullptr) return CKPTDB_OK;
+  {
+    std::unique_lock<std::mutex> lock(db->mu);
+    if (db->closing) return Fail(ckpt::Status::State("ckptdb_close: the handle is being closed"));
+    db->closing = true;
+    db->idle.wait(lock, [db] { return db->calls == 0; });
+  }
   return Guard("ckptdb_close", [&] {
     ckpt::Status st = db->db->Close();
     delete db;
@@ -141,86 +176,86 @@ int ckptdb_close(ckptdb* db) {
 int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void* data,
                      size_t nbytes, const ckptdb_tensor_info* info, unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_put_shard");
-  return Guard("ckptdb_put_shard",
+  return GuardDb(db, "ckptdb_put_shard",
                [&] { return Done(db->db->PutShard(version, name, data, nbytes, info, flags)); });
 }
 
 int ckptdb_put_shards(ckptdb* db, uint64_t version, const ckptdb_shard* shards, size_t count) {
   if (db == nullptr) return NullHandle("ckptdb_put_shards");
-  return Guard("ckptdb_put_shards",
+  return GuardDb(db, "ckptdb_put_shards",
                [&] { return Done(db->db->PutShards(version, shards, count)); });
 }
 
 int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_capture");
-  return Guard("ckptdb_wait_capture",
+  return GuardDb(db, "ckptdb_wait_capture",
                [&] { return Done(db->db->WaitCapture(version, timeout_ms)); });
 }
 
 int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_commit");
-  return Guard("ckptdb_commit", [&] { return Done(db->db->Commit(version, flags)); });
+  return GuardDb(db, "ckptdb_commit", [&] { return Done(db->db->Commit(version, flags)); });
 }
 
 int ckptdb_wait_commit(ckptdb* db, uint64_t version, const char* tier, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_commit");
-  return Guard("ckptdb_wait_commit",
+  return GuardDb(db, "ckptdb_wait_commit",
                [&] { return Done(db->db->WaitCommit(version, tier, timeout_ms)); });
 }
 
 int ckptdb_abort(ckptdb* db, uint64_t version) {
   if (db == nullptr) return NullHandle("ckptdb_abort");
-  return Guard("ckptdb_abort", [&] { return Done(db->db->Abort(version)); });
+  return GuardDb(db, "ckptdb_abort", [&] { return Done(db->db->Abort(version)); });
 }
 
 int ckptdb_recoverable(ckptdb* db, uint64_t version, ckptdb_recoverable_t* out) {
   if (db == nullptr) return NullHandle("ckptdb_recoverable");
   if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_recoverable: out is NULL"));
-  return Guard("ckptdb_recoverable", [&] { return Done(db->db->Recoverable(version, out)); });
+  return GuardDb(db, "ckptdb_recoverable", [&] { return Done(db->db->Recoverable(version, out)); });
 }
 
 int ckptdb_latest(ckptdb* db, uint64_t* version) {
   if (db == nullptr) return NullHandle("ckptdb_latest");
   if (version == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_latest: version is NULL"));
-  return Guard("ckptdb_latest", [&] { return Done(db->db->Latest(version)); });
+  return GuardDb(db, "ckptdb_latest", [&] { return Done(db->db->Latest(version)); });
 }
 
 int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_restore");
-  return Guard("ckptdb_restore",
+  return GuardDb(db, "ckptdb_restore",
                [&] { return Done(db->db->Restore(version, name, dst, nbytes, flags)); });
 }
 
 int ckptdb_restore_slice(ckptdb* db, uint64_t version, const char* name, const ckptdb_box* box,
                          void* dst, size_t nbytes, unsigned flags, uint64_t* covered) {
   if (db == nullptr) return NullHandle("ckptdb_restore_slice");
-  return Guard("ckptdb_restore_slice", [&] {
+  return GuardDb(db, "ckptdb_restore_slice", [&] {
     return Done(db->db->RestoreSlice(version, name, box, dst, nbytes, flags, covered));
   });
 }
 
 int ckptdb_list(ckptdb* db, uint64_t version, ckptdb_list_fn fn, void* arg) {
   if (db == nullptr) return NullHandle("ckptdb_list");
-  return Guard("ckptdb_list", [&] { return Done(db->db->List(version, fn, arg)); });
+  return GuardDb(db, "ckptdb_list", [&] { return Done(db->db->List(version, fn, arg)); });
 }
 
 int ckptdb_list_chunks(ckptdb* db, uint64_t version, const char* name, ckptdb_chunk_fn fn,
                        void* arg, const char** source) {
   if (db == nullptr) return NullHandle("ckptdb_list_chunks");
-  return Guard("ckptdb_list_chunks",
+  return GuardDb(db, "ckptdb_list_chunks",
                [&] { return Done(db->db->ListChunks(version, name, fn, arg, source)); });
 }
 
 int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg) {
   if (db == nullptr) return NullHandle("ckptdb_list_versions");
-  return Guard("ckptdb_list_versions", [&] { return Done(db->db->ListVersions(fn, arg)); });
+  return GuardDb(db, "ckptdb_list_versions", [&] { return Done(db->db->ListVersions(fn, arg)); });
 }
 
 int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                   ckptdb_verify_report* out) {
   if (db == nullptr) return NullHandle("ckptdb_verify");
-  return Guard("ckptdb_verify", [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
+  return GuardDb(db, "ckptdb_verify", [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
 }
 
 int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, unsigned flags,
@@ -277,25 +312,37 @@ int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, uns
 int ckptdb_declare_replicas(ckptdb* db, uint32_t group, const uint32_t* members, size_t count,
                             const char* protection) {
   if (db == nullptr) return NullHandle("ckptdb_declare_replicas");
-  return Guard("ckptdb_declare_replicas",
+  return GuardDb(db, "ckptdb_declare_replicas",
                [&] { return Done(db->db->DeclareReplicas(group, members, count, protection)); });
 }
 
 int ckptdb_hint(ckptdb* db, unsigned hints) {
   if (db == nullptr) return NullHandle("ckptdb_hint");
-  return Guard("ckptdb_hint", [&] { return Done(db->db->Hint(hints)); });
+  return GuardDb(db, "ckptdb_hint", [&] { return Done(db->db->Hint(hints)); });
 }
 
 int ckptdb_stats(ckptdb* db, ckptdb_stats_t* out) {
   if (db == nullptr) return NullHandle("ckptdb_stats");
   if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_stats: out is NULL"));
-  return Guard("ckptdb_stats", [&] { return Done(db->db->Stats(out)); });
+  return GuardDb(db, "ckptdb_stats", [&] { return Done(db->db->Stats(out)); });
+}
+
+int ckptdb_open_problems(ckptdb* db, ckptdb_repair_fn fn, void* arg, uint64_t* count) {
+  if (db == nullptr) return NullHandle("ckptdb_open_problems");
+  return GuardDb(db, "ckptdb_open_problems", [&] {
+    const std::vector<std::string>& problems = db->db->open_problems();
+    if (count != nullptr) *count = problems.size();
+    for (const std::string& p : problems) {
+      if (fn != nullptr) fn(arg, p.c_str());
+    }
+    return CKPTDB_OK;
+  });
 }
 
 int ckptdb_version_stats(ckptdb* db, uint64_t version, ckptdb_version_stats_t* out) {
   if (db == nullptr) return NullHandle("ckptdb_version_stats");
   if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_version_stats: out is NULL"));
-  return Guard("ckptdb_version_stats", [&] { return Done(db->db->GetVersionStats(version, out)); });
+  return GuardDb(db, "ckptdb_version_stats", [&] { return Done(db->db->GetVersionStats(version, out)); });
 }
 
 int ckptdb_serve(const ckptdb_options* o, ckptdb_server** out) {

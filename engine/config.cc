@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 
 #include "engine/cluster.h"
 #include "engine/internal.h"
 #include "format/segment_format.h"
+#include "util/text.h"
 
 namespace ckpt::engine {
 namespace {
@@ -227,6 +229,13 @@ Status ResolveOpenOptions(const ckptdb_options& o, DbOptions* out) {
   d.read_only = o.read_only != 0;
   d.create_if_missing = o.create_if_missing != 0;
   d.drain_on_close = o.drain_on_close != 0;
+  d.drop_tiers = o.drop_tiers != 0;
+  if (const char* drop = std::getenv("CKPTDB_DROP_TIERS"); drop != nullptr && o.drop_tiers == 0) {
+    if (std::strcmp(drop, "1") != 0 && std::strcmp(drop, "0") != 0) {
+      return Status::Invalid("CKPTDB_DROP_TIERS must be 0 or 1, not " + QuoteName(drop));
+    }
+    d.drop_tiers = std::strcmp(drop, "1") == 0;
+  }
   if (const char* cpus = EnvOr(o.cpus, "CKPTDB_CPUS")) {
     CKPTDB_RETURN_IF_ERROR(ParseCpuList(cpus, &d.cpus));
   }

@@ -132,26 +132,6 @@ Status Db::Open(const DbOptions& given, std::unique_ptr<Db>* out) {
   return Status::Ok();
 }
 
-// A writer's tiers come from its options (or the default disk tier under the root). Bad input
-// changes nothing: the spec and the commit tier are checked before the store is created.
-Status Db::ParseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* specs) {
-  const DbOptions& o = options_;
-  const uint64_t record_bytes = format::RecordBytes(o.chunk_bytes);
-  std::vector<io::TierSpec>& out = *specs;
-  std::string spec = o.tiers.empty() ? "disk:" + o.root + "/segments" : o.tiers;
-  CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, specs));
-  for (const io::TierSpec& s : out) tiers_.emplace_back(s);
-  CKPTDB_RETURN_IF_ERROR(ResolveTier(o.commit_tier, &commit_tier_));
-  if (out[0].kind == io::TierKind::kRam) {
-    if (out[0].capacity_bytes < 2 * record_bytes + RamTier::kHeaderBytes + 2 * kBlockBytes) {
-      return Status::Invalid("options: the ram tier's " + std::to_string(out[0].capacity_bytes) +
-                             " bytes hold fewer than 2 chunks of chunk_bytes " +
-                             std::to_string(o.chunk_bytes));
-    }
-  }
-  return Status::Ok();
-}
-
 void Db::ChooseIo() {
   const DbOptions& o = options_;
   if (o.io != nullptr) {
@@ -305,21 +285,6 @@ Status Db::CheckIdentity(Status st, bool reopen_read_write) {
   return Status::Ok();
 }
 
-// A read-only handle opens with the tiers of the last read-write open unless told otherwise.
-Status Db::ParseReaderTiers(const std::string& cwd, std::vector<io::TierSpec>* specs) {
-  const DbOptions& o = options_;
-  const std::string& root = o.root;
-  std::string spec = o.tiers;
-  if (spec.empty()) {
-    Status ts = catalog_->GetTiers(&spec);
-    if (!ts.ok() && ts.code() != CKPTDB_ENOTFOUND) return ts;
-  }
-  if (spec.empty()) spec = "disk:" + root + "/segments";
-  CKPTDB_RETURN_IF_ERROR(io::ParseTierSpecs(spec, cwd, specs));
-  for (const io::TierSpec& s : *specs) tiers_.emplace_back(s);
-  return Status::Ok();
-}
-
 // The writer's queues and memory: allocated and faulted in once, never per checkpoint.
 Status Db::AllocateWriteBuffers(const io::QueueOptions& qo) {
   const DbOptions& o = options_;
@@ -387,12 +352,14 @@ Status Db::OpenImpl() {
   std::error_code ec;
   const std::string cwd = std::filesystem::current_path(ec).string();
   std::vector<io::TierSpec> specs;
-  if (!o.read_only) CKPTDB_RETURN_IF_ERROR(ParseWriterTiers(cwd, &specs));
+  if (!o.read_only) CKPTDB_RETURN_IF_ERROR(ParseWriterTiers(cwd, o.tiers, &specs));
   ChooseIo();
   CKPTDB_RETURN_IF_ERROR(OpenRoot());
   bool reopen_read_write = false;
   CKPTDB_RETURN_IF_ERROR(OpenCatalog(&reopen_read_write));
-  if (o.read_only) CKPTDB_RETURN_IF_ERROR(ParseReaderTiers(cwd, &specs));
+  CKPTDB_RETURN_IF_ERROR(catalog_->LoadAll(&versions_));
+  CKPTDB_RETURN_IF_ERROR(o.read_only ? ParseReaderTiers(cwd, &specs)
+                                     : ChooseWriterTiers(cwd, &specs));
   CKPTDB_RETURN_IF_ERROR(OpenTiers(specs));
   if (reopen_read_write && catalog_->read_only()) {
     CKPTDB_RETURN_IF_ERROR(Catalog::ReopenReadWrite(&catalog_));
@@ -401,7 +368,6 @@ Status Db::OpenImpl() {
   io::QueueOptions qo;
   qo.queue_depth = o.queue_depth;
   CKPTDB_RETURN_IF_ERROR(io_->NewQueue(qo, &read_queue_));
-  CKPTDB_RETURN_IF_ERROR(catalog_->LoadAll(&versions_));
   if (o.read_only) {
     // What a read-only handle cannot write it still sees: copies whose file or arena is gone
     // read as missing.
@@ -445,6 +411,7 @@ Status Db::OpenTiers(const std::vector<io::TierSpec>& specs) {
       Status st = t.ram->Open(identity_.job_id, identity_.rank, options_.root, options_.read_only);
       if (t.ram->created()) ram_created_ = t.ram->path();
       CKPTDB_RETURN_IF_ERROR(st);
+      if (!t.ram->unreadable_why().empty()) witness_problems_.push_back(t.ram->unreadable_why());
     } else {
       t.dir = std::make_unique<Tier>(io_, specs[i]);
       Status st = t.dir->Open(identity_.job_id, options_.read_only);
@@ -620,6 +587,7 @@ Status Db::CheckPublishedSegment(const std::string& path, uint64_t version, uint
 // straight to a tier that has them.
 Status Db::Recover() {
   CatalogBatch batch;
+  CKPTDB_RETURN_IF_ERROR(ReleaseDroppedCopies(&batch));
   std::set<std::string> dirs_to_sync;
   for (auto& [version, e] : versions_) {
     VersionRecord& r = e.record;

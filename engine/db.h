@@ -106,6 +106,7 @@ class Db {
   Status Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                 ckptdb_verify_report* report);
   Status Stats(ckptdb_stats_t* out);
+  const std::vector<std::string>& open_problems() const { return witness_problems_; }
   Status Hint(unsigned hints);
   Status DeclareReplicas(uint32_t group, const uint32_t* members, size_t count,
                          const char* protection);
@@ -372,12 +373,15 @@ class Db {
   explicit Db(DbOptions options);
   Status OpenImpl();
   // OpenImpl's steps, in order (ValidateOptions, engine/config.h, first).
-  Status ParseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
+  Status ParseWriterTiers(const std::string& cwd, const std::string& spec,  // tier_choice.cc
+                          std::vector<io::TierSpec>* specs);
   void ChooseIo();
   Status OpenRoot();
   Status OpenCatalog(bool* reopen_read_write);
   Status CheckIdentity(Status identity_read, bool reopen_read_write);
   Status ParseReaderTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
+  Status ChooseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
+  Status ReleaseDroppedCopies(CatalogBatch* batch);
   Status AllocateWriteBuffers(const io::QueueOptions& qo);
   void RegisterFixedBuffers();
   Status OpenTiers(const std::vector<io::TierSpec>& specs);
@@ -742,7 +746,7 @@ class Db {
   int lock_fd_ = -1;
   bool created_root_ = false;                  // this Open created the root directory
   bool created_catalog_ = false;               // this Open created the catalog in an existing root
-  std::vector<std::string> witness_problems_;  // damaged witnesses of committed versions (Open)
+  std::vector<std::string> witness_problems_;  // damage Open went past: witnesses, the arena
   std::map<uint64_t, WitnessFile> early_witnesses_;  // listed by Open before the catalog is read
   // Committed versions whose witness could not be written, for their commit and wait_commit to
   // report (bounded as outcomes_).

@@ -1,6 +1,6 @@
 // ckptdb export (ROOT... | --tiers SPEC) --version V --format safetensors --out FILE
 //               [--rank R | --merge]
-// ckptdb import FILE --root ROOT --version V [--tiers SPEC]
+// ckptdb import FILE --root ROOT --version V [--tiers SPEC [--drop-tiers]]
 //
 // Export writes one committed version as a safetensors file (tools/safetensors.h): one rank's
 // shards as stored, or with --merge the full tensors assembled from every rank's shards by their
@@ -366,6 +366,7 @@ struct ImportArgs {
   std::string root;
   std::string version;
   std::string tiers;
+  bool drop_tiers = false;
 };
 
 // The places recorded by export (kShardsKey, kRawKey), checked: they are from the file.
@@ -525,6 +526,7 @@ int RunImport(const ImportArgs& args) {
   ckptdb_options_init(&o);
   o.root = args.root.c_str();
   o.tiers = args.tiers.empty() ? nullptr : args.tiers.c_str();
+  o.drop_tiers = args.drop_tiers ? 1 : 0;
   o.rank = 0;
   o.world_size = 1;
   ckptdb* raw_db = nullptr;
@@ -597,7 +599,12 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("file", args->file, "The safetensors file")->required();
   cmd->add_option("--root", args->root, "The store (created when missing)")->required();
   cmd->add_option("--version,-v", args->version, "The version to commit it as")->required();
-  cmd->add_option("--tiers", args->tiers, "Tier spec (default: the store's, or its default)");
+  cmd->add_option("--tiers", args->tiers,
+                  "Tier spec (default: the store's own, as its last writer gave it; for a new "
+                  "store disk:ROOT/segments)");
+  cmd->add_flag("--drop-tiers", args->drop_tiers,
+                "Let --tiers leave out a tier that holds committed copies: they are released "
+                "(every such version must have a copy on a tier that stays)");
   cmd->callback([args, exit_code] { *exit_code = RunImport(*args); });
 }
 

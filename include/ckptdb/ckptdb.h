@@ -103,7 +103,9 @@ typedef struct ckptdb_options {
    * roots are gone; docs/api.md, "Reading a tier directory alone"). */
   const char* root;
   /* Tier spec, fastest first, e.g. "ram:8G,keep=2;disk:/nvme/ck,every=10,keep=3".
-   * Env: CKPTDB_TIERS. Default: "disk:<root>/segments". See docs/api.md for the grammar. */
+   * Env: CKPTDB_TIERS. Default: the store's own (the tiers of its last read-write open, which
+   * its catalog records), or "disk:<root>/segments" for a new store. See docs/api.md for the
+   * grammar. */
   const char* tiers;
   /* The tier a version must be safe on before ckptdb_commit records it committed: a tier's name
    * ("ram", "disk:/nvme/ck") or kind ("disk": the first disk tier). Tiers faster than it that
@@ -139,6 +141,12 @@ typedef struct ckptdb_options {
                                tier manager, the job's transport and coordinator) run on, a Linux
                                CPU list such as "2-7,12": keep them off the training threads'
                                CPUs. Env: CKPTDB_CPUS. Default: those of the calling thread. */
+  int drop_tiers;           /* A read-write open whose tiers leave out a tier that holds committed
+                               copies is refused (EINVAL, naming the tier and the versions)
+                               unless this is 1: then those copies are released (their files, or
+                               the arena, removed) when every such version has a copy on a tier
+                               that stays; a version whose only copy is there is refused even
+                               then. Env: CKPTDB_DROP_TIERS=1. Default 0. */
 } ckptdb_options;
 
 void ckptdb_options_init(ckptdb_options* o);
@@ -493,6 +501,13 @@ typedef struct ckptdb_repair_report {
  * through fn), EINVAL, ENOTFOUND, EBUSY, EIO, ENOSPC otherwise. out may be NULL. */
 int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
                   ckptdb_repair_report* out);
+
+/* The damage ckptdb_open noted and went past, one message per problem through fn (may be NULL),
+ * their number in *count (may be NULL): a commit witness of a committed version that fails its
+ * checks, and (read-only opens, which read on without it) a ram arena whose two header copies
+ * both fail, so that its copies read as missing. ckptdb repair mends both. Returns CKPTDB_OK, or
+ * EINVAL for a NULL handle. */
+int ckptdb_open_problems(ckptdb* db, ckptdb_repair_fn fn, void* arg, uint64_t* count);
 
 /* ---- Shared memory that outlives its store (ckptdb gc) ------------------------------------- */
 enum {

@@ -3,6 +3,7 @@ the Store class. Kept in one place so that a change to include/ckptdb/ckptdb.h h
 counterpart to follow (python/tests checks every mirrored structure's offsets against what the C
 compiler makes of the header)."""
 
+import contextlib
 import ctypes
 import numbers
 import ctypes.util
@@ -168,6 +169,7 @@ class _Options(ctypes.Structure):
         ("create_if_missing", ctypes.c_int),
         ("drain_on_close", ctypes.c_int),
         ("cpus", ctypes.c_char_p),
+        ("drop_tiers", ctypes.c_int),
     ]
 
 
@@ -454,7 +456,7 @@ class Store:
                  staging_bytes: int = 0, chunk_bytes: int = 0, queue_depth: int = 0,
                  capture_threads: int = 0, read_only: bool = False,
                  create_if_missing: bool = True, drain_on_close: bool = True,
-                 cpus: Optional[str] = None):
+                 cpus: Optional[str] = None, drop_tiers: bool = False):
         o = _Options()
         _options_init(ctypes.byref(o))
         # The encoded strings must live as long as the call: keep them on the object.
@@ -478,18 +480,30 @@ class Store:
         o.read_only = 1 if read_only else 0
         o.create_if_missing = 1 if create_if_missing else 0
         o.drain_on_close = 1 if drain_on_close else 0
+        o.drop_tiers = 1 if drop_tiers else 0
         handle = _c_db()
         _check(_open(ctypes.byref(o), ctypes.byref(handle)))
         self._db = handle
         self._lock = threading.Lock()
+        # Calls inside the handle (with the GIL released): close() frees it only once none is.
+        self._state = threading.Condition()
+        self._calls = 0
         # Buffers capture may still read, by version: released when it is done with them.
         self._pinned: Dict[int, List[object]] = {}
 
     # -- lifetime --
 
     def close(self) -> None:
-        """ckptdb_close: waits for pending demotions (drain_on_close), then frees the handle."""
-        db, self._db = getattr(self, "_db", None), None
+        """ckptdb_close: waits for the calls other threads have inside the handle and for
+        pending demotions (drain_on_close), then frees the handle; a call made meanwhile raises
+        StateError, as every call after it does."""
+        state = getattr(self, "_state", None)
+        if state is None:  # __init__ failed before the handle existed
+            return
+        with state:
+            db, self._db = getattr(self, "_db", None), None
+            while self._calls:
+                state.wait()
         if db:
             _check(_close(db))
         self._pinned = {}
@@ -506,10 +520,26 @@ class Store:
         except Exception:  # noqa: BLE001 - nothing to report to at interpreter shutdown
             pass
 
-    def _handle(self):
-        if not self._db:
-            raise StateError(-4, "the store is closed")
-        return self._db
+    @contextlib.contextmanager
+    def _holding(self):
+        """The handle, counted as in use until the block ends: close() waits for it."""
+        with self._state:
+            if not self._db:
+                raise StateError(-4, "the store is closed")
+            self._calls += 1
+            db = self._db
+        try:
+            yield db
+        finally:
+            with self._state:
+                self._calls -= 1
+                if not self._calls:
+                    self._state.notify_all()
+
+    def _call(self, function, *args):
+        """function(handle, *args), the handle held for the call (see _holding)."""
+        with self._holding() as db:
+            return function(db, *args)
 
     def _release(self, version: int) -> None:
         with self._lock:
@@ -524,7 +554,7 @@ class Store:
         with REFT's AOR "aor" (= "arc+aor"), "aec+aor", "arc+aec+aor" (docs/api.md)."""
         ranks = [int(m) for m in members]
         array = (ctypes.c_uint32 * max(len(ranks), 1))(*ranks)
-        _check(_declare_replicas(self._handle(), int(group), array, len(ranks),
+        _check(self._call(_declare_replicas, int(group), array, len(ranks),
                                  _text(protection, "protection")))
 
     def put_shard(self, version: int, name: str, data, *, dtype=None, shape=None,
@@ -545,7 +575,7 @@ class Store:
         info = _info(dtype, shape, global_shape, global_offset)
         flags = ((_PUT_COPY_NOW if copy_now else 0) | (_PUT_DEVICE if _on_gpu(data) else 0) |
                  (_PUT_REPLICATED if replicated else 0) | (_PUT_RECOMPUTED if recomputed else 0))
-        _check(_put_shard(self._handle(), version, _text(name, "name"), address or None, nbytes,
+        _check(self._call(_put_shard, version, _text(name, "name"), address or None, nbytes,
                           ctypes.byref(info) if info is not None else None, flags))
         if not copy_now:
             with self._lock:
@@ -583,7 +613,7 @@ class Store:
         The descriptors and their infos are packed into two buffers; the names into one."""
         count = len(items)
         if count == 0:
-            _check(_put_shards(self._handle(), version, None, 0))
+            _check(self._call(_put_shards, version, None, 0))
             return
         names = b"\0".join(item[0] for item in items) + b"\0"
         names_keep = ctypes.c_char_p(names)  # the bytes object's own storage, NUL-terminated
@@ -610,7 +640,7 @@ class Store:
                     _DIMS[len(dims)].pack_into(infos, off + _GLOBAL_OFFSET_AT, *global_offset)
                 info_at = infos_at + off
             _SHARD_PACK.pack_into(descs, i * _SHARD_PACK.size, at, address, nbytes, info_at, flags)
-        status = _put_shards(self._handle(), version, descs_at, count)
+        status = self._call(_put_shards, version, descs_at, count)
         del names_keep
         lazy = [item[3] for item in items if not item[8] & _PUT_COPY_NOW]
         try:
@@ -626,7 +656,7 @@ class Store:
     def _release_if_unread(self, version: int) -> None:
         """Lets `version`'s pinned buffers go if no capture reads them now (else its
         wait_capture, commit or abort will)."""
-        if _wait_capture(self._handle(), version, 0) != _TIMED_OUT:
+        if self._call(_wait_capture, version, 0) != _TIMED_OUT:
             self._release(version)
 
     def _pin(self, version: int, keep: List[object]) -> None:
@@ -640,23 +670,23 @@ class Store:
         """One ckptdb_put_shards call for `count` descriptors already packed at `descs_at`
         inside `buffer` (ckptdb._native.walk's; the first, the tree record, copied at once);
         `keep` holds the memory of the others until capture ends."""
-        status = _put_shards(self._handle(), version, descs_at, count)
+        status = self._call(_put_shards, version, descs_at, count)
         del buffer  # read by the call only: its names and its record are copied
         _check(status)
         self._pin(version, keep)
 
-    def _sink(self, version: int, batch: int, sync) -> tuple:
+    def _sink(self, db, version: int, batch: int, sync) -> tuple:
         """What ckptdb._native.walk needs to put into `version` as it walks: the addresses of
         ckptdb_put_shards and ckptdb_abort, this handle's, the version, the tensors a put, and
         sync(device) for CUDA memory."""
         version = _version(version, "put_shards")
-        return (_PUT_SHARDS_AT, _ABORT_AT, self._handle().value, version, batch, sync)
+        return (_PUT_SHARDS_AT, _ABORT_AT, db.value, version, batch, sync)
 
     def wait_capture(self, version: int, timeout_ms: int = -1) -> None:
         """ckptdb_wait_capture: returns once no chunk of `version` reads the caller's buffers."""
         version = _version(version, "wait_capture")
         try:
-            _check(_wait_capture(self._handle(), version, timeout_ms))
+            _check(self._call(_wait_capture, version, timeout_ms))
         except TimedOutError:
             raise  # capture may still read them: keep the references
         except Error:
@@ -667,7 +697,7 @@ class Store:
     def commit(self, version: int, *, wait: bool = True) -> None:
         """ckptdb_commit; wait=False returns at once (CKPTDB_COMMIT_ASYNC)."""
         version = _version(version, "commit")
-        status = _commit(self._handle(), version, 0 if wait else _COMMIT_ASYNC)
+        status = self._call(_commit, version, 0 if wait else _COMMIT_ASYNC)
         if wait or status != 0:
             self._release(version)  # synchronous: capture is over, whatever the outcome
         _check(status)
@@ -675,14 +705,14 @@ class Store:
     def wait_commit(self, version: int, tier: Optional[str] = None, timeout_ms: int = -1) -> None:
         """ckptdb_wait_commit: until `version` is committed (and durable on `tier`, if given)."""
         version = _version(version, "wait_commit")
-        _check(_wait_commit(self._handle(), version, _text(tier, "tier"), timeout_ms))
+        _check(self._call(_wait_commit, version, _text(tier, "tier"), timeout_ms))
         self._release(version)
 
     def abort(self, version: int) -> None:
         """ckptdb_abort: the version will never be committed; its buffers are free."""
         version = _version(version, "abort")
         try:
-            _check(_abort(self._handle(), version))
+            _check(self._call(_abort, version))
         finally:
             self._release(version)
 
@@ -691,7 +721,7 @@ class Store:
     def latest(self) -> Optional[int]:
         """ckptdb_latest: the newest version restorable, or None when there is none."""
         out = ctypes.c_uint64()
-        status = _latest(self._handle(), ctypes.byref(out))
+        status = self._call(_latest, ctypes.byref(out))
         if status == -2:
             return None
         _check(status)
@@ -703,7 +733,7 @@ class Store:
         version = _version(version, "restore")
         address, nbytes, _keep = _address(out, writable=True, what=f"restore {name!r}")
         flags = _RESTORE_DEVICE if _on_gpu(out) else 0
-        _check(_restore(self._handle(), version, _text(name, "name"), address or None, nbytes,
+        _check(self._call(_restore, version, _text(name, "name"), address or None, nbytes,
                         flags))
 
     def restore_slice(self, version: int, name: str, offset, shape, out) -> int:
@@ -727,7 +757,7 @@ class Store:
                              "memory and copy it")
         address, nbytes, _keep = _address(out, writable=True, what=f"restore_slice {name!r}")
         covered = ctypes.c_uint64()
-        _check(_restore_slice(self._handle(), version, _text(name, "name"), ctypes.byref(box),
+        _check(self._call(_restore_slice, version, _text(name, "name"), ctypes.byref(box),
                               address or None, nbytes, 0, ctypes.byref(covered)))
         return covered.value
 
@@ -754,7 +784,7 @@ class Store:
                 return 1
 
         callback = _ListFn(visit)
-        _check(_list(self._handle(), version, callback, None))
+        _check(self._call(_list, version, callback, None))
         if failure:
             raise failure[0]
         return found

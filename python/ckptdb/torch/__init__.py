@@ -194,8 +194,9 @@ class Checkpointer:
             # _PUT_BATCH tensors at a time as it goes, so that capture copies the first while
             # the rest are walked; the record last. A walk that fails after a put aborts the
             # version itself: nothing of a refused save stays.
-            sink = self.store._sink(step, _PUT_BATCH, _synchronize)
-            status, keep = _native.walk(state, self.rank, self.world_size, self._leaf, sink)
+            with self.store._holding() as db:  # the handle stays open for the walk's puts
+                sink = self.store._sink(db, step, _PUT_BATCH, _synchronize)
+                status, keep = _native.walk(state, self.rank, self.world_size, self._leaf, sink)
             self.store._pin(step, keep)
             if status != 0:
                 try:
