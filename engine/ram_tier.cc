@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "engine/internal.h"
@@ -39,6 +41,9 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, const std::string& given_ro
   while (root_path.size() > 1 && root_path.back() == '/') root_path.pop_back();
   if (ec || given_root.empty()) root_path = given_root;
   read_only_ = read_only;
+  header_unreadable_ = false;
+  unreadable_why_.clear();
+  open_root_path_ = root_path;
   path_ = ArenaPath(spec_.path, job_id, rank);
   if (root_path.size() > format::kArenaMaxRootPathBytes ||
       root_path.find('\0') != std::string::npos) {
@@ -68,6 +73,7 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, const std::string& given_ro
 // does not have, and every copy the catalog places there reads as missing. Read-write: `why`.
 Status RamTier::Unreadable(const Status& why) {
   if (!read_only_) return why;
+  unreadable_why_ = why.message();
   std::fprintf(stderr, "ckptdb: %s; read-only, its copies read as missing\n",
                why.message().c_str());
   memory_.reset();
@@ -109,6 +115,7 @@ Status RamTier::OpenWithoutHeader(uint64_t job_id, uint32_t rank, const std::str
   }
   // Each record in the arena carries its own checksum and each copy's index names it: they
   // may all be intact. Nothing here is removed or rewritten.
+  header_unreadable_ = !read_only_;
   return Unreadable(Status::Corrupt(
       what + ": both header copies are damaged (" + st[0].message() + "; " + st[1].message() +
       "); the arena is left as it is: `ckptdb repair " + root_path +
@@ -147,6 +154,7 @@ Status RamTier::OpenExisting(uint64_t job_id, uint32_t rank, const std::string& 
     const bool same_write = a.sequence != b.sequence ||
                             (a.capacity_bytes == b.capacity_bytes && a.root_path == b.root_path);
     if (!same_arena || !same_write) {
+      header_unreadable_ = !read_only_;
       return Unreadable(Status::Corrupt(
           what + ": header copies A and B both pass their checksums but disagree (generation " +
           format::Hex64(a.generation) + " sequence " + std::to_string(a.sequence) + " vs " +
@@ -231,6 +239,60 @@ Status RamTier::CreateArena(uint64_t job_id, uint32_t rank, const std::string& r
   std::memset(memory_->data(), 0, kHeaderBytes);
   WriteHeader(memory_->bytes());
   allocator_ = std::make_unique<StagingRing>(memory_->bytes() - kHeaderBytes, kBlockBytes);
+  return Status::Ok();
+}
+
+Status RamTier::RebuildHeader(uint64_t job_id, uint32_t rank, const std::vector<uint64_t>& known) {
+  CKPTDB_ASSERT(!read_only_ && header_unreadable_ && memory_ != nullptr);
+  const std::string what = "ram tier arena " + path_;
+  const uint64_t capacity = memory_->bytes();
+  if (capacity < kHeaderBytes + kBlockBytes) {
+    return Status::Corrupt(what + " is " + std::to_string(capacity) +
+                           " bytes, too short for its header area and a region");
+  }
+  // Bounded: one step of 4096 bytes per block, as in ScanImages.
+  std::map<uint64_t, uint64_t> indexes;  // generation -> indexes of this store that carry it
+  for (uint64_t at = kHeaderBytes; at + kBlockBytes <= capacity; at += kBlockBytes) {
+    std::span<const uint8_t> rest(memory_->data() + at, capacity - at);
+    if (!format::LooksLikeRamIndex(rest)) continue;
+    format::RamIndex index;
+    if (!format::DecodeRamIndex(rest, kMaxIndexEntries, what, &index).ok()) continue;
+    if (index.job_id == job_id && index.rank == rank) ++indexes[index.generation];
+  }
+  if (indexes.empty()) {
+    return Status::Corrupt(what + ": no index of this store's copies is left in it; its header " +
+                           "cannot be rebuilt");
+  }
+  std::optional<uint64_t> chosen;
+  for (uint64_t g : known) {
+    if (indexes.count(g) > 0) {
+      chosen = g;
+      break;
+    }
+  }
+  if (!chosen) {
+    auto most = std::max_element(indexes.begin(), indexes.end(),
+                                 [](const auto& a, const auto& b) { return a.second < b.second; });
+    const bool tie = std::count_if(indexes.begin(), indexes.end(), [&](const auto& g) {
+                       return g.second == most->second;
+                     }) > 1;
+    if (tie) {
+      return Status::Corrupt(what + ": its indexes carry " + std::to_string(indexes.size()) +
+                             " generations equally often and no record names one; its header " +
+                             "cannot be rebuilt");
+    }
+    chosen = most->first;
+  }
+  generation_ = *chosen;
+  header_ = format::ArenaHeader{};
+  header_.rank = rank;
+  header_.job_id = job_id;
+  header_.generation = generation_;
+  header_.created_unix_ns = WallNs();  // the old one is lost with both copies
+  header_.root_path = open_root_path_;
+  WriteHeader(capacity);
+  allocator_ = std::make_unique<StagingRing>(capacity - kHeaderBytes, kBlockBytes);
+  header_unreadable_ = false;
   return Status::Ok();
 }
 

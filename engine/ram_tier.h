@@ -62,6 +62,19 @@ class RamTier {
   // missing.
   Status Open(uint64_t job_id, uint32_t rank, const std::string& root_path, bool read_only);
 
+  // ckptdb repair's, after a read-write Open failed Corrupt because neither header copy can be
+  // believed (header_unreadable(): both damaged, or both valid and disagreeing): a new header
+  // from the indexes the arena holds. Its job id and rank are this store's, its generation the
+  // first of `known` (the catalog's records of copies here) that some index of this store
+  // carries, else the one every such index carries (else the one most carry, when no other
+  // ties it), its capacity the file's size and its root the one Open was given. Corrupt,
+  // changing nothing, when no index of this store is found or nothing decides the generation.
+  Status RebuildHeader(uint64_t job_id, uint32_t rank, const std::vector<uint64_t>& known);
+  bool header_unreadable() const { return header_unreadable_; }
+  // Read-only: why Open went on without the arena although it is there and this store's (its
+  // header copies both damaged, or disagreeing); empty otherwise.
+  const std::string& unreadable_why() const { return unreadable_why_; }
+
   const io::TierSpec& spec() const { return spec_; }
   const std::string& name() const { return spec_.name; }
   const std::string& path() const { return path_; }
@@ -150,6 +163,9 @@ class RamTier {
   uint64_t frees_ = 0;
   bool created_ = false;
   bool read_only_ = false;
+  bool header_unreadable_ = false;  // Open found no header copy to believe (read-write)
+  std::string open_root_path_;      // the root Open was given, made absolute
+  std::string unreadable_why_;
 };
 
 }  // namespace ckpt::engine

@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <ctime>
@@ -120,6 +121,10 @@ class Repair {
   };
   std::map<uint64_t, Version> versions_;
   std::set<std::string> kept_paths_;  // segment files the new catalog accounts for
+  // The arena generations the catalog's records of ram copies name, newest version first: what
+  // an arena header rebuilt from its indexes takes (RamTier::RebuildHeader).
+  std::vector<uint64_t> ram_generations_;
+  void NoteRamGenerations(const std::map<uint64_t, VersionEntry>& versions);
 
  public:
   ~Repair() {
@@ -140,7 +145,22 @@ Status Repair::Run() {
   CKPTDB_RETURN_IF_ERROR(Lock());
   bool intact = false;
   CKPTDB_RETURN_IF_ERROR(CheckIntact(&intact));
-  if (intact) return Finish();
+  if (intact) {
+    // The catalog is whole, but every committed version it records must still have a copy
+    // that verifies: one that has none is lost, and the catalog is rebuilt without it.
+    CKPTDB_RETURN_IF_ERROR(FindCopies());
+    std::string lost;
+    for (const auto& [v, ver] : versions_) {
+      if (ver.copies.empty()) lost += (lost.empty() ? "" : ", ") + std::to_string(v);
+    }
+    if (lost.empty()) return Finish();
+    Say("committed version(s) " + lost + ": no copy verifies; rebuilding the catalog without " +
+        "them");
+    versions_.clear();
+    kept_paths_.clear();
+    specs_.clear();
+    witnesses_.clear();
+  }
   CKPTDB_RETURN_IF_ERROR(Gather());
   CKPTDB_RETURN_IF_ERROR(FindCopies());
   CKPTDB_RETURN_IF_ERROR(WriteCatalog());
@@ -196,15 +216,11 @@ Status Repair::CheckIntact(bool* intact) {
   (void)catalog->GetTiers(&tiers_);
   catalog.reset();
   Say("catalog " + catalog_dir_ + ": intact, and every commit witness agrees with it");
-  // The arena is the one other piece of metadata an open refuses to go past.
-  std::error_code cwd_ec;
-  const std::string cwd = std::filesystem::current_path(cwd_ec).string();
+  // The arena (the one other piece of metadata an open refuses to go past) and every copy are
+  // checked next (Run: FindCopies).
   if (!options_.tiers.empty()) tiers_ = options_.tiers;
-  if (!tiers_.empty() && io::ParseTierSpecs(tiers_, cwd, &specs_).ok() &&
-      specs_[0].kind == io::TierKind::kRam) {
-    std::unique_ptr<RamTier> arena;
-    CKPTDB_RETURN_IF_ERROR(OpenArena(specs_[0], &arena));
-  }
+  if (tiers_.empty()) tiers_ = "disk:" + root_ + "/segments";
+  NoteRamGenerations(versions);
   for (const auto& [v, e] : versions) {
     if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
     Version& ver = versions_[v];
@@ -213,6 +229,18 @@ Status Repair::CheckIntact(bool* intact) {
     ver.witnessed = w != witnesses_.end() && w->second.status.ok();
   }
   return Status::Ok();
+}
+
+void Repair::NoteRamGenerations(const std::map<uint64_t, VersionEntry>& versions) {
+  for (auto it = versions.rbegin(); it != versions.rend(); ++it) {
+    for (const ResidencyRecord& r : it->second.residency) {
+      if (!IsRamName(r.tier) || r.ram_generation == 0) continue;
+      if (std::find(ram_generations_.begin(), ram_generations_.end(), r.ram_generation) ==
+          ram_generations_.end()) {
+        ram_generations_.push_back(r.ram_generation);
+      }
+    }
+  }
 }
 
 Status Repair::OpenArena(const io::TierSpec& spec, std::unique_ptr<RamTier>* out) {
@@ -228,6 +256,16 @@ Status Repair::OpenArena(const io::TierSpec& spec, std::unique_ptr<RamTier>* out
   if (st.ok() && ram->available()) {
     *out = std::move(ram);
     return Status::Ok();
+  }
+  if (st.code() == CKPTDB_ECORRUPT && ram->header_unreadable()) {
+    Status rebuilt = ram->RebuildHeader(identity_.job_id, identity_.rank, ram_generations_);
+    if (rebuilt.ok()) {
+      Say("tier " + spec.name + ": " + st.message() + "; its header was rebuilt from its " +
+          "copies' indexes (generation " + format::Hex64(ram->generation()) + ")");
+      *out = std::move(ram);
+      return Status::Ok();
+    }
+    st = Status::Corrupt(st.message() + "; " + rebuilt.message());
   }
   ram.reset();  // unmapped before the rename
   if (st.code() != CKPTDB_ECORRUPT && st.code() != CKPTDB_EINVAL) return st;
@@ -254,6 +292,7 @@ Status Repair::Gather() {
                                             " problem(s): " + salvaged_.problems.front()));
     }
   }
+  NoteRamGenerations(salvaged_.versions);
   CKPTDB_RETURN_IF_ERROR(WitnessDir(io_.get(), root_).Load(WitnessDir::kAnyRank, 0, &witnesses_));
   // Whose store: the old catalog's identity, else the newest valid witness's.
   const format::CommitWitness* newest = nullptr;
@@ -438,6 +477,9 @@ Status Repair::WriteCatalog() {
   CKPTDB_RETURN_IF_ERROR(catalog->PutTiers(tiers_));
   CatalogBatch batch;
   for (auto& [v, ver] : versions_) {
+    // A committed version that no copy backs is not recorded (Finish names it lost and moves
+    // its witness aside): recorded, it would read as committed and block its version number.
+    if (ver.record.state == CKPTDB_STATE_COMMITTED && ver.copies.empty()) continue;
     batch.put_versions.push_back(ver.record);
     for (const ResidencyRecord& r : ver.copies) batch.put_residency.emplace_back(v, r);
   }
@@ -467,6 +509,17 @@ Status Repair::WriteCatalog() {
 Status Repair::Finish() {
   WitnessDir witnesses(io_.get(), root_);
   uint64_t lost = 0;
+  std::string lost_list;
+  // A damaged witness (or something else under its name, a directory) goes aside first: a
+  // recovered version's is written again below, and nothing may stand in the way of that.
+  std::set<uint64_t> aside;
+  for (const auto& [v, f] : witnesses_) {
+    if (f.status.ok()) continue;
+    CKPTDB_RETURN_IF_ERROR(io_->Rename(f.path, f.path + ".damaged"));
+    aside.insert(v);
+    ++out_->files_moved_aside;
+    Say("witness " + f.path + " moved aside to " + f.path + ".damaged");
+  }
   for (auto& [v, ver] : versions_) {
     const bool recovered = !out_->catalog_rebuilt || !ver.copies.empty();
     if (ver.record.state != CKPTDB_STATE_COMMITTED) {
@@ -477,6 +530,7 @@ Status Repair::Finish() {
     if (out_->catalog_rebuilt) {
       if (ver.copies.empty()) {
         ++lost;
+        lost_list += (lost_list.empty() ? "" : ", ") + std::to_string(v);
         Say("version " + std::to_string(v) + ": NOT recovered: committed, but no copy verifies");
       } else {
         out_->copies_recovered += ver.copies.size();
@@ -507,9 +561,14 @@ Status Repair::Finish() {
   if (out_->catalog_rebuilt) {
     // What the next open's sweep would delete goes aside instead: repair deletes nothing.
     for (const auto& [v, f] : witnesses_) {
+      // Kept: the witness of a recovered version (rewritten above when it was damaged), and of
+      // a job's PREPARED version. Every other one would make the next open refuse the catalog.
       auto it = versions_.find(v);
-      if (it != versions_.end() && (f.status.ok() || !it->second.copies.empty())) continue;
-      if (f.status.ok() && it != versions_.end()) continue;
+      if (aside.count(v) > 0 ||
+          (it != versions_.end() &&
+           (!it->second.copies.empty() || it->second.record.state != CKPTDB_STATE_COMMITTED))) {
+        continue;
+      }
       CKPTDB_RETURN_IF_ERROR(io_->Rename(f.path, f.path + ".damaged"));
       ++out_->files_moved_aside;
       Say("witness " + f.path + " moved aside to " + f.path + ".damaged");
@@ -532,7 +591,8 @@ Status Repair::Finish() {
   }
   if (lost > 0) {
     return Status::Corrupt("repair: " + std::to_string(lost) +
-                           " committed version(s) could not be recovered (no copy verifies)");
+                           " committed version(s) could not be recovered (no copy verifies): " +
+                           lost_list);
   }
   return Status::Ok();
 }

@@ -26,18 +26,32 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
   run.fn = fn;
   run.arg = arg;
   std::vector<VerifyTarget> targets;
+  std::vector<uint64_t> uncopied;  // committed versions that no copy backs
   {
     std::lock_guard<std::mutex> lock(mu_);
     CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
     CKPTDB_RETURN_IF_ERROR(VerifyTargetsLocked(version, tier, &targets, &run.total));
+    for (const auto& [v, e] : versions_) {
+      if (e.record.state != CKPTDB_STATE_COMMITTED || tier != nullptr) continue;
+      if (version != CKPTDB_ALL_VERSIONS && v != version) continue;
+      const bool copy = std::any_of(e.residency.begin(), e.residency.end(), [](const auto& r) {
+        return r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING;
+      });
+      if (!copy) uncopied.push_back(v);
+    }
   }
+  const VerifyTarget store{0, ResidencyRecord{}, 0, -1};
   if (version == CKPTDB_ALL_VERSIONS && tier == nullptr) {
-    // The store's own metadata: a damaged commit witness of a committed version (Open noted it;
-    // ckptdb repair rewrites it).
-    const VerifyTarget store{0, ResidencyRecord{}, 0, -1};
+    // The store's own metadata: a damaged commit witness of a committed version, a ram arena
+    // whose header cannot be read (Open noted them; ckptdb repair rewrites them).
     for (const std::string& problem : witness_problems_) {
       run.Emit(CKPTDB_VERIFY_PROBLEM, store, -1, 0, 0, 0, problem);
     }
+  }
+  for (uint64_t v : uncopied) {
+    run.Emit(CKPTDB_VERIFY_PROBLEM, VerifyTarget{v, ResidencyRecord{}, 0, -1}, -1, 0, 0, 0,
+             V(v) + " is committed, but the catalog records no copy of it on any tier: it " +
+                 "cannot be restored (ckptdb repair " + options_.root + " drops it)");
   }
   for (const VerifyTarget& t : targets) VerifyCopy(t, &run);
   if (report != nullptr) *report = run.rep;

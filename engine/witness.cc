@@ -48,6 +48,11 @@ Status WitnessDir::Load(uint32_t rank, uint64_t job_id,
   std::vector<std::string> names;
   Status st = io_->ListDir(dir_, &names);
   if (st.code() == CKPTDB_ENOTFOUND) return Status::Ok();
+  if (st.code() == CKPTDB_EINVAL) {
+    // Not a directory (ENOTDIR): the store's metadata is damaged, not the caller's input.
+    return Status::Corrupt("commit witnesses: " + dir_ + " is not a directory (" + st.message() +
+                           "); nothing was changed: move it aside, then run ckptdb repair");
+  }
   CKPTDB_RETURN_IF_ERROR(st.WithContext("commit witnesses"));
   for (const std::string& name : names) {
     uint64_t version = 0;
@@ -66,6 +71,9 @@ Status WitnessDir::Load(uint32_t rank, uint64_t job_id,
     }
     std::string contents;
     if (f.status.ok()) f.status = io_->ReadFile(f.path, &contents);
+    if (f.status.code() == CKPTDB_EINVAL) {
+      f.status = Status::Corrupt(what + ": not a regular file (" + f.status.message() + ")");
+    }
     if (f.status.ok()) {
       f.status = format::DecodeCommitWitness(
           std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(contents.data()),
