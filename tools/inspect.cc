@@ -377,6 +377,14 @@ int RunInspect(const InspectArgs& args) {
   }
   DbHandle db;
   if (int rc = OpenReadOnly(args.root, &db); rc != kExitOk) return rc;
+  // Damage the open went past (a failing witness, an arena header): listed, and exit 1.
+  uint64_t open_problems = 0;
+  (void)ckptdb_open_problems(
+      db.get(),
+      [](void*, const char* problem) {
+        std::fprintf(stderr, "ckptdb inspect: %s\n", SafeMessage(problem).c_str());
+      },
+      nullptr, &open_problems);
   std::vector<VersionRecord> versions;
   if (int rc = ListVersions(db.get(), &versions); rc != CKPTDB_OK) {
     std::fprintf(stderr, "ckptdb inspect: %s\n", ErrorText(rc).c_str());
@@ -398,7 +406,7 @@ int RunInspect(const InspectArgs& args) {
   // --json. A committed version whose tensors cannot be listed makes the exit status 1.
   bool detailed = only.has_value() || args.all || args.json;
   std::vector<Detail> details(versions.size());
-  int exit_code = kExitOk;
+  int exit_code = open_problems > 0 ? kExitProblem : kExitOk;
   if (detailed) {
     for (size_t i = 0; i < versions.size(); i++) {
       details[i] = ReadDetail(db.get(), versions[i], args.chunks);
@@ -428,8 +436,10 @@ int RunInspect(const InspectArgs& args) {
       out["versions"].push_back(std::move(v));
     }
     if (args.stats) out["stats"] = StatsJson(stats);
-    // Names are bytes: invalid UTF-8 is replaced rather than failing the whole report.
-    std::string text = out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    // Names are bytes: invalid UTF-8 is replaced rather than failing the whole report, and what
+    // a terminal would hide or reorder is escaped as the text output escapes it.
+    std::string text = JsonForTerminal(
+        out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     std::printf("%s\n", text.c_str());
     return exit_code;
   }

@@ -97,4 +97,23 @@ std::string SafeMessage(std::string_view message, size_t max_bytes) {
   return Escape(message, max_bytes, 0, /*keep_backslash=*/true);
 }
 
+std::string JsonForTerminal(std::string_view json) {
+  std::string out;
+  out.reserve(json.size());
+  // Bounded: each step consumes at least one byte.
+  for (size_t i = 0; i < json.size();) {
+    uint32_t cp = 0;
+    const size_t n = Utf8At(json, i, &cp);
+    if (n > 0 && (cp == 0x7F || Reorders(cp))) {
+      char u[8];
+      std::snprintf(u, sizeof u, "\\u%04x", static_cast<unsigned>(cp));
+      out += u;
+    } else {
+      out.append(json.substr(i, n == 0 ? 1 : n));
+    }
+    i += n == 0 ? 1 : n;
+  }
+  return out;
+}
+
 }  // namespace ckpt

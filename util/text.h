@@ -33,4 +33,11 @@ std::string QuoteName(std::string_view name);
 // cuts). Used where a message leaves ckptdb: ckptdb_last_error() and the CLI's error lines.
 std::string SafeMessage(std::string_view message, size_t max_bytes = 4096);
 
+// JSON (RFC 8259, as a serializer wrote it, valid UTF-8) made safe for a terminal by the rule
+// ShowText follows: DEL and every code point ShowText writes as \u{XXXX} (C1 controls, the
+// bidirectional controls, the line and paragraph separators, the invisible ones) become the
+// JSON escape \uXXXX, which a JSON reader turns back into the same code point. Nothing else
+// changes: these code points occur only inside strings, so the document means what it meant.
+std::string JsonForTerminal(std::string_view json);
+
 }  // namespace ckpt
