@@ -33,6 +33,10 @@ exec {nfs_in}>&-  # the fixture stops the server when its stdin closes
 sleep 1
 rm -rf "$nfs_work"
 echo
+echo "== issue 40: what syncing every catalog write costs a small commit (disk, then tmpfs) =="
+"$build/bench_catalog_sync" --dir /var/tmp/ckptdb-bench-sync --versions 200 --rounds 5
+"$build/bench_catalog_sync" --dir /dev/shm/ckptdb-bench-sync --versions 200 --rounds 5
+echo
 echo "== commit/restore of 2 GiB on a tmpfs tier =="
 "$build/bench_commit_restore" --dir /dev/shm/ckptdb-bench --gib 2 --tensor-mib 64 --repeats 5
 echo

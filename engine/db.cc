@@ -107,6 +107,7 @@ Status Db::Open(const DbOptions& given, std::unique_ptr<Db>* out) {
     // tiers as it found them.
     std::vector<std::string> markers = db->markers_written_;
     std::string arena = db->ram_created_;
+    const std::string replaced = db->ram_replaced_;
     io::Io* io = db->io_;
     std::unique_ptr<io::Io> owned = std::move(db->owned_io_);
     (void)db->Close();
@@ -115,11 +116,14 @@ Status Db::Open(const DbOptions& given, std::unique_ptr<Db>* out) {
       // must go too, or every later open would find them "owned by another store".
       for (const std::string& m : markers) (void)io->Remove(m);
       if (!arena.empty()) (void)io->Remove(arena);
+      if (!replaced.empty()) (void)io->Rename(replaced, arena);
       std::error_code ec;
       std::filesystem::remove_all(options.root, ec);
     } else {
       for (const std::string& m : markers) (void)io->Remove(m);
       if (!arena.empty()) (void)io->Remove(arena);
+      // The arena this open replaced (another store's, an older format's) comes back as it was.
+      if (!replaced.empty()) (void)io->Rename(replaced, arena);
       if (created_catalog) {
         // A catalog this open made in an existing root goes again with what it named.
         std::error_code ec;
@@ -127,6 +131,11 @@ Status Db::Open(const DbOptions& given, std::unique_ptr<Db>* out) {
       }
     }
     return st;
+  }
+  // Only now is the arena it replaced let go (RamTier::ReplaceArena set it aside), or one that
+  // an open killed at this point left.
+  if (!db->tiers_.empty() && db->tiers_[0].is_ram() && !options.read_only) {
+    (void)db->io_->Remove(db->tiers_[0].ram->path() + ".replaced");
   }
   *out = std::move(db);
   return Status::Ok();
@@ -410,6 +419,7 @@ Status Db::OpenTiers(const std::vector<io::TierSpec>& specs) {
       t.ram = std::make_unique<RamTier>(io_, specs[i]);
       Status st = t.ram->Open(identity_.job_id, identity_.rank, options_.root, options_.read_only);
       if (t.ram->created()) ram_created_ = t.ram->path();
+      ram_replaced_ = t.ram->replaced();
       CKPTDB_RETURN_IF_ERROR(st);
       if (!t.ram->unreadable_why().empty()) witness_problems_.push_back(t.ram->unreadable_why());
     } else {

@@ -43,6 +43,7 @@ Status RamTier::Open(uint64_t job_id, uint32_t rank, const std::string& given_ro
   read_only_ = read_only;
   header_unreadable_ = false;
   unreadable_why_.clear();
+  replaced_.clear();
   open_root_path_ = root_path;
   path_ = ArenaPath(spec_.path, job_id, rank);
   if (root_path.size() > format::kArenaMaxRootPathBytes ||
@@ -212,7 +213,11 @@ Status RamTier::ReplaceArena(uint64_t job_id, uint32_t rank, const std::string& 
   CKPTDB_ASSERT(!read_only_);
   std::fprintf(stderr, "ckptdb: %s; replacing it with a new arena\n", why.c_str());
   memory_.reset();
-  CKPTDB_RETURN_IF_ERROR(io_->Remove(path_));
+  // Set aside, not removed: the store's open may still fail, and then it comes back.
+  const std::string aside = path_ + ".replaced";
+  CKPTDB_RETURN_IF_ERROR(io_->Remove(aside));
+  CKPTDB_RETURN_IF_ERROR(io_->Rename(path_, aside));
+  replaced_ = aside;
   CKPTDB_RETURN_IF_ERROR(
       io_->OpenSharedMemory(path_, open_options_, &memory_).WithContext("ram tier"));
   return CreateArena(job_id, rank, root_path);

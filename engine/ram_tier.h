@@ -52,7 +52,7 @@ class RamTier {
   static std::string ArenaPath(const std::string& dir, uint64_t job_id, uint32_t rank);
 
   // Read-write: maps the arena, creating it when absent, and replacing it when its header names
-  // another store or is of format version 1. One damaged header copy is rewritten from the other
+  // another store or is of format version 1 (the old file set aside: replaced()). One damaged header copy is rewritten from the other
   // (a line on stderr says so); with both damaged the arena is left exactly as it is and Open
   // fails Corrupt, naming both reasons and `ckptdb repair` (its copies may all be intact); an
   // arena of a newer format is NotSupported. root_path (the store's root, as its options give
@@ -80,6 +80,10 @@ class RamTier {
   const std::string& path() const { return path_; }
   bool available() const { return memory_ != nullptr; }
   bool created() const { return created_; }  // Open made a new arena (first open, or reboot)
+  // Where Open set aside the arena it replaced (another store's, an older format's), for its
+  // caller to remove once the store's open succeeded or to rename back when it failed; empty
+  // when it replaced none.
+  const std::string& replaced() const { return replaced_; }
   uint64_t generation() const { return generation_; }
   // The root path the arena's header records: the store's root as the last read-write open gave
   // it (ckptdb repair finds the store an arena belongs to by it). Empty when !available().
@@ -166,6 +170,7 @@ class RamTier {
   bool header_unreadable_ = false;  // Open found no header copy to believe (read-write)
   std::string open_root_path_;      // the root Open was given, made absolute
   std::string unreadable_why_;
+  std::string replaced_;
 };
 
 }  // namespace ckpt::engine

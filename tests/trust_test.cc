@@ -18,6 +18,7 @@
 
 #include "ckptdb/ckptdb.h"
 #include "format/commit_witness.h"
+#include "format/ram_format.h"
 #include "tests/test_util.h"
 
 namespace ckpt {
@@ -387,6 +388,50 @@ TEST_F(TrustTest, CloseWaitsForACallInsideTheHandle) {
   EXPECT_TRUE(shared.returned) << "the close returned while a call was inside the handle";
   lister.join();
   EXPECT_EQ(shared.refused_with, CKPTDB_ESTATE);
+}
+
+// Open item: an arena that names another store is replaced only by an open that succeeds; one
+// that fails after the tiers were opened (here the disk tier's directory is a file) leaves it
+// exactly as it was.
+TEST_F(TrustTest, AnArenaIsReplacedOnlyByAnOpenThatSucceeds) {
+  const std::string tiers = "ram:64M,dir=" + ram_dir_ + ";disk:" + disk_dir_;
+  Import(1, 1, tiers);
+  const std::string arena = ArenaFile(ram_dir_);
+  ASSERT_FALSE(arena.empty());
+  std::string bytes = test::ReadWholeFile(arena);
+  for (uint64_t at : format::kArenaHeaderCopyOffsets) {
+    format::ArenaHeader h;
+    auto* p = reinterpret_cast<uint8_t*>(bytes.data()) + at;
+    ASSERT_TRUE(format::DecodeArenaHeaderCopy(
+                    std::span<const uint8_t, format::kArenaHeaderCopyBytes>(p, format::kArenaHeaderCopyBytes),
+                    "copy", &h)
+                    .ok());
+    h.job_id ^= 0x77;
+    format::EncodeArenaHeaderCopy(h, std::span<uint8_t, format::kArenaHeaderCopyBytes>(
+                                         p, format::kArenaHeaderCopyBytes));
+  }
+  test::WriteWholeFile(arena, bytes);
+  fs::rename(disk_dir_, disk_dir_ + ".away");
+  test::WriteWholeFile(disk_dir_, "a file where the disk tier's directory was");
+  ckptdb_options o;
+  ckptdb_options_init(&o);
+  o.root = root_.c_str();
+  ckptdb* db = nullptr;
+  testing::internal::CaptureStderr();
+  EXPECT_NE(ckptdb_open(&o, &db), CKPTDB_OK);
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("belongs to another store"), std::string::npos) << said;
+  EXPECT_TRUE(test::ReadWholeFile(arena) == bytes) << "the failed open replaced the arena";
+  EXPECT_FALSE(fs::exists(arena + ".replaced"));
+  fs::remove(disk_dir_);
+  fs::rename(disk_dir_ + ".away", disk_dir_);
+  testing::internal::CaptureStderr();
+  ASSERT_EQ(ckptdb_open(&o, &db), CKPTDB_OK) << ckptdb_last_error();
+  testing::internal::GetCapturedStderr();
+  ckptdb_close(db);
+  EXPECT_FALSE(test::ReadWholeFile(arena) == bytes) << "the open did not replace the arena";
+  EXPECT_FALSE(fs::exists(arena + ".replaced"));
+  EXPECT_EQ(RestoreEach({1}), "disk:" + disk_dir_);
 }
 
 }  // namespace

@@ -213,6 +213,40 @@ class StoreTest(unittest.TestCase):
             store.latest()
 
 
+    def test_close_from_another_thread_waits_for_the_puts_inside_the_handle(self):
+        # Issue 40: a put runs with the GIL released; a close on another thread used to free the
+        # handle under it. Now the close waits, and the puts after it raise StateError.
+        import threading
+        data = bytearray(4 << 20)
+        for round_ in range(5):
+            store = self.open()
+            errors, puts = [], [0]
+            started = threading.Event()
+
+            def putter():
+                started.set()
+                try:
+                    for i in range(1000):
+                        store.put_shard(1, f"t{i}", data, copy_now=True)
+                        puts[0] += 1
+                except ckptdb.StateError:
+                    pass
+                except BaseException as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            thread = threading.Thread(target=putter)
+            thread.start()
+            started.wait()
+            store.close()
+            thread.join()
+            self.assertEqual(errors, [], f"round {round_}")
+            with self.assertRaises(ckptdb.StateError):
+                store.put_shard(1, "after", data)
+            # The version the putter left open was aborted by the close: nothing committed.
+            with self.open() as again:
+                self.assertIsNone(again.latest())
+
+
 class LayoutTest(unittest.TestCase):
     def test_the_dtype_names_are_the_libraries(self):
         for name, code in ckptdb.DTYPES.items():
