@@ -79,7 +79,7 @@ double CatalogWrites(const std::string& dir, int versions, bool every_write) {
     std::exit(2);
   }
   std::unique_ptr<rocksdb::DB> db(raw);
-  const std::string version_record(120, 'v');   // a version record, about its size
+  const std::string version_record(120, 'v');    // a version record, about its size
   const std::string residency_record(200, 'r');  // a residency record with its path
   auto key = [](const char* kind, int v) { return std::string(kind) + std::to_string(v); };
   const auto t0 = Clock::now();
@@ -93,11 +93,13 @@ double CatalogWrites(const std::string& dir, int versions, bool every_write) {
         {false, [&](rocksdb::WriteBatch& b) { b.Put(key("r/", v), residency_record); }},
         {false, [&](rocksdb::WriteBatch& b) { b.Put(key("v/", v), version_record); }},  // CAPTURED
         {true, [&](rocksdb::WriteBatch& b) { b.Put(key("v/", v), version_record); }},   // PREPARED
-        {true, [&](rocksdb::WriteBatch& b) {  // COMMITTED, with its residency
+        {true,
+         [&](rocksdb::WriteBatch& b) {  // COMMITTED, with its residency
            b.Put(key("v/", v), version_record);
            b.Put(key("r/", v), residency_record);
          }},
-        {false, [&](rocksdb::WriteBatch& b) {  // the eviction of the version before last
+        {false,
+         [&](rocksdb::WriteBatch& b) {  // the eviction of the version before last
            b.Delete(key("r/", v - 2));
            b.Put(key("v/", v - 2), version_record);
          }},

@@ -75,7 +75,6 @@ int NullHandle(const char* call) {
   return CKPTDB_EINVAL;
 }
 
-
 // Guard for a call on an open handle: counted in the handle while it runs (see struct ckptdb).
 template <typename F>
 int GuardDb(ckptdb* db, const char* call, F body) {
@@ -177,19 +176,19 @@ int ckptdb_put_shard(ckptdb* db, uint64_t version, const char* name, const void*
                      size_t nbytes, const ckptdb_tensor_info* info, unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_put_shard");
   return GuardDb(db, "ckptdb_put_shard",
-               [&] { return Done(db->db->PutShard(version, name, data, nbytes, info, flags)); });
+                 [&] { return Done(db->db->PutShard(version, name, data, nbytes, info, flags)); });
 }
 
 int ckptdb_put_shards(ckptdb* db, uint64_t version, const ckptdb_shard* shards, size_t count) {
   if (db == nullptr) return NullHandle("ckptdb_put_shards");
   return GuardDb(db, "ckptdb_put_shards",
-               [&] { return Done(db->db->PutShards(version, shards, count)); });
+                 [&] { return Done(db->db->PutShards(version, shards, count)); });
 }
 
 int ckptdb_wait_capture(ckptdb* db, uint64_t version, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_capture");
   return GuardDb(db, "ckptdb_wait_capture",
-               [&] { return Done(db->db->WaitCapture(version, timeout_ms)); });
+                 [&] { return Done(db->db->WaitCapture(version, timeout_ms)); });
 }
 
 int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags) {
@@ -200,7 +199,7 @@ int ckptdb_commit(ckptdb* db, uint64_t version, unsigned flags) {
 int ckptdb_wait_commit(ckptdb* db, uint64_t version, const char* tier, int timeout_ms) {
   if (db == nullptr) return NullHandle("ckptdb_wait_commit");
   return GuardDb(db, "ckptdb_wait_commit",
-               [&] { return Done(db->db->WaitCommit(version, tier, timeout_ms)); });
+                 [&] { return Done(db->db->WaitCommit(version, tier, timeout_ms)); });
 }
 
 int ckptdb_abort(ckptdb* db, uint64_t version) {
@@ -224,7 +223,7 @@ int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, si
                    unsigned flags) {
   if (db == nullptr) return NullHandle("ckptdb_restore");
   return GuardDb(db, "ckptdb_restore",
-               [&] { return Done(db->db->Restore(version, name, dst, nbytes, flags)); });
+                 [&] { return Done(db->db->Restore(version, name, dst, nbytes, flags)); });
 }
 
 int ckptdb_restore_slice(ckptdb* db, uint64_t version, const char* name, const ckptdb_box* box,
@@ -244,7 +243,7 @@ int ckptdb_list_chunks(ckptdb* db, uint64_t version, const char* name, ckptdb_ch
                        void* arg, const char** source) {
   if (db == nullptr) return NullHandle("ckptdb_list_chunks");
   return GuardDb(db, "ckptdb_list_chunks",
-               [&] { return Done(db->db->ListChunks(version, name, fn, arg, source)); });
+                 [&] { return Done(db->db->ListChunks(version, name, fn, arg, source)); });
 }
 
 int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg) {
@@ -255,7 +254,8 @@ int ckptdb_list_versions(ckptdb* db, ckptdb_version_fn fn, void* arg) {
 int ckptdb_verify(ckptdb* db, uint64_t version, const char* tier, ckptdb_verify_fn fn, void* arg,
                   ckptdb_verify_report* out) {
   if (db == nullptr) return NullHandle("ckptdb_verify");
-  return GuardDb(db, "ckptdb_verify", [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
+  return GuardDb(db, "ckptdb_verify",
+                 [&] { return Done(db->db->Verify(version, tier, fn, arg, out)); });
 }
 
 int ckptdb_verify_groups(ckptdb* const* dbs, size_t count, uint64_t version, unsigned flags,
@@ -313,7 +313,7 @@ int ckptdb_declare_replicas(ckptdb* db, uint32_t group, const uint32_t* members,
                             const char* protection) {
   if (db == nullptr) return NullHandle("ckptdb_declare_replicas");
   return GuardDb(db, "ckptdb_declare_replicas",
-               [&] { return Done(db->db->DeclareReplicas(group, members, count, protection)); });
+                 [&] { return Done(db->db->DeclareReplicas(group, members, count, protection)); });
 }
 
 int ckptdb_hint(ckptdb* db, unsigned hints) {
@@ -342,7 +342,8 @@ int ckptdb_open_problems(ckptdb* db, ckptdb_repair_fn fn, void* arg, uint64_t* c
 int ckptdb_version_stats(ckptdb* db, uint64_t version, ckptdb_version_stats_t* out) {
   if (db == nullptr) return NullHandle("ckptdb_version_stats");
   if (out == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_version_stats: out is NULL"));
-  return GuardDb(db, "ckptdb_version_stats", [&] { return Done(db->db->GetVersionStats(version, out)); });
+  return GuardDb(db, "ckptdb_version_stats",
+                 [&] { return Done(db->db->GetVersionStats(version, out)); });
 }
 
 int ckptdb_serve(const ckptdb_options* o, ckptdb_server** out) {

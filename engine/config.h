@@ -19,8 +19,10 @@ enum class Backpressure : uint8_t { kBlock, kDirect, kSkip };
 
 struct DbOptions {
   std::string root;
-  std::string tiers;  // empty: the catalog's (the last read-write open's), else "disk:<root>/segments"
-  bool drop_tiers = false;  // a writer may leave out tiers that hold committed copies (Db::OpenImpl)
+  // Empty: the catalog's (the last read-write open's), else "disk:<root>/segments". A writer
+  // may leave out tiers that hold committed copies only with drop_tiers (tier_choice.cc).
+  std::string tiers;
+  bool drop_tiers = false;
   uint32_t rank = 0;
   uint32_t world_size = 1;
   std::string node_id;

@@ -394,6 +394,12 @@ Status Db::OpenImpl() {
     CKPTDB_RETURN_IF_ERROR(AdoptSegments());
   }
   CKPTDB_RETURN_IF_ERROR(Recover());
+  {
+    // A version whose last copy was evicted just before a crash is retired now, not left
+    // committed with nothing to restore.
+    std::unique_lock<std::mutex> lock(mu_);
+    RetireLocked(lock);
+  }
   WriteMissingWitnesses(o.root);
   if (cluster_ != nullptr) {
     LearnArcVersions();

@@ -752,7 +752,7 @@ class Db {
   // report (bounded as outcomes_).
   std::map<uint64_t, Status> witness_errors_;
   std::vector<std::string> markers_written_;  // tier markers this Open created
-  std::string ram_created_;   // the arena file this Open created
+  std::string ram_created_;                   // the arena file this Open created
   std::string ram_replaced_;  // where the arena it replaced waits until the Open succeeds
 
   // Staging ring (read-write handles): staging_bytes of memory mapped once, mlocked where

@@ -278,9 +278,8 @@ Status RamTier::RebuildHeader(uint64_t job_id, uint32_t rank, const std::vector<
   if (!chosen) {
     auto most = std::max_element(indexes.begin(), indexes.end(),
                                  [](const auto& a, const auto& b) { return a.second < b.second; });
-    const bool tie = std::count_if(indexes.begin(), indexes.end(), [&](const auto& g) {
-                       return g.second == most->second;
-                     }) > 1;
+    const bool tie = std::count_if(indexes.begin(), indexes.end(),
+                                   [&](const auto& g) { return g.second == most->second; }) > 1;
     if (tie) {
       return Status::Corrupt(what + ": its indexes carry " + std::to_string(indexes.size()) +
                              " generations equally often and no record names one; its header " +

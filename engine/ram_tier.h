@@ -52,14 +52,14 @@ class RamTier {
   static std::string ArenaPath(const std::string& dir, uint64_t job_id, uint32_t rank);
 
   // Read-write: maps the arena, creating it when absent, and replacing it when its header names
-  // another store or is of format version 1 (the old file set aside: replaced()). One damaged header copy is rewritten from the other
-  // (a line on stderr says so); with both damaged the arena is left exactly as it is and Open
-  // fails Corrupt, naming both reasons and `ckptdb repair` (its copies may all be intact); an
-  // arena of a newer format is NotSupported. root_path (the store's root, as its options give
-  // it; at most 4095 bytes, else Invalid) is recorded in the header, which is rewritten when it
-  // names another. Read-only: maps it for reading; when it is absent, not this store's, or has
-  // no readable header, available() is false and every copy the catalog places there reads as
-  // missing.
+  // another store or is of format version 1 (the old file set aside: replaced()). One damaged
+  // header copy is rewritten from the other (a line on stderr says so); with both damaged the arena
+  // is left exactly as it is and Open fails Corrupt, naming both reasons and `ckptdb repair` (its
+  // copies may all be intact); an arena of a newer format is NotSupported. root_path (the store's
+  // root, as its options give it; at most 4095 bytes, else Invalid) is recorded in the header,
+  // which is rewritten when it names another. Read-only: maps it for reading; when it is absent,
+  // not this store's, or has no readable header, available() is false and every copy the catalog
+  // places there reads as missing.
   Status Open(uint64_t job_id, uint32_t rank, const std::string& root_path, bool read_only);
 
   // ckptdb repair's, after a read-write Open failed Corrupt because neither header copy can be

@@ -590,9 +590,9 @@ Status Repair::Finish() {
     }
   }
   if (lost > 0) {
-    return Status::Corrupt("repair: " + std::to_string(lost) +
-                           " committed version(s) could not be recovered (no copy verifies): " +
-                           lost_list);
+    return Status::Corrupt(
+        "repair: " + std::to_string(lost) +
+        " committed version(s) could not be recovered (no copy verifies): " + lost_list);
   }
   return Status::Ok();
 }

@@ -81,10 +81,10 @@ Status Db::ChooseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* 
   std::set<std::string> names;
   for (const io::TierSpec& s : *specs) names.insert(s.name);
   // The ram tier is always "ram": one whose directory moved leaves the old arena's copies out.
-  const std::string arena = (*specs)[0].kind == io::TierKind::kRam
-                                ? RamTier::ArenaPath((*specs)[0].path, identity_.job_id,
-                                                     identity_.rank)
-                                : std::string();
+  const std::string arena =
+      (*specs)[0].kind == io::TierKind::kRam
+          ? RamTier::ArenaPath((*specs)[0].path, identity_.job_id, identity_.rank)
+          : std::string();
   auto left_out = [&](const ResidencyRecord& r) {
     return names.count(r.tier) == 0 || (IsRamName(r.tier) && r.path != arena);
   };
@@ -98,13 +98,14 @@ Status Db::ChooseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* 
     }
     for (const ResidencyRecord& r : e.residency) {
       if (!left_out(r) || r.state != CKPTDB_RESIDENT_DURABLE) continue;
-      const std::string tier = names.count(r.tier) > 0 ? r.tier + " (the arena " + r.path + ")"
-                                                       : r.tier;
+      const std::string tier =
+          names.count(r.tier) > 0 ? r.tier + " (the arena " + r.path + ")" : r.tier;
       held[tier].push_back(v);
       if (!stays) only[tier].push_back(v);
     }
   }
-  const std::string store = recorded.empty() ? std::string() : " (the store's: \"" + recorded + "\")";
+  const std::string store =
+      recorded.empty() ? std::string() : " (the store's: \"" + recorded + "\")";
   if (!only.empty()) {
     const auto& [tier, versions] = *only.begin();
     return Status::Invalid(
@@ -115,7 +116,8 @@ Status Db::ChooseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* 
   }
   for (const auto& [tier, versions] : held) {
     if (options_.drop_tiers) {
-      std::fprintf(stderr, "ckptdb: tier %s is left out (drop_tiers): releasing its copies of "
+      std::fprintf(stderr,
+                   "ckptdb: tier %s is left out (drop_tiers): releasing its copies of "
                    "version(s) %s, which other tiers hold\n",
                    tier.c_str(), VersionList(versions).c_str());
       continue;

@@ -26,7 +26,7 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
   run.fn = fn;
   run.arg = arg;
   std::vector<VerifyTarget> targets;
-  std::vector<uint64_t> uncopied;  // committed versions that no copy backs
+  std::vector<std::pair<uint64_t, std::string>> uncopied;  // versions no copy backs, and why
   {
     std::lock_guard<std::mutex> lock(mu_);
     CKPTDB_RETURN_IF_ERROR(CheckNotClosed());
@@ -37,7 +37,22 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       const bool copy = std::any_of(e.residency.begin(), e.residency.end(), [](const auto& r) {
         return r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING;
       });
-      if (!copy) uncopied.push_back(v);
+      // Every copy evicted by retention: a retirement that a crash cut short, which the next
+      // read-write open finishes (Db::OpenImpl), not a version that lost its copies.
+      const bool retiring = !e.residency.empty() &&
+                            std::all_of(e.residency.begin(), e.residency.end(), [](const auto& r) {
+                              return r.state == CKPTDB_RESIDENT_EVICTED;
+                            });
+      if (copy || retiring) continue;
+      std::string records;
+      for (const ResidencyRecord& r : e.residency) {
+        static const char* const kStates[] = {"WRITING", "DURABLE", "MISSING", "EVICTED",
+                                              "PENDING"};
+        const bool named = r.state >= CKPTDB_RESIDENT_WRITING && r.state <= CKPTDB_RESIDENT_PENDING;
+        records += (records.empty() ? "" : ", ") + r.tier + " " +
+                   (named ? kStates[r.state - CKPTDB_RESIDENT_WRITING] : std::to_string(r.state));
+      }
+      uncopied.emplace_back(v, records.empty() ? "none" : records);
     }
   }
   const VerifyTarget store{0, ResidencyRecord{}, 0, -1};
@@ -48,10 +63,11 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       run.Emit(CKPTDB_VERIFY_PROBLEM, store, -1, 0, 0, 0, problem);
     }
   }
-  for (uint64_t v : uncopied) {
+  for (const auto& [v, records] : uncopied) {
     run.Emit(CKPTDB_VERIFY_PROBLEM, VerifyTarget{v, ResidencyRecord{}, 0, -1}, -1, 0, 0, 0,
-             V(v) + " is committed, but the catalog records no copy of it on any tier: it " +
-                 "cannot be restored (ckptdb repair " + options_.root + " drops it)");
+             V(v) + " is committed, but the catalog records no copy of it on any tier (its " +
+                 "residency records: " + records + "): it cannot be restored (ckptdb repair " +
+                 options_.root + " drops it)");
   }
   for (const VerifyTarget& t : targets) VerifyCopy(t, &run);
   if (report != nullptr) *report = run.rep;

@@ -55,13 +55,7 @@ constexpr uint64_t kDefaultStride = 1;
 // Every regular file under `dir`, by path, with its bytes.
 using Tree = std::map<std::string, std::string>;
 
-Tree Snapshot(const std::string& dir) {
-  Tree t;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) t[e.path().string()] = test::ReadWholeFile(e.path().string());
-  }
-  return t;
-}
+Tree Snapshot(const std::string& dir) { return test::SnapshotFiles(dir, /*without_lock=*/false); }
 
 struct Mutation {
   enum Kind { kFlip, kTruncate, kDelete } kind = kFlip;

@@ -85,6 +85,30 @@ std::map<uint64_t, int> ResidencyOn(ckptdb* db, const std::string& tier) {
   return arg.out;
 }
 
+std::vector<uint64_t> CommittedVersions(ckptdb* db) {
+  std::vector<uint64_t> out;
+  const int rc = ckptdb_list_versions(
+      db,
+      [](void* p, const ckptdb_version_info* i) {
+        if (i->state == CKPTDB_STATE_COMMITTED)
+          static_cast<std::vector<uint64_t>*>(p)->push_back(i->version);
+        return 0;
+      },
+      &out);
+  if (rc != CKPTDB_OK) std::fprintf(stderr, "CommittedVersions: %s\n", ckptdb_last_error());
+  return out;
+}
+
+std::map<std::string, std::string> SnapshotFiles(const std::string& dir, bool without_lock) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    const std::string path = e.path().string();
+    if (!e.is_regular_file() || (without_lock && path.ends_with("/LOCK"))) continue;
+    files[path] = ReadWholeFile(path);
+  }
+  return files;
+}
+
 std::string ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

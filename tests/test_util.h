@@ -56,6 +56,11 @@ uint64_t EnvCount(const char* name, uint64_t fallback);
 // version -> state of its copy on `tier` (by name) in db's list of versions (ckptdb_list_versions;
 // no entry when none is listed).
 std::map<uint64_t, int> ResidencyOn(ckptdb* db, const std::string& tier);
+// The versions db lists as COMMITTED, ascending.
+std::vector<uint64_t> CommittedVersions(ckptdb* db);
+// Every regular file under `dir`, by path, with its bytes (the store's LOCK left out when
+// `without_lock`: an open takes it, and that is no change).
+std::map<std::string, std::string> SnapshotFiles(const std::string& dir, bool without_lock);
 
 std::string ReadWholeFile(const std::string& path);
 void WriteWholeFile(const std::string& path, const std::string& contents);

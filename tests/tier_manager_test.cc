@@ -229,7 +229,8 @@ TEST_F(TierManagerTest, KeepCountsOnlyCopiesAlreadyOnTheTier) {
   Commit(1);
   ASSERT_EQ(ckptdb_wait_commit(db_, 1, "disk", -1), CKPTDB_OK);
   Close();
-  Open(ram_);
+  // The disk tier stays (it holds version 1) but takes only every 3rd version: 2 stays in ram.
+  Open(ram_ + ";disk:" + disk_dir_ + ",keep=1,every=3");
   Commit(2);
   Close();
   std::string arena;

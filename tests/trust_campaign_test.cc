@@ -52,15 +52,7 @@ constexpr uint64_t kDefaultStride = 1;
 
 using Tree = std::map<std::string, std::string>;
 
-Tree Snapshot(const std::string& dir) {
-  Tree t;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file() && !e.path().string().ends_with("/LOCK")) {
-      t[e.path().string()] = test::ReadWholeFile(e.path().string());
-    }
-  }
-  return t;
-}
+Tree Snapshot(const std::string& dir) { return test::SnapshotFiles(dir, /*without_lock=*/true); }
 
 class TrustCampaign : public ::testing::Test {
  protected:
@@ -71,9 +63,7 @@ class TrustCampaign : public ::testing::Test {
     disk_ = dir_.Sub("disk");
   }
 
-  std::string Full() const {
-    return "ram:2M,dir=" + ram_ + ";tmpfs:" + tmpfs_ + ";disk:" + disk_;
-  }
+  std::string Full() const { return "ram:2M,dir=" + ram_ + ";tmpfs:" + tmpfs_ + ";disk:" + disk_; }
 
   // Opens the store: read_only, or read-write with `tiers` (nullptr: the store's own).
   int Open(const char* tiers, bool read_only, bool drop_tiers, ckptdb** db) {
@@ -139,16 +129,7 @@ class TrustCampaign : public ::testing::Test {
 
   // Every committed version restores whole; the committed versions are exactly kVersions.
   std::string RestoreAll(ckptdb* db, const char* step) {
-    std::vector<uint64_t> committed;
-    ckptdb_list_versions(
-        db,
-        [](void* arg, const ckptdb_version_info* info) {
-          if (info->state == CKPTDB_STATE_COMMITTED) {
-            static_cast<std::vector<uint64_t>*>(arg)->push_back(info->version);
-          }
-          return 0;
-        },
-        &committed);
+    const std::vector<uint64_t> committed = test::CommittedVersions(db);
     if (committed != kVersions) {
       std::string list;
       for (uint64_t v : committed) list += " " + std::to_string(v);
@@ -160,8 +141,8 @@ class TrustCampaign : public ::testing::Test {
         std::vector<uint8_t> got(want.size(), 0xEE);
         const int rc = ckptdb_restore(db, v, kNames[t], got.data(), got.size(), 0);
         if (rc != CKPTDB_OK) {
-          return std::string(step) + ": restore of version " + std::to_string(v) + " " +
-                 kNames[t] + ": " + ckptdb_status_name(rc) + ": " + ckptdb_last_error();
+          return std::string(step) + ": restore of version " + std::to_string(v) + " " + kNames[t] +
+                 ": " + ckptdb_status_name(rc) + ": " + ckptdb_last_error();
         }
         if (got != want) {
           return std::string(step) + ": version " + std::to_string(v) + " restored WRONG BYTES";
@@ -228,8 +209,7 @@ class TrustCampaign : public ::testing::Test {
   // An open that failed: with one of `codes`, and nothing but LOCK changed.
   std::string FailedCleanly(int rc, const std::vector<int>& codes, const Tree& before) {
     if (std::find(codes.begin(), codes.end(), rc) == codes.end()) {
-      return std::string("open failed with ") + ckptdb_status_name(rc) + ": " +
-             ckptdb_last_error();
+      return std::string("open failed with ") + ckptdb_status_name(rc) + ": " + ckptdb_last_error();
     }
     if (Snapshot(dir_.path()) != before) {
       return std::string("the failed open changed the store: ") + ckptdb_last_error();
@@ -260,13 +240,13 @@ TEST_F(TrustCampaign, ForgedWitnesses) {
   for (uint64_t source : kVersions) {
     const std::string real = pristine_.at(commits + format::WitnessFileName(source, 0));
     format::CommitWitness w;
-    ASSERT_TRUE(format::DecodeCommitWitness(
-                    std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(real.data()),
-                                             real.size()),
-                    "witness", &w)
-                    .ok());
-    for (uint64_t forged : {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{5}, uint64_t{9},
-                            uint64_t{1} << 40}) {
+    ASSERT_TRUE(
+        format::DecodeCommitWitness(
+            std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(real.data()), real.size()),
+            "witness", &w)
+            .ok());
+    for (uint64_t forged :
+         {uint64_t{0}, uint64_t{1}, uint64_t{3}, uint64_t{5}, uint64_t{9}, uint64_t{1} << 40}) {
       for (int who = 0; who < 3; ++who) {  // this rank, rank 1, another job
         ++cases;
         RestorePristine();
@@ -291,7 +271,9 @@ TEST_F(TrustCampaign, ForgedWitnesses) {
         if (!why.empty()) {
           ++failures;
           ADD_FAILURE() << "witness of version " << forged << " (from " << source << ", "
-                        << (who == 0 ? "this rank" : who == 1 ? "rank 1" : "another job")
+                        << (who == 0   ? "this rank"
+                            : who == 1 ? "rank 1"
+                                       : "another job")
                         << "): " << why;
         }
       }
@@ -326,29 +308,28 @@ TEST_F(TrustCampaign, ArenaHeadersDamagedInBothCopies) {
   }
   for (uint64_t k = 0; k < 16 + root_.size(); k += 5) {
     const uint64_t at = format::kArenaExtensionOffset + k;
-    cases.push_back({"extension byte " + std::to_string(k) + " of both copies",
-                     [at, b](std::string& s) {
-                       s[at] ^= 0x04;
-                       s[b + at] ^= 0x40;
-                     }});
+    cases.push_back(
+        {"extension byte " + std::to_string(k) + " of both copies", [at, b](std::string& s) {
+           s[at] ^= 0x04;
+           s[b + at] ^= 0x40;
+         }});
   }
   // Copy B valid but disagreeing with A: another generation, another job, another capacity.
   for (int field = 0; field < 3; ++field) {
-    cases.push_back({"copy B valid and disagreeing (" + std::to_string(field) + ")",
-                     [field, b](std::string& s) {
-                       format::ArenaHeader h;
-                       std::span<const uint8_t, format::kArenaHeaderCopyBytes> in(
-                           reinterpret_cast<const uint8_t*>(s.data()) + b,
-                           format::kArenaHeaderCopyBytes);
-                       if (!format::DecodeArenaHeaderCopy(in, "B", &h).ok()) return;
-                       if (field == 0) h.generation ^= 1;
-                       if (field == 1) h.job_id ^= 1;
-                       if (field == 2) h.capacity_bytes += 4096;
-                       format::EncodeArenaHeaderCopy(
-                           h, std::span<uint8_t, format::kArenaHeaderCopyBytes>(
-                                  reinterpret_cast<uint8_t*>(s.data()) + b,
-                                  format::kArenaHeaderCopyBytes));
-                     }});
+    cases.push_back(
+        {"copy B valid and disagreeing (" + std::to_string(field) + ")",
+         [field, b](std::string& s) {
+           format::ArenaHeader h;
+           std::span<const uint8_t, format::kArenaHeaderCopyBytes> in(
+               reinterpret_cast<const uint8_t*>(s.data()) + b, format::kArenaHeaderCopyBytes);
+           if (!format::DecodeArenaHeaderCopy(in, "B", &h).ok()) return;
+           if (field == 0) h.generation ^= 1;
+           if (field == 1) h.job_id ^= 1;
+           if (field == 2) h.capacity_bytes += 4096;
+           format::EncodeArenaHeaderCopy(
+               h, std::span<uint8_t, format::kArenaHeaderCopyBytes>(
+                      reinterpret_cast<uint8_t*>(s.data()) + b, format::kArenaHeaderCopyBytes));
+         }});
   }
   uint64_t run = 0, failures = 0;
   const std::string arena_name = fs::path(Arena()).filename().string();

@@ -39,7 +39,9 @@ Result Cli(const std::string& args) {
   return r;
 }
 
-std::vector<uint8_t> Data(uint64_t version) { return RandomBytes(150000 + version, version * 7919); }
+std::vector<uint8_t> Data(uint64_t version) {
+  return RandomBytes(150000 + version, version * 7919);
+}
 
 // A safetensors file holding one U8 tensor "w" with `data`.
 std::string WriteSafetensors(const std::string& path, const std::vector<uint8_t>& data) {
@@ -83,7 +85,7 @@ class TrustTest : public ::testing::Test {
 
   // Every version in `versions` restores bit for bit through a read-only handle; the tier the
   // last came from.
-  std::string RestoreEach(const std::vector<uint64_t>& versions) {
+  ckptdb* OpenReadOnly() {
     ckptdb_options o;
     ckptdb_options_init(&o);
     o.root = root_.c_str();
@@ -91,6 +93,11 @@ class TrustTest : public ::testing::Test {
     o.create_if_missing = 0;
     ckptdb* db = nullptr;
     EXPECT_EQ(ckptdb_open(&o, &db), CKPTDB_OK) << ckptdb_last_error();
+    return db;
+  }
+
+  std::string RestoreEach(const std::vector<uint64_t>& versions) {
+    ckptdb* db = OpenReadOnly();
     if (db == nullptr) return "";
     for (uint64_t v : versions) {
       std::vector<uint8_t> want = Data(v);
@@ -106,23 +113,9 @@ class TrustTest : public ::testing::Test {
   }
 
   std::vector<uint64_t> Committed() {
-    ckptdb_options o;
-    ckptdb_options_init(&o);
-    o.root = root_.c_str();
-    o.read_only = 1;
-    o.create_if_missing = 0;
-    ckptdb* db = nullptr;
-    std::vector<uint64_t> out;
-    if (ckptdb_open(&o, &db) != CKPTDB_OK) return out;
-    ckptdb_list_versions(
-        db,
-        [](void* arg, const ckptdb_version_info* info) {
-          if (info->state == CKPTDB_STATE_COMMITTED) {
-            static_cast<std::vector<uint64_t>*>(arg)->push_back(info->version);
-          }
-          return 0;
-        },
-        &out);
+    ckptdb* db = OpenReadOnly();
+    if (db == nullptr) return {};
+    std::vector<uint64_t> out = test::CommittedVersions(db);
     ckptdb_close(db);
     return out;
   }
@@ -177,8 +170,8 @@ TEST_F(TrustTest, ImportWithoutTiersKeepsTheStoresTiersAndADroppedTierIsRefused)
 TEST_F(TrustTest, ATierHoldingAVersionsOnlyCopyIsNeverDropped) {
   Import(1, 2, "ram:64M,keep=3,dir=" + ram_dir_);
   const std::string file = WriteSafetensors(mem_.Sub("m3"), Data(3));
-  Result r = Cli("import " + file + " --root " + root_ + " --version 3 --tiers 'disk:" +
-                 disk_dir_ + "' --drop-tiers");
+  Result r = Cli("import " + file + " --root " + root_ + " --version 3 --tiers 'disk:" + disk_dir_ +
+                 "' --drop-tiers");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("which holds the only copy of committed version(s) 1, 2"),
             std::string::npos)
@@ -273,9 +266,19 @@ TEST_F(TrustTest, VerifyReportsACommittedVersionWithoutACopy) {
 // Finding 4: the JSON output escapes DEL, C1 controls, bidi and invisible characters, and a
 // JSON reader gets the names back exactly.
 TEST_F(TrustTest, InspectJsonEscapesWhatATerminalWouldHideOrReorder) {
-  const std::vector<std::string> names = {"del\x7f" "x", "csi\xc2\x9b" "31m", "rlo\xe2\x80\xae" "gnp",
-                                          "zw\xe2\x80\x8bsp", "\xef\xbb\xbf" "bom",
-                                          "ls\xe2\x80\xa8" "x", "plain \xc3\xbc"};
+  const std::vector<std::string> names = {
+      "del\x7f"
+      "x",
+      "csi\xc2\x9b"
+      "31m",
+      "rlo\xe2\x80\xae"
+      "gnp",
+      "zw\xe2\x80\x8bsp",
+      "\xef\xbb\xbf"
+      "bom",
+      "ls\xe2\x80\xa8"
+      "x",
+      "plain \xc3\xbc"};
   ckptdb_options o;
   ckptdb_options_init(&o);
   o.root = root_.c_str();
@@ -285,17 +288,17 @@ TEST_F(TrustTest, InspectJsonEscapesWhatATerminalWouldHideOrReorder) {
   ASSERT_EQ(ckptdb_open(&o, &db), CKPTDB_OK) << ckptdb_last_error();
   std::vector<uint8_t> data(64, 7);
   for (const std::string& n : names) {
-    ASSERT_EQ(ckptdb_put_shard(db, 1, n.c_str(), data.data(), data.size(), nullptr,
-                               CKPTDB_PUT_COPY_NOW),
-              CKPTDB_OK)
+    ASSERT_EQ(
+        ckptdb_put_shard(db, 1, n.c_str(), data.data(), data.size(), nullptr, CKPTDB_PUT_COPY_NOW),
+        CKPTDB_OK)
         << ckptdb_last_error();
   }
   ASSERT_EQ(ckptdb_commit(db, 1, 0), CKPTDB_OK) << ckptdb_last_error();
   ckptdb_close(db);
   Result r = Cli("inspect --json " + root_ + " 2>/dev/null");
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* raw : {"\x7f", "\xc2\x9b", "\xe2\x80\xae", "\xe2\x80\x8b", "\xef\xbb\xbf",
-                          "\xe2\x80\xa8"}) {
+  for (const char* raw :
+       {"\x7f", "\xc2\x9b", "\xe2\x80\xae", "\xe2\x80\x8b", "\xef\xbb\xbf", "\xe2\x80\xa8"}) {
     EXPECT_EQ(r.output.find(raw), std::string::npos) << "raw bytes in: " << r.output;
   }
   EXPECT_NE(r.output.find("\\u202e"), std::string::npos) << r.output;
@@ -402,13 +405,14 @@ TEST_F(TrustTest, AnArenaIsReplacedOnlyByAnOpenThatSucceeds) {
   for (uint64_t at : format::kArenaHeaderCopyOffsets) {
     format::ArenaHeader h;
     auto* p = reinterpret_cast<uint8_t*>(bytes.data()) + at;
-    ASSERT_TRUE(format::DecodeArenaHeaderCopy(
-                    std::span<const uint8_t, format::kArenaHeaderCopyBytes>(p, format::kArenaHeaderCopyBytes),
-                    "copy", &h)
-                    .ok());
+    ASSERT_TRUE(
+        format::DecodeArenaHeaderCopy(std::span<const uint8_t, format::kArenaHeaderCopyBytes>(
+                                          p, format::kArenaHeaderCopyBytes),
+                                      "copy", &h)
+            .ok());
     h.job_id ^= 0x77;
-    format::EncodeArenaHeaderCopy(h, std::span<uint8_t, format::kArenaHeaderCopyBytes>(
-                                         p, format::kArenaHeaderCopyBytes));
+    format::EncodeArenaHeaderCopy(
+        h, std::span<uint8_t, format::kArenaHeaderCopyBytes>(p, format::kArenaHeaderCopyBytes));
   }
   test::WriteWholeFile(arena, bytes);
   fs::rename(disk_dir_, disk_dir_ + ".away");

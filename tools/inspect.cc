@@ -438,8 +438,8 @@ int RunInspect(const InspectArgs& args) {
     if (args.stats) out["stats"] = StatsJson(stats);
     // Names are bytes: invalid UTF-8 is replaced rather than failing the whole report, and what
     // a terminal would hide or reorder is escaped as the text output escapes it.
-    std::string text = JsonForTerminal(
-        out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+    std::string text =
+        JsonForTerminal(out.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     std::printf("%s\n", text.c_str());
     return exit_code;
   }

@@ -166,9 +166,9 @@ int RunRestore(const RestoreArgs& args) {
                                 {"global_offset", t.global_offset},
                                 {"bytes", t.bytes}});
   }
-  std::string text = JsonForTerminal(index.dump(
-                         2, ' ', false, nlohmann::ordered_json::error_handler_t::replace)) +
-                     "\n";
+  std::string text =
+      JsonForTerminal(index.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace)) +
+      "\n";
   Status s = WriteNewFile(dirfd, "index.json", args.out + "/index.json",
                           reinterpret_cast<const uint8_t*>(text.data()), text.size());
   if (s.ok() && fsync(dirfd) != 0) s = Status::FromErrno(errno, "fsync " + args.out);
