@@ -157,7 +157,11 @@ class Catalog {
 
   // Free space a read-write catalog keeps in hand: a flush of the whole write buffer, the WAL it
   // came from, a new MANIFEST and OPTIONS file at open, with room to spare. Below it every write
-  // fails with NoSpace before RocksDB is called (issue 20, finding 3).
+  // fails with NoSpace before RocksDB is called (issue 20, finding 3). It is a check, not a
+  // reservation: space another process takes between the check and RocksDB's write makes that
+  // write fail NoSpace inside RocksDB, which ckptdb's own logger keeps from aborting; the
+  // version then fails ENOSPC and the last committed one stays whole (full_disk_test,
+  // SpaceTakenBetweenTheCheckAndTheWriteIsEnospcNeverAnAbort).
   static constexpr uint64_t kReserveBytes = 2 << 20;
   // NoSpace naming `what` when dir's file system has less than kReserveBytes free.
   static Status CheckSpace(const std::string& dir, const std::string& what);
