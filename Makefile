@@ -65,7 +65,8 @@ test-asan: deps
 # inside RocksDB (Debian's, not built with ThreadSanitizer) are suppressed: tests/tsan.supp.
 TSAN_BUILD_DIR ?= build-tsan
 TSAN_TESTS = staging_ring_test capture_test tier_manager_test api_test ram_tier_test \
-  replica_store_test transport_test fault_test coordinator_test nfs_tier_test interleave_test
+  replica_store_test transport_test fault_test coordinator_test nfs_tier_test interleave_test \
+  trust_test
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTDB_BUILD_FUZZERS=OFF \
 	  -DCKPTDB_WITH_CUDA=OFF \
