@@ -1,6 +1,7 @@
 // The C API (include/ckptdb/ckptdb.h) over engine::Db: argument checks that need no state and
 // the thread-local last error; the options and the environment are resolved in engine/config.cc.
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -30,7 +31,7 @@ struct ckptdb {
   std::unique_ptr<ckpt::engine::Db> db;
   std::mutex mu;
   std::condition_variable idle;
-  uint32_t calls = 0;
+  uint32_t calls = 0;  // inside the handle, refused ones too until they have their answer
   bool closing = false;
 };
 
@@ -76,16 +77,26 @@ int NullHandle(const char* call) {
 }
 
 // Guard for a call on an open handle: counted in the handle while it runs (see struct ckptdb).
+// The handles this thread is inside (a callback's thread): closing one of them would wait for
+// itself.
+thread_local std::vector<const ckptdb*> t_inside;
+
 template <typename F>
 int GuardDb(ckptdb* db, const char* call, F body) {
+  bool closing = false;
   {
     std::lock_guard<std::mutex> lock(db->mu);
-    if (db->closing) {
-      return Fail(ckpt::Status::State(std::string(call) + ": the handle is being closed"));
-    }
-    ++db->calls;
+    closing = db->closing;
+    ++db->calls;  // a refused call too: the close must not free the mutex under its unlock
   }
-  const int rc = Guard(call, body);
+  int rc = CKPTDB_ESTATE;
+  if (closing) {
+    rc = Fail(ckpt::Status::State(std::string(call) + ": the handle is being closed"));
+  } else {
+    t_inside.push_back(db);
+    rc = Guard(call, body);
+    t_inside.pop_back();
+  }
   std::lock_guard<std::mutex> lock(db->mu);
   CKPTDB_ASSERT(db->calls > 0);
   if (--db->calls == 0) db->idle.notify_all();
@@ -159,6 +170,11 @@ int ckptdb_open(const ckptdb_options* o, ckptdb** out) {
 
 int ckptdb_close(ckptdb* db) {
   if (db == nullptr) return CKPTDB_OK;
+  if (std::find(t_inside.begin(), t_inside.end(), db) != t_inside.end()) {
+    return Fail(ckpt::Status::State(
+        "ckptdb_close: called from inside a call on the same handle (a callback); close it "
+        "once that call has returned"));
+  }
   {
     std::unique_lock<std::mutex> lock(db->mu);
     if (db->closing) return Fail(ckpt::Status::State("ckptdb_close: the handle is being closed"));

@@ -108,6 +108,9 @@ Status Db::Open(const DbOptions& given, std::unique_ptr<Db>* out) {
     std::vector<std::string> markers = db->markers_written_;
     std::string arena = db->ram_created_;
     const std::string replaced = db->ram_replaced_;
+    // Where the arena it replaced goes back to (the replacement may not have been created).
+    const std::string replaced_home =
+        replaced.substr(0, replaced.size() - std::min(replaced.size(), sizeof ".replaced" - 1));
     io::Io* io = db->io_;
     std::unique_ptr<io::Io> owned = std::move(db->owned_io_);
     (void)db->Close();
@@ -116,14 +119,14 @@ Status Db::Open(const DbOptions& given, std::unique_ptr<Db>* out) {
       // must go too, or every later open would find them "owned by another store".
       for (const std::string& m : markers) (void)io->Remove(m);
       if (!arena.empty()) (void)io->Remove(arena);
-      if (!replaced.empty()) (void)io->Rename(replaced, arena);
+      if (!replaced.empty()) (void)io->Rename(replaced, replaced_home);
       std::error_code ec;
       std::filesystem::remove_all(options.root, ec);
     } else {
       for (const std::string& m : markers) (void)io->Remove(m);
       if (!arena.empty()) (void)io->Remove(arena);
       // The arena this open replaced (another store's, an older format's) comes back as it was.
-      if (!replaced.empty()) (void)io->Rename(replaced, arena);
+      if (!replaced.empty()) (void)io->Rename(replaced, replaced_home);
       if (created_catalog) {
         // A catalog this open made in an existing root goes again with what it named.
         std::error_code ec;
@@ -394,6 +397,7 @@ Status Db::OpenImpl() {
     CKPTDB_RETURN_IF_ERROR(AdoptSegments());
   }
   CKPTDB_RETURN_IF_ERROR(Recover());
+  CKPTDB_RETURN_IF_ERROR(ReleaseDroppedCopies(/*release=*/false));
   {
     // A version whose last copy was evicted just before a crash is retired now, not left
     // committed with nothing to restore.
@@ -408,9 +412,10 @@ Status Db::OpenImpl() {
   // Recorded for read-only tools only once recovery accepted it (an arena shrink past a live
   // copy is refused there).
   CKPTDB_RETURN_IF_ERROR(catalog_->PutTiers(CanonicalTiers()));
-  RegisterFixedBuffers();
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return Status::FromErrno(errno, "eventfd for the tier manager");
+  CKPTDB_RETURN_IF_ERROR(ReleaseDroppedCopies(/*release=*/true));  // nothing fails after it
+  RegisterFixedBuffers();
   StartThreads();
   WarmManifests();
   return Status::Ok();
@@ -603,7 +608,6 @@ Status Db::CheckPublishedSegment(const std::string& path, uint64_t version, uint
 // straight to a tier that has them.
 Status Db::Recover() {
   CatalogBatch batch;
-  CKPTDB_RETURN_IF_ERROR(ReleaseDroppedCopies(&batch));
   std::set<std::string> dirs_to_sync;
   for (auto& [version, e] : versions_) {
     VersionRecord& r = e.record;

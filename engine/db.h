@@ -381,7 +381,7 @@ class Db {
   Status CheckIdentity(Status identity_read, bool reopen_read_write);
   Status ParseReaderTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
   Status ChooseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* specs);
-  Status ReleaseDroppedCopies(CatalogBatch* batch);
+  Status ReleaseDroppedCopies(bool release);
   Status AllocateWriteBuffers(const io::QueueOptions& qo);
   void RegisterFixedBuffers();
   Status OpenTiers(const std::vector<io::TierSpec>& specs);

@@ -470,7 +470,7 @@ bool Db::EvictLocked(std::unique_lock<std::mutex>& lock) {
   return true;
 }
 
-// A committed version left with no copy (durable or missing) becomes RETIRED, and the history
+// A committed version whose copies retention evicted, every one, becomes RETIRED, and the history
 // of retired and aborted records is kept to its bound.
 void Db::RetireLocked(std::unique_lock<std::mutex>& lock) {
   CatalogBatch batch;
@@ -483,7 +483,11 @@ void Db::RetireLocked(std::unique_lock<std::mutex>& lock) {
         return r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING ||
                r.state == CKPTDB_RESIDENT_WRITING;
       });
-      if (!any) {
+      // Retention's act only: a committed version with no record at all lost its copies some
+      // other way, and stays committed for verify to report and repair to drop.
+      bool evicted = std::any_of(e.residency.begin(), e.residency.end(),
+                                 [](const auto& r) { return r.state == CKPTDB_RESIDENT_EVICTED; });
+      if (!any && evicted) {
         e.record.state = CKPTDB_STATE_RETIRED;
         batch.put_versions.push_back(e.record);
       }

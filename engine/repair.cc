@@ -27,6 +27,7 @@ namespace {
 // What one copy of a committed version looked like.
 struct CopyCheck {
   bool usable = false;  // footer and manifest verify and match the committed manifest
+  int code = CKPTDB_OK;  // why not usable: ECORRUPT for damage, another code for a failing read
   ResidencyRecord residency;
   uint64_t bad_chunks = 0;
   uint32_t chunks = 0;
@@ -53,6 +54,7 @@ void CheckImage(const std::string& what, uint64_t size, const format::ReadAtFn& 
   }
   if (!st.ok()) {
     c->problem = st.message();
+    c->code = st.code();
     return;
   }
   c->usable = true;
@@ -74,6 +76,22 @@ void CheckImage(const std::string& what, uint64_t size, const format::ReadAtFn& 
   if (c->bad_chunks > 1) c->problem += " (" + std::to_string(c->bad_chunks) + " chunks in all)";
 }
 
+// A committed version whose every record is EVICTED: a retirement a crash cut short.
+bool AllEvicted(const std::vector<ResidencyRecord>& records) {
+  return !records.empty() &&
+         std::all_of(records.begin(), records.end(),
+                     [](const ResidencyRecord& r) { return r.state == CKPTDB_RESIDENT_EVICTED; });
+}
+
+// `path` + `suffix`, or with "-<ns>" after it when an earlier repair left that name: what is set
+// aside is never set over.
+std::string AsideName(io::Io* io, const std::string& path, const std::string& suffix) {
+  uint64_t ignored = 0;
+  const std::string aside = path + suffix;
+  if (io->PathSize(aside, &ignored).code() == CKPTDB_ENOTFOUND) return aside;
+  return aside + "-" + std::to_string(static_cast<uint64_t>(WallNs()));
+}
+
 class Repair {
  public:
   Repair(const DbOptions& options, const std::function<void(const std::string&)>& say,
@@ -87,6 +105,13 @@ class Repair {
     if (say_) say_(line);
   }
   Status CheckIntact(bool* intact);
+  // A committed version without a copy is lost only when every place it could be was looked
+  // at: EIO for a copy that could not be read, EINVAL for one the catalog records on a tier
+  // the spec leaves out; nothing is changed then.
+  Status CheckLossesAreReal() const;
+  // The intact catalog mended in place (its other records, a coordinator's among them, kept):
+  // copies found that it does not record are added, lost versions deleted.
+  Status MendCatalog();
   // The ram tier's arena, opened read-write under the store's lock (a damaged header copy is
   // rewritten from the other). *out is null when there is none, or when neither header copy
   // verifies: that arena is renamed aside (".damaged-<ns>"), so the next open starts a new one
@@ -97,6 +122,8 @@ class Repair {
   Status FindCopies();
   Status WriteCatalog();
   Status Finish();
+  Status SetAside(const std::string& path, const std::string& suffix, const std::string& why);
+  Status SetAsideOrphans();
 
   const DbOptions& options_;
   const std::function<void(const std::string&)>& say_;
@@ -117,7 +144,12 @@ class Repair {
   struct Version {
     VersionRecord record;
     bool witnessed = false;
-    std::vector<ResidencyRecord> copies;
+    std::vector<ResidencyRecord> copies;    // found, each verified
+    std::vector<ResidencyRecord> recorded;  // what the catalog (or what was salvaged) records
+    // Every record EVICTED: retention took its copies and a crash came before its RETIRED
+    // record. Not lost; the rebuilt catalog records it RETIRED.
+    bool retiring = false;
+    std::string uncertain;  // a copy that could not be looked at (not damage): why
   };
   std::map<uint64_t, Version> versions_;
   std::set<std::string> kept_paths_;  // segment files the new catalog accounts for
@@ -147,22 +179,16 @@ Status Repair::Run() {
   CKPTDB_RETURN_IF_ERROR(CheckIntact(&intact));
   if (intact) {
     // The catalog is whole, but every committed version it records must still have a copy
-    // that verifies: one that has none is lost, and the catalog is rebuilt without it.
+    // that verifies: the catalog is mended in place (never rebuilt: it holds more than
+    // versions, a coordinator's epoch and decisions among them).
     CKPTDB_RETURN_IF_ERROR(FindCopies());
-    std::string lost;
-    for (const auto& [v, ver] : versions_) {
-      if (ver.copies.empty()) lost += (lost.empty() ? "" : ", ") + std::to_string(v);
-    }
-    if (lost.empty()) return Finish();
-    Say("committed version(s) " + lost + ": no copy verifies; rebuilding the catalog without " +
-        "them");
-    versions_.clear();
-    kept_paths_.clear();
-    specs_.clear();
-    witnesses_.clear();
+    CKPTDB_RETURN_IF_ERROR(CheckLossesAreReal());
+    CKPTDB_RETURN_IF_ERROR(MendCatalog());
+    return Finish();
   }
   CKPTDB_RETURN_IF_ERROR(Gather());
   CKPTDB_RETURN_IF_ERROR(FindCopies());
+  CKPTDB_RETURN_IF_ERROR(CheckLossesAreReal());
   CKPTDB_RETURN_IF_ERROR(WriteCatalog());
   return Finish();
 }
@@ -222,9 +248,10 @@ Status Repair::CheckIntact(bool* intact) {
   if (tiers_.empty()) tiers_ = "disk:" + root_ + "/segments";
   NoteRamGenerations(versions);
   for (const auto& [v, e] : versions) {
-    if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    if (e.record.state != CKPTDB_STATE_COMMITTED || AllEvicted(e.residency)) continue;
     Version& ver = versions_[v];
     ver.record = e.record;
+    ver.recorded = e.residency;
     auto w = witnesses_.find(v);
     ver.witnessed = w != witnesses_.end() && w->second.status.ok();
   }
@@ -360,9 +387,14 @@ Status Repair::Gather() {
             " differs from its witness's; the witness's "
             "is used");
       }
+      it->second.recorded = e.residency;
+      it->second.retiring = committed && AllEvicted(e.residency);
       continue;
     }
-    versions_[v].record = e.record;
+    Version& ver = versions_[v];
+    ver.record = e.record;
+    ver.recorded = e.residency;
+    ver.retiring = committed && AllEvicted(e.residency);
   }
   return Status::Ok();
 }
@@ -376,6 +408,12 @@ Status Repair::FindCopies() {
     return Status::Invalid("repair: the tier spec \"" + tiers_ + "\" does not parse (" +
                            st.message() + "); give the store's tiers with --tiers");
   }
+  // Recorded as the store's spec from here on (the catalog's, each witness's): in the canonical
+  // form an open records, paths made absolute against this process's directory once.
+  tiers_.clear();
+  for (const io::TierSpec& spec : specs_) {
+    tiers_ += (tiers_.empty() ? "" : ";") + io::FormatTierSpec(spec);
+  }
   Say("tiers: " + tiers_);
   for (const io::TierSpec& spec : specs_) {
     if (spec.kind == io::TierKind::kRam) {
@@ -387,6 +425,7 @@ Status Repair::FindCopies() {
       st = ram.ScanImages(identity_.job_id, identity_.rank, &images);
       if (!st.ok()) {
         Say("tier " + spec.name + ": " + st.message());
+        for (auto& [v, ver] : versions_) ver.uncertain = st.message();
         continue;
       }
       for (const RamImage& image : images) {
@@ -425,7 +464,10 @@ Status Repair::FindCopies() {
     for (auto& [v, ver] : versions_) {
       const std::string path = tier.SegmentPath(v, identity_.rank);
       uint64_t size = 0;
-      if (!io_->PathSize(path, &size).ok()) continue;
+      if (Status found = io_->PathSize(path, &size); !found.ok()) {
+        if (found.code() != CKPTDB_ENOTFOUND) ver.uncertain = found.message();
+        continue;
+      }
       const std::string what = "segment " + path + " (tier " + spec.name + ")";
       int fd = -1;
       bool direct = false;
@@ -433,6 +475,7 @@ Status Repair::FindCopies() {
       st = io_->Open(path, io::OpenOptions{}, &fd, &direct);
       if (!st.ok()) {
         Say("version " + std::to_string(v) + " on " + spec.name + ": " + st.message());
+        if (st.code() != CKPTDB_ENOTFOUND) ver.uncertain = st.message();
         continue;
       }
       io::IoQueue* q = queue_.get();
@@ -445,6 +488,7 @@ Status Repair::FindCopies() {
       (void)io_->Close(fd);
       if (!c.usable) {
         Say("version " + std::to_string(v) + " on " + spec.name + ": not usable: " + c.problem);
+        if (c.code != CKPTDB_ECORRUPT && c.code != CKPTDB_ENOTFOUND) ver.uncertain = c.problem;
         continue;
       }
       if (ver.record.manifest_xxh3 == 0) ver.record.manifest_xxh3 = c.manifest_xxh3;
@@ -466,6 +510,68 @@ Status Repair::FindCopies() {
   return Status::Ok();
 }
 
+Status Repair::CheckLossesAreReal() const {
+  std::set<std::string> names;
+  std::string arena;
+  for (const io::TierSpec& spec : specs_) {
+    names.insert(spec.name);
+    if (spec.kind == io::TierKind::kRam) {
+      arena = RamTier::ArenaPath(spec.path, identity_.job_id, identity_.rank);
+    }
+  }
+  for (const auto& [v, ver] : versions_) {
+    if (!ver.copies.empty() || ver.retiring || ver.record.state != CKPTDB_STATE_COMMITTED) {
+      continue;
+    }
+    if (!ver.uncertain.empty()) {
+      return Status::IoError("repair: cannot tell whether " + V(v) + " has a copy (" +
+                             ver.uncertain +
+                             "); nothing was changed: run it again once that can be read");
+    }
+    for (const ResidencyRecord& r : ver.recorded) {
+      if (r.state != CKPTDB_RESIDENT_DURABLE) continue;
+      std::error_code ec;
+      const bool listed =
+          names.count(r.tier) > 0 &&
+          (!IsRamName(r.tier) || r.path == arena || std::filesystem::equivalent(r.path, arena, ec));
+      if (listed) continue;
+      return Status::Invalid("repair: " + V(v) + " has no copy on the tiers \"" + tiers_ +
+                             "\", but the catalog records one on tier " + r.tier + " (" + r.path +
+                             "), which they leave out; nothing was changed: give " +
+                             "--tiers with that tier too");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Repair::MendCatalog() {
+  CatalogBatch batch;
+  for (const auto& [v, ver] : versions_) {
+    if (ver.copies.empty()) {
+      batch.delete_versions.push_back(v);  // lost (CheckLossesAreReal): Finish names it
+      continue;
+    }
+    for (const ResidencyRecord& c : ver.copies) {
+      const bool known = std::any_of(ver.recorded.begin(), ver.recorded.end(), [&](const auto& r) {
+        return r.tier == c.tier && r.state == CKPTDB_RESIDENT_DURABLE;
+      });
+      if (!known) batch.put_residency.emplace_back(v, c);
+    }
+  }
+  if (batch.delete_versions.empty() && batch.put_residency.empty()) return Status::Ok();
+  std::unique_ptr<Catalog> catalog;
+  CKPTDB_RETURN_IF_ERROR(
+      Catalog::Open(catalog_dir_, /*read_only=*/false, /*create=*/false, &catalog)
+          .WithContext("repair: opening the catalog to mend it"));
+  CKPTDB_RETURN_IF_ERROR(catalog->Apply(batch, /*sync=*/true));
+  for (const auto& [v, c] : batch.put_residency) {
+    Say("version " + std::to_string(v) + ": its copy on " + c.tier + " (" + c.path +
+        ") verifies and is recorded again");
+  }
+  out_->copies_recovered += batch.put_residency.size();
+  return Status::Ok();
+}
+
 // Step 4: the new catalog, built beside the old and swapped in by two renames.
 Status Repair::WriteCatalog() {
   const std::string fresh =
@@ -479,6 +585,13 @@ Status Repair::WriteCatalog() {
   for (auto& [v, ver] : versions_) {
     // A committed version that no copy backs is not recorded (Finish names it lost and moves
     // its witness aside): recorded, it would read as committed and block its version number.
+    // One whose copies retention took is recorded retired.
+    if (ver.retiring && ver.copies.empty()) {
+      VersionRecord retired = ver.record;
+      retired.state = CKPTDB_STATE_RETIRED;
+      batch.put_versions.push_back(retired);
+      continue;
+    }
     if (ver.record.state == CKPTDB_STATE_COMMITTED && ver.copies.empty()) continue;
     batch.put_versions.push_back(ver.record);
     for (const ResidencyRecord& r : ver.copies) batch.put_residency.emplace_back(v, r);
@@ -505,6 +618,34 @@ Status Repair::WriteCatalog() {
   return Status::Ok();
 }
 
+// Renames `path` to AsideName(path, suffix) and says so, `why` first.
+Status Repair::SetAside(const std::string& path, const std::string& suffix,
+                        const std::string& why) {
+  const std::string aside = AsideName(io_.get(), path, suffix);
+  CKPTDB_RETURN_IF_ERROR(io_->Rename(path, aside));
+  ++out_->files_moved_aside;
+  Say(why + "; moved aside to " + aside);
+  return Status::Ok();
+}
+
+// What the next open's sweep would delete goes aside instead: repair deletes nothing.
+Status Repair::SetAsideOrphans() {
+  for (const io::TierSpec& spec : specs_) {
+    if (spec.kind == io::TierKind::kRam) continue;
+    Tier tier(io_.get(), spec);
+    std::vector<SegmentFileName> files;
+    if (!tier.ListSegments(&files).ok()) continue;
+    for (const SegmentFileName& f : files) {
+      const std::string path = spec.path + "/" + f.name;
+      if (f.rank != identity_.rank || kept_paths_.count(path)) continue;
+      CKPTDB_RETURN_IF_ERROR(
+          SetAside(path, ".orphan", "segment " + path + ": no recovered version accounts for it"));
+    }
+    (void)io_->SyncDir(spec.path);
+  }
+  return Status::Ok();
+}
+
 // Step 5 (and the intact case): witnesses, files moved aside, the verdict.
 Status Repair::Finish() {
   WitnessDir witnesses(io_.get(), root_);
@@ -515,32 +656,33 @@ Status Repair::Finish() {
   std::set<uint64_t> aside;
   for (const auto& [v, f] : witnesses_) {
     if (f.status.ok()) continue;
-    CKPTDB_RETURN_IF_ERROR(io_->Rename(f.path, f.path + ".damaged"));
+    CKPTDB_RETURN_IF_ERROR(SetAside(f.path, ".damaged", "witness " + f.path));
     aside.insert(v);
-    ++out_->files_moved_aside;
-    Say("witness " + f.path + " moved aside to " + f.path + ".damaged");
   }
   for (auto& [v, ver] : versions_) {
-    const bool recovered = !out_->catalog_rebuilt || !ver.copies.empty();
     if (ver.record.state != CKPTDB_STATE_COMMITTED) {
       Say("version " + std::to_string(v) + ": PREPARED, " + std::to_string(ver.copies.size()) +
           " copy(ies); the job's coordinator decides it at the next open");
       continue;
     }
-    if (out_->catalog_rebuilt) {
-      if (ver.copies.empty()) {
-        ++lost;
-        lost_list += (lost_list.empty() ? "" : ", ") + std::to_string(v);
-        Say("version " + std::to_string(v) + ": NOT recovered: committed, but no copy verifies");
-      } else {
-        out_->copies_recovered += ver.copies.size();
-        std::string where;
-        for (const ResidencyRecord& r : ver.copies) where += (where.empty() ? "" : ", ") + r.tier;
-        Say("version " + std::to_string(v) + ": recovered (" + where + ")");
-      }
+    if (ver.retiring && ver.copies.empty()) {
+      Say("version " + std::to_string(v) + ": retention had evicted every copy; recorded retired");
+      continue;
     }
-    if (recovered) ++out_->versions_recovered;
-    if (!recovered || ver.witnessed) continue;
+    if (ver.copies.empty()) {
+      ++lost;
+      lost_list += (lost_list.empty() ? "" : ", ") + std::to_string(v);
+      Say("version " + std::to_string(v) + ": NOT recovered: committed, but no copy verifies");
+      continue;
+    }
+    ++out_->versions_recovered;
+    if (out_->catalog_rebuilt) {
+      out_->copies_recovered += ver.copies.size();
+      std::string where;
+      for (const ResidencyRecord& r : ver.copies) where += (where.empty() ? "" : ", ") + r.tier;
+      Say("version " + std::to_string(v) + ": recovered (" + where + ")");
+    }
+    if (ver.witnessed) continue;
     ver.record.version = v;
     const format::CommitWitness w = MakeWitness(identity_, ver.record, tiers_);
     CKPTDB_RETURN_IF_ERROR(
@@ -558,37 +700,21 @@ Status Repair::Finish() {
     CKPTDB_RETURN_IF_ERROR(tier.RepairMarker(identity_.job_id, &rewrote));
     if (rewrote) Say("tier " + spec.name + ": its marker " + Tier::kMarkerName + " rewritten");
   }
-  if (out_->catalog_rebuilt) {
-    // What the next open's sweep would delete goes aside instead: repair deletes nothing.
-    for (const auto& [v, f] : witnesses_) {
-      // Kept: the witness of a recovered version (rewritten above when it was damaged), and of
-      // a job's PREPARED version. Every other one would make the next open refuse the catalog.
-      auto it = versions_.find(v);
-      if (aside.count(v) > 0 ||
-          (it != versions_.end() &&
-           (!it->second.copies.empty() || it->second.record.state != CKPTDB_STATE_COMMITTED))) {
-        continue;
-      }
-      CKPTDB_RETURN_IF_ERROR(io_->Rename(f.path, f.path + ".damaged"));
-      ++out_->files_moved_aside;
-      Say("witness " + f.path + " moved aside to " + f.path + ".damaged");
-    }
-    for (const io::TierSpec& spec : specs_) {
-      if (spec.kind == io::TierKind::kRam) continue;
-      Tier tier(io_.get(), spec);
-      std::vector<SegmentFileName> files;
-      if (!tier.ListSegments(&files).ok()) continue;
-      for (const SegmentFileName& f : files) {
-        const std::string path = spec.path + "/" + f.name;
-        if (f.rank != identity_.rank || kept_paths_.count(path)) continue;
-        CKPTDB_RETURN_IF_ERROR(io_->Rename(path, path + ".orphan"));
-        ++out_->files_moved_aside;
-        Say("segment " + path + ": no recovered version accounts for it; moved aside to " + path +
-            ".orphan");
-      }
-      (void)io_->SyncDir(spec.path);
-    }
+  // Witnesses the next open would refuse the catalog over: of a version not recovered (a forged
+  // one among them), of one recorded retired, and (rebuilt) of one the new catalog lacks. A
+  // recovered version's, a job's PREPARED one's and (intact) a retirement's stay.
+  for (const auto& [v, f] : witnesses_) {
+    if (aside.count(v) > 0) continue;
+    auto it = versions_.find(v);
+    const bool unbacked = it != versions_.end() &&
+                          it->second.record.state == CKPTDB_STATE_COMMITTED &&
+                          it->second.copies.empty();
+    if (!unbacked && !(it == versions_.end() && out_->catalog_rebuilt)) continue;
+    const bool retired = unbacked && it->second.retiring;
+    CKPTDB_RETURN_IF_ERROR(
+        SetAside(f.path, retired ? ".retired" : ".damaged", "witness " + f.path));
   }
+  if (out_->catalog_rebuilt) CKPTDB_RETURN_IF_ERROR(SetAsideOrphans());
   if (lost > 0) {
     return Status::Corrupt(
         "repair: " + std::to_string(lost) +

@@ -2,9 +2,11 @@
 // given none uses the store's own, the spec of its last read-write open, which the catalog
 // records; only a new store gets the default disk tier under its root. A writer's spec that
 // leaves out a tier holding committed copies is refused, naming the tier and the versions,
-// unless the caller set drop_tiers; then Recover releases those copies (their files or the
-// arena), so that nothing is left behind for `ckptdb gc` to take for an orphan's. A copy that
-// is some committed version's last is never released this way.
+// unless the caller set drop_tiers; then the open's last step releases those copies (their files
+// or the arena), so that nothing is left behind for `ckptdb gc` to take for an orphan's. A copy
+// that is some committed version's last is never released this way.
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -86,12 +88,16 @@ Status Db::ChooseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* 
           ? RamTier::ArenaPath((*specs)[0].path, identity_.job_id, identity_.rank)
           : std::string();
   auto left_out = [&](const ResidencyRecord& r) {
-    return names.count(r.tier) == 0 || (IsRamName(r.tier) && r.path != arena);
+    std::error_code ec;
+    return names.count(r.tier) == 0 || (IsRamName(r.tier) && r.path != arena &&
+                                        !std::filesystem::equivalent(r.path, arena, ec));
   };
   std::map<std::string, std::vector<uint64_t>> held;  // a left-out tier -> committed copies on it
   std::map<std::string, std::vector<uint64_t>> only;  // ... the versions it holds alone
   for (const auto& [v, e] : versions_) {
-    if (e.record.state != CKPTDB_STATE_COMMITTED) continue;
+    // A job's PREPARED versions too: the coordinator may decide them committed at this open.
+    const bool prepared_in_job = e.record.state == CKPTDB_STATE_PREPARED && options_.world_size > 1;
+    if (e.record.state != CKPTDB_STATE_COMMITTED && !prepared_in_job) continue;
     bool stays = false;
     for (const ResidencyRecord& r : e.residency) {
       stays |= !left_out(r) && r.state == CKPTDB_RESIDENT_DURABLE;
@@ -131,33 +137,63 @@ Status Db::ChooseWriterTiers(const std::string& cwd, std::vector<io::TierSpec>* 
   return Status::Ok();
 }
 
-// Recover's part: the records of copies on tiers the open left out (ChooseWriterTiers allowed
-// it) go, and then their files and the old arena. The catalog forgets them first: a crash in
-// between leaves files no catalog names (an arena that ckptdb gc then rightly calls an orphan's),
-// never a record of a copy that is gone.
-Status Db::ReleaseDroppedCopies(CatalogBatch* batch) {
+// After Recover (the copies' states refreshed: a directory copy DURABLE only while its file is
+// there, a ram copy only while the arena of its generation holds it), twice: with release
+// false, a version whose left-out copies were all that is really there fails the open before
+// anything is written (ChooseWriterTiers trusted the catalog's word); with release true, the
+// open's last step, the records of left-out copies go (synced), then their files and the old
+// arena, unless one is the same file as a tier that stays (a directory reached by another
+// path). A crash in between leaves files no catalog names, which gc or the sweep collect.
+Status Db::ReleaseDroppedCopies(bool release) {
   if (!options_.drop_tiers) return Status::Ok();
+  auto left_out = [&](const ResidencyRecord& r) {
+    const int t = TierIndex(r.tier);
+    if (t < 0) return true;
+    if (!tiers_[t].is_ram()) return false;
+    std::error_code ec;
+    return r.path != tiers_[t].ram->path() &&
+           !std::filesystem::equivalent(r.path, tiers_[t].ram->path(), ec);
+  };
+  auto is_copy = [](const ResidencyRecord& r) {
+    return r.state == CKPTDB_RESIDENT_DURABLE || r.state == CKPTDB_RESIDENT_MISSING;
+  };
+  CatalogBatch batch;
   std::set<std::string> paths;
   for (auto& [version, e] : versions_) {
+    bool left = false, left_durable = false, held = false;
+    for (const ResidencyRecord& r : e.residency) {
+      left |= left_out(r) && is_copy(r);
+      left_durable |= left_out(r) && r.state == CKPTDB_RESIDENT_DURABLE;
+      held |= !left_out(r) && r.state == CKPTDB_RESIDENT_DURABLE;
+    }
+    if (left_durable && !held && e.record.state == CKPTDB_STATE_COMMITTED) {
+      return Status::Invalid("options: tiers: " + V(version) + " has no copy left on the tiers " +
+                             "that stay (the catalog's other copies are gone), only on tiers " +
+                             "the spec leaves out; nothing was changed: open with the store's " +
+                             "tiers until it is demoted to one that stays");
+    }
+    if (!release || !left) continue;
     std::vector<ResidencyRecord> kept;
-    for (const ResidencyRecord& res : e.residency) {
-      const bool copy =
-          res.state == CKPTDB_RESIDENT_DURABLE || res.state == CKPTDB_RESIDENT_MISSING;
-      const int t = TierIndex(res.tier);
-      const bool moved_arena = t >= 0 && tiers_[t].is_ram() && res.path != tiers_[t].ram->path();
-      if ((t >= 0 && !moved_arena) || !copy) {
-        kept.push_back(res);
+    for (const ResidencyRecord& r : e.residency) {
+      if (!(left_out(r) && is_copy(r))) {
+        kept.push_back(r);
         continue;
       }
-      paths.insert(res.path);  // a segment file, or the arena (one for all its copies)
-      batch->delete_residency.emplace_back(version, res.tier);
+      paths.insert(r.path);  // a segment file, or the arena (one for all its copies)
+      batch.delete_residency.emplace_back(version, r.tier);
     }
     e.residency = std::move(kept);
   }
   if (paths.empty()) return Status::Ok();
-  CKPTDB_RETURN_IF_ERROR(catalog_->Apply(*batch, /*sync=*/true));
-  *batch = CatalogBatch{};
+  CKPTDB_RETURN_IF_ERROR(catalog_->Apply(batch, /*sync=*/true));
   for (const std::string& path : paths) {
+    std::error_code ec;
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    const bool stays = std::any_of(tiers_.begin(), tiers_.end(), [&](const TierState& t) {
+      return t.is_ram() ? std::filesystem::equivalent(path, t.ram->path(), ec)
+                        : std::filesystem::equivalent(dir, t.spec.path, ec);
+    });
+    if (stays) continue;  // the same file as a tier that stays: its copy, not a left-out one
     // The store no longer uses that tier: a file that cannot be removed is only left behind.
     if (Status st = io_->Remove(path); !st.ok()) {
       std::fprintf(stderr, "ckptdb: releasing %s of a left-out tier: %s; left behind\n",

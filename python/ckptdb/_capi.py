@@ -486,8 +486,9 @@ class Store:
         self._db = handle
         self._lock = threading.Lock()
         # Calls inside the handle (with the GIL released): close() frees it only once none is.
-        self._state = threading.Condition()
+        self._state = threading.Condition(threading.RLock())
         self._calls = 0
+        self._inside: Dict[int, int] = {}  # thread ident -> its calls in the handle
         # Buffers capture may still read, by version: released when it is done with them.
         self._pinned: Dict[int, List[object]] = {}
 
@@ -500,10 +501,17 @@ class Store:
         state = getattr(self, "_state", None)
         if state is None:  # __init__ failed before the handle existed
             return
-        with state:
+        with state:  # an RLock: a signal handler may run while this thread holds it
+            if self._inside.get(threading.get_ident()):
+                raise StateError(-4, "close() from inside a call on this Store on the same "
+                                     "thread (a signal handler?): close it once that returns")
             db, self._db = getattr(self, "_db", None), None
-            while self._calls:
-                state.wait()
+            try:
+                while self._calls:
+                    state.wait()
+            except BaseException:
+                self._db = db  # not closed (a KeyboardInterrupt): a later close() tries again
+                raise
         if db:
             _check(_close(db))
         self._pinned = {}
@@ -523,16 +531,21 @@ class Store:
     @contextlib.contextmanager
     def _holding(self):
         """The handle, counted as in use until the block ends: close() waits for it."""
+        me = threading.get_ident()
         with self._state:
             if not self._db:
                 raise StateError(-4, "the store is closed")
             self._calls += 1
+            self._inside[me] = self._inside.get(me, 0) + 1
             db = self._db
         try:
             yield db
         finally:
             with self._state:
                 self._calls -= 1
+                self._inside[me] -= 1
+                if not self._inside[me]:
+                    del self._inside[me]
                 if not self._calls:
                     self._state.notify_all()
 
