@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -126,6 +127,50 @@ int CommitOne(ckptdb* db, uint64_t version) {
   return rc;
 }
 
+// What a child that committed versions 2..last reported: whether it ended normally (not killed
+// by an abort), the last version whose commit returned Ok, and the first status that failed.
+struct ChildReport {
+  int exit_code = -1;
+  bool reported = false;
+  uint64_t last_ok = 0;
+  int stop = CKPTDB_OK;
+};
+
+// A trainer in a forked child keeps going after a failed checkpoint: it opens the store, runs
+// `setup` first, tries every version from 2 to `last`, and reports through a pipe.
+ChildReport CommitInChild(const ckptdb_options& o, uint64_t last,
+                          const std::function<void()>& setup) {
+  ChildReport out;
+  int fds[2];
+  if (pipe(fds) != 0) return out;
+  harness::Job child(1);
+  std::vector<int> codes = child.Run([&](uint32_t) {
+    close(fds[0]);
+    if (setup) setup();
+    uint64_t last_ok = 1;
+    ckptdb* h = nullptr;
+    int stop = ckptdb_open(&o, &h);
+    for (uint64_t v = 2; h != nullptr && v <= last; ++v) {
+      const int rc = CommitOne(h, v);
+      if (rc == CKPTDB_OK) last_ok = v;
+      if (rc != CKPTDB_OK && stop == CKPTDB_OK) stop = rc;
+      if (rc != CKPTDB_OK) (void)ckptdb_abort(h, v);
+    }
+    if (h != nullptr) ckptdb_close(h);
+    uint64_t report[2] = {last_ok, static_cast<uint64_t>(static_cast<int64_t>(stop))};
+    (void)!write(fds[1], report, sizeof report);
+    return 0;
+  });
+  close(fds[1]);
+  uint64_t report[2] = {0, 0};
+  out.reported = read(fds[0], report, sizeof report) == sizeof report;
+  close(fds[0]);
+  out.exit_code = codes[0];
+  out.last_ok = report[0];
+  out.stop = static_cast<int>(static_cast<int64_t>(report[1]));
+  return out;
+}
+
 class FullDiskTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -172,40 +217,15 @@ class FullDiskTest : public ::testing::Test {
       std::fclose(f);
     }
     const uint64_t measured = FreeBytes(mount_);
-    // The child reports the last version whose commit returned Ok, and the status that stopped
-    // it, through a pipe; it exits 0 unless it was killed (the abort this test is about).
-    int fds[2];
-    if (pipe(fds) != 0) return "pipe";
-    const ckptdb_options o = o_;
-    harness::Job child(1);
-    std::vector<int> codes = child.Run([&](uint32_t) {
-      close(fds[0]);
-      // A trainer keeps going after a failed checkpoint: every version is tried, and the
-      // first failure is what the child reports.
-      uint64_t last_ok = 1;
-      int stop = CKPTDB_OK;
-      ckptdb* h = nullptr;
-      stop = ckptdb_open(&o, &h);
-      for (uint64_t v = 2; h != nullptr && v <= kMaxVersion; ++v) {
-        const int rc = CommitOne(h, v);
-        if (rc == CKPTDB_OK) last_ok = v;
-        if (rc != CKPTDB_OK && stop == CKPTDB_OK) stop = rc;
-        if (rc != CKPTDB_OK) (void)ckptdb_abort(h, v);
-      }
-      if (h != nullptr) ckptdb_close(h);
-      uint64_t report[2] = {last_ok, static_cast<uint64_t>(static_cast<int64_t>(stop))};
-      (void)!write(fds[1], report, sizeof report);
-      return 0;
-    });
-    close(fds[1]);
-    uint64_t report[2] = {0, 0};
-    const bool got = read(fds[0], report, sizeof report) == sizeof report;
-    close(fds[0]);
+    // The child exits 0 unless it was killed (the abort this test is about).
+    const ChildReport child = CommitInChild(o_, kMaxVersion, nullptr);
+    const bool got = child.reported;
+    const std::vector<int> codes = {child.exit_code};
     const std::string at = " at " + std::to_string(measured) + " bytes free";
     if (codes[0] != 0)
       return "the committing process died (exit " + std::to_string(codes[0]) + ")" + at;
     if (!got) return "no report from the child" + at;
-    const int stop = static_cast<int>(static_cast<int64_t>(report[1]));
+    const int stop = child.stop;
     if (stop != CKPTDB_OK && stop != CKPTDB_ENOSPC) {
       return std::string("a commit failed with ") + ckptdb_status_name(stop) + ", not ENOSPC" + at;
     }
@@ -218,9 +238,9 @@ class FullDiskTest : public ::testing::Test {
       return std::string("reopen: ") + ckptdb_last_error() + at;
     uint64_t latest = 0;
     std::string why;
-    if (ckptdb_latest(db, &latest) != CKPTDB_OK || latest < report[0] || latest > kMaxVersion) {
+    if (ckptdb_latest(db, &latest) != CKPTDB_OK || latest < child.last_ok || latest > kMaxVersion) {
       why = "latest is " + std::to_string(latest) + ", the last commit that returned Ok " +
-            std::to_string(report[0]) + at;
+            std::to_string(child.last_ok) + at;
     } else {
       std::vector<uint8_t> want = Data(latest), got_bytes(want.size());
       if (ckptdb_restore(db, latest, "w", got_bytes.data(), got_bytes.size(), 0) != CKPTDB_OK ||
@@ -264,44 +284,23 @@ TEST(SpaceTakenTest, SpaceTakenBetweenTheCheckAndTheWriteIsEnospcNeverAnAbort) {
     ASSERT_EQ(ckptdb_open(&o_, &db), CKPTDB_OK) << ckptdb_last_error();
     ASSERT_EQ(CommitOne(db, 1), CKPTDB_OK) << ckptdb_last_error();
     ckptdb_close(db);
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
-    const ckptdb_options o = o_;
-    harness::Job child(1);
-    std::vector<int> codes = child.Run([&](uint32_t) {
-      close(fds[0]);
+    const ChildReport child = CommitInChild(o_, 6, [writes] {
       engine::SetCatalogEnvForTesting(FillingEnv);
       g_writes_left = writes;
-      uint64_t last_ok = 1;
-      int stop = CKPTDB_OK;
-      ckptdb* h = nullptr;
-      stop = ckptdb_open(&o, &h);
-      for (uint64_t v = 2; h != nullptr && v <= 6; ++v) {
-        const int rc = CommitOne(h, v);
-        if (rc == CKPTDB_OK) last_ok = v;
-        if (rc != CKPTDB_OK && stop == CKPTDB_OK) stop = rc;
-        if (rc != CKPTDB_OK) (void)ckptdb_abort(h, v);
-      }
-      if (h != nullptr) ckptdb_close(h);
-      uint64_t report[2] = {last_ok, static_cast<uint64_t>(static_cast<int64_t>(stop))};
-      (void)!write(fds[1], report, sizeof report);
-      return 0;
     });
-    close(fds[1]);
-    uint64_t report[2] = {0, 0};
-    const bool got = read(fds[0], report, sizeof report) == sizeof report;
-    close(fds[0]);
+    const bool got = child.reported;
+    const std::vector<int> codes = {child.exit_code};
     const std::string at = " with the space taken after " + std::to_string(writes) + " writes";
     ASSERT_EQ(codes[0], 0) << "the committing process died" << at;
     ASSERT_TRUE(got) << "no report" << at;
-    const int stop = static_cast<int>(static_cast<int64_t>(report[1]));
+    const int stop = child.stop;
     EXPECT_TRUE(stop == CKPTDB_OK || stop == CKPTDB_ENOSPC)
         << "a call failed with " << ckptdb_status_name(stop) << at;
     refused += stop == CKPTDB_ENOSPC ? 1 : 0;
     ASSERT_EQ(ckptdb_open(&o_, &db), CKPTDB_OK) << ckptdb_last_error() << at;
     uint64_t latest = 0;
     EXPECT_EQ(ckptdb_latest(db, &latest), CKPTDB_OK) << at;
-    EXPECT_GE(latest, report[0]) << at;
+    EXPECT_GE(latest, child.last_ok) << at;
     std::vector<uint8_t> want = Data(latest), got_bytes(want.size());
     EXPECT_EQ(ckptdb_restore(db, latest, "w", got_bytes.data(), got_bytes.size(), 0), CKPTDB_OK)
         << ckptdb_last_error() << at;
