@@ -26,7 +26,7 @@ namespace {
 
 // What one copy of a committed version looked like.
 struct CopyCheck {
-  bool usable = false;  // footer and manifest verify and match the committed manifest
+  bool usable = false;   // footer and manifest verify and match the committed manifest
   int code = CKPTDB_OK;  // why not usable: ECORRUPT for damage, another code for a failing read
   ResidencyRecord residency;
   uint64_t bad_chunks = 0;
