@@ -12,6 +12,7 @@
 // Values are fixed little-endian layouts ending in their own xxh3, checked on every read.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -63,6 +64,14 @@ struct ResidencyRecord {
   uint64_t ram_index_offset = 0;
   uint64_t ram_index_bytes = 0;
 };
+
+// Every record EVICTED: retention took each copy and a crash came before the version's RETIRED
+// record (the next read-write open writes it). Not a version that lost its copies.
+inline bool AllEvicted(const std::vector<ResidencyRecord>& records) {
+  return !records.empty() &&
+         std::all_of(records.begin(), records.end(),
+                     [](const ResidencyRecord& r) { return r.state == CKPTDB_RESIDENT_EVICTED; });
+}
 
 // What one version cost, kept so that the tools can show it (ckptdb inspect --stats).
 struct VersionStatsRecord {

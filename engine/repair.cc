@@ -76,13 +76,6 @@ void CheckImage(const std::string& what, uint64_t size, const format::ReadAtFn& 
   if (c->bad_chunks > 1) c->problem += " (" + std::to_string(c->bad_chunks) + " chunks in all)";
 }
 
-// A committed version whose every record is EVICTED: a retirement a crash cut short.
-bool AllEvicted(const std::vector<ResidencyRecord>& records) {
-  return !records.empty() &&
-         std::all_of(records.begin(), records.end(),
-                     [](const ResidencyRecord& r) { return r.state == CKPTDB_RESIDENT_EVICTED; });
-}
-
 // `path` + `suffix`, or with "-<ns>" after it when an earlier repair left that name: what is set
 // aside is never set over.
 std::string AsideName(io::Io* io, const std::string& path, const std::string& suffix) {

@@ -39,11 +39,7 @@ Status Db::Verify(uint64_t version, const char* tier, ckptdb_verify_fn fn, void*
       });
       // Every copy evicted by retention: a retirement that a crash cut short, which the next
       // read-write open finishes (Db::OpenImpl), not a version that lost its copies.
-      const bool retiring = !e.residency.empty() &&
-                            std::all_of(e.residency.begin(), e.residency.end(), [](const auto& r) {
-                              return r.state == CKPTDB_RESIDENT_EVICTED;
-                            });
-      if (copy || retiring) continue;
+      if (copy || AllEvicted(e.residency)) continue;
       std::string records;
       for (const ResidencyRecord& r : e.residency) {
         static const char* const kStates[] = {"WRITING", "DURABLE", "MISSING", "EVICTED",
