@@ -19,6 +19,7 @@
 #include "engine/db.h"
 #include "engine/group_check.h"
 #include "engine/repair.h"
+#include "engine/simulation.h"
 #include "format/manifest.h"
 #include "util/assert.h"
 #include "util/text.h"
@@ -432,6 +433,58 @@ int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
       out->witnesses_written = outcome.witnesses_written;
     }
     if (!st.ok()) return Fail(st);
+    return CKPTDB_OK;
+  });
+}
+
+int ckptdb_simulate(const ckptdb_simulate_options* o, ckptdb_repair_fn fn, void* arg,
+                    ckptdb_simulate_report* out) {
+  if (o == nullptr) return Fail(ckpt::Status::Invalid("ckptdb_simulate: options is NULL"));
+  if (o->ranks == 0 || o->ranks > 100000 || o->ranks_per_node > o->ranks) {
+    return Fail(ckpt::Status::Invalid("ckptdb_simulate: " + std::to_string(o->ranks) + " ranks, " +
+                                      std::to_string(o->ranks_per_node) +
+                                      " a node: ranks must be 1 to 100000, at least a node's"));
+  }
+  ckpt::engine::SimulationOptions so;
+  so.ranks = o->ranks;
+  so.ranks_per_node = o->ranks_per_node == 0 ? std::min<uint32_t>(8, o->ranks) : o->ranks_per_node;
+  so.seed = o->seed;
+  so.versions = o->versions == 0 ? 5 : o->versions;
+  so.faults = o->faults != 0;
+  if (o->dir != nullptr) so.dir = o->dir;
+  auto line = [fn, arg](const std::string& text) {
+    if (fn != nullptr) fn(arg, text.c_str());
+  };
+  if (o->trace) so.trace = line;
+  return Guard("ckptdb_simulate", [&] {
+    ckpt::engine::SimulationResult result;
+    ckpt::Status st = ckpt::engine::Simulate(so, &result);
+    if (!st.ok()) return Fail(st);
+    if (!o->trace) {
+      for (const std::string& v : result.violations) line(v);
+    }
+    if (out != nullptr) {
+      const ckpt::engine::SimulationFigures& f = result.figures;
+      *out = ckptdb_simulate_report{};
+      out->simulated_ms = f.sim_ms;
+      out->committed = f.committed;
+      out->aborted = f.aborted;
+      out->messages = f.messages;
+      out->dropped = f.dropped;
+      out->faults = f.faults;
+      out->coordinator_opens = f.coordinator_opens;
+      out->votes = f.votes;
+      out->vote_ns = f.vote_ns;
+      out->heartbeats = f.heartbeats;
+      out->heartbeat_ns = f.heartbeat_ns;
+      out->registers = f.registers;
+      out->register_ns = f.register_ns;
+      out->queries = f.queries;
+      out->query_ns = f.query_ns;
+      out->steps = f.steps;
+      out->step_ns = f.step_ns;
+      out->violations = result.violations.size();
+    }
     return CKPTDB_OK;
   });
 }

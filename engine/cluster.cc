@@ -499,18 +499,26 @@ void Cluster::SendHeartbeat() {
   w.U64(incarnation_);
   w.U64(epoch());
   w.U8(ready_ ? 1 : 0);
+  const uint64_t waiting = hooks_.waiting ? hooks_.waiting() : 0;
+  w.U64(waiting);
   auto payload = Holdings();
   std::vector<uint8_t> reply;
   Status st = transport_->CallSync(coord, kHeartbeat, w.Take(), payload.data(), payload.size(),
                                    options_.call_timeout_ms, &reply);
   if (DropIfGone(st, coordinator_address_)) return;
-  if (st.ok()) {
-    WireReader r(reply, "heartbeat reply");
-    uint64_t e = r.U64("epoch");
-    if (r.Finish().ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.epoch = e;
-    }
+  if (!st.ok()) return;
+  WireReader r(reply, "heartbeat reply");
+  const uint64_t e = r.U64("epoch");
+  const uint8_t decision = r.U8("decision");
+  std::string why = r.Str("why", 2048);
+  if (!r.Finish().ok() || decision > kHeartbeatAborted) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.epoch = e;
+  }
+  // The decision the rank waits for, when the coordinator's telling of it never arrived.
+  if (waiting != 0 && decision != kHeartbeatUndecided && hooks_.decided) {
+    (void)hooks_.decided(waiting, decision == kHeartbeatCommitted, why);
   }
 }
 
@@ -578,9 +586,12 @@ Status Cluster::VoteAbort(uint64_t version, const std::string& why) {
   return CastVote(version, false, why);
 }
 
+// A vote is cast again while the connection to the coordinator breaks, until call_timeout_ms:
+// a vote lost on the way would leave the version waiting for it forever, with this rank gone on
+// to the next (ckptdb simulate found it). Votes are idempotent: a repeated yes of a committed
+// version is answered Ok, of an aborted one refused; a coordinator restarted in between fences
+// the vote (its epoch is old).
 Status Cluster::CastVote(uint64_t version, bool yes, const std::string& why) {
-  transport::PeerId coord = 0;
-  CKPTDB_RETURN_IF_ERROR(PeerFor(coordinator_address_, &coord));
   WireWriter w;
   w.U32(options_.rank);
   w.U64(incarnation_);
@@ -588,10 +599,24 @@ Status Cluster::CastVote(uint64_t version, bool yes, const std::string& why) {
   w.U64(version);
   w.U8(yes ? 1 : 0);
   w.Str(why.substr(0, 1024));
-  std::vector<uint8_t> reply;
-  Status st =
-      transport_->CallSync(coord, kVote, w.Take(), nullptr, 0, options_.call_timeout_ms, &reply);
-  DropIfGone(st, coordinator_address_);
+  const std::vector<uint8_t> body = w.Take();
+  const int64_t deadline = MonoMs() + options_.call_timeout_ms;
+  Status st;
+  for (int attempt = 0;; ++attempt) {
+    transport::PeerId coord = 0;
+    st = PeerFor(coordinator_address_, &coord);
+    if (st.ok()) {
+      std::vector<uint8_t> reply;
+      const int left = static_cast<int>(std::max<int64_t>(1, deadline - MonoMs()));
+      st = transport_->CallSync(coord, kVote, body, nullptr, 0, left, &reply);
+      if (!DropIfGone(st, coordinator_address_)) break;  // answered (Ok or refused)
+    } else if (st.code() == CKPTDB_EAUTH) {
+      break;
+    }
+    if (MonoMs() + 50 >= deadline || stop_) break;
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::min(50 << std::min(attempt, 4), 500)));
+  }
   return st.WithContext(R(options_.rank) + (yes ? " voting for v" : " voting no for v") +
                         std::to_string(version));
 }

@@ -121,6 +121,10 @@ class Cluster {
     // A decision for `version` arrived from the coordinator. Must record it before returning.
     // `why`: for an abort, what made the coordinator abort it ("" when not known).
     std::function<Status(uint64_t version, bool committed, const std::string& why)> decided;
+    // The oldest version whose yes this rank sent and whose decision it still waits for (0:
+    // none). Each heartbeat names it, and its reply carries the decision once there is one: a
+    // decision whose telling failed (a partition, a dropped connection) still arrives.
+    std::function<uint64_t()> waiting;
     // Committed versions this rank can restore from its own tiers, newest first.
     std::function<std::vector<uint64_t>()> local_versions;
     // Whether `version` is at or below the newest version this rank's catalog records committed

@@ -40,7 +40,12 @@ inline constexpr uint64_t kMaxFetchBytes = uint64_t{8} << 20;
 // 6: a replica check's digests carry their kind (replicated, private, recomputed: REFT's AOR),
 //    and protections carry bit 4 (aor).
 // 7: a parity announce's scheme byte 2: Reed-Solomon encoded at the senders (ec:K+M,encode=sender).
-inline constexpr uint32_t kProtocolVersion = 7;
+inline constexpr uint32_t kProtocolVersion = 8;  // 8: heartbeats carry the awaited decision
+
+// A heartbeat reply's decision on the version the rank named as awaited.
+inline constexpr uint8_t kHeartbeatUndecided = 0;
+inline constexpr uint8_t kHeartbeatCommitted = 1;
+inline constexpr uint8_t kHeartbeatAborted = 2;
 
 inline void Fail(transport::Reply* reply, const Status& st) {
   reply->status = st.code();

@@ -70,6 +70,10 @@ class Coordinator {
     std::optional<redundancy::CodeSpec> code;
     int heartbeat_ms = 200;
     int dead_after_ms = 3000;
+    // Its clock (monotonic milliseconds) and its log of decisions and epochs; empty: MonoMs and
+    // a line to stderr. The simulation (engine/simulation.h) gives its own.
+    std::function<int64_t()> now_ms;
+    std::function<void(const std::string&)> log;
   };
   // A decision to tell the ranks, in the order taken.
   struct Announcement {
@@ -113,6 +117,10 @@ class Coordinator {
   // requests may still be answered until the transport stops).
   void Start();
   void Stop();
+  // The thread's work, for a caller that drives the coordinator without it (the simulation):
+  // failure detection, then every pending decision told, in order. Returns how many were told.
+  size_t Step();
+  size_t pending_announcements() const;
 
   uint64_t epoch() const { return epoch_.load(); }
   // How many ranks were told the job cannot run (its nodes fit no coding groups).
@@ -145,9 +153,18 @@ class Coordinator {
   };
 
   Coordinator(const Options& options, Catalog* catalog, Tell tell);
+  // Where a decision is told: a live member's rank, node and address.
+  struct Listener {
+    uint32_t rank = 0;
+    std::string node_id;
+    std::string address;
+  };
   void Loop();
+  int64_t NowMs() const;
+  void Log(const std::string& line) const;
   void DetectFailuresLocked();
-  void Announce(const Announcement& d, const std::vector<Member>& members);
+  std::vector<Listener> ListenersLocked() const;
+  void Announce(const Announcement& d, const std::vector<Listener>& listeners);
   Status BumpEpochLocked(const std::string& why);
   Status LearnDecisionsLocked(uint32_t rank, const std::vector<uint64_t>& committed);
   void AbortUndecidedLocked(const std::string& why);
@@ -169,6 +186,9 @@ class Coordinator {
   mutable std::mutex mu_;
   std::condition_variable cv_;  // a decision to announce, or stop
   std::vector<Member> members_;
+  size_t live_members_ = 0;  // registered and not dead
+  // The membership table's wire form (rank order: node_id, address), while no address changes.
+  std::shared_ptr<const std::vector<uint8_t>> table_;
   bool complete_ = false;
   bool assembled_ = false;      // complete_ was true once: decisions are no longer learned
   std::set<uint32_t> refused_;  // ranks told the job cannot run (its nodes fit no coding groups)

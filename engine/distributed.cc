@@ -58,6 +58,16 @@ Status Db::StartCluster() {
   hooks.decided = [this](uint64_t version, bool committed, const std::string& why) {
     return OnDecision(version, committed, why);
   };
+  hooks.waiting = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [version, v] : live_) {
+      if (v.phase == CommitPhase::kVoting && v.job.yes_sent() &&
+          v.job.decision() == JobCommit::Decision::kNone) {
+        return version;
+      }
+    }
+    return uint64_t{0};
+  };
   hooks.local_versions = [this] {
     std::vector<uint64_t> out;
     std::lock_guard<std::mutex> lock(mu_);

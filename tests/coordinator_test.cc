@@ -206,9 +206,58 @@ TEST_F(CoordinatorTest, ASilentRankIsDeclaredDeadAndWhatItLeftOpenIsAborted) {
   hb.U64(21);
   hb.U64(e);
   hb.U8(1);
+  hb.U64(0);  // waits for no decision
   Reply reply =
       Call(&Coordinator::HandleHeartbeat, c.get(), hb.Take(), EncodeHoldings(HoldingsReport{}));
   EXPECT_EQ(reply.status, CKPTDB_ESTATE);  // it must restart and register again
+  // Not as the same incarnation, which the job declared dead (it would ask until its join timed
+  // out): as a new one, which is taken.
+  Reply again = Register(c.get(), 1, 2, 21);
+  EXPECT_EQ(again.status, CKPTDB_ESTATE);
+  EXPECT_NE(again.message.find("declared dead"), std::string::npos) << again.message;
+  EXPECT_EQ(Register(c.get(), 1, 2, 22).status, 0);
+}
+
+// A rank whose telling of a decision was lost (a partition, a dropped connection) names the
+// version it waits for in its heartbeat, and the reply carries the decision.
+TEST_F(CoordinatorTest, AHeartbeatReplyCarriesTheDecisionTheRankWaitsFor) {
+  std::unique_ptr<Coordinator> c = Open(2);
+  ASSERT_EQ(Register(c.get(), 0, 2, 11).status, 0);
+  ASSERT_EQ(Register(c.get(), 1, 2, 21).status, 0);
+  const uint64_t e = c->epoch();
+  auto heartbeat = [&](uint64_t waiting, uint8_t* decision, std::string* why) {
+    WireWriter hb;
+    hb.U32(1);
+    hb.U64(21);
+    hb.U64(e);
+    hb.U8(1);
+    hb.U64(waiting);
+    Reply r =
+        Call(&Coordinator::HandleHeartbeat, c.get(), hb.Take(), EncodeHoldings(HoldingsReport{}));
+    ASSERT_EQ(r.status, 0) << r.message;
+    WireReader rd(r.body, "reply");
+    EXPECT_EQ(rd.U64("epoch"), e);
+    *decision = rd.U8("decision");
+    *why = rd.Str("why", 2048);
+    ASSERT_TRUE(rd.Finish().ok());
+  };
+  uint8_t decision = 9;
+  std::string why;
+  ASSERT_EQ(Vote(c.get(), 1, 21, e, 5, true).status, 0);
+  heartbeat(5, &decision, &why);
+  EXPECT_EQ(decision, cluster_wire::kHeartbeatUndecided);  // rank 0 has not voted
+  ASSERT_EQ(Vote(c.get(), 0, 11, e, 5, true).status, 0);
+  heartbeat(5, &decision, &why);
+  EXPECT_EQ(decision, cluster_wire::kHeartbeatCommitted);
+  ASSERT_EQ(Vote(c.get(), 1, 21, e, 6, true).status, 0);
+  ASSERT_EQ(Vote(c.get(), 0, 11, e, 6, false).status, 0);
+  heartbeat(6, &decision, &why);
+  EXPECT_EQ(decision, cluster_wire::kHeartbeatAborted);
+  EXPECT_NE(why.find("its disk filled"), std::string::npos) << why;
+  heartbeat(0, &decision, &why);
+  EXPECT_EQ(decision, cluster_wire::kHeartbeatUndecided);
+  heartbeat(77, &decision, &why);  // a version it never heard of: no decision, not an abort
+  EXPECT_EQ(decision, cluster_wire::kHeartbeatUndecided);
 }
 
 TEST_F(CoordinatorTest, HostileBodiesAreRefusedAndChangeNothing) {

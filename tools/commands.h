@@ -19,6 +19,7 @@ void AddExportCommand(CLI::App& app, int* exit_code);  // and ckptdb_restore_sli
 void AddImportCommand(CLI::App& app, int* exit_code);
 void AddRepairCommand(CLI::App& app, int* exit_code);
 void AddGcCommand(CLI::App& app, int* exit_code);
+void AddSimulateCommand(CLI::App& app, int* exit_code);
 
 // The file name `ckptdb restore` writes tensor `name` to (one safe path component; see
 // tools/restore.cc and docs/cli.md).

@@ -1,5 +1,5 @@
 // ckptdb: the command a user reaches for first (inspect, verify, restore, export, import, repair,
-// demo, plan, serve, gc).
+// demo, plan, serve, gc, simulate).
 #include <CLI/CLI.hpp>
 
 #include "ckptdb/ckptdb.h"
@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   ckpt::tools::AddImportCommand(app, &exit_code);
   ckpt::tools::AddRepairCommand(app, &exit_code);
   ckpt::tools::AddGcCommand(app, &exit_code);
+  ckpt::tools::AddSimulateCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

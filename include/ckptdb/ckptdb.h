@@ -509,6 +509,33 @@ int ckptdb_repair(const ckptdb_options* o, ckptdb_repair_fn fn, void* arg,
  * EINVAL for a NULL handle. */
 int ckptdb_open_problems(ckptdb* db, ckptdb_repair_fn fn, void* arg, uint64_t* count);
 
+/* ---- The commit protocol, simulated (ckptdb simulate) --------------------------------------- */
+typedef struct ckptdb_simulate_options {
+  uint32_t ranks;          /* simulated ranks (1 to 100000) */
+  uint32_t ranks_per_node; /* 0: 8 */
+  uint64_t seed;
+  uint32_t versions; /* versions the job must commit after the last fault; 0: 5 */
+  int faults;        /* kill, wipe, partition and drop; 0: a quiet network */
+  int trace;         /* every fault and coordinator line through fn, not only the violations */
+  const char* dir;   /* where the coordinator's catalog lives (removed after); NULL: /tmp */
+} ckptdb_simulate_options;
+
+typedef struct ckptdb_simulate_report {
+  uint64_t simulated_ms, committed, aborted, messages, dropped, faults, coordinator_opens;
+  /* The coordinator's CPU time (its thread's clock) and count, by message: */
+  uint64_t votes, vote_ns, heartbeats, heartbeat_ns, registers, register_ns;
+  uint64_t queries, query_ns, steps, step_ns; /* latest and decisions; failure detection */
+  uint64_t violations;
+} ckptdb_simulate_report;
+
+/* One seed of the deterministic simulation of the job's commit protocol (docs/testing.md,
+ * "Simulation"): the real coordinator and JobCommit, simulated ranks, network and faults. Each
+ * invariant violation is a line through fn (may be NULL) and counted in out->violations.
+ * Returns CKPTDB_OK when the seed ran (violations or not), EINVAL for bad options, EIO when its
+ * catalog directory cannot be made. out may be NULL. */
+int ckptdb_simulate(const ckptdb_simulate_options* o, ckptdb_repair_fn fn, void* arg,
+                    ckptdb_simulate_report* out);
+
 /* ---- Shared memory that outlives its store (ckptdb gc) ------------------------------------- */
 enum {
   CKPTDB_SHM_ARENA = 0,    /* a ram tier's arena, ckptdb-<job id>-r<rank>.ram */
