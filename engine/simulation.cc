@@ -309,6 +309,9 @@ Status Simulation::OpenCoordinator() {
   for (const auto& [key, value] : meta) {
     committed.insert(std::strtoull(key.c_str() + std::strlen("coord/committed/"), nullptr, 16));
   }
+  // (A committed version stays one even when this coordinator's catalog was wiped with its
+  // node: it learns it back from the ranks.)
+  committed.insert(told_committed_.begin(), told_committed_.end());
   std::erase_if(yes_, [&](const auto& e) { return !committed.count(e.first); });
   std::erase_if(accepted_no_, [&](uint64_t v) { return !committed.count(v); });
   std::erase_if(told_aborted_, [&](uint64_t v) { return !committed.count(v); });
