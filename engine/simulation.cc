@@ -462,8 +462,13 @@ void Simulation::AskLatest(uint32_t rank) {
   Call(rank, kLatest, {}, {},
        [this, rank, inc](const Status& st, const std::vector<uint8_t>& body,
                          const std::vector<uint8_t>&) {
-         if (st.code() == CKPTDB_EBUSY || st.code() == CKPTDB_ETIMEDOUT) {
-           return After((st.code() == CKPTDB_EBUSY ? 50 : 100) * kMs, [this, rank, inc] {
+         // Committed versions but none every rank can restore now (a rank declared dead whose
+         // replicas' node was lost): asked again, the answer changes when that rank is back,
+         // and the liveness check catches a job that never resumes.
+         const bool none_now = st.code() == CKPTDB_ENOTFOUND &&
+                               st.message().find("no committed version") == std::string::npos;
+         if (st.code() == CKPTDB_EBUSY || st.code() == CKPTDB_ETIMEDOUT || none_now) {
+           return After((st.code() == CKPTDB_EBUSY ? 50 : 200) * kMs, [this, rank, inc] {
              if (Alive(rank, inc)) AskLatest(rank);
            });
          }
@@ -472,8 +477,7 @@ void Simulation::AskLatest(uint32_t rank) {
            WireReader rd(body, "latest");
            latest = rd.U64("version");
            if (!rd.Finish().ok()) return Violation(R(rank) + ": a latest reply it cannot read");
-         } else if (st.code() != CKPTDB_ENOTFOUND ||
-                    st.message().find("no committed version") == std::string::npos) {
+         } else if (st.code() != CKPTDB_ENOTFOUND) {
            return Violation(R(rank) + " cannot resume: " + st.message());
          }
          SimRank& r = ranks_[rank];
