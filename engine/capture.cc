@@ -16,6 +16,7 @@
 #include "redundancy/erasure_code.h"
 #include "util/assert.h"
 #include "util/text.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 namespace {
@@ -296,6 +297,7 @@ Status Db::WaitCommit(uint64_t version, const char* tier, int timeout_ms) {
 // ---- Capture workers ----------------------------------------------------------------------------
 
 void Db::WorkerLoop() {
+  SetThreadName("ckpt-capture");
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     work_cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });

@@ -28,6 +28,7 @@
 #include "transport/rma.h"
 #include "transport/wire.h"
 #include "util/assert.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 namespace cluster_internal {
@@ -467,6 +468,7 @@ std::vector<uint8_t> Cluster::Holdings() const {
 }
 
 void Cluster::HeartbeatLoop() {
+  SetThreadName("ckpt-heartbeat");
   while (!stop_) {
     {
       std::unique_lock<std::mutex> lock(mu_);

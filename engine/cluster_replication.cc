@@ -25,6 +25,7 @@
 #include "transport/rma.h"
 #include "transport/wire.h"
 #include "util/assert.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 
@@ -81,6 +82,7 @@ std::vector<std::pair<uint32_t, uint64_t>> Cluster::HeldReplicas() const {
 // `ckptdb serve`: tells the coordinator (whichever incarnation listens at the address now) what
 // this node's memory holds, every heartbeat, for as long as the daemon runs.
 void Cluster::ServeLoop() {
+  SetThreadName("ckpt-serve");
   std::string last_error;
   while (!stop_) {
     Status st;

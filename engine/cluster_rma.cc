@@ -10,6 +10,7 @@
 #include "engine/internal.h"
 #include "transport/rma.h"
 #include "transport/wire.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 
@@ -123,6 +124,7 @@ std::shared_ptr<PeerWindow> Cluster::WindowFor(const std::string& address, trans
 // Keeps one window ready to grant, so that the first one a peer asks for is not made while it
 // waits (see HandleWindow): made again after each grant, until the cluster stops.
 void Cluster::WindowMakerLoop() {
+  SetThreadName("ckpt-window");
   std::unique_lock<std::mutex> lock(rma_mu_);
   while (!stop_) {
     if (spare_window_ != nullptr) {

@@ -17,6 +17,7 @@
 #include "format/segment_format.h"
 #include "util/assert.h"
 #include "util/clock.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 
@@ -345,6 +346,7 @@ void Coordinator::Log(const std::string& line) const {
 // Detects failed ranks and tells every rank each decision, in order, until it acknowledges, is
 // declared dead, or the coordinator stops.
 void Coordinator::Loop() {
+  SetThreadName("ckpt-coordinat");
   while (!stop_) {
     {
       std::unique_lock<std::mutex> lock(mu_);

@@ -19,6 +19,7 @@
 #include "format/segment_format.h"
 #include "format/segment_writer.h"
 #include "util/assert.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 using format::kBlockBytes;
@@ -756,7 +757,10 @@ bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
     lock.unlock();
     if (tier_retry_.joinable()) tier_retry_.join();  // the last try, done (it cleared busy)
     tier_retry_ = std::thread(
-        [this, i, copies = std::move(copies)]() mutable { RetryTier(i, std::move(copies)); });
+        [this, i, copies = std::move(copies)]() mutable {
+          SetThreadName("ckpt-tier-retry");
+          RetryTier(i, std::move(copies));
+        });
     lock.lock();
   }
   return back;

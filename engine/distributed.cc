@@ -16,6 +16,7 @@
 #include "io/io.h"
 #include "io/tier_spec.h"
 #include "util/assert.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 
@@ -364,6 +365,7 @@ void Db::PostClusterJob(ClusterLane lane, std::function<void()> job) {
 }
 
 void Db::ClusterWorkerLoop(size_t lane) {
+  SetThreadName(lane == kVoteLane ? "ckpt-vote" : "ckpt-protect");
   std::unique_lock<std::mutex> lock(mu_);
   std::deque<std::function<void()>>& jobs = cluster_jobs_[lane];
   while (true) {

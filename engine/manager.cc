@@ -31,6 +31,7 @@
 #include "format/segment_format.h"
 #include "format/segment_writer.h"
 #include "util/assert.h"
+#include "util/thread_name.h"
 
 namespace ckpt::engine {
 using redundancy::CodeScheme;
@@ -94,6 +95,7 @@ Status Db::SubmitRequest(io::IoRequest request, Request meta) {
 }
 
 void Db::ManagerLoop() {
+  SetThreadName("ckpt-manager");
   std::unique_lock<std::mutex> lock(mu_);
   {
     io::IoRequest wake;

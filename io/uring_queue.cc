@@ -167,6 +167,11 @@ Status UringQueue::Init(const UringQueueOptions& uring_options) {
   CKPTDB_ASSERT(ring_.sq.ring_entries >= queue_depth_);
   ring_ready_ = true;
   sqpoll_ = uring_options.sqpoll;
+  if (uring_options.max_bounded_workers != 0 || uring_options.max_unbounded_workers != 0) {
+    // Best effort: a kernel before 5.15 keeps its default (EINVAL), which is still correct.
+    unsigned limits[2] = {uring_options.max_bounded_workers, uring_options.max_unbounded_workers};
+    (void)io_uring_register_iowq_max_workers(&ring_, limits);
+  }
   return Status::Ok();
 }
 

@@ -33,6 +33,12 @@ struct UringQueueOptions {
   // full (LIMITS.md); the queue handles that by submitting and waiting for room.
   bool sqpoll = false;
   uint32_t sqpoll_idle_ms = 100;
+  // The most kernel workers (io-wq) the ring's task runs for requests that block (buffered
+  // writes, fsync): bounded ones (files) and unbounded ones (sockets). The kernel's default
+  // grows with the requests in flight (nine a rank in the demo); eight ranks a node each with
+  // their own are threads the trainer's cores pay for. 0: the kernel's default.
+  uint32_t max_bounded_workers = 4;
+  uint32_t max_unbounded_workers = 2;
 };
 
 // Creates a queue with options.queue_depth entries. Invalid when queue_depth is 0 or more than

@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,7 +73,37 @@ struct Report {
   char sources[160] = {};  // where every byte came from, over all the rank's tensors
   char paths[96] = {};     // how replicas travelled to each peer (ckptdb_stats' peer_paths)
   int32_t bit_exact = 0;
+  uint32_t threads = 0;  // the rank process's threads at the end of training (the trainer's own
+                         // one included), from /proc/self/status
 };
+
+// This process's threads, from /proc/self/status (0 when it cannot be read).
+uint32_t ThreadCount() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  unsigned n = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "Threads: %u", &n) == 1) break;
+  }
+  std::fclose(f);
+  return n;
+}
+
+// The memory a node's directory holds (the ram tier's arenas and its peers' replicas): the
+// blocks its files use, not their sizes (an arena is sparse until written).
+uint64_t BytesUsedUnder(const std::string& dir) {
+  uint64_t used = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st;
+    if (it->is_regular_file(ec) && ::stat(it->path().c_str(), &st) == 0) {
+      used += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+  }
+  return used;
+}
 
 struct Job {
   ClusterArgs args;
@@ -388,6 +419,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
       std::snprintf(r.source, sizeof r.source, "%s", st.last_restore_tier);
       std::snprintf(r.paths, sizeof r.paths, "%s", st.peer_paths);
     }
+    r.threads = ThreadCount();
   }
   if (write(report_fd, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) return 3;
   char word = 0;
@@ -948,13 +980,24 @@ int RunClusterDemo(const ClusterArgs& a) {
   std::printf("mean over ranks: blocked %.2f ms, replication %.1f ms per version (%.1f%%)\n",
               blocked_all / a.ranks, replicate_all / a.ranks,
               replicate_all > 0 ? 100 * blocked_all / replicate_all : 0.0);
-  std::printf("replication traffic per node:");
+  std::printf("per node: its ranks, their processes' threads (each rank's trainer thread "
+              "included), the memory its ram directory holds (arenas and peers' replicas), and "
+              "the replication traffic out and in\n");
   for (const auto& [node, t] : per_node) {
-    std::printf("  node%d out %.0f MiB, in %.0f MiB", node, MiB(t.first), MiB(t.second));
+    int ranks = 0;
+    uint32_t threads = 0;
+    for (int r = 0; r < a.ranks; ++r) {
+      if (job.NodeOf(r) != node) continue;
+      ++ranks;
+      threads += procs[r].report.threads;
+    }
+    std::printf("  node%d: %d rank(s), %u threads, memory %.0f MiB, out %.0f MiB, in %.0f MiB\n",
+                node, ranks, threads, MiB(BytesUsedUnder(job.RamDir(node))), MiB(t.first),
+                MiB(t.second));
   }
   std::vector<Report> trained;
   for (const Proc& p : procs) trained.push_back(p.report);
-  std::printf("\n\n== node%d is lost ==\n", victim);
+  std::printf("\n== node%d is lost ==\n", victim);
   std::vector<int> victims, survivors;
   for (int r = 0; r < a.ranks; ++r) (job.NodeOf(r) == victim ? victims : survivors).push_back(r);
   KillAll(procs, victims);

@@ -26,6 +26,7 @@
 #include "transport/wire_format.h"
 #include "util/assert.h"
 #include "util/clock.h"
+#include "util/thread_name.h"
 
 namespace ckpt::transport {
 
@@ -271,6 +272,7 @@ void TransportImpl::Stop() {
 }
 
 void TransportImpl::Loop() {
+  SetThreadName("ckpt-net");
   // sendfile has no MSG_NOSIGNAL: a peer that closed its end would raise SIGPIPE, whose default
   // ends the process. Blocked in this thread only (a library does not change the process's
   // dispositions); FlushSock takes back a SIGPIPE it raised.
@@ -384,6 +386,7 @@ void TransportImpl::Deliver(uint64_t conn, const WireHeader& h, std::vector<uint
 }
 
 void TransportImpl::ServiceLoop() {
+  SetThreadName("ckpt-net-serve");
   while (true) {
     Request r;
     {
