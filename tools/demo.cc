@@ -386,6 +386,11 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--tls", cluster->tls, "UCX_TLS between the ranks (tcp, shm, or empty)")
       ->capture_default_str();
+  cmd->add_option("--backpressure", cluster->backpressure,
+                  "Many ranks: what capture does when the ram tier's arena is full of versions "
+                  "still being protected: block (wait), direct (write to the next tier from the "
+                  "trainer's buffer), skip (drop the version); default: the library's")
+      ->check(CLI::IsMember({"block", "direct", "skip"}));
   cmd->add_option("--root", args->root, "Store directory (removed and recreated)")
       ->capture_default_str();
   cmd->add_option("--tiers", args->tiers,

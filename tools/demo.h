@@ -96,6 +96,7 @@ struct ClusterArgs {
   int compute_ms = 300;  // above one version's replication time on a 2-core machine
   double mib_per_rank = 32;
   std::string tls = "tcp";
+  std::string backpressure;                // block, direct or skip; empty: the library's default
   int port = 0;                            // 0: a free one
   std::string redundancy = "replicate:2";  // or ec:K+M, xor:K
   // REFT: "arc", "aec" or "arc+aec": every rank holds the same (data-parallel) state, one replica

@@ -65,6 +65,9 @@ struct Report {
   uint64_t replica_received = 0;
   uint64_t replica_ns = 0;
   uint64_t backpressure_ns = 0;
+  uint64_t backpressure_waits = 0;  // chunks that found the arena full (policy block: waited)
+  uint64_t direct_chunks = 0;       // written to the next tier from the trainer's buffer
+  uint32_t skipped = 0;             // versions dropped (policy skip)
   uint64_t epoch = 0;
   uint64_t latest = 0;
   double open_ms = 0;
@@ -207,6 +210,7 @@ int OpenRank(const Job& job, int rank, uint64_t version_bytes, ckptdb** db) {
   o.job_token = job.token.c_str();
   o.redundancy = job.args.redundancy.c_str();
   o.staging_bytes = 16 << 20;
+  if (!job.args.backpressure.empty()) o.backpressure = job.args.backpressure.c_str();
   // A replica group cuts shards into slices of whole chunks: small chunks, so that the demo's
   // tensors of a few MiB are spread over the members rather than left whole in the last slice.
   if (!job.args.protection.empty()) o.chunk_bytes = 256 << 10;
@@ -237,6 +241,7 @@ uint64_t VersionBytes(const std::vector<Tensor>& shard) {
 // next compute phase, wait_capture before the optimizer step, asynchronous commit).
 void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Report* r) {
   double put_ms = 0;
+  const bool skipping = job.args.backpressure == "skip";
   for (int it = 1; it <= job.args.iterations + 1; ++it) {
     // The forward and backward pass runs on the GPU: the host's cores stay free for capture
     // and replication (four ranks spinning on this machine's two cores would measure the
@@ -249,7 +254,11 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
       auto w0 = std::chrono::steady_clock::now();
       int rc = ckptdb_wait_capture(db, version, -1);
       if (rc == CKPTDB_OK) rc = ckptdb_commit(db, version, CKPTDB_COMMIT_ASYNC);
-      if (rc != CKPTDB_OK)
+      // Back-pressure's skip dropped it here (ESKIPPED, counted in ckptdb_stats) or on another
+      // rank (the coordinator aborted it: ESTATE): the newest version protected stays the one
+      // to restore, and training goes on.
+      const bool dropped = rc == CKPTDB_ESKIPPED || (skipping && rc == CKPTDB_ESTATE);
+      if (rc != CKPTDB_OK && !dropped)
         return SetError(r, rc, "v" + std::to_string(version) + ": " + ErrorText(rc));
       double blocked = put_ms + Seconds(std::chrono::steady_clock::now() - w0) * 1e3;
       r->blocked_sum_ms += blocked;
@@ -264,12 +273,21 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
       ckptdb_tensor_info info = InfoOf(t);
       int rc = ckptdb_put_shard(db, static_cast<uint64_t>(it), t.name.c_str(), t.data, t.bytes,
                                 &info, t.flags);
+      if (skipping && (rc == CKPTDB_ESKIPPED || rc == CKPTDB_ESTATE)) break;  // dropped already
       if (rc != CKPTDB_OK) return SetError(r, rc, "put " + t.name + ": " + ErrorText(rc));
     }
     put_ms = Seconds(std::chrono::steady_clock::now() - p0) * 1e3;
   }
-  int rc = ckptdb_wait_commit(db, static_cast<uint64_t>(job.args.iterations), nullptr, 120000);
-  if (rc != CKPTDB_OK) return SetError(r, rc, "wait_commit: " + ErrorText(rc));
+  // Every version decided (a version a rank skipped is aborted for every rank): the newest
+  // committed one is what the restart restores.
+  int rc = CKPTDB_OK;
+  for (int v = skipping ? 1 : job.args.iterations; v <= job.args.iterations; ++v) {
+    rc = ckptdb_wait_commit(db, static_cast<uint64_t>(v), nullptr, 120000);
+    if (skipping && (rc == CKPTDB_ESKIPPED || rc == CKPTDB_ESTATE)) rc = CKPTDB_OK;
+    if (rc != CKPTDB_OK) return SetError(r, rc, "wait_commit: " + ErrorText(rc));
+  }
+  rc = ckptdb_latest(db, &r->latest);  // what the restart must restore
+  if (rc != CKPTDB_OK) return SetError(r, rc, "latest: " + ErrorText(rc));
   // The comparison, in the same run: the same state saved the way a trainer without ckptdb does
   // (torch.save to the node's disk: write, then fsync), what that blocks the trainer for; every
   // rank at once, as a job checkpoints. The last file stays for the restart to read back.
@@ -415,6 +433,9 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
       r.replica_received = st.replica_bytes_received;
       r.replica_ns = st.replica_ns;
       r.backpressure_ns = st.backpressure_wait_ns;
+      r.backpressure_waits = st.backpressure_waits;
+      r.direct_chunks = st.direct_chunks;
+      r.skipped = static_cast<uint32_t>(st.skipped_versions);
       r.epoch = st.epoch;
       std::snprintf(r.source, sizeof r.source, "%s", st.last_restore_tier);
       std::snprintf(r.paths, sizeof r.paths, "%s", st.peer_paths);
@@ -950,9 +971,9 @@ int RunClusterDemo(const ClusterArgs& a) {
     std::fprintf(stderr, "ckptdb demo: FAILED during training\n");
     return kExitProblem;
   }
-  std::printf("%4s %6s %6s %12s %9s %8s %14s %10s %10s %11s %6s  %s\n", "rank", "node", "ckpts",
-              "blocked_ms", "max_ms", "full_ms", "replicate_ms", "sent_MiB", "recv_MiB",
-              "repl_GB/s", "epoch", "path");
+  std::printf("%4s %6s %6s %12s %9s %8s %7s %7s %14s %10s %10s %11s %6s  %s\n", "rank", "node",
+              "ckpts", "blocked_ms", "max_ms", "full_ms", "direct", "skipped", "replicate_ms",
+              "sent_MiB", "recv_MiB", "repl_GB/s", "epoch", "path");
   std::map<int, std::pair<uint64_t, uint64_t>> per_node;
   double blocked_all = 0, replicate_all = 0;
   for (int r = 0; r < a.ranks; ++r) {
@@ -961,10 +982,11 @@ int RunClusterDemo(const ClusterArgs& a) {
     double repl = p.checkpoints ? p.replica_ns / 1e6 / p.checkpoints : 0;
     blocked_all += mean;
     replicate_all += repl;
-    std::printf("%4d %6s %6u %12.2f %9.2f %8.2f %14.1f %10.1f %10.1f %11.2f %6" PRIu64 "  %s\n", r,
-                ("node" + std::to_string(job.NodeOf(r))).c_str(), p.checkpoints, mean,
+    std::printf("%4d %6s %6u %12.2f %9.2f %8.2f %7" PRIu64
+                " %7u %14.1f %10.1f %10.1f %11.2f %6" PRIu64 "  %s\n",
+                r, ("node" + std::to_string(job.NodeOf(r))).c_str(), p.checkpoints, mean,
                 p.blocked_max_ms, p.checkpoints ? p.backpressure_ns / 1e6 / p.checkpoints : 0.0,
-                repl, MiB(p.replica_sent), MiB(p.replica_received),
+                p.direct_chunks, p.skipped, repl, MiB(p.replica_sent), MiB(p.replica_received),
                 p.replica_ns ? static_cast<double>(p.replica_sent) / p.replica_ns : 0.0, p.epoch,
                 p.paths[0] != 0 ? p.paths : "-");
     per_node[job.NodeOf(r)].first += p.replica_sent;
@@ -973,7 +995,10 @@ int RunClusterDemo(const ClusterArgs& a) {
   std::printf(
       "blocked_ms: put + wait_capture + commit per checkpoint, what the trainer waited (mean; "
       "max_ms the worst); full_ms: of capture's time per checkpoint, waiting for arena space "
-      "(versions not yet replicated cannot be evicted); replicate_ms: the push of a version to a "
+      "(versions not yet replicated cannot be evicted; --backpressure block); direct: chunks "
+      "written to the disk tier from the trainer's buffer instead (--backpressure direct); "
+      "skipped: versions dropped instead (--backpressure skip); replicate_ms: the push of a "
+      "version to a "
       "peer's memory, in the background; path: how it travelled to each peer (socket: ckptdb's "
       "authenticated connection; rma:posix: UCX one-sided puts into the peer's window over "
       "shared memory)\n");
@@ -1026,7 +1051,14 @@ int RunClusterDemo(const ClusterArgs& a) {
                 p.restore_ms > 0 ? p.state_bytes / (p.restore_ms * 1e6) : 0.0, p.sources,
                 p.bit_exact ? "yes" : "NO");
     const bool lost = job.NodeOf(r) == victim;
-    if (!p.bit_exact || p.latest != static_cast<uint64_t>(a.iterations)) ok = false;
+    // The job's newest committed version when training ended: the last iteration's, unless
+    // back-pressure's skip dropped it.
+    if (!p.bit_exact || p.latest != trained[0].latest) {
+      std::fprintf(
+          stderr, "ckptdb demo: rank %d restored v%" PRIu64 ", the job's latest was v%" PRIu64 "\n",
+          r, p.latest, trained[0].latest);
+      ok = false;
+    }
     // A replica group's members all gather slices from the others ("arc:rankN") and decode what
     // none keeps whole ("aec:rankN"): the lost one reads nothing of its own ram, the others do.
     const bool from_peers = !a.protection.empty() ? std::strstr(p.sources, "ram ") == nullptr
@@ -1044,10 +1076,10 @@ int RunClusterDemo(const ClusterArgs& a) {
                  closed ? "" : " (a rank did not close cleanly)");
     return kExitProblem;
   }
-  std::printf(
-      "\nok: every rank restored v%d bit for bit; node%d's ranks from their peers' memory, the "
-      "rest from their own ram tier\n",
-      a.iterations, victim);
+  std::printf("\nok: every rank restored v%" PRIu64
+              " bit for bit; node%d's ranks from their peers' memory, the rest from their own ram "
+              "tier\n",
+              trained[0].latest, victim);
   std::vector<RankFigures> figures;
   for (int r = 0; r < a.ranks; ++r) {
     const Report& t = trained[r];
