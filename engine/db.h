@@ -117,8 +117,7 @@ class Db {
   // ---- For a coding group's check across its members' stores (engine/group_check.h) ----------
   uint32_t rank() const { return identity_.rank; }
   uint64_t job_id() const { return identity_.job_id; }
-  // Where this rank keeps the parity it holds for its coding group (ParityStore); "" when the
-  // first tier is not ram.
+  // Where this rank keeps the parity it holds for its coding group (ParityStore); "": no ram.
   std::string ParityDir() const;
   // Every file call of this handle goes through it (verify opens parity segments with it).
   io::Io* io() const { return io_; }
@@ -298,6 +297,7 @@ class Db {
     ReplicaHolder holder;
     std::unique_ptr<format::SegmentReader> reader;  // nullptr: not opened yet
     bool failed = false;                            // vanished or unreadable: skipped
+    std::unique_ptr<PeerPrefetch> prefetch;         // its records, fetched at its opening
   };
 
   // ---- Demotion: copying a version from a faster tier to a slower one (manager only) ----------
@@ -387,8 +387,7 @@ class Db {
   Status OpenTiers(const std::vector<io::TierSpec>& specs);
   // Open's check of a catalog opened read-only (Catalog::Open): every commit witness of this
   // rank must be accounted for by a COMMITTED (or RETIRED) record with the same manifest;
-  // Corrupt otherwise. A damaged witness of a version the catalog has committed is only noted
-  // (witness_problems_).
+  // Corrupt otherwise. A damaged witness of a committed version is noted (witness_problems_).
   Status CheckWitnesses(Catalog& catalog, const std::string& root);
   // The witness of a version whose COMMITTED record is durable. A failure is printed and
   // returned; the version stays committed (the witness is the redundant record of that), and
@@ -407,8 +406,7 @@ class Db {
   Status CheckNotClosed() const;
   void StartThreads();
 
-  // capture.cc
-  // A shard of a put, checked without the lock (ValidatePut, the device check).
+  // capture.cc. A shard of a put, checked without the lock (ValidatePut, the device check).
   struct PreparedShard {
     format::TensorEntry t;
     const uint8_t* data = nullptr;
@@ -542,11 +540,13 @@ class Db {
   enum ClusterLane : size_t { kProtectLane = 0, kVoteLane = 1, kClusterLanes = 2 };
   void ClusterWorkerLoop(size_t lane);
   void PostClusterJob(ClusterLane lane, std::function<void()> job);
-  // The planner's peer step: the pending chunks of `name` from peers' replicas of this rank's
-  // segment, each checked against its xxh3 as it lands in out. Non-Ok: no peer could be asked
-  // (the reason goes to plan->errors) or the tensor does not exist / has another size.
+  // The planner's peer step (peer_restore.cc): `name`'s pending chunks from peers' replicas of
+  // this rank's segment, each checked against its xxh3. Non-Ok: no peer could be asked (why: in
+  // plan->errors) or no such tensor / another size. PrefetchReplica: a replica's records whole.
   Status RestoreFromPeers(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,
                           RestorePlan* plan);
+  std::unique_ptr<PeerPrefetch> PrefetchReplica(const ReplicaHolder& h, uint64_t version,
+                                                const format::ManifestView& m);
   // The restore planner's rebuild step (a coding group: the other members' units and parity,
   // decoded; peer_restore.cc).
   Status RestoreFromRebuild(uint64_t version, const std::string& name, size_t nbytes, uint8_t* out,

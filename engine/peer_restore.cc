@@ -1,6 +1,8 @@
 // Restoring from the job's memory (DESIGN.md section 7): a lost rank's segment fetched back from
 // the peers that hold its replicas, an "arc" group's slices gathered from its members, and a
 // coding group's member rebuilt from the others' units and parity.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -77,6 +79,7 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
         plan->Note(st.message());
         continue;
       }
+      p.prefetch = PrefetchReplica(h, version, p.reader->manifest());
     }
     const format::ManifestView& m = p.reader->manifest();
     Status st = LayOut(m, name, nbytes, src, plan);
@@ -93,7 +96,25 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
                         out + plan->dst_offset[c - plan->first], part.bytes});
     }
     std::vector<Status> results;
-    Status gone = cluster_->FetchRanges(h, options_.rank, version, ranges, &results);
+    Status gone;
+    if (p.prefetch != nullptr && p.prefetch->data() != nullptr) {
+      // From the records fetched at the opening; each still checked below.
+      results.assign(ranges.size(), Status::Ok());
+      for (size_t i = 0; i < ranges.size(); ++i) {
+        if (!p.prefetch->holds(ranges[i].offset, ranges[i].bytes)) {
+          results[i] =
+              Status::Corrupt(src + ": chunk at offset " + std::to_string(ranges[i].offset) +
+                              " lies past the records fetched");
+          continue;
+        }
+        std::memcpy(ranges[i].dst, p.prefetch->data() + ranges[i].offset, ranges[i].bytes);
+      }
+      uint64_t copied = 0;
+      for (const Cluster::FetchRange& r : ranges) copied += r.bytes;
+      p.prefetch->Served(copied);
+    } else {
+      gone = cluster_->FetchRanges(h, options_.rank, version, ranges, &results);
+    }
     std::vector<uint64_t> xxh3s;
     for (uint32_t c : plan->pending) xxh3s.push_back(plan->PartOf(m.chunk(c)).xxh3);
     const std::vector<uint32_t> chunks = plan->pending;
@@ -113,6 +134,45 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
     return Status::Peer(why);
   }
   return Status::Ok();
+}
+
+// The replica's chunk records, bytes [0, end of the last record), in one pipelined transfer;
+// nullptr when the segment is larger than PeerPrefetch::kMaxBytes, the memory cannot be had or
+// the transfer fails (the restores then fetch a tensor at a time, and report what fails).
+std::unique_ptr<PeerPrefetch> Db::PrefetchReplica(const ReplicaHolder& h, uint64_t version,
+                                                  const format::ManifestView& m) {
+  uint64_t end = 0;
+  uint64_t payload = 0;
+  for (uint32_t c = 0; c < m.chunk_count(); ++c) {
+    const fb::Chunk& chunk = m.chunk(c);
+    end = std::max(end, chunk.record_offset() + format::kBlockBytes + chunk.payload_bytes());
+    payload += chunk.payload_bytes();
+  }
+  auto prefetch = std::make_unique<PeerPrefetch>();
+  if (end == 0 || end > PeerPrefetch::kMaxBytes || !prefetch->Allocate(end)) return nullptr;
+  prefetch->set_payload_bytes(payload);
+  std::vector<Status> results;
+  Status st =
+      cluster_->FetchRanges(h, options_.rank, version, {{0, prefetch->data(), end}}, &results);
+  if (!st.ok() || results.empty() || !results[0].ok()) return nullptr;
+  return prefetch;
+}
+
+bool PeerPrefetch::Allocate(uint64_t bytes) {
+  Release();
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);  // best effort
+  data_ = static_cast<uint8_t*>(p);
+  bytes_ = bytes;
+  served_ = 0;
+  return true;
+}
+
+void PeerPrefetch::Release() {
+  if (data_ != nullptr) ::munmap(data_, bytes_);
+  data_ = nullptr;
+  bytes_ = 0;
 }
 
 void Db::LearnArcVersions() {
