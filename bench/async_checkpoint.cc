@@ -456,8 +456,9 @@ void Restore(const Args& a, State& s, uint8_t* scratch) {
   std::printf("  raw read of the segment      %8.2f GB/s\n", raw_read);
   std::printf("  restore from disk (verified) %8.2f GB/s\n", rd);
   std::printf("  ram restore / memcpy         %8.0f%%  (bar: 80%%)\n", 100 * rr / m);
-  std::printf("  into new memory (every page faults on its first write, in both; which goes first\n"
-              "  alternates by round):\n");
+  std::printf(
+      "  into new memory (every page faults on its first write, in both; which goes first\n"
+      "  alternates by round):\n");
   std::printf("  memcpy                       %8.2f GB/s\n", fm);
   std::printf("  restore from ram (verified)  %8.2f GB/s\n", fr);
   std::printf("  ram restore / memcpy         %8.0f%%\n", 100 * fr / fm);

@@ -756,11 +756,10 @@ bool Db::RetryOfflineTiers(std::unique_lock<std::mutex>& lock) {
     }
     lock.unlock();
     if (tier_retry_.joinable()) tier_retry_.join();  // the last try, done (it cleared busy)
-    tier_retry_ = std::thread(
-        [this, i, copies = std::move(copies)]() mutable {
-          SetThreadName("ckpt-tier-retry");
-          RetryTier(i, std::move(copies));
-        });
+    tier_retry_ = std::thread([this, i, copies = std::move(copies)]() mutable {
+      SetThreadName("ckpt-tier-retry");
+      RetryTier(i, std::move(copies));
+    });
     lock.lock();
   }
   return back;

@@ -1005,9 +1005,10 @@ int RunClusterDemo(const ClusterArgs& a) {
   std::printf("mean over ranks: blocked %.2f ms, replication %.1f ms per version (%.1f%%)\n",
               blocked_all / a.ranks, replicate_all / a.ranks,
               replicate_all > 0 ? 100 * blocked_all / replicate_all : 0.0);
-  std::printf("per node: its ranks, their processes' threads (each rank's trainer thread "
-              "included), the memory its ram directory holds (arenas and peers' replicas), and "
-              "the replication traffic out and in\n");
+  std::printf(
+      "per node: its ranks, their processes' threads (each rank's trainer thread "
+      "included), the memory its ram directory holds (arenas and peers' replicas), and "
+      "the replication traffic out and in\n");
   for (const auto& [node, t] : per_node) {
     int ranks = 0;
     uint32_t threads = 0;
