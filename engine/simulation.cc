@@ -126,6 +126,7 @@ class Simulation {
   // ---- the coordinator ----
   Status OpenCoordinator();
   void StepCoordinator();
+  void CoordinatorLoop(uint64_t opened);
   void Violation(const std::string& what) {
     out_->violations.push_back("seed " + std::to_string(o_.seed) + " at " +
                                std::to_string(now_ / kMs) + " ms: " + what);
@@ -316,15 +317,16 @@ Status Simulation::OpenCoordinator() {
   std::erase_if(accepted_no_, [&](uint64_t v) { return !committed.count(v); });
   std::erase_if(told_aborted_, [&](uint64_t v) { return !committed.count(v); });
   // Its loop, in simulated time: failure detection every heartbeat.
-  const Coordinator* c = coordinator_.get();
-  auto loop = std::make_shared<std::function<void()>>();
-  *loop = [this, c, loop] {
-    if (coordinator_.get() != c) return;  // a newer coordinator has its own loop
-    StepCoordinator();
-    After(kHeartbeatMs * kMs, *loop);
-  };
-  After(kHeartbeatMs * kMs, *loop);
+  const uint64_t opened = f_.coordinator_opens;
+  After(kHeartbeatMs * kMs, [this, opened] { CoordinatorLoop(opened); });
   return Status::Ok();
+}
+
+// One turn of the loop of the coordinator opened `opened`-th; a newer one has its own loop.
+void Simulation::CoordinatorLoop(uint64_t opened) {
+  if (coordinator_ == nullptr || f_.coordinator_opens != opened) return;
+  StepCoordinator();
+  After(kHeartbeatMs * kMs, [this, opened] { CoordinatorLoop(opened); });
 }
 
 void Simulation::StepCoordinator() {
