@@ -139,6 +139,13 @@ class Simulation {
   // ---- ranks ----
   void StartRank(uint32_t rank);
   void KillRank(uint32_t rank);
+  // `step` of this incarnation of `rank` again in `ms` (a reply it must ask again for).
+  void Again(uint32_t rank, int64_t ms, void (Simulation::*step)(uint32_t)) {
+    const uint64_t inc = ranks_[rank].incarnation;
+    After(ms * kMs, [this, rank, inc, step] {
+      if (Alive(rank, inc)) (this->*step)(rank);
+    });
+  }
   void Register(uint32_t rank);
   void AskDecisions(uint32_t rank);
   void AskLatest(uint32_t rank);
@@ -400,12 +407,7 @@ void Simulation::Register(uint32_t rank) {
   w.Str("node" + std::to_string(r.node));
   w.Str(r.address);
   w.U32(kProtocolVersion);
-  const uint64_t inc = r.incarnation;
-  auto again = [this, rank, inc](int64_t ms) {
-    After(ms * kMs, [this, rank, inc] {
-      if (Alive(rank, inc)) Register(rank);
-    });
-  };
+  auto again = [this, rank](int64_t ms) { Again(rank, ms, &Simulation::Register); };
   Call(rank, kRegister, w.Take(), HoldingsOf(r),
        [this, rank, again](const Status& st, const std::vector<uint8_t>& body,
                            const std::vector<uint8_t>&) {
@@ -427,15 +429,10 @@ void Simulation::Register(uint32_t rank) {
 // At open, the versions left PREPARED are decided by the coordinator's list (presumed abort:
 // one not in it is aborted), then the rank is ready and asks where to resume.
 void Simulation::AskDecisions(uint32_t rank) {
-  const uint64_t inc = ranks_[rank].incarnation;
   Call(rank, kDecisions, {}, {},
-       [this, rank, inc](const Status& st, const std::vector<uint8_t>& body,
-                         const std::vector<uint8_t>&) {
-         if (!st.ok()) {
-           return After(100 * kMs, [this, rank, inc] {
-             if (Alive(rank, inc)) AskDecisions(rank);
-           });
-         }
+       [this, rank](const Status& st, const std::vector<uint8_t>& body,
+                    const std::vector<uint8_t>&) {
+         if (!st.ok()) return Again(rank, 100, &Simulation::AskDecisions);
          WireReader rd(body, "decisions");
          std::set<uint64_t> committed;
          const uint32_t n = rd.U32("count");
@@ -470,9 +467,7 @@ void Simulation::AskLatest(uint32_t rank) {
          const bool none_now = st.code() == CKPTDB_ENOTFOUND &&
                                st.message().find("no committed version") == std::string::npos;
          if (st.code() == CKPTDB_EBUSY || st.code() == CKPTDB_ETIMEDOUT || none_now) {
-           return After((st.code() == CKPTDB_EBUSY ? 50 : 200) * kMs, [this, rank, inc] {
-             if (Alive(rank, inc)) AskLatest(rank);
-           });
+           return Again(rank, st.code() == CKPTDB_EBUSY ? 50 : 200, &Simulation::AskLatest);
          }
          uint64_t latest = 0;
          if (st.ok()) {
