@@ -127,7 +127,11 @@ TEST_P(TransportTest, CallsCarryBodiesAndPayloadsBothWays) {
   if (GetParam() == "ucx-shm") {
     EXPECT_EQ(client->stats().ucx_connections, 1u);
   }
-  for (size_t bytes : {size_t{0}, size_t{100}, size_t{64} << 10, size_t{8} << 20}) {
+  // The payload sizes about the socket's receive low-water mark (kPayloadLowatBytes, 1 MiB): a
+  // rest smaller than it must still wake the reader.
+  for (size_t bytes :
+       {size_t{0}, size_t{100}, size_t{64} << 10, (size_t{1} << 20) - 1, size_t{1} << 20,
+        (size_t{1} << 20) + 1, (size_t{3} << 20) + 12345, size_t{8} << 20}) {
     auto payload = test::RandomBytes(bytes, 7 + bytes);
     std::vector<uint8_t> back(bytes + 16, 0xee);
     std::vector<uint8_t> body = {1, 2, 3};

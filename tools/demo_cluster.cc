@@ -78,7 +78,44 @@ struct Report {
   int32_t bit_exact = 0;
   uint32_t threads = 0;  // the rank process's threads at the end of training (the trainer's own
                          // one included), from /proc/self/status
+  // Over the phase, the threads other than the trainer's (ckptdb's, RocksDB's, io_uring's
+  // workers; /proc/self/task/*/schedstat): time on a core, time waiting for one, times run.
+  uint64_t helper_cpu_ns = 0;
+  uint64_t helper_wait_ns = 0;
+  uint64_t helper_runs = 0;
+  uint64_t trainer_wait_ns = 0;  // the trainer's own thread waiting for a core
 };
+
+// What this process's threads have used so far (see Report), from schedstat: on-CPU ns,
+// run-queue ns, timeslices. Threads that ended before are not counted.
+struct ThreadUse {
+  uint64_t helper_cpu_ns = 0;
+  uint64_t helper_wait_ns = 0;
+  uint64_t helper_runs = 0;
+  uint64_t trainer_wait_ns = 0;
+};
+
+ThreadUse ThreadUseNow() {
+  ThreadUse u;
+  const std::string self = std::to_string(::getpid());
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/self/task", ec)) {
+    FILE* f = std::fopen((e.path() / "schedstat").c_str(), "r");
+    if (f == nullptr) continue;
+    unsigned long long cpu = 0, wait = 0, runs = 0;
+    const bool read = std::fscanf(f, "%llu %llu %llu", &cpu, &wait, &runs) == 3;
+    std::fclose(f);
+    if (!read) continue;
+    if (e.path().filename() == self) {
+      u.trainer_wait_ns += wait;
+    } else {
+      u.helper_cpu_ns += cpu;
+      u.helper_wait_ns += wait;
+      u.helper_runs += runs;
+    }
+  }
+  return u;
+}
 
 // This process's threads, from /proc/self/status (0 when it cannot be read).
 uint32_t ThreadCount() {
@@ -298,19 +335,22 @@ void Train(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Rep
   }
 }
 
-// Phase 2: the restarted rank restores the latest version and checks every byte against the
-// state recomputed from the seed.
-void Restore(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Report* r,
-             bool compare) {
-  // The comparison's restart first: its synchronous save read back from the node's disk, cold;
-  // gone with a lost node.
+// The comparison's restart: the rank's synchronous save read back from the node's disk, cold
+// (gone with a lost node). Before the store opens, so that no rank's read overlaps another's
+// restore: every restore starts once the job has assembled, that is once every rank has opened.
+void ReadBackSyncSave(const Job& job, int rank, const std::vector<Tensor>& shard, Report* r) {
   uint64_t saved = 0;
   for (const Tensor& t : shard) saved += t.bytes;
-  if (uint8_t* into = compare ? Allocate(saved) : nullptr; into != nullptr) {
+  if (uint8_t* into = Allocate(saved); into != nullptr) {
     const double s = ColdReadSeconds(SyncPath(job, rank), into, saved);
     r->sync_read_ms = s < 0 ? -1 : s * 1e3;
     Free(into, saved);
   }
+}
+
+// Phase 2: the restarted rank restores the latest version and checks every byte against the
+// state recomputed from the seed.
+void Restore(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, Report* r) {
   int rc = ckptdb_latest(db, &r->latest);
   if (rc != CKPTDB_OK) return SetError(r, rc, "latest: " + ErrorText(rc));
   auto t0 = std::chrono::steady_clock::now();
@@ -373,7 +413,7 @@ void Campaign(const Job& job, int rank, ckptdb* db, std::vector<Tensor>& shard, 
   } else if (rc != CKPTDB_OK) {
     return SetError(r, rc, "latest: " + ErrorText(rc));
   } else {
-    Restore(job, rank, db, shard, r, /*compare=*/false);
+    Restore(job, rank, db, shard, r);
     if (r->status != 0) return;
   }
   if (write(report_fd, r, sizeof *r) != static_cast<ssize_t>(sizeof *r)) return;
@@ -406,11 +446,14 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
     }
   }
   ckptdb* db = nullptr;
+  ThreadUse at_open;  // the phase's use starts after the open (its own threads start in it)
   if (r.status == 0) {
     SeedShard(shard);
+    if (phase == 2) ReadBackSyncSave(job, rank, shard, &r);
     auto o0 = std::chrono::steady_clock::now();
     int rc = OpenRank(job, rank, VersionBytes(shard), &db);
     r.open_ms = Seconds(std::chrono::steady_clock::now() - o0) * 1e3;
+    at_open = ThreadUseNow();
     if (rc != CKPTDB_OK) {
       db = nullptr;
       SetError(&r, rc, "open: " + ErrorText(rc));
@@ -418,7 +461,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
   }
   if (db != nullptr) {
     if (phase == 1) Train(job, rank, db, shard, &r);
-    if (phase == 2) Restore(job, rank, db, shard, &r, /*compare=*/true);
+    if (phase == 2) Restore(job, rank, db, shard, &r);
     if (phase == 3) {
       Campaign(job, rank, db, shard, &r, report_fd);
       if (r.status == -1) {  // reported, trained until its commit failed: wait for the kill
@@ -441,6 +484,11 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
       std::snprintf(r.paths, sizeof r.paths, "%s", st.peer_paths);
     }
     r.threads = ThreadCount();
+    const ThreadUse now = ThreadUseNow();
+    r.helper_cpu_ns = now.helper_cpu_ns - at_open.helper_cpu_ns;
+    r.helper_wait_ns = now.helper_wait_ns - at_open.helper_wait_ns;
+    r.helper_runs = now.helper_runs - at_open.helper_runs;
+    r.trainer_wait_ns = now.trainer_wait_ns - at_open.trainer_wait_ns;
   }
   if (write(report_fd, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) return 3;
   char word = 0;
@@ -1008,18 +1056,31 @@ int RunClusterDemo(const ClusterArgs& a) {
   std::printf(
       "per node: its ranks, their processes' threads (each rank's trainer thread "
       "included), the memory its ram directory holds (arenas and peers' replicas), and "
-      "the replication traffic out and in\n");
+      "the replication traffic out and in; then, per checkpoint of each rank, what the threads "
+      "other than the trainer's used: CPU, times they ran, time they waited for a core, and the "
+      "trainer's own wait for a core\n");
   for (const auto& [node, t] : per_node) {
     int ranks = 0;
     uint32_t threads = 0;
+    uint64_t cpu = 0, runs = 0, wait = 0, trainer_wait = 0, ckpts = 0;
     for (int r = 0; r < a.ranks; ++r) {
       if (job.NodeOf(r) != node) continue;
+      const Report& p = procs[r].report;
       ++ranks;
-      threads += procs[r].report.threads;
+      threads += p.threads;
+      cpu += p.helper_cpu_ns;
+      runs += p.helper_runs;
+      wait += p.helper_wait_ns;
+      trainer_wait += p.trainer_wait_ns;
+      ckpts += p.checkpoints;
     }
-    std::printf("  node%d: %d rank(s), %u threads, memory %.0f MiB, out %.0f MiB, in %.0f MiB\n",
-                node, ranks, threads, MiB(BytesUsedUnder(job.RamDir(node))), MiB(t.first),
-                MiB(t.second));
+    const double per = ckpts > 0 ? 1.0 / static_cast<double>(ckpts) : 0.0;
+    std::printf(
+        "  node%d: %d rank(s), %u threads, memory %.0f MiB, out %.0f MiB, in %.0f MiB; "
+        "helpers %.1f ms CPU, %.0f runs, %.1f ms waiting for a core; trainer %.2f ms waiting\n",
+        node, ranks, threads, MiB(BytesUsedUnder(job.RamDir(node))), MiB(t.first), MiB(t.second),
+        static_cast<double>(cpu) / 1e6 * per, static_cast<double>(runs) * per,
+        static_cast<double>(wait) / 1e6 * per, static_cast<double>(trainer_wait) / 1e6 * per);
   }
   std::vector<Report> trained;
   for (const Proc& p : procs) trained.push_back(p.report);

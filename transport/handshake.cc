@@ -127,6 +127,7 @@ void TransportImpl::ReadSocket(const std::shared_ptr<Conn>& c) {
   while (c->state != ConnState::kClosed && c->state != ConnState::kClientConnecting) {
     if (c->state == ConnState::kOpen && c->path == DataPath::kSocket) {
       ReadSock(c);
+      if (c->state == ConnState::kOpen) SetLowat(c.get());
       return;
     }
     if (c->state == ConnState::kOpen) {

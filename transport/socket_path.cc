@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -149,6 +150,21 @@ void TransportImpl::ReadSock(const std::shared_ptr<Conn>& c) {
     if (!BeginPayload(c.get())) return;
     if (rx.payload_bytes == 0) FinishMessage(c.get());
   }
+}
+
+// Between wakeups: in a payload, the socket wakes the progress thread once kPayloadLowatBytes of
+// it are queued, or all of its rest (never more than will come: the rest of this payload is
+// owed); otherwise at the first byte. A peer that closes or fails wakes it regardless, and
+// Linux wakes it early when the receive window cannot take the rest.
+void TransportImpl::SetLowat(Conn* c) {
+  const RxState& rx = c->rx;
+  int want = 1;
+  if (rx.in_payload && rx.payload_bytes > rx.got) {
+    want = static_cast<int>(std::min<uint64_t>(rx.payload_bytes - rx.got, kPayloadLowatBytes));
+  }
+  if (want == c->rcvlowat) return;
+  // Best effort: where it cannot be set, the thread wakes at each byte as before.
+  if (setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0) c->rcvlowat = want;
 }
 
 // A message's header and body are in: decides where its payload goes. False when the message

@@ -43,6 +43,10 @@ inline constexpr int kAcceptPerRound =
     256;  // accepts per wakeup, so a storm cannot starve the worker
 inline constexpr uint32_t kHostileLogLines = 5;
 inline constexpr size_t kReadBudgetBytes = 8 << 20;  // socket bytes read from one peer per wakeup
+// While a payload is read, the socket wakes the progress thread only once this much of it (or
+// its rest, if less) is queued (SO_RCVLOWAT): a 32 MiB replica woke it about 120 times a
+// checkpoint in 64-256 KiB pieces, on cores the trainer needs (docs/performance.md).
+inline constexpr int kPayloadLowatBytes = 1 << 20;
 // On the socket path a request's payload of at least this is offered to the Placer (smaller ones
 // arrive in the request's vector, as UCX's eager messages do).
 inline constexpr uint64_t kPlaceMinBytes = 64 << 10;
@@ -146,6 +150,7 @@ class TransportImpl {
     uint32_t in_body = 0;      // its body's length, once its header is in
     std::vector<uint8_t> out;  // frame bytes the socket did not take yet
     bool want_out = false;     // EPOLLOUT is on
+    int rcvlowat = 1;          // the socket's SO_RCVLOWAT (SetLowat)
     // The socket path: messages waiting to be written, and the one being read.
     std::deque<OutMsg> sendq;
     RxState rx;
@@ -242,6 +247,7 @@ class TransportImpl {
   ssize_t Receive(Conn* c, void* into, size_t want, const char* eof_why);
   void FlushSock(Conn* c);
   void ReadSock(const std::shared_ptr<Conn>& c);
+  void SetLowat(Conn* c);
   bool BeginPayload(Conn* c);
   void FinishMessage(Conn* c);
   void FinishConnect(Conn* c);
