@@ -751,7 +751,7 @@ Status Db::Close() {
   if (tier_retry_.joinable()) tier_retry_.join();
   lock.lock();
   cluster_stop_ = true;
-  cluster_cv_.notify_all();
+  for (std::condition_variable& cv : cluster_cv_) cv.notify_all();
   lock.unlock();
   for (std::thread& w : cluster_workers_) {
     if (w.joinable()) w.join();

@@ -845,7 +845,7 @@ class Db {
   // Off the manager thread: replication pushes and parity (kProtectLane), votes (kVoteLane).
   std::array<std::thread, kClusterLanes> cluster_workers_;
   std::array<std::deque<std::function<void()>>, kClusterLanes> cluster_jobs_;  // mu_
-  std::condition_variable cluster_cv_;
+  std::array<std::condition_variable, kClusterLanes> cluster_cv_;  // a lane's job wakes it alone
   bool cluster_stop_ = false;         // mu_
   std::set<uint64_t> job_committed_;  // mu_: versions the coordinator committed
   uint64_t newest_vote_sent_ = 0;     // mu_: the newest version this rank sent a yes vote for

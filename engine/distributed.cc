@@ -361,7 +361,7 @@ bool Db::ClaimYesLocked(uint64_t version) {
 
 void Db::PostClusterJob(ClusterLane lane, std::function<void()> job) {
   cluster_jobs_[lane].push_back(std::move(job));  // mu_ held by the caller (the manager)
-  cluster_cv_.notify_all();
+  cluster_cv_[lane].notify_one();
 }
 
 void Db::ClusterWorkerLoop(size_t lane) {
@@ -369,7 +369,7 @@ void Db::ClusterWorkerLoop(size_t lane) {
   std::unique_lock<std::mutex> lock(mu_);
   std::deque<std::function<void()>>& jobs = cluster_jobs_[lane];
   while (true) {
-    cluster_cv_.wait(lock, [&] { return cluster_stop_ || !jobs.empty(); });
+    cluster_cv_[lane].wait(lock, [&] { return cluster_stop_ || !jobs.empty(); });
     if (jobs.empty()) return;  // stopping, and nothing left
     auto job = std::move(jobs.front());
     jobs.pop_front();

@@ -260,6 +260,7 @@ void TransportImpl::Stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  requests_cv_.notify_all();
   for (std::thread& t : service_) t.join();
   service_.clear();
   for (auto& [fd, id] : by_fd_) close(fd);
@@ -382,7 +383,7 @@ void TransportImpl::Deliver(uint64_t conn, const WireHeader& h, std::vector<uint
     r.call_id = h.call_id;
     requests_.push_back(std::move(r));
   }
-  cv_.notify_all();
+  requests_cv_.notify_one();
 }
 
 void TransportImpl::ServiceLoop() {
@@ -391,7 +392,7 @@ void TransportImpl::ServiceLoop() {
     Request r;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !requests_.empty(); });
+      requests_cv_.wait(lock, [this] { return stopping_ || !requests_.empty(); });
       if (stopping_) return;
       r = std::move(requests_.front());
       requests_.pop_front();
