@@ -846,7 +846,7 @@ class Db {
   std::array<std::thread, kClusterLanes> cluster_workers_;
   std::array<std::deque<std::function<void()>>, kClusterLanes> cluster_jobs_;  // mu_
   std::array<std::condition_variable, kClusterLanes> cluster_cv_;  // a lane's job wakes it alone
-  bool cluster_stop_ = false;         // mu_
+  bool cluster_stop_ = false;                                      // mu_
   std::set<uint64_t> job_committed_;  // mu_: versions the coordinator committed
   uint64_t newest_vote_sent_ = 0;     // mu_: the newest version this rank sent a yes vote for
   // ckptdb_declare_replicas (mu_): the replica group whose members compare their replicated
