@@ -43,8 +43,7 @@ Status Db::RestoreFromPeers(uint64_t version, const std::string& name, size_t nb
       return Status::Peer(st.message());
     }
     peer_replicas_.clear();
-    for (ReplicaHolder& h : holders)
-      peer_replicas_.push_back({std::move(h), nullptr, false, nullptr});
+    for (ReplicaHolder& h : holders) peer_replicas_.emplace_back().holder = std::move(h);
     peer_replicas_version_ = version;
   }
   bool asked = false;

@@ -48,6 +48,20 @@ namespace fs = std::filesystem;
 constexpr int kPlotted = 256;  // iterations whose blocked time a report carries (for the plot)
 constexpr int kSyncSaves = 3;  // synchronous saves of the same state, for comparison
 
+// What a process's threads have used (/proc/self/task/*/schedstat): the threads other than the
+// trainer's (ckptdb's, RocksDB's, io_uring's workers) on a core, waiting for one, and times run;
+// the trainer's own thread waiting for a core. Threads that ended before are not counted.
+struct ThreadUse {
+  uint64_t helper_cpu_ns = 0;
+  uint64_t helper_wait_ns = 0;
+  uint64_t helper_runs = 0;
+  uint64_t trainer_wait_ns = 0;
+  ThreadUse Since(const ThreadUse& before) const {
+    return {helper_cpu_ns - before.helper_cpu_ns, helper_wait_ns - before.helper_wait_ns,
+            helper_runs - before.helper_runs, trainer_wait_ns - before.trainer_wait_ns};
+  }
+};
+
 // What a rank tells the scheduler after each phase. Plain data, written with one write().
 struct Report {
   int32_t status = 0;  // a ckptdb status, or 1 for a failed check
@@ -78,21 +92,7 @@ struct Report {
   int32_t bit_exact = 0;
   uint32_t threads = 0;  // the rank process's threads at the end of training (the trainer's own
                          // one included), from /proc/self/status
-  // Over the phase, the threads other than the trainer's (ckptdb's, RocksDB's, io_uring's
-  // workers; /proc/self/task/*/schedstat): time on a core, time waiting for one, times run.
-  uint64_t helper_cpu_ns = 0;
-  uint64_t helper_wait_ns = 0;
-  uint64_t helper_runs = 0;
-  uint64_t trainer_wait_ns = 0;  // the trainer's own thread waiting for a core
-};
-
-// What this process's threads have used so far (see Report), from schedstat: on-CPU ns,
-// run-queue ns, timeslices. Threads that ended before are not counted.
-struct ThreadUse {
-  uint64_t helper_cpu_ns = 0;
-  uint64_t helper_wait_ns = 0;
-  uint64_t helper_runs = 0;
-  uint64_t trainer_wait_ns = 0;
+  ThreadUse used;        // over the phase, from the end of the open
 };
 
 ThreadUse ThreadUseNow() {
@@ -484,11 +484,7 @@ int RankMain(const Job& job, int rank, int phase, int report_fd, int control_fd)
       std::snprintf(r.paths, sizeof r.paths, "%s", st.peer_paths);
     }
     r.threads = ThreadCount();
-    const ThreadUse now = ThreadUseNow();
-    r.helper_cpu_ns = now.helper_cpu_ns - at_open.helper_cpu_ns;
-    r.helper_wait_ns = now.helper_wait_ns - at_open.helper_wait_ns;
-    r.helper_runs = now.helper_runs - at_open.helper_runs;
-    r.trainer_wait_ns = now.trainer_wait_ns - at_open.trainer_wait_ns;
+    r.used = ThreadUseNow().Since(at_open);
   }
   if (write(report_fd, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) return 3;
   char word = 0;
@@ -1068,10 +1064,10 @@ int RunClusterDemo(const ClusterArgs& a) {
       const Report& p = procs[r].report;
       ++ranks;
       threads += p.threads;
-      cpu += p.helper_cpu_ns;
-      runs += p.helper_runs;
-      wait += p.helper_wait_ns;
-      trainer_wait += p.trainer_wait_ns;
+      cpu += p.used.helper_cpu_ns;
+      runs += p.used.helper_runs;
+      wait += p.used.helper_wait_ns;
+      trainer_wait += p.used.trainer_wait_ns;
       ckpts += p.checkpoints;
     }
     const double per = ckpts > 0 ? 1.0 / static_cast<double>(ckpts) : 0.0;
