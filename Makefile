@@ -66,7 +66,7 @@ test-asan: deps
 TSAN_BUILD_DIR ?= build-tsan
 TSAN_TESTS = staging_ring_test capture_test tier_manager_test api_test ram_tier_test \
   replica_store_test transport_test fault_test coordinator_test nfs_tier_test interleave_test \
-  trust_test
+  trust_test device_sim_test
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKPTDB_BUILD_FUZZERS=OFF \
 	  -DCKPTDB_WITH_CUDA=OFF \
@@ -84,14 +84,14 @@ test-tsan: deps
 # skipped; with one they run. Without nvcc the target says so and builds nothing.
 CUDA_BUILD_DIR ?= build-cuda
 NVCC ?= /usr/local/cuda/bin/nvcc
-CUDA_TESTS = api_test capture_test gpu_test
+CUDA_TESTS = api_test capture_test gpu_test device_sim_test
 test-cuda: deps
 	@if [ ! -x $(NVCC) ]; then echo "test-cuda: skipped, no nvcc at $(NVCC)"; exit 0; fi; \
 	cmake -S . -B $(CUDA_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DCKPTDB_BUILD_FUZZERS=OFF \
 	  -DCKPTDB_WITH_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) && \
 	cmake --build $(CUDA_BUILD_DIR) -j$(JOBS) --target $(CUDA_TESTS) bench_gpu_capture && \
 	ctest --test-dir $(CUDA_BUILD_DIR) --output-on-failure -j$(JOBS) \
-	  -R '^(ApiTest|ApiNames|CaptureTest|GpuTest)\.'
+	  -R '^(ApiTest|ApiNames|CaptureTest|GpuTest|DeviceQueueTest|SimStoreTest)\.'
 
 # The HIP variant, by hand (not in `make test`: Debian's hipcc pulls in clang-15 and ROCm's
 # device libraries): apt-get install hipcc libamdhip64-dev, then make test-hip. The library with

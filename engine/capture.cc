@@ -3,8 +3,13 @@
 // the caller's buffer into staging memory (the ram arena, or the staging ring), hashing it while
 // it is hot; wait_capture returns when no chunk of the version is read from callers' buffers any
 // more, which is what makes it safe to let the optimizer change them.
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -374,6 +379,12 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   const std::vector<PackPart>* parts = c.pack != kNoPack ? &v->packs[c.pack] : nullptr;
   std::vector<uint64_t> part_xxh3;
   const bool parity = c.parity;
+  uint64_t tag = 0;
+  if (c.device >= 0) {
+    CKPTDB_ASSERT(parts == nullptr && !parity);  // device shards are neither packed nor XORed
+    tag = device_.next_tag++;
+    device_.tickets[tag] = {v->version, v->generation, index};
+  }
   lock.unlock();
   if (parity) {
     // An AEC parity unit: its parts XORed, then hashed.
@@ -383,18 +394,20 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
   } else if (parts != nullptr) {
     rh.payload_xxh3 = CopyPack(record + kBlockBytes, *parts, &part_xxh3);
   } else if (c.device >= 0) {
-    // The device's copy engine on this worker's own stream, waited for on its event; then the
-    // hash of what landed.
-    Status st = device_->CopyToHost(c.device, record + kBlockBytes, src, c.payload_bytes);
+    // Queued on the device's copy engine, straight into the (pinned) staging region; the device
+    // thread hashes it once it has landed (DeviceLoop). Once queued, the chunk is no longer this
+    // worker's: the device thread may finish it, and its version, before the lock is back.
+    Status st = device_.capture->Submit(
+        {c.device, io::CopyKind::kToHost, record + kBlockBytes, src, c.payload_bytes, tag});
+    lock.lock();
     if (!st.ok()) {
-      lock.lock();
+      device_.tickets.erase(tag);
       FailLocked(
           v, st.WithContext("capture of chunk " + std::to_string(index) + " of " + V(v->version)));
       c.home = Home::kDropped;
       FinishChunkLocked(v, &c);
-      return;
     }
-    rh.payload_xxh3 = format::Xxh3(record + kBlockBytes, c.payload_bytes);
+    return;
   } else {
     rh.payload_xxh3 = CopyAndHash(record + kBlockBytes, src, c.payload_bytes);
   }
@@ -413,6 +426,7 @@ void Db::CaptureChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32
 // manager has a write to do.
 bool Db::ChunkCapturedLocked(LiveVersion* v, uint32_t index, uint64_t xxh3) {
   ChunkSlot& c = v->chunks[index];
+  const bool copied = c.home == Home::kHashing;  // a device chunk, no longer counted uncaptured
   c.xxh3 = xxh3;
   figures_.capture_bytes += c.payload_bytes;
   bool to_write = false;
@@ -425,8 +439,81 @@ bool Db::ChunkCapturedLocked(LiveVersion* v, uint32_t index, uint64_t xxh3) {
     v->to_write.push_back(index);
     to_write = true;
   }
-  FinishChunkLocked(v, &c, /*wake_waiters=*/c.home == Home::kDropped);
+  if (!copied) {
+    FinishChunkLocked(v, &c, /*wake_waiters=*/c.home == Home::kDropped);
+    return to_write;
+  }
+  CKPTDB_ASSERT(v->unhashed > 0);
+  if (--v->unhashed == 0) WakeManager();  // a commit or an abort may wait for the last
+  if (c.home == Home::kDropped) {
+    FreeChunkRegionLocked(v, &c);
+    if (!v->ram) v->unwritten--;
+    state_cv_.notify_all();
+  }
   return to_write;
+}
+
+// A device chunk whose copy has landed in its staging region: hashed there (the lock dropped),
+// its header block written, then kept or dropped as a worker's chunk is.
+void Db::HashCopiedChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index) {
+  ChunkSlot& c = v->chunks[index];
+  CKPTDB_ASSERT(c.home == Home::kHashing);
+  uint64_t xxh3 = 0;
+  if (v->error.ok() && !v->abort_requested) {
+    uint8_t* record = (v->ram ? tiers_[0].ram->base() : staging_) + c.region.offset;
+    format::RecordHeader rh = format::ChunkRecordHeader(v->version, identity_.rank, index,
+                                                        c.payload_bytes, c.record_offset);
+    const uint64_t bytes = c.payload_bytes;
+    lock.unlock();
+    rh.payload_xxh3 = format::Xxh3(record + kBlockBytes, bytes);
+    std::memset(record + kBlockBytes + bytes, 0, format::AlignUp(bytes) - bytes);
+    format::EncodeRecordHeaderBlock(rh, record);
+    xxh3 = rh.payload_xxh3;
+    lock.lock();
+  }
+  if (ChunkCapturedLocked(v, index, xxh3)) WakeManager();
+}
+
+// The device thread: reaps capture's copies as they complete. A copy that failed fails its
+// version; one that landed frees the caller's buffer (wait_capture counts it captured) and is
+// hashed here, while the copies after it are still in flight. Exits once the queue is shut down
+// (at close, after the workers) and nothing is in flight.
+void Db::DeviceLoop() {
+  SetThreadName("ckpt-device");
+  std::vector<io::DeviceQueue::Completion> done;
+  std::vector<std::pair<LiveVersion*, uint32_t>> landed;
+  while (device_.capture->Reap(&done, 64, /*wait=*/true) > 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    landed.clear();
+    for (const io::DeviceQueue::Completion& d : done) {
+      auto ticket = device_.tickets.find(d.tag);
+      CKPTDB_ASSERT(ticket != device_.tickets.end());
+      const DevicePipeline::Ticket t = ticket->second;
+      device_.tickets.erase(ticket);
+      // Live: its chunk is kCopying, so uncaptured holds the version.
+      auto it = live_.find(t.version);
+      CKPTDB_ASSERT(it != live_.end() && it->second.generation == t.generation);
+      LiveVersion* v = &it->second;
+      ChunkSlot& c = v->chunks[t.chunk];
+      CKPTDB_ASSERT(c.home == Home::kCopying);
+      if (!d.status.ok()) {
+        FailLocked(v, d.status.WithContext("capture of chunk " + std::to_string(t.chunk) + " of " +
+                                           V(v->version)));
+      }
+      if (!v->error.ok() || v->abort_requested) {
+        c.home = Home::kDropped;
+        FinishChunkLocked(v, &c);
+        continue;
+      }
+      c.home = Home::kHashing;
+      v->unhashed++;
+      CapturedOneLocked(v, /*wake_waiters=*/false);
+      landed.emplace_back(v, t.chunk);
+    }
+    state_cv_.notify_all();  // a COPY_NOW put waits for its device chunks to land
+    // Each version stays live while it has chunks kHashing (unhashed > 0).
+    for (const auto& [v, chunk] : landed) HashCopiedChunk(lock, v, chunk);
+  }
 }
 
 bool Db::CaptureSmallChunks(std::unique_lock<std::mutex>& lock, LiveVersion* v) {
@@ -689,38 +776,69 @@ Status Db::Outcome(uint64_t version, const std::string& what) const {
   return FindOutcome(version, what).value_or(Status::State(what + ": the version was aborted"));
 }
 
-// Opens the GPU runtime once, then pins the staging ring and (read-write, when mapped) the ram
-// arena so that copies into them are DMA. A failure to pin is noted and the device is used all
-// the same (copies then go through the driver's bounce buffers). Not under mu_: the first call
-// may take long (pinning an arena of many GiB), and the others wait here only.
+// Opens the device once (options.device: the build's GPU runtime, or the simulated device), pins
+// the staging ring, the ram arena (read-write, when mapped) and the restore pool so that copies
+// into and out of them are DMA, makes the two copy queues and starts the device thread. A failure
+// to pin is said once and the device is used all the same (those copies then go through the
+// driver's bounce buffers). Not under mu_: the first call may take long (pinning an arena of
+// many GiB), and the others wait here only.
 Status Db::OpenDeviceOnce() {
   std::lock_guard<std::mutex> g(device_mu_);
-  if (device_tried_) return device_status_;
-  device_tried_ = true;
-  device_status_ = io::OpenDevice(&device_);
-  if (!device_status_.ok()) return device_status_;
+  DevicePipeline& d = device_;
+  if (d.tried) return d.status;
+  d.tried = true;
+  d.status = io::OpenDevice(options_.device, &d.device);
+  if (!d.status.ok()) return d.status;
+  void* pool = mmap(nullptr, DevicePipeline::kPoolSlots * DevicePipeline::kPoolSlotBytes,
+                    PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pool == MAP_FAILED) {
+    d.status = Status::FromErrno(errno, "mapping the device restore pool");
+    d.device.reset();
+    return d.status;
+  }
+  d.pool = static_cast<uint8_t*>(pool);
+  bool told = false;
   auto pin = [&](void* p, uint64_t bytes, const char* what) {
-    if (p == nullptr || bytes == 0) return;
-    Status st = device_->Pin(p, bytes);
+    if (p == nullptr || bytes == 0) return false;
+    Status st = d.device->Pin(p, bytes);
     if (st.ok()) {
-      device_pinned_.push_back(p);
-    } else {
+      d.pinned.push_back(p);
+      return true;
+    }
+    if (!told) {
       std::fprintf(stderr, "ckptdb: %s is not pinned, device copies go through the driver: %s\n",
                    what, st.message().c_str());
     }
+    told = true;
+    return false;
   };
   pin(staging_, staging_bytes_, "the staging ring");
-  if (!options_.read_only && !tiers_.empty() && tiers_[0].is_ram() && tiers_[0].ram->available()) {
-    pin(tiers_[0].ram->base(), tiers_[0].ram->capacity(), "the ram tier's arena");
+  if (!tiers_.empty() && tiers_[0].is_ram() && tiers_[0].ram->available()) {
+    // Read-only, the arena is mapped for reading: restores still copy from it.
+    d.arena_pinned = pin(tiers_[0].ram->base(), tiers_[0].ram->capacity(), "the ram tier's arena");
   }
+  pin(d.pool, DevicePipeline::kPoolSlots * DevicePipeline::kPoolSlotBytes, "the restore pool");
+  d.capture = std::make_unique<io::DeviceQueue>(d.device.get(), io::DeviceQueueOptions{});
+  d.restore = std::make_unique<io::DeviceQueue>(d.device.get(), io::DeviceQueueOptions{});
+  d.thread = std::thread([this] {
+    if (!options_.cpus.empty()) {  // where open's own threads run
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int cpu : options_.cpus) CPU_SET(cpu, &set);
+      (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    }
+    DeviceLoop();
+  });
   device_open_.store(true, std::memory_order_release);
-  return device_status_;
+  return d.status;
 }
 
 Status Db::LocateDevice(const void* p, bool flagged, const std::string& what, int* device) {
   *device = -1;
-  if (!io::DeviceBuild()) {
-    return flagged ? Status::NotSupported(what + ": device memory needs a CUDA or HIP build")
+  if (!DeviceConfigured()) {
+    return flagged ? Status::NotSupported(what +
+                                          ": device memory needs a CUDA or HIP build, or the "
+                                          "simulated device (device \"sim\")")
                    : Status::Ok();
   }
   if (flagged) {
@@ -729,7 +847,7 @@ Status Db::LocateDevice(const void* p, bool flagged, const std::string& what, in
     return Status::Ok();  // never opened: host memory, and a CPU-only user pays nothing
   }
   int d = -1;
-  Status st = device_->Locate(p, &d);
+  Status st = device_.device->Locate(p, &d);
   if (!st.ok()) return flagged ? st.WithContext(what) : Status::Ok();
   if (flagged && d < 0) {
     return Status::Invalid(what + ": the device flag names host memory");

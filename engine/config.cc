@@ -239,6 +239,14 @@ Status ResolveOpenOptions(const ckptdb_options& o, DbOptions* out) {
   if (const char* cpus = EnvOr(o.cpus, "CKPTDB_CPUS")) {
     CKPTDB_RETURN_IF_ERROR(ParseCpuList(cpus, &d.cpus));
   }
+  if (const char* device = EnvOr(o.device, "CKPTDB_DEVICE")) {
+    d.device = device;
+    if (d.device != "auto" && d.device != "sim") {
+      return Status::Invalid("options: device " + QuoteName(d.device) +
+                             " is not one of auto (the build's GPU runtime), sim (the "
+                             "simulated device)");
+    }
+  }
   return Status::Ok();
 }
 

@@ -50,8 +50,9 @@ struct DbOptions {
   bool tier_view = false;
   bool create_if_missing = true;
   bool drain_on_close = true;
-  std::vector<int> cpus;  // where the threads open starts run; empty: the caller's CPUs
-  io::Io* io = nullptr;   // nullptr: the real POSIX + io_uring Io
+  std::vector<int> cpus;        // where the threads open starts run; empty: the caller's CPUs
+  std::string device = "auto";  // io::OpenDevice's `which`: "auto" or "sim"
+  io::Io* io = nullptr;         // nullptr: the real POSIX + io_uring Io
 };
 
 // Parses "block", "direct", "skip".

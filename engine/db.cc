@@ -746,6 +746,9 @@ Status Db::Close() {
   WakeManager();
   lock.unlock();
   for (std::thread& w : workers_) w.join();
+  // The device thread lands the copies still in flight (their versions are aborting), then ends.
+  if (device_open_.load(std::memory_order_acquire)) device_.capture->Shutdown();
+  if (device_.thread.joinable()) device_.thread.join();
   if (manager_.joinable()) manager_.join();
   // A tier's retry may still be waiting on its server (each call bounded by its deadline).
   if (tier_retry_.joinable()) tier_retry_.join();
@@ -769,8 +772,14 @@ Status Db::Close() {
   wake_fd_ = -1;
   {
     std::lock_guard<std::mutex> g(device_mu_);
-    for (void* p : device_pinned_) device_->Unpin(p);  // before the memory is unmapped
-    device_pinned_.clear();
+    device_.capture.reset();
+    device_.restore.reset();
+    for (void* p : device_.pinned) device_.device->Unpin(p);  // before the memory is unmapped
+    device_.pinned.clear();
+    if (device_.pool != nullptr) {
+      ::munmap(device_.pool, DevicePipeline::kPoolSlots * DevicePipeline::kPoolSlotBytes);
+    }
+    device_.pool = nullptr;
   }
   if (staging_ != nullptr) ::munmap(staging_, staging_bytes_);
   staging_ = nullptr;

@@ -9,6 +9,9 @@
 //     the first tier is ram (the copy is then already the ram copy), else the staging ring, from
 //     which the manager writes the chunk to the first tier's file. When staging is full the
 //     back-pressure policy decides: block, direct (write from the caller's buffer) or skip.
+//   - the device thread (ckpt-device, started with the device, engine/device_pipeline.h): a
+//     device chunk's worker only queues its D2H copy into staging; this thread reaps the copies
+//     (the caller's buffer is then free: wait_capture counts the chunk captured) and hashes them.
 //   - the tier manager (one thread): owns the io_uring write queue and every change to files and
 //     to the catalog. It opens versions on the first tier, writes ring chunks, runs commits
 //     (tail, fsync, rename, PREPARED, COMMITTED), demotes committed versions to slower tiers
@@ -43,6 +46,7 @@
 #include "engine/catalog.h"
 #include "engine/cluster.h"
 #include "engine/config.h"
+#include "engine/device_pipeline.h"
 #include "engine/figures.h"
 #include "engine/job_commit.h"
 #include "engine/ram_tier.h"
@@ -52,7 +56,6 @@
 #include "engine/witness.h"
 #include "format/manifest.h"
 #include "format/segment_reader.h"
-#include "io/device.h"
 #include "io/io.h"
 #include "util/spare_vector.h"
 #include "util/status.h"
@@ -176,7 +179,8 @@ class Db {
   // ---- A version between its first put and its commit or abort (mu_) ---------------------------
   enum class Home : uint8_t {
     kQueued,   // waiting for a capture worker; its bytes are still in the caller's buffer
-    kCopying,  // a worker is copying it into its staging region
+    kCopying,  // a worker is copying it into its staging region (device: its copy is queued)
+    kHashing,  // device: copied (the caller's buffer is free), the device thread hashes it
     kStaged,   // copied and hashed into a ring region, awaiting its write (a ram chunk goes
                // straight to kDone: the arena region is its copy)
     kDirect,   // being written to the first tier straight from the caller's buffer
@@ -247,6 +251,7 @@ class Db {
     uint64_t data_bytes = 0;
     uint64_t uncaptured = 0;         // chunks kQueued, kCopying or kDirect: callers' bytes in use
     uint64_t unwritten = 0;          // directory capture: chunks not yet kDone
+    uint64_t unhashed = 0;           // chunks kHashing
     std::vector<uint32_t> to_write;  // kStaged ring chunks and kDirect chunks for the manager
     uint32_t writes_in_flight = 0;   // the manager's requests for this version
     Status error;                    // the first failure: the version can only be aborted
@@ -666,8 +671,13 @@ class Db {
   class GroupSliceSource;
   class RecomputedSource;
   std::vector<std::unique_ptr<RestoreSource>> RestoreOrder(const std::vector<size_t>& candidates);
+  // Into device memory (device_restore.cc): pipelined from this rank's tiers, else via the host.
+  Status RestoreToDevice(uint64_t version, const char* name, uint8_t* dst, size_t nbytes,
+                         int device, const std::string& what);
+  Status PipeToDevice(OpenSegment* seg, RestorePlan* plan, uint8_t* dst, int device,
+                      uint64_t* bytes);
   Status RestoreViaHost(uint64_t version, const char* name, void* dst, size_t nbytes, int device,
-                        const ByteRanges* wanted, const std::string& what);
+                        const std::string& what);
   uint64_t GatherDedupPieces(uint64_t version, const char* name, uint8_t* out, RestorePlan* plan);
   void RecordRestoreLocked(const RestorePlan& plan, const std::string& first_tier, size_t nbytes,
                            const ByteRanges* wanted, uint64_t start);
@@ -714,27 +724,7 @@ class Db {
                 const std::string& source, RestorePlan* plan);
   void Pin(uint64_t version);
   void Unpin(uint64_t version);
-  // A reader's pin on a ram copy (taken by ReadSegment or Verify, with mu_), given back when it
-  // goes out of scope or at Release, so every way out of a read unpins. Inert for a directory
-  // copy. mu_ must not be held when it is released.
-  class RamPin {
-   public:
-    RamPin(Db* db, uint64_t version, bool pinned) : db_(db), version_(version), pinned_(pinned) {}
-    RamPin(const RamPin&) = delete;
-    RamPin& operator=(const RamPin&) = delete;
-    ~RamPin() { Release(); }
-    void Release() {
-      if (!pinned_) return;
-      pinned_ = false;
-      std::lock_guard<std::mutex> lock(db_->mu_);
-      db_->Unpin(version_);
-    }
-
-   private:
-    Db* db_;
-    uint64_t version_;
-    bool pinned_;
-  };
+  class RamPin;  // engine/internal.h
 
   const DbOptions options_;
   std::unique_ptr<io::Io> owned_io_;
@@ -759,18 +749,16 @@ class Db {
   // allowed, registered with io_uring as a fixed buffer.
   uint8_t* staging_ = nullptr;
   uint64_t staging_bytes_ = 0;
-  // GPU memory (io/device.h), in a CUDA or HIP build: the runtime is opened by the first put or
-  // restore that names device memory (a CPU-only user never creates a GPU context), outside
-  // mu_, under device_mu_; the staging ring and the ram arena are then pinned where they can be
-  // (a failure to pin is noted, not fatal). device_open_ is set once device_ is ready and never
-  // cleared before close: from then on device_ is only read, by any thread.
+  // GPU memory (engine/device_pipeline.h): opened outside mu_, under device_mu_; device_open_ is
+  // set once it is ready and never cleared before close: from then on device_.device, .capture
+  // and .restore are only read, by any thread.
   std::mutex device_mu_;
-  std::unique_ptr<io::Device> device_;
-  Status device_status_;              // guarded by device_mu_
-  bool device_tried_ = false;         // guarded by device_mu_
-  std::vector<void*> device_pinned_;  // guarded by device_mu_
+  DevicePipeline device_;
   std::atomic<bool> device_open_{false};
   Status OpenDeviceOnce();
+  bool DeviceConfigured() const { return io::DeviceBuild() || options_.device == "sim"; }
+  void DeviceLoop();  // the device thread: capture's copies reaped, their chunks hashed
+  void HashCopiedChunk(std::unique_lock<std::mutex>& lock, LiveVersion* v, uint32_t index);
   // Where p points (-1: host memory). `flagged`: the caller named it device memory, so the device
   // is opened and host memory is an error; otherwise p is host memory unless the device is
   // already open and says otherwise (an error asking it counts as host memory).

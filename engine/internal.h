@@ -3,9 +3,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/db.h"
 #include "util/clock.h"
 #include "util/status.h"
 
@@ -74,5 +76,27 @@ inline constexpr uint32_t kDemotionRecordsInFlight = 8;
 inline constexpr uint64_t kTierRetryFirstNs = 500'000'000;
 inline constexpr uint64_t kTierRetryMaxNs = 16'000'000'000;
 inline constexpr uint32_t kNfsDemotionTries = 3;
+
+// A reader's pin on a ram copy (taken by ReadSegment or Verify, with mu_), given back when it
+// goes out of scope or at Release, so every way out of a read unpins. Inert for a directory
+// copy. mu_ must not be held when it is released.
+class Db::RamPin {
+ public:
+  RamPin(Db* db, uint64_t version, bool pinned) : db_(db), version_(version), pinned_(pinned) {}
+  RamPin(const RamPin&) = delete;
+  RamPin& operator=(const RamPin&) = delete;
+  ~RamPin() { Release(); }
+  void Release() {
+    if (!pinned_) return;
+    pinned_ = false;
+    std::lock_guard<std::mutex> lock(db_->mu_);
+    db_->Unpin(version_);
+  }
+
+ private:
+  Db* db_;
+  uint64_t version_;
+  bool pinned_;
+};
 
 }  // namespace ckpt::engine

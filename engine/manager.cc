@@ -149,8 +149,8 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
         progress = true;
       }
       bool demoting = demotion_ && demotion_->version == version;
-      bool idle =
-          v->uncaptured == 0 && v->writes_in_flight == 0 && !demoting && !v->job.replicating();
+      bool idle = v->uncaptured == 0 && v->unhashed == 0 && v->writes_in_flight == 0 && !demoting &&
+                  !v->job.replicating();
       if (idle) {
         FinishAbort(lock, v);
         progress = true;
@@ -184,7 +184,8 @@ bool Db::ManagerStepLocked(std::unique_lock<std::mutex>& lock) {
       continue;
     }
     if (v->commit_requested && v->error.ok() && v->phase != CommitPhase::kSync) {
-      bool capture_done = v->uncaptured == 0 && v->unwritten == 0 && v->writes_in_flight == 0;
+      bool capture_done =
+          v->uncaptured == 0 && v->unhashed == 0 && v->unwritten == 0 && v->writes_in_flight == 0;
       if (v->phase != CommitPhase::kNone || capture_done) progress |= RunCommit(lock, v);
     }
   }

@@ -96,8 +96,10 @@ Status Db::ValidatePut(uint64_t version, const char* name, const void* data, siz
                            std::string(format::kRecomputedPrefix) +
                            "' are reserved for recomputed replicas (CKPTDB_PUT_RECOMPUTED)");
   }
-  if ((flags & CKPTDB_PUT_DEVICE) && !io::DeviceBuild()) {
-    return Status::NotSupported(what() + ": device memory needs a CUDA or HIP build");
+  if ((flags & CKPTDB_PUT_DEVICE) && !DeviceConfigured()) {
+    return Status::NotSupported(what() +
+                                ": device memory needs a CUDA or HIP build, or the simulated "
+                                "device (device \"sim\")");
   }
   if (data == nullptr && nbytes > 0) return Status::Invalid(what() + ": data is NULL");
   t->name = name;
@@ -174,8 +176,8 @@ Status Db::PrepareShard(uint64_t version, const char* name, const void* data, si
   out->device = -1;
   // GPU memory: named by CKPTDB_PUT_DEVICE, or recognized once the device is open. Its chunks are
   // copied by the device's copy engine into staging (pinned), then hashed there. A host build
-  // refused the flag above and has no device memory to recognize.
-  if (nbytes == 0 || !io::DeviceBuild()) return Status::Ok();
+  // without the simulated device refused the flag above and has no device memory to recognize.
+  if (nbytes == 0 || !DeviceConfigured()) return Status::Ok();
   const std::string what = "put_shard " + QuoteName(out->t.name) + " into " + V(version);
   CKPTDB_RETURN_IF_ERROR(LocateDevice(data, (flags & CKPTDB_PUT_DEVICE) != 0, what, &out->device));
   if (out->device >= 0 && (flags & CKPTDB_PUT_REPLICATED)) {

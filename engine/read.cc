@@ -427,10 +427,15 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   if (nbytes > 0) {
     CKPTDB_RETURN_IF_ERROR(
         LocateDevice(dst, (flags & CKPTDB_RESTORE_DEVICE) != 0, what + " (dst)", &device));
-  } else if ((flags & CKPTDB_RESTORE_DEVICE) && !io::DeviceBuild()) {
-    return Status::NotSupported(what + ": device memory needs a CUDA or HIP build");
+  } else if ((flags & CKPTDB_RESTORE_DEVICE) && !DeviceConfigured()) {
+    return Status::NotSupported(what +
+                                ": device memory needs a CUDA or HIP build, or the simulated "
+                                "device (device \"sim\")");
   }
-  if (device >= 0) return RestoreViaHost(version, name, dst, nbytes, device, wanted, what);
+  if (device >= 0) {
+    CKPTDB_ASSERT(wanted == nullptr);  // restore_slice refuses device memory
+    return RestoreToDevice(version, name, static_cast<uint8_t*>(dst), nbytes, device, what);
+  }
   std::lock_guard<std::mutex> read_lock(read_mu_);
   std::vector<size_t> candidates;
   Status copies = CommittedCopies(version, what, &candidates);
@@ -485,38 +490,6 @@ Status Db::Restore(uint64_t version, const char* name, void* dst, size_t nbytes,
   }
   RecordRestoreLocked(plan, order.empty() ? "" : order[0]->TierName(), nbytes, wanted, start);
   return Status::Ok();
-}
-
-// Restore into device memory: restored and verified in pinned host memory, then copied to the
-// device on this thread's stream. What failed verification is zeroed there first, as in host
-// memory. The size is checked before any memory is mapped.
-Status Db::RestoreViaHost(uint64_t version, const char* name, void* dst, size_t nbytes, int device,
-                          const ByteRanges* wanted, const std::string& what) {
-  uint64_t stored = 0;
-  CKPTDB_RETURN_IF_ERROR(WithManifest(version, what, [&](const format::ManifestView& m, size_t) {
-    const fb::Tensor* t = m.Find(name);
-    if (t == nullptr) return Status::NotFound(what + ": the version has no tensor by that name");
-    stored = format::ShardBytes(*t);
-    return Status::Ok();
-  }));
-  if (stored != nbytes) {
-    return Status::Size(what + ": the tensor is " + std::to_string(stored) +
-                        " bytes, the buffer is " + std::to_string(nbytes));
-  }
-  void* host = mmap(nullptr, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (host == MAP_FAILED) {
-    return Status::FromErrno(
-        errno, what + ": mapping " + std::to_string(nbytes) + " bytes of host memory to stage it");
-  }
-  Status pinned = device_->Pin(host, nbytes);  // without it, the copy is slower, not wrong
-  Status st = Restore(version, name, host, nbytes, 0, wanted);
-  if (st.ok() || st.code() == CKPTDB_ECORRUPT) {
-    Status copied = device_->CopyToDevice(device, dst, host, nbytes);
-    if (!copied.ok()) st = copied.WithContext(what);
-  }
-  if (pinned.ok()) device_->Unpin(host);
-  munmap(host, nbytes);
-  return st;
 }
 
 // A deduplicated shard's pieces other members keep, gathered once this rank's own are in.

@@ -31,9 +31,9 @@ inline bool OnDevice(const hipPointerAttribute_t& a) {
 #error "io/device_gpu.cc needs CKPTDB_DEVICE_CUDA or CKPTDB_DEVICE_HIP"
 #endif
 
+#include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "io/device.h"
 
@@ -48,32 +48,53 @@ Status Fail(GpuError e, const std::string& what) {
   return e == GPU(ErrorMemoryAllocation) ? Status::NoMemory(s.message()) : s;
 }
 
-// The calling thread's stream and event on one device: created on its first copy there, kept
-// for the thread's life (a capture worker or a restoring caller), destroyed with it.
-struct ThreadStream {
+}  // namespace
+
+// The runtime's stream and event, with the device they belong to (calls on them make it the
+// calling thread's current device for their length, then put back the one it was).
+struct DeviceStream {
+  int device = 0;
   GpuStream stream = nullptr;
-  GpuEvent done = nullptr;
-  ThreadStream() = default;
-  ThreadStream(const ThreadStream&) = delete;
-  ThreadStream& operator=(const ThreadStream&) = delete;
-  ThreadStream(ThreadStream&& o) noexcept : stream(o.stream), done(o.done) {
-    o.stream = nullptr;
-    o.done = nullptr;
-  }
-  ThreadStream& operator=(ThreadStream&& o) noexcept {
-    std::swap(stream, o.stream);
-    std::swap(done, o.done);
-    return *this;
-  }
-  ~ThreadStream() {
-    if (done != nullptr) (void)GPU(EventDestroy)(done);
-    if (stream != nullptr) (void)GPU(StreamDestroy)(stream);
-  }
 };
+struct DeviceEvent {
+  int device = 0;
+  GpuEvent event = nullptr;
+};
+
+namespace {
+
+// Makes `device` the calling thread's current one for its scope.
+class OnDeviceScope {
+ public:
+  explicit OnDeviceScope(int device) {
+    error_ = GPU(GetDevice)(&previous_);
+    if (error_ == GPU(Success) && previous_ != device) error_ = GPU(SetDevice)(device);
+  }
+  ~OnDeviceScope() {
+    int now = -1;
+    if (previous_ >= 0 && GPU(GetDevice)(&now) == GPU(Success) && now != previous_) {
+      (void)GPU(SetDevice)(previous_);
+    }
+  }
+  OnDeviceScope(const OnDeviceScope&) = delete;
+  OnDeviceScope& operator=(const OnDeviceScope&) = delete;
+  GpuError error() const { return error_; }
+
+ private:
+  int previous_ = -1;
+  GpuError error_;
+};
+
+Status Check(GpuError e, const std::string& what) {
+  if (e == GPU(Success)) return Status::Ok();
+  (void)GPU(GetLastError)();
+  return Fail(e, what);
+}
 
 class GpuDevice final : public Device {
  public:
-  explicit GpuDevice(std::string description) : description_(std::move(description)) {}
+  GpuDevice(std::string description, int count)
+      : description_(std::move(description)), count_(count) {}
 
   std::string Describe() const override { return description_; }
 
@@ -95,74 +116,104 @@ class GpuDevice final : public Device {
 
   Status Pin(void* p, size_t bytes) override {
     if (bytes == 0) return Status::Ok();
-    GpuError e = GPU(HostRegister)(p, bytes, GPU(HostRegisterPortable));
-    if (e != GPU(Success)) {
-      (void)GPU(GetLastError)();
-      return Fail(e, "pinning " + std::to_string(bytes) + " bytes of host memory");
-    }
-    return Status::Ok();
+    return Check(GPU(HostRegister)(p, bytes, GPU(HostRegisterPortable)),
+                 "pinning " + std::to_string(bytes) + " bytes of host memory");
   }
 
   void Unpin(void* p) override {
     if (GPU(HostUnregister)(p) != GPU(Success)) (void)GPU(GetLastError)();
   }
 
-  Status CopyToHost(int device, void* dst, const void* src, size_t bytes) override {
-    return Copy(device, dst, src, bytes, GPU(MemcpyDeviceToHost),
-                "copying device memory to the host");
+  Status CreateStream(int device, DeviceStream** out) override {
+    CKPTDB_RETURN_IF_ERROR(CheckOrdinal(device, "creating a stream"));
+    OnDeviceScope on(device);
+    CKPTDB_RETURN_IF_ERROR(Check(on.error(), "selecting device " + std::to_string(device)));
+    auto s = std::make_unique<DeviceStream>();
+    s->device = device;
+    CKPTDB_RETURN_IF_ERROR(Check(GPU(StreamCreateWithFlags)(&s->stream, GPU(StreamNonBlocking)),
+                                 "creating a stream on device " + std::to_string(device)));
+    *out = s.release();
+    return Status::Ok();
+  }
+  void DestroyStream(DeviceStream* s) override {
+    if (s == nullptr) return;
+    OnDeviceScope on(s->device);
+    if (GPU(StreamDestroy)(s->stream) != GPU(Success)) (void)GPU(GetLastError)();
+    delete s;
   }
 
-  Status CopyToDevice(int device, void* dst, const void* src, size_t bytes) override {
-    return Copy(device, dst, src, bytes, GPU(MemcpyHostToDevice),
-                "copying host memory to the device");
+  Status CreateEvent(int device, DeviceEvent** out) override {
+    CKPTDB_RETURN_IF_ERROR(CheckOrdinal(device, "creating an event"));
+    OnDeviceScope on(device);
+    CKPTDB_RETURN_IF_ERROR(Check(on.error(), "selecting device " + std::to_string(device)));
+    auto e = std::make_unique<DeviceEvent>();
+    e->device = device;
+    CKPTDB_RETURN_IF_ERROR(Check(
+        GPU(EventCreateWithFlags)(&e->event, GPU(EventDisableTiming) | GPU(EventBlockingSync)),
+        "creating an event on device " + std::to_string(device)));
+    *out = e.release();
+    return Status::Ok();
+  }
+  void DestroyEvent(DeviceEvent* e) override {
+    if (e == nullptr) return;
+    OnDeviceScope on(e->device);
+    if (GPU(EventDestroy)(e->event) != GPU(Success)) (void)GPU(GetLastError)();
+    delete e;
+  }
+
+  Status CopyAsync(DeviceStream* s, void* dst, const void* src, size_t bytes,
+                   CopyKind kind) override {
+    const bool to_host = kind == CopyKind::kToHost;
+    const std::string what = std::string(to_host ? "copying device memory to the host"
+                                                 : "copying host memory to the device") +
+                             " (" + std::to_string(bytes) + " bytes, device " +
+                             std::to_string(s->device) + ")";
+    OnDeviceScope on(s->device);
+    CKPTDB_RETURN_IF_ERROR(Check(on.error(), what));
+    return Check(
+        GPU(MemcpyAsync)(dst, src, bytes,
+                         to_host ? GPU(MemcpyDeviceToHost) : GPU(MemcpyHostToDevice), s->stream),
+        what);
+  }
+
+  Status Record(DeviceEvent* e, DeviceStream* s) override {
+    OnDeviceScope on(s->device);
+    CKPTDB_RETURN_IF_ERROR(Check(on.error(), "recording an event"));
+    return Check(GPU(EventRecord)(e->event, s->stream),
+                 "recording an event on device " + std::to_string(s->device));
+  }
+
+  Status Query(DeviceEvent* e, bool* done) override {
+    OnDeviceScope on(e->device);
+    GpuError r = GPU(EventQuery)(e->event);
+    *done = r != GPU(ErrorNotReady);
+    if (r == GPU(ErrorNotReady)) return Status::Ok();
+    return Check(r, "a copy on device " + std::to_string(e->device));
+  }
+
+  Status Wait(DeviceEvent* e) override {
+    OnDeviceScope on(e->device);
+    return Check(GPU(EventSynchronize)(e->event), "a copy on device " + std::to_string(e->device));
   }
 
  private:
-  Status Copy(int device, void* dst, const void* src, size_t bytes, GPU(MemcpyKind) kind,
-              const char* what) {
-    if (bytes == 0) return Status::Ok();
-    if (device < 0 || device >= 1024) {
-      return Status::Invalid(std::string(what) + ": device " + std::to_string(device));
-    }
-    thread_local std::vector<ThreadStream> streams;  // by device ordinal
-    int previous = -1;
-    GpuError e = GPU(GetDevice)(&previous);
-    if (e == GPU(Success)) e = GPU(SetDevice)(device);
-    if (e == GPU(Success) && streams.size() <= static_cast<size_t>(device)) {
-      streams.resize(static_cast<size_t>(device) + 1);
-    }
-    if (e == GPU(Success) && streams[device].done == nullptr) {
-      ThreadStream fresh;  // both or neither: a failure leaves nothing half made
-      e = GPU(StreamCreateWithFlags)(&fresh.stream, GPU(StreamNonBlocking));
-      if (e == GPU(Success)) {
-        e = GPU(EventCreateWithFlags)(&fresh.done,
-                                      GPU(EventDisableTiming) | GPU(EventBlockingSync));
-      }
-      if (e == GPU(Success)) streams[device] = std::move(fresh);
-    }
-    if (e == GPU(Success)) {
-      ThreadStream& ts = streams[device];
-      e = GPU(MemcpyAsync)(dst, src, bytes, kind, ts.stream);
-      if (e == GPU(Success)) e = GPU(EventRecord)(ts.done, ts.stream);
-      if (e == GPU(Success)) e = GPU(EventSynchronize)(ts.done);
-    }
-    if (previous >= 0 && previous != device) (void)GPU(SetDevice)(previous);
-    if (e != GPU(Success)) {
-      (void)GPU(GetLastError)();
-      return Fail(e, std::string(what) + " (" + std::to_string(bytes) + " bytes, device " +
-                         std::to_string(device) + ")");
+  Status CheckOrdinal(int device, const char* what) const {
+    if (device < 0 || device >= count_) {
+      return Status::Invalid(std::string(what) + ": device " + std::to_string(device) +
+                             " is not one of the " + std::to_string(count_) + " present");
     }
     return Status::Ok();
   }
 
   const std::string description_;
+  const int count_;
 };
 
 }  // namespace
 
 bool DeviceBuild() { return true; }
 
-Status OpenDevice(std::unique_ptr<Device>* out) {
+Status OpenRuntimeDevice(std::unique_ptr<Device>* out) {
   int count = 0;
   GpuError e = GPU(GetDeviceCount)(&count);
   if (e != GPU(Success)) {
@@ -177,7 +228,8 @@ Status OpenDevice(std::unique_ptr<Device>* out) {
     return Status::NotSupported(Fail(e, "opening the " GPU_NAME " runtime").message());
   }
   *out = std::make_unique<GpuDevice>(std::string(GPU_NAME) + " runtime " + std::to_string(runtime) +
-                                     ", " + std::to_string(count) + " device(s)");
+                                         ", " + std::to_string(count) + " device(s)",
+                                     count);
   return Status::Ok();
 }
 

@@ -22,7 +22,7 @@ ALLOWED = {
     "engine": {"util", "format", "io", "transport", "redundancy", "engine"},
     "harness": {"harness"},
     "tools": {"util", "format", "redundancy", "harness", "tools"},
-    "bench": {"util", "format", "redundancy", "transport", "harness", "bench"},
+    "bench": {"util", "format", "redundancy", "transport", "io", "harness", "bench"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/[^"]*"')
 # The start of a C API function's definition in a .cc file: a return type and "ckptdb_NAME(" at

@@ -147,6 +147,11 @@ typedef struct ckptdb_options {
                                the arena, removed) when every such version has a copy on a tier
                                that stays; a version whose only copy is there is refused even
                                then. Env: CKPTDB_DROP_TIERS=1. Default 0. */
+  const char* device;       /* Where device memory (CKPTDB_PUT_DEVICE, CKPTDB_RESTORE_DEVICE) is
+                               copied by: "auto", the build's GPU runtime (CUDA or HIP; none in a
+                               host build); "sim", the simulated device of every build
+                               (docs/api.md, "The simulated device"). Env: CKPTDB_DEVICE.
+                               Default "auto". */
 } ckptdb_options;
 
 void ckptdb_options_init(ckptdb_options* o);
@@ -172,7 +177,7 @@ int ckptdb_close(ckptdb* db);
 
 /* ---- Saving ------------------------------------------------------------------------------- */
 #define CKPTDB_PUT_COPY_NOW 0x1u /* copy out of `data` before returning */
-#define CKPTDB_PUT_DEVICE 0x2u   /* data is device memory: ENOTSUP in a host-only build */
+#define CKPTDB_PUT_DEVICE 0x2u   /* data is device memory: ENOTSUP without a device */
 /* The shard is identical on every member of this rank's declared replica group (data-parallel
  * replicas, ckptdb_declare_replicas): the members compare it at commit, and the members of an
  * "arc", "aec" or "arc+aec" group each keep only their slices of it (and AEC's parity units). */
@@ -256,7 +261,9 @@ int ckptdb_declare_replicas(ckptdb* db, uint32_t group, const uint32_t* members,
                             const char* protection);
 
 /* Returns once every byte of every shard put so far for `version` is out of the caller's
- * buffers: call it before the buffers change (the optimizer step). timeout_ms < 0 waits forever.
+ * buffers: call it before the buffers change (the optimizer step). For device memory that is
+ * once its copies have completed; hashing follows in the background (docs/api.md, "Device
+ * memory"). timeout_ms < 0 waits forever.
  * Errors: ENOTFOUND (version never put), ETIMEDOUT, ESKIPPED (dropped by back-pressure; buffers
  * free), ESTATE (aborted; buffers free), or the capture error that aborted it (EIO, ENOSPC, ...;
  * buffers free). */
@@ -315,9 +322,10 @@ int ckptdb_recoverable(ckptdb* db, uint64_t version, ckptdb_recoverable_t* out);
  * committed), ESIZE (nbytes differs; the message gives the stored size), ECORRUPT, EIO. */
 int ckptdb_restore(ckptdb* db, uint64_t version, const char* name, void* dst, size_t nbytes,
                    unsigned flags);
-/* ckptdb_restore flag: dst is device memory (a CUDA or HIP build recognizes it without the
- * flag too). The tensor is restored and verified in pinned host memory, then copied to dst on
- * the calling thread's own stream. ENOTSUP in a host-only build. */
+/* ckptdb_restore flag: dst is device memory (recognized without the flag too once the device is
+ * open). Each chunk is read and verified on the host (in place from a pinned ram arena, or
+ * through a pinned pool), then copied to dst on the device's streams, the stages overlapped.
+ * ENOTSUP without a device (a host build with options.device "auto"). */
 #define CKPTDB_RESTORE_DEVICE 0x1u
 
 /* A box of a global tensor: elements offset[d] .. offset[d] + shape[d] - 1 of each dimension. */

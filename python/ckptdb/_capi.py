@@ -170,6 +170,7 @@ class _Options(ctypes.Structure):
         ("drain_on_close", ctypes.c_int),
         ("cpus", ctypes.c_char_p),
         ("drop_tiers", ctypes.c_int),
+        ("device", ctypes.c_char_p),
     ]
 
 
@@ -456,7 +457,8 @@ class Store:
                  staging_bytes: int = 0, chunk_bytes: int = 0, queue_depth: int = 0,
                  capture_threads: int = 0, read_only: bool = False,
                  create_if_missing: bool = True, drain_on_close: bool = True,
-                 cpus: Optional[str] = None, drop_tiers: bool = False):
+                 cpus: Optional[str] = None, drop_tiers: bool = False,
+                 device: Optional[str] = None):
         o = _Options()
         _options_init(ctypes.byref(o))
         # The encoded strings must live as long as the call: keep them on the object.
@@ -464,7 +466,7 @@ class Store:
         for field, value in (("root", root), ("tiers", tiers), ("commit_tier", commit_tier),
                              ("backpressure", backpressure), ("node_id", node_id),
                              ("coordinator", coordinator), ("redundancy", redundancy),
-                             ("job_token", job_token), ("cpus", cpus)):
+                             ("job_token", job_token), ("cpus", cpus), ("device", device)):
             encoded = _text(value, field)
             if encoded is not None:
                 self._strings[field] = encoded

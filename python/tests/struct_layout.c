@@ -28,6 +28,7 @@ int main(void) {
   FIELD(ckptdb_options, drain_on_close);
   FIELD(ckptdb_options, cpus);
   FIELD(ckptdb_options, drop_tiers);
+  FIELD(ckptdb_options, device);
   printf("ckptdb_tensor_info %zu\n", sizeof(ckptdb_tensor_info));
   FIELD(ckptdb_tensor_info, dtype);
   FIELD(ckptdb_tensor_info, ndim);
