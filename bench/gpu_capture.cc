@@ -2,11 +2,11 @@
 // docs/performance.md, "GPU memory"). Built in every build:
 //
 //   bench_gpu_capture [--device cuda|sim] [--gib G] [--shard-mib 64] [--repeats R]
-//                     [--compute-ms MS] [--capture-threads N]
+//                     [--compute-ms MS] [--capture-threads N] [--sim-gbps G]
 //
 // --device cuda (the default in a CUDA build) runs on CUDA device 0; --device sim (the default
 // otherwise) on the simulated device (io/device_sim.h), its copy engines set to the bandwidth a
-// single-threaded memcpy reaches here, measured first. In one run, on one device buffer of --gib
+// single-threaded memcpy reaches here, measured first (or G GB/s). In one run, on one device buffer of --gib
 // GiB (2 on a GPU, 0.5 simulated):
 //   - raw: the device's own asynchronous copies (io/device.h: cudaMemcpyAsync on a GPU) of the
 //     whole buffer into pinned host memory, in ckptdb's 4 MiB chunks, on one stream and on two,
@@ -134,6 +134,7 @@ struct Args {
   int repeats = 5;
   int compute_ms = 0;
   uint32_t capture_threads = 0;  // 0: the library's default
+  double sim_gbps = 0;            // the simulated engines' bandwidth; 0: memcpy's here
 };
 
 Args Parse(int argc, char** argv) {
@@ -151,6 +152,8 @@ Args Parse(int argc, char** argv) {
       a.repeats = std::atoi(v);
     } else if (k == "--compute-ms") {
       a.compute_ms = std::atoi(v);
+    } else if (k == "--sim-gbps") {
+      a.sim_gbps = std::atof(v);
     } else if (k == "--capture-threads") {
       a.capture_threads = static_cast<uint32_t>(std::strtoul(v, nullptr, 10));
     } else {
@@ -202,8 +205,9 @@ int main(int argc, char** argv) {
   if (simulated) {
     gpu = SimBackend();
     memcpy_rate = MemcpyRate(std::min<size_t>(bytes, size_t{256} << 20));
+    const double engine = a.sim_gbps > 0 ? a.sim_gbps * 1e9 : memcpy_rate;
     sim::Config c;
-    c.to_host_bytes_per_s = c.to_device_bytes_per_s = static_cast<uint64_t>(memcpy_rate);
+    c.to_host_bytes_per_s = c.to_device_bytes_per_s = static_cast<uint64_t>(engine);
     OrDie(sim::Configure(c), "configuring the simulated device");
     gpu.name = "simulated device, copy engines at " +
                std::to_string(memcpy_rate / 1e9).substr(0, 5) + " GB/s (one memcpy thread here)";

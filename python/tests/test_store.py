@@ -141,6 +141,18 @@ class StoreTest(unittest.TestCase):
             ckptdb.Store(self.root, tiers="nonsense:/x")
         self.assertIn("nonsense", str(e.exception))
 
+    def test_the_device_option_reaches_the_store(self):
+        # "sim" opens (host buffers go the host way); an unknown device is refused, naming it.
+        with self.open(device="sim") as store:
+            store.put_shard(1, "w", pattern(100, 1))
+            store.commit(1)
+            out = bytearray(100)
+            store.restore(1, "w", out)
+            self.assertEqual(out, pattern(100, 1))
+        with self.assertRaises(ckptdb.InvalidError) as e:
+            self.open(device="tpu")
+        self.assertIn("tpu", str(e.exception))
+
     def test_versions_outside_64_bits_are_refused_not_wrapped(self):
         # ctypes wraps a Python int modulo 2**64: 2**64 + 7 used to commit version 7, and -1
         # reached the reserved CKPTDB_ALL_VERSIONS.
