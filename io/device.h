@@ -75,6 +75,9 @@ bool DeviceBuild();
 // is Invalid.
 Status OpenDevice(const std::string& which, std::unique_ptr<Device>* out);
 
+// "copying device memory to the host (N bytes, device D)": what an error of a copy names.
+std::string DescribeCopy(CopyKind kind, size_t bytes, int device);
+
 // The build's GPU runtime (io/device_gpu.cc or io/device_none.cc); OpenDevice's "auto".
 Status OpenRuntimeDevice(std::unique_ptr<Device>* out);
 

@@ -163,37 +163,39 @@ class GpuDevice final : public Device {
 
   Status CopyAsync(DeviceStream* s, void* dst, const void* src, size_t bytes,
                    CopyKind kind) override {
-    const bool to_host = kind == CopyKind::kToHost;
-    const std::string what = std::string(to_host ? "copying device memory to the host"
-                                                 : "copying host memory to the device") +
-                             " (" + std::to_string(bytes) + " bytes, device " +
-                             std::to_string(s->device) + ")";
     OnDeviceScope on(s->device);
-    CKPTDB_RETURN_IF_ERROR(Check(on.error(), what));
-    return Check(
-        GPU(MemcpyAsync)(dst, src, bytes,
-                         to_host ? GPU(MemcpyDeviceToHost) : GPU(MemcpyHostToDevice), s->stream),
-        what);
+    GpuError e = on.error();
+    if (e == GPU(Success)) {
+      e = GPU(MemcpyAsync)(
+          dst, src, bytes,
+          kind == CopyKind::kToHost ? GPU(MemcpyDeviceToHost) : GPU(MemcpyHostToDevice), s->stream);
+    }
+    if (e == GPU(Success)) return Status::Ok();
+    return Check(e, DescribeCopy(kind, bytes, s->device));
   }
 
+  // The calls below run for every copy: their messages are made only on an error.
   Status Record(DeviceEvent* e, DeviceStream* s) override {
     OnDeviceScope on(s->device);
-    CKPTDB_RETURN_IF_ERROR(Check(on.error(), "recording an event"));
-    return Check(GPU(EventRecord)(e->event, s->stream),
-                 "recording an event on device " + std::to_string(s->device));
+    GpuError r = on.error();
+    if (r == GPU(Success)) r = GPU(EventRecord)(e->event, s->stream);
+    if (r == GPU(Success)) return Status::Ok();
+    return Check(r, "recording an event on device " + std::to_string(s->device));
   }
 
   Status Query(DeviceEvent* e, bool* done) override {
     OnDeviceScope on(e->device);
     GpuError r = GPU(EventQuery)(e->event);
     *done = r != GPU(ErrorNotReady);
-    if (r == GPU(ErrorNotReady)) return Status::Ok();
+    if (r == GPU(ErrorNotReady) || r == GPU(Success)) return Status::Ok();
     return Check(r, "a copy on device " + std::to_string(e->device));
   }
 
   Status Wait(DeviceEvent* e) override {
     OnDeviceScope on(e->device);
-    return Check(GPU(EventSynchronize)(e->event), "a copy on device " + std::to_string(e->device));
+    GpuError r = GPU(EventSynchronize)(e->event);
+    if (r == GPU(Success)) return Status::Ok();
+    return Check(r, "a copy on device " + std::to_string(e->device));
   }
 
  private:

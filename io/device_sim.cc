@@ -317,17 +317,16 @@ class SimDevice final : public Device {
   Status CopyAsync(DeviceStream* s, void* dst, const void* src, size_t bytes,
                    CopyKind kind) override {
     const bool to_host = kind == CopyKind::kToHost;
-    const std::string what = std::string(to_host ? "copying device memory to the host"
-                                                 : "copying host memory to the device") +
-                             " (" + std::to_string(bytes) + " bytes, device " +
-                             std::to_string(s->device) + ")";
     Machine& m = Machine::Get();
-    CKPTDB_RETURN_IF_ERROR(m.Broken().WithContext(what));
+    if (Status broken = m.Broken(); !broken.ok()) {
+      return broken.WithContext(DescribeCopy(kind, bytes, s->device));
+    }
     if (bytes == 0) return Status::Ok();
     const void* device_side = to_host ? src : dst;
     const void* host_side = to_host ? dst : src;
     if (m.Owner(device_side, bytes) != s->device || m.Owner(host_side, bytes) != -1) {
-      return Status::Invalid(what + ": simulated device: invalid argument (the " +
+      return Status::Invalid(DescribeCopy(kind, bytes, s->device) +
+                             ": simulated device: invalid argument (the " +
                              (to_host ? "source" : "destination") + " is not within device " +
                              std::to_string(s->device) + "'s memory, or the " +
                              (to_host ? "destination" : "source") + " is not host memory)");
@@ -399,6 +398,12 @@ Status Open(std::unique_ptr<Device>* out) {
 }
 
 }  // namespace sim
+
+std::string DescribeCopy(CopyKind kind, size_t bytes, int device) {
+  return std::string(kind == CopyKind::kToHost ? "copying device memory to the host"
+                                               : "copying host memory to the device") +
+         " (" + std::to_string(bytes) + " bytes, device " + std::to_string(device) + ")";
+}
 
 Status OpenDevice(const std::string& which, std::unique_ptr<Device>* out) {
   if (which.empty() || which == "auto") return OpenRuntimeDevice(out);

@@ -403,6 +403,20 @@ TEST_F(SimStoreTest, ACopyThatFailsAsItRunsFailsItsVersionOnly) {
   EXPECT_EQ(RestoreToHost(1), want_);
 }
 
+TEST_F(SimStoreTest, AFailedCopyFailsARestoreIntoTheDeviceAndTheNextOneWorks) {
+  Open(RamAndDisk());
+  PutCommit(1);
+  sim::Faults f;
+  f.fail_copy = 1;  // the restore's second chunk
+  sim::SetFaults(f);
+  EXPECT_EQ(ckptdb_restore(db_, 1, "x", y_->p, kBytes, CKPTDB_RESTORE_DEVICE), CKPTDB_EIO);
+  EXPECT_NE(std::string(ckptdb_last_error()).find("injected"), std::string::npos)
+      << ckptdb_last_error();
+  ASSERT_EQ(ckptdb_restore(db_, 1, "x", y_->p, kBytes, CKPTDB_RESTORE_DEVICE), CKPTDB_OK)
+      << ckptdb_last_error();
+  EXPECT_EQ(OnDevice(*y_), want_);
+}
+
 TEST_F(SimStoreTest, AStickyErrorOrAVanishedDeviceFailsCallsAndCloseStillEnds) {
   for (bool vanish : {false, true}) {
     SCOPED_TRACE(vanish ? "vanished" : "sticky");
