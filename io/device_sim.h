@@ -35,7 +35,8 @@ struct Config {
 struct Faults {
   int64_t fail_copy = -1;   // fails as it runs: its bytes do not move, the next event on its
                             // stream reports it; later copies run (not sticky)
-  int64_t sticky_at = -1;   // fails as it runs, and every call fails from then on
+  int64_t sticky_at = -1;   // fails as it runs, and every call fails from then on (but a Record,
+                            // whose event then completes with the error)
   int64_t vanish_at = -1;   // the device is gone from then on: every call fails, Locate too
   bool refuse_pin = false;  // Pin fails (host memory that cannot be registered)
 };
