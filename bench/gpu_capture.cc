@@ -6,8 +6,8 @@
 //
 // --device cuda (the default in a CUDA build) runs on CUDA device 0; --device sim (the default
 // otherwise) on the simulated device (io/device_sim.h), its copy engines set to the bandwidth a
-// single-threaded memcpy reaches here, measured first (or G GB/s). In one run, on one device buffer of --gib
-// GiB (2 on a GPU, 0.5 simulated):
+// single-threaded memcpy reaches here, measured first (or G GB/s). In one run, on one device buffer
+// of --gib GiB (2 on a GPU, 0.5 simulated):
 //   - raw: the device's own asynchronous copies (io/device.h: cudaMemcpyAsync on a GPU) of the
 //     whole buffer into pinned host memory, in ckptdb's 4 MiB chunks, on one stream and on two,
 //     waited for on an event: the limit; and back (H2D) on two streams;
@@ -134,7 +134,7 @@ struct Args {
   int repeats = 5;
   int compute_ms = 0;
   uint32_t capture_threads = 0;  // 0: the library's default
-  double sim_gbps = 0;            // the simulated engines' bandwidth; 0: memcpy's here
+  double sim_gbps = 0;           // the simulated engines' bandwidth; 0: memcpy's here
 };
 
 Args Parse(int argc, char** argv) {
